@@ -1,0 +1,3 @@
+from fp16lens.cli import main
+
+raise SystemExit(main())

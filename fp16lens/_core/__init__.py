@@ -1,0 +1,31 @@
+"""Bottom layer: FP16 facts, errors and optional imports. Imports nothing else of fp16lens."""
+
+from fp16lens._core.errors import (
+    Fp16LensError,
+    MissingDependencyError,
+    PatchError,
+    ReportError,
+    WatchError,
+)
+from fp16lens._core.fp16 import (
+    FP16_MAX,
+    FP16_MIN_NORMAL,
+    FP16_MIN_SUBNORMAL,
+    headroom_bits,
+    is_power_of_two,
+)
+from fp16lens._core.optional import import_optional
+
+__all__ = [
+    "FP16_MAX",
+    "FP16_MIN_NORMAL",
+    "FP16_MIN_SUBNORMAL",
+    "Fp16LensError",
+    "MissingDependencyError",
+    "PatchError",
+    "ReportError",
+    "WatchError",
+    "headroom_bits",
+    "import_optional",
+    "is_power_of_two",
+]

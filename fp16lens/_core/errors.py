@@ -1,0 +1,33 @@
+"""Errors that mean a user or environment problem.
+
+The CLI prints their message and exits with status 2, without a traceback.
+Anything else is a bug in fp16lens and keeps its traceback.
+"""
+
+
+class Fp16LensError(Exception):
+    """A problem with the user's input or environment; the message names the fix."""
+
+
+class MissingDependencyError(Fp16LensError, ImportError):
+    """An optional dependency is not installed; the message names the extra."""
+
+    def __init__(self, module: str, extra: str, purpose: str = ""):
+        self.module = module
+        self.extra = extra
+        why = f" (needed for {purpose})" if purpose else ""
+        super().__init__(
+            f"{module} is not installed{why}. Install it with: pip install 'fp16lens[{extra}]'"
+        )
+
+
+class WatchError(Fp16LensError):
+    """watch() was given something it cannot observe, or the watched forward failed."""
+
+
+class ReportError(Fp16LensError):
+    """A report file is unreadable, from another schema, or does not match the model."""
+
+
+class PatchError(Fp16LensError):
+    """patch() preconditions failed; the model was left untouched."""

@@ -1,0 +1,275 @@
+"""The report: plain data about one watched model, with an exact JSON round trip.
+
+Everything here is data. Rendering lives in ``_render`` (rich's ``__rich_console__``
+protocol), persistence of the rendered view and the plot in their own modules.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fp16lens._core import FP16_MAX, ReportError, headroom_bits
+
+SCHEMA_VERSION = 1
+HIST_MIN_EXP = -26
+"""``SiteStats.hist[0]`` counts non-zero |v| < 2**HIST_MIN_EXP (they round to 0 in FP16)."""
+HIST_MAX_EXP = 16
+"""``SiteStats.hist[-1]`` counts |v| >= 2**HIST_MAX_EXP (inf in FP16)."""
+HIST_BINS = HIST_MAX_EXP - HIST_MIN_EXP + 2
+"""Bins: [<2^-26], [2^-26, 2^-25), ..., [2^15, 2^16), [>=2^16]: one per binade."""
+
+MECHANISMS = ("output", "internal", "parameter", "input")
+
+
+def hist_bin_low(i: int) -> float:
+    """Lower edge of histogram bin ``i`` (0 for the first bin)."""
+    return 0.0 if i == 0 else 2.0 ** (HIST_MIN_EXP + i - 1)
+
+
+@dataclass
+class SiteStats:
+    """What one site's outputs did over every call and batch.
+
+    A site is a module (``layer4.1.bn2``) or a functional op inside a module's forward
+    (``layer4.1:add``, ``layer4.1:add#2`` for the second add in one call).
+    """
+
+    name: str
+    kind: str  # "module" (a built-in leaf module's op) | "op" (a functional op)
+    op: str  # module class ("BatchNorm2d") or aten op ("add")
+    module: str  # qualified name of the module whose forward ran it ("" = root)
+    order: int  # index of first execution
+    calls: int = 0
+    absmax: float = 0.0
+    absmax_batch: int = -1  # batch index of the worst value, for reproduction
+    numel: int = 0
+    zeros: int = 0
+    nonfinite: int = 0  # inf/NaN already in FP32
+    overflow: int = 0  # |v| > threshold
+    subnormal: int = 0  # 0 < |v| < 2**-14
+    underflow: int = 0  # 0 < |v| < 2**-24
+    hist: list[int] = field(default_factory=lambda: [0] * HIST_BINS)
+    shape: list[int] = field(default_factory=list)  # output shape of the first call
+
+    @property
+    def headroom(self) -> float:
+        """log2(65504 / absmax): doublings left before FP16 overflow (negative: over)."""
+        return headroom_bits(self.absmax)
+
+    @property
+    def subnormal_share(self) -> float:
+        nz = self.numel - self.zeros
+        return self.subnormal / nz if nz else 0.0
+
+    @property
+    def underflow_share(self) -> float:
+        nz = self.numel - self.zeros
+        return self.underflow / nz if nz else 0.0
+
+    def quantile_low(self, share: float) -> float:
+        """Lower edge of the binade below which ``share`` of the non-zero values lie."""
+        total = sum(self.hist)
+        if total == 0:
+            return 0.0
+        acc = 0
+        for i, c in enumerate(self.hist):
+            acc += c
+            if acc >= share * total:
+                return hist_bin_low(i)
+        return hist_bin_low(len(self.hist) - 1)
+
+
+@dataclass
+class Span:
+    """A connected region of the dataflow graph whose values leave FP16 range.
+
+    ``start`` produced out-of-range values from in-range inputs; ``ends`` are the sites
+    where out-of-range inputs give in-range outputs again. ``end`` is the first of them,
+    or None when the out-of-range values reach the model output.
+    """
+
+    start: str
+    end: str | None
+    peak: float
+    peak_site: str
+    sites: list[str]  # start, the out-of-range sites inside, and the ends: execution order
+    ends: list[str] = field(default_factory=list)
+    reaches_output: bool = False
+    batches: int = 0  # in how many forward calls it occurred
+    first_batch: int = -1
+    fused: bool = False  # only inside a conv/linear+BN TensorRT folds: never stored
+
+
+@dataclass
+class Finding:
+    """One problem: ``mechanism`` is "output", "internal", "parameter" or "input"."""
+
+    site: str
+    mechanism: str
+    peak: float
+    detail: str
+    kind: str = ""  # finer: "overflow", "norm-variance", "sum-before-mean", "softmax-exp",
+    # "rms-square", "param-overflow", "param-subnormal", "param-underflow", "nonfinite"
+    batch: int = -1
+    tensor: str = ""  # for parameters/buffers: "running_var"; for internal: what overflows
+    count: int = 0
+    fix: str = ""  # the suggested fix, in words (matches what patch will do)
+
+
+@dataclass
+class ReportMeta:
+    model_class: str = ""
+    batches: int = 0
+    torch_version: str = ""
+    fp16lens_version: str = ""
+    threshold: float = FP16_MAX
+    input_shapes: list[list[list[int]]] = field(default_factory=list)  # per batch, per tensor
+    schema_version: int = SCHEMA_VERSION
+
+
+@dataclass
+class Report:
+    """What watch() learned about one model; plain data, JSON round trip, rich rendering."""
+
+    sites: dict[str, SiteStats] = field(default_factory=dict)  # execution order
+    spans: list[Span] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
+    edges: list[tuple[str, str]] = field(default_factory=list)  # site dataflow: (producer, consumer)
+    meta: ReportMeta = field(default_factory=ReportMeta)
+
+    # ---- queries -------------------------------------------------------------------
+    @property
+    def clean(self) -> bool:
+        return not self.spans and not self.findings
+
+    def findings_by(self, mechanism: str) -> list[Finding]:
+        return [f for f in self.findings if f.mechanism == mechanism]
+
+    def hottest(self, k: int = 10) -> list[SiteStats]:
+        return sorted(self.sites.values(), key=lambda s: -s.absmax)[:k]
+
+    @property
+    def worst_headroom(self) -> float:
+        return min((s.headroom for s in self.sites.values()), default=math.inf)
+
+    def consumers(self, site: str) -> list[str]:
+        return [c for p, c in self.edges if p == site]
+
+    def producers(self, site: str) -> list[str]:
+        return [p for p, c in self.edges if c == site]
+
+    # ---- persistence ---------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "meta": dataclasses.asdict(self.meta),
+            "sites": [dataclasses.asdict(s) for s in self.sites.values()],
+            "spans": [dataclasses.asdict(s) for s in self.spans],
+            "findings": [dataclasses.asdict(f) for f in self.findings],
+            "edges": [list(e) for e in self.edges],
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Report:
+        if not isinstance(data, dict) or "schema_version" not in data:
+            raise ReportError(
+                "not an fp16lens report (no 'schema_version'); create one with "
+                "fp16lens.watch(model) or `fp16lens scan` and save it with report.save()"
+            )
+        version = data["schema_version"]
+        if version != SCHEMA_VERSION:
+            raise ReportError(
+                f"report schema version {version} is not supported by this fp16lens "
+                f"(it reads version {SCHEMA_VERSION}); re-create the report with this "
+                "version's `fp16lens scan`"
+            )
+        try:
+            meta = ReportMeta(**data["meta"])
+            sites = {}
+            for s in data["sites"]:
+                st = SiteStats(**s)
+                sites[st.name] = st
+            spans = [Span(**s) for s in data["spans"]]
+            findings = [Finding(**f) for f in data["findings"]]
+            edges = [(str(a), str(b)) for a, b in data["edges"]]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ReportError(
+                f"report is damaged or hand-edited ({type(exc).__name__}: {exc}); "
+                "re-create it with `fp16lens scan`"
+            ) from exc
+        return cls(sites=sites, spans=spans, findings=findings, edges=edges, meta=meta)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=1, allow_nan=True)
+
+    @classmethod
+    def load(cls, path: str | Path) -> Report:
+        path = Path(path)
+        try:
+            text = path.read_text()
+        except OSError as exc:
+            raise ReportError(f"cannot read report {path}: {exc.strerror}") from exc
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ReportError(
+                f"{path} is not valid JSON ({exc.msg} at line {exc.lineno}); the file is "
+                "truncated or was edited by hand: re-create it with `fp16lens scan`"
+            ) from exc
+        return cls.from_dict(data)
+
+    def save(self, path: str | Path, **render_options: Any) -> Path:
+        """Save as .json (data, exact round trip) or .html/.svg/.txt (the rendered view)."""
+        path = Path(path)
+        suffix = path.suffix.lower()
+        if suffix == ".json":
+            text = self.to_json()
+        elif suffix in (".html", ".svg", ".txt"):
+            from fp16lens.report._render import export_text
+
+            text = export_text(self, suffix[1:], **render_options)
+        else:
+            raise ReportError(
+                f"cannot save a report as {suffix or 'a file without suffix'!r}; "
+                "use .json, .html, .svg or .txt (or report.plot('x.png') for the plot)"
+            )
+        try:
+            path.write_text(text, encoding="utf-8")
+        except OSError as exc:
+            raise ReportError(
+                f"cannot write {path}: {exc.strerror}; choose a writable location"
+            ) from exc
+        return path
+
+    # ---- display ---------------------------------------------------------------------
+    def __rich_console__(self, console, options):
+        from fp16lens.report._render import render
+
+        yield from render(self, console, options)
+
+    def print(self, **render_options: Any) -> None:
+        from fp16lens.report._render import print_report
+
+        print_report(self, **render_options)
+
+    def plot(self, path: str | Path | None = None, **options: Any):
+        from fp16lens.report._plot import plot
+
+        return plot(self, path, **options)
+
+    def _repr_mimebundle_(self, include=None, exclude=None):
+        from fp16lens.report._render import mimebundle
+
+        return mimebundle(self)
+
+    def __repr__(self) -> str:
+        return (
+            f"Report({self.meta.model_class or 'model'}: {len(self.sites)} sites, "
+            f"{len(self.spans)} spans, {len(self.findings)} findings, "
+            f"{self.meta.batches} batches)"
+        )

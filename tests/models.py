@@ -1,0 +1,330 @@
+"""Shared small test models, each with its example inputs (one place, never copy-pasted).
+
+Every builder returns ``(model, inputs)`` with the model in eval mode and ``inputs`` a
+tuple of positional arguments. Sizes are small: FP16 on a CPU is ~20x slower than FP32.
+Ground truth for these models comes from real FP16 runs (``copy.deepcopy(m).half()``)
+or from explicit decomposed FP16 computations, never from fp16lens itself.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from torchvision_compat import ensure_torchvision
+
+
+def _seeded(seed: int = 0) -> torch.Generator:
+    torch.manual_seed(seed)
+    return torch.Generator().manual_seed(seed)
+
+
+# --------------------------------------------------------------------------------------
+# The seed article's case: resnet18 backbone + FPN-style neck (a PANet-shaped detector)
+# --------------------------------------------------------------------------------------
+class ResNetBackbone(nn.Module):
+    """torchvision's real resnet18 (BasicBlock), returning the four stage outputs."""
+
+    def __init__(self):
+        super().__init__()
+        tv = ensure_torchvision()
+        r = tv.models.resnet18(weights=None)
+        self.conv1, self.bn1, self.relu, self.maxpool = r.conv1, r.bn1, r.relu, r.maxpool
+        self.layer1, self.layer2, self.layer3, self.layer4 = r.layer1, r.layer2, r.layer3, r.layer4
+
+    def forward(self, x):
+        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
+        c2 = self.layer1(x)
+        c3 = self.layer2(c2)
+        c4 = self.layer3(c3)
+        c5 = self.layer4(c4)
+        return c2, c3, c4, c5
+
+
+def conv_bn_relu(cin: int, cout: int, k: int = 1) -> nn.Sequential:
+    return nn.Sequential(
+        nn.Conv2d(cin, cout, k, padding=k // 2, bias=False), nn.BatchNorm2d(cout), nn.ReLU()
+    )
+
+
+class FPNNeck(nn.Module):
+    """1x1 conv + BN + ReLU reducing each stage, top-down upsample-and-add, fused output."""
+
+    def __init__(self, channels=(64, 128, 256, 512), width: int = 32):
+        super().__init__()
+        self.reduce_c2 = conv_bn_relu(channels[0], width)
+        self.reduce_c3 = conv_bn_relu(channels[1], width)
+        self.reduce_c4 = conv_bn_relu(channels[2], width)
+        self.reduce_c5 = conv_bn_relu(channels[3], width)
+        self.smooth = conv_bn_relu(width * 4, width, 3)
+
+    def forward(self, feats):
+        c2, c3, c4, c5 = feats
+        p5 = self.reduce_c5(c5)
+        p4 = self.reduce_c4(c4) + F.interpolate(p5, size=c4.shape[-2:], mode="nearest")
+        p3 = self.reduce_c3(c3) + F.interpolate(p4, size=c3.shape[-2:], mode="nearest")
+        p2 = self.reduce_c2(c2) + F.interpolate(p3, size=c2.shape[-2:], mode="nearest")
+        size = p2.shape[-2:]
+        up = [F.interpolate(p, size=size, mode="bilinear", align_corners=False) for p in (p3, p4, p5)]
+        return self.smooth(torch.cat([p2, *up], dim=1))
+
+
+class TextDetector(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.backbone = ResNetBackbone()
+        self.neck = FPNNeck()
+        self.head = nn.Conv2d(32, 1, 1)
+
+    def forward(self, x):
+        return torch.sigmoid(self.head(self.neck(self.backbone(x))))
+
+
+@torch.no_grad()
+def calibrate_bn(model: nn.Module, inputs: tuple, modules: list[nn.BatchNorm2d]) -> None:
+    """Give the listed batch norms the running statistics a trained net would have:
+    the exact mean/variance of what they see on ``inputs`` (momentum None = cumulative)."""
+    for bn in modules:
+        bn.reset_running_stats()
+        bn.momentum = None
+        bn.train()
+    model(*inputs)
+    for bn in modules:
+        bn.momentum = 0.1
+        bn.eval()
+
+
+def seed_case(size: int = 64, overflow_scale: float = 2.0e5):
+    """The seed article's PANet situation on torchvision's real resnet18.
+
+    ``backbone.layer4.1.bn2`` has a large affine weight (as a trained net can), so its
+    output, the block's residual add and ReLU exceed 65504; the neck's reducing conv is
+    still out of range and its batch norm (statistics measured like a trained net's)
+    brings the values back. Expected span: backbone.layer4.1.bn2 -> ... -> neck.reduce_c5.1
+    """
+    _seeded(0)
+    model = TextDetector().eval()
+    x = torch.rand(1, 3, size, size)
+    with torch.no_grad():
+        model.backbone.layer4[1].bn2.weight.mul_(overflow_scale)
+    neck_bns = [m for m in model.neck.modules() if isinstance(m, nn.BatchNorm2d)]
+    calibrate_bn(model, (x,), neck_bns)
+    return model, (x,)
+
+
+# --------------------------------------------------------------------------------------
+# One model per mechanism
+# --------------------------------------------------------------------------------------
+class MulHardswish(nn.Module):
+    """hardswish written as x * relu6(x + 3) / 6: the multiply overflows, nothing else."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+        self.out = nn.Linear(8, 4)
+        with torch.no_grad():
+            self.fc.weight.copy_(torch.eye(8) * 3.0e4)
+            self.fc.bias.zero_()
+
+    def forward(self, x):
+        x = self.fc(x)
+        x = x * F.relu6(x + 3) / 6
+        return self.out(x / 1024)
+
+
+def functional_mul():
+    _seeded(1)
+    model = MulHardswish().eval()
+    return model, (torch.rand(2, 8) * 0.5 + 0.5,)
+
+
+class WideLayerNorm(nn.Module):
+    """|x - mean| > 256, so (x - mean)^2 > 65504, but LayerNorm's output is in range."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(16, 64)
+        self.norm = nn.LayerNorm(64)
+        self.head = nn.Linear(64, 4)
+        with torch.no_grad():
+            self.proj.weight.mul_(800.0)
+
+    def forward(self, x):
+        return self.head(self.norm(self.proj(x)))
+
+
+def layernorm_variance():
+    _seeded(2)
+    return WideLayerNorm().eval(), (torch.randn(2, 5, 16),)
+
+
+class MeanPool(nn.Module):
+    """A 64x64 map of values ~20 averaged: the sum (81,920) overflows, the mean does not."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 1)
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(4, 2)
+        with torch.no_grad():
+            self.conv.weight.fill_(0.01)
+            self.conv.bias.fill_(20.0)
+
+    def forward(self, x):
+        return self.fc(self.pool(self.conv(x)).flatten(1))
+
+
+def avgpool_sum():
+    _seeded(3)
+    return MeanPool().eval(), (torch.rand(1, 3, 64, 64),)
+
+
+class HugeVarBN(nn.Module):
+    """A BatchNorm whose running_var (1e7) is beyond FP16: .half() makes it inf and the
+    output silently becomes the BN bias, though no activation is ever out of range."""
+
+    def __init__(self, after_relu: bool = False):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.act = nn.ReLU() if after_relu else nn.Identity()
+        self.bn = nn.BatchNorm2d(8)
+        self.head = nn.Conv2d(8, 2, 1)
+        with torch.no_grad():
+            self.conv.weight.mul_(3000.0)
+            self.bn.running_var.fill_(1.0e7)
+            self.bn.running_mean.fill_(5.0)
+
+    def forward(self, x):
+        return self.head(self.bn(self.act(self.conv(x))))
+
+
+def bn_huge_var(after_relu: bool = False):
+    _seeded(4)
+    return HugeVarBN(after_relu).eval(), (torch.rand(1, 3, 16, 16),)
+
+
+class CleanNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+            nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+        )
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(8, 3)
+
+    def forward(self, x):
+        y = self.features(x)
+        return self.fc(self.pool(y + x.mean(1, keepdim=True)).flatten(1))
+
+
+def clean():
+    _seeded(5)
+    return CleanNet().eval(), (torch.rand(1, 3, 16, 16),)
+
+
+class GeluSpan(nn.Module):
+    """A span through a GELU: rescaling cannot pass it, so an FP32 island is needed."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(16, 32)
+        self.act = nn.GELU()
+        self.fc2 = nn.Linear(32, 8)
+        with torch.no_grad():
+            self.fc1.weight.mul_(2.0e4)  # weights stay < 65504, activations do not
+            self.fc2.weight.div_(100.0)
+
+    def forward(self, x):
+        return self.fc2(self.act(self.fc1(x)))
+
+
+def gelu_span():
+    _seeded(6)
+    return GeluSpan().eval(), (torch.rand(2, 16) * 2 + 1,)
+
+
+class MultiOutput(nn.Module):
+    """Dict output with a nested tuple, a None and an int tensor beside the floats."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU())
+        self.cls = nn.Conv2d(8, 3, 1)
+        self.box = nn.Conv2d(8, 4, 1)
+
+    def forward(self, x):
+        y = self.body(x)
+        logits = self.cls(y)
+        return {
+            "logits": logits,
+            "aux": (self.box(y), None),
+            "argmax": logits.argmax(1),
+        }
+
+
+def multi_output():
+    _seeded(7)
+    return MultiOutput().eval(), (torch.rand(1, 3, 8, 8),)
+
+
+WATCH_CASES = {
+    "seed_case": seed_case,
+    "functional_mul": functional_mul,
+    "layernorm_variance": layernorm_variance,
+    "avgpool_sum": avgpool_sum,
+    "bn_huge_var": bn_huge_var,
+    "clean": clean,
+    "gelu_span": gelu_span,
+    "multi_output": multi_output,
+}
+"""Every model of the watch issue, by name: name -> builder returning (model, inputs)."""
+
+
+def first_inf_site_fp16(model: nn.Module, inputs: tuple) -> tuple[str, str] | None:
+    """Ground truth from real FP16 on CPU: the first module or functional op (in
+    execution order) whose half-precision output holds inf/NaN. Uses only forward hooks
+    on modules, plus a dispatch mode for functional ops, independent of fp16lens."""
+    import copy
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_flatten
+
+    half = copy.deepcopy(model).half()
+    args = tuple(a.half() if torch.is_tensor(a) and a.is_floating_point() else a for a in inputs)
+    first: list[str] = []
+
+    class FirstInf(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if not first:
+                for t in tree_flatten(out)[0]:
+                    if torch.is_tensor(t) and t.is_floating_point() and not torch.isfinite(t).all():
+                        first.append(str(func.overloadpacket.__name__))
+                        break
+            return out
+
+    stack: list[str] = []
+    names = {m: n for n, m in half.named_modules()}
+    handles = []
+    for m in half.modules():
+        handles.append(m.register_forward_pre_hook(lambda mod, a: stack.append(names[mod])))
+        handles.append(m.register_forward_hook(lambda mod, a, o: [stack.pop()] and None))
+    site: list[tuple[str, str]] = []
+
+    class Attributed(FirstInf):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            had = bool(first)
+            out = super().__torch_dispatch__(func, types, args, kwargs)
+            if first and not had:
+                site.append((stack[-1] if stack else "", first[0]))
+            return out
+
+    try:
+        with torch.no_grad(), Attributed():
+            half(*args)
+    finally:
+        for h in handles:
+            h.remove()
+    return site[0] if site else None
