@@ -1,0 +1,186 @@
+"""Reduce each forward call's events into per-site statistics, spans and findings.
+
+Everything kept here is O(number of sites): plain Python numbers, merged over
+batches (and over ranks by ``_distributed``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from fp16lens.report._model import HIST_BINS
+from fp16lens.watch._ops import MATMUL_LIKE
+from fp16lens.watch._recorder import INPUT_SITE, Forward, SiteInfo
+from fp16lens.watch._spans import find_spans
+from fp16lens.watch._tensorstats import (
+    S_NONFINITE,
+    S_OVER,
+    S_SAMPLED,
+    S_SUBNORMAL,
+    S_UNDERFLOW,
+    S_ZEROS,
+    SAMPLE_FIELDS,
+)
+
+
+def _gt(a: float, b: float) -> bool:
+    """a > b where NaN counts as the largest value."""
+    return (not math.isnan(b)) and (math.isnan(a) or a > b)
+
+
+@dataclass
+class SiteAcc:
+    calls: int = 0
+    absmax: float = 0.0
+    absmax_batch: int = -1
+    numel: int = 0
+    zeros: float = 0.0
+    nonfinite: float = 0.0
+    overflow: float = 0.0
+    subnormal: float = 0.0
+    underflow: float = 0.0
+    hist: list[float] = field(default_factory=lambda: [0.0] * HIST_BINS)
+    shape: list[int] = field(default_factory=list)
+
+
+@dataclass
+class SpanAcc:
+    start: int
+    sites: set[int] = field(default_factory=set)
+    ends: set[int] = field(default_factory=set)
+    peak: float = 0.0
+    peak_site: int = -1
+    reaches_output: bool = False
+    batches: int = 0
+    first_batch: int = -1
+    fused: bool = True
+    seq: dict[int, int] = field(default_factory=dict)  # site -> first event index seen
+
+
+@dataclass
+class InternalAcc:
+    peak: float
+    batch: int
+    ctx: dict
+
+
+@dataclass
+class InputAcc:
+    index: int  # position of the tensor among the flattened inputs
+    peak: float
+    batch: int
+    nonfinite: int
+
+
+@dataclass
+class Accumulator:
+    threshold: float
+    sites_info: list[SiteInfo]
+    sites: dict[int, SiteAcc] = field(default_factory=dict)
+    spans: dict[int, SpanAcc] = field(default_factory=dict)  # by start site id
+    internal: dict[tuple[int, str], InternalAcc] = field(default_factory=dict)
+    inputs: dict[int, InputAcc] = field(default_factory=dict)
+    edges: set[tuple[int, int]] = field(default_factory=set)
+    batches: int = 0
+    input_shapes: list[list[list[int]]] = field(default_factory=list)
+
+    def add(self, fw: Forward) -> None:
+        self.batches += 1
+        if fw.input_shapes not in self.input_shapes:
+            self.input_shapes.append(fw.input_shapes)
+        if not fw.sites:
+            return
+        maxes = torch.stack([m.cpu() for m in fw.maxes]).tolist()
+        samples = torch.stack([s.cpu() for s in fw.samples]).tolist()
+        oor = [not m <= self.threshold for m in maxes]  # NaN is out of range
+        self._add_sites(fw, maxes, samples)
+        self._add_inputs(fw, maxes, samples)
+        self._add_edges(fw)
+        self._add_spans(fw, maxes, oor)
+        self._add_internal(fw)
+
+    def _add_sites(self, fw: Forward, maxes, samples) -> None:
+        for e, sid in enumerate(fw.sites):
+            if sid == INPUT_SITE:
+                continue
+            acc = self.sites.setdefault(sid, SiteAcc())
+            if acc.calls == 0:
+                acc.shape = fw.shapes[e]
+            acc.calls += 1
+            if _gt(maxes[e], acc.absmax) or acc.absmax_batch < 0:
+                acc.absmax, acc.absmax_batch = maxes[e], fw.index
+            s = samples[e]
+            scale = fw.numels[e] / s[S_SAMPLED] if s[S_SAMPLED] else 0.0
+            acc.numel += fw.numels[e]
+            acc.zeros += s[S_ZEROS] * scale
+            acc.subnormal += s[S_SUBNORMAL] * scale
+            acc.underflow += s[S_UNDERFLOW] * scale
+            acc.nonfinite += s[S_NONFINITE] * scale
+            acc.overflow += fw.exact_over.get(e, s[S_OVER] * scale)
+            for i, c in enumerate(s[SAMPLE_FIELDS:]):
+                acc.hist[i] += c * scale
+
+    def _add_inputs(self, fw: Forward, maxes, samples) -> None:
+        k = 0
+        for e, sid in enumerate(fw.sites):
+            if sid != INPUT_SITE:
+                continue
+            if not maxes[e] <= self.threshold:
+                cur = self.inputs.get(k)
+                bad = int(samples[e][S_NONFINITE] > 0 or math.isnan(maxes[e]) or math.isinf(maxes[e]))
+                if cur is None or _gt(maxes[e], cur.peak):
+                    self.inputs[k] = InputAcc(k, maxes[e], fw.index, bad)
+            k += 1
+
+    def _add_edges(self, fw: Forward) -> None:
+        for e, sid in enumerate(fw.sites):
+            if sid == INPUT_SITE:
+                continue
+            for p in fw.inputs[e]:
+                psid = fw.sites[p]
+                if psid != INPUT_SITE and psid != sid:
+                    self.edges.add((psid, sid))
+
+    def _add_spans(self, fw: Forward, maxes, oor) -> None:
+        is_input = [s == INPUT_SITE for s in fw.sites]
+        for fs in find_spans(oor, fw.inputs, is_input, fw.outputs):
+            start = fw.sites[min(fs.starts)] if fs.starts else fw.sites[fs.members[0]]
+            acc = self.spans.setdefault(start, SpanAcc(start=start))
+            acc.batches += 1
+            if acc.first_batch < 0:
+                acc.first_batch = fw.index
+            acc.sites.update(fw.sites[m] for m in fs.members)
+            acc.ends.update(fw.sites[e] for e in fs.ends)
+            for e in (*fs.members, *fs.ends):
+                acc.seq.setdefault(fw.sites[e], e)
+            acc.reaches_output |= fs.reaches_output
+            for m in fs.members:
+                if _gt(maxes[m], acc.peak) or acc.peak_site < 0:
+                    acc.peak, acc.peak_site = maxes[m], fw.sites[m]
+            acc.fused &= self._fused(fs, fw)
+
+    def _fused(self, fs, fw: Forward) -> bool:
+        """Only a conv/linear output that the following BN/ReLU brings back: TensorRT
+        fuses them into one kernel, so the out-of-range value is never stored."""
+        ops = self.sites_info
+        members_ok = all(ops[fw.sites[m]].op in MATMUL_LIKE or ops[fw.sites[m]].op in
+                         ("Conv1d", "Conv2d", "Conv3d", "Linear") for m in fs.members)
+        ends_ok = bool(fs.ends) and all(
+            ops[fw.sites[e]].op in ("batch_norm", "relu", "BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "ReLU")
+            for e in fs.ends
+        )
+        return members_ok and ends_ok and not fs.reaches_output
+
+    def _add_internal(self, fw: Forward) -> None:
+        if not fw.internal:
+            return
+        peaks = torch.stack([p.float().cpu() for _, _, p, _ in fw.internal]).tolist()
+        for (sid, kind, _, ctx), peak in zip(fw.internal, peaks):
+            if not peak <= self.threshold:
+                key = (sid, kind)
+                cur = self.internal.get(key)
+                if cur is None or _gt(peak, cur.peak):
+                    self.internal[key] = InternalAcc(peak, fw.index, ctx)

@@ -1,0 +1,96 @@
+"""Turn the accumulated statistics into a Report (plain data)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from fp16lens.report._model import Finding, Report, ReportMeta, SiteStats, Span
+from fp16lens.watch import _internal
+from fp16lens.watch._accumulate import Accumulator, SpanAcc
+from fp16lens.watch._recorder import SiteInfo
+
+LN_FP16_MAX = math.log(65504.0)
+
+
+def _site_stats(info: SiteInfo, acc) -> SiteStats:
+    return SiteStats(
+        name=info.name, kind=info.kind, op=info.op, module=info.module, order=info.order,
+        calls=acc.calls, absmax=acc.absmax, absmax_batch=acc.absmax_batch, numel=acc.numel,
+        zeros=round(acc.zeros), nonfinite=round(acc.nonfinite), overflow=round(acc.overflow),
+        subnormal=round(acc.subnormal), underflow=round(acc.underflow),
+        hist=[round(h) for h in acc.hist], shape=list(acc.shape),
+    )
+
+
+def _span(acc: SpanAcc, infos: list[SiteInfo]) -> Span:
+    def key(s: int) -> tuple[int, int]:
+        return (acc.seq.get(s, 1 << 30), s)
+
+    order = sorted({acc.start, *acc.sites, *acc.ends}, key=key)
+    ends = [infos[e].name for e in sorted(acc.ends, key=key)]
+    return Span(
+        start=infos[acc.start].name,
+        end=None if acc.reaches_output or not ends else ends[0],
+        peak=acc.peak, peak_site=infos[acc.peak_site].name,
+        sites=[infos[s].name for s in order], ends=ends, reaches_output=acc.reaches_output,
+        batches=acc.batches, first_batch=acc.first_batch, fused=acc.fused,
+    )
+
+
+def _span_finding(span: Span, start_op: str, threshold: float) -> Finding:
+    where = "the model output" if span.end is None else ", ".join(span.ends[:3])
+    if (not math.isfinite(span.peak) and not math.isinf(span.peak)) or math.isinf(span.peak):
+        kind, detail = "nonfinite", (
+            f"{span.start} produces inf/NaN already in FP32; the model itself is broken there"
+        )
+    elif start_op == "exp":
+        kind, detail = "softmax-exp", (
+            f"exp overflows FP16 for arguments above {LN_FP16_MAX:.2f} (peak {span.peak:.3g}); "
+            "subtract the row max first: torch.softmax does, and TensorRT's Softmax is stable"
+        )
+    else:
+        kind, detail = "overflow", (
+            f"values leave FP16 range at {span.start} (peak {span.peak:.3g} at "
+            f"{span.peak_site}, {span.peak / threshold:.1f}x the limit) and return at {where}"
+        )
+    if span.fused:
+        detail += (
+            "; TensorRT fuses this conv/linear with the op that brings it back, so the "
+            "value is stored in FP16 only where that fusion does not happen"
+        )
+    return Finding(site=span.start, mechanism="output", kind=kind, peak=span.peak,
+                   detail=detail, batch=span.first_batch)
+
+
+def build_report(acc: Accumulator, infos: list[SiteInfo], params: list[Finding],
+                 model: torch.nn.Module, threshold: float) -> Report:
+    from fp16lens import __version__
+
+    sites = {infos[s].name: _site_stats(infos[s], a) for s, a in sorted(acc.sites.items())}
+    spans = [_span(a, infos) for _, a in sorted(acc.spans.items())]
+    findings = [_span_finding(s, infos[a.start].op, threshold)
+                for s, a in zip(spans, [a for _, a in sorted(acc.spans.items())])]
+    for (sid, kind), ia in sorted(acc.internal.items()):
+        findings.append(Finding(
+            site=infos[sid].name, mechanism="internal", kind=kind, peak=ia.peak, batch=ia.batch,
+            detail=_internal.describe(kind, ia.peak, ia.ctx, threshold),
+            tensor=ia.ctx.get("norm") or ia.ctx.get("op", ""),
+        ))
+    findings.extend(params)
+    for k, ia in sorted(acc.inputs.items()):
+        what = "inf/NaN" if ia.nonfinite else f"values up to {ia.peak:.3g}"
+        findings.append(Finding(
+            site=f"input[{k}]", mechanism="input", kind="nonfinite" if ia.nonfinite else "overflow",
+            peak=ia.peak, batch=ia.batch, count=ia.nonfinite,
+            detail=f"model input {k} holds {what} (batch {ia.batch}): a problem of the data, "
+                   "not of the model; FP16 inputs cannot carry it",
+        ))
+    meta = ReportMeta(
+        model_class=type(model).__qualname__, batches=acc.batches,
+        torch_version=torch.__version__, fp16lens_version=__version__, threshold=threshold,
+        input_shapes=acc.input_shapes,
+    )
+    edges = sorted((infos[a].name, infos[b].name) for a, b in acc.edges)
+    return Report(sites=sites, spans=spans, findings=findings, edges=edges, meta=meta)

@@ -1,0 +1,149 @@
+"""Overflow inside an op that never shows at its output.
+
+Each check returns ``(kind, peak, context)`` with ``peak`` a 0-d tensor (no host
+sync) or None when the op is not of that kind. The finding's sentence is written
+later, once, when the peak is known to exceed the threshold.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from fp16lens.watch._tensorstats import absmax
+
+
+def _bound(func, args, kwargs) -> dict:
+    names = [a.name for a in func._schema.arguments]
+    bound = dict(zip(names, args))
+    bound.update(kwargs or {})
+    return bound
+
+
+def _dev_sq(x: torch.Tensor, dims) -> torch.Tensor:
+    x = x.detach().float()
+    d = absmax(x - x.mean(dims, keepdim=True))
+    return d * d
+
+
+def _reduced_dims(x: torch.Tensor, dim) -> tuple[int, ...]:
+    if dim is None or (isinstance(dim, (list, tuple)) and len(dim) == 0):
+        return tuple(range(x.dim()))
+    dims = dim if isinstance(dim, (list, tuple)) else [dim]
+    return tuple(d % max(x.dim(), 1) for d in dims)
+
+
+def _layer_norm(b, out):
+    x, shape = b["input"], b["normalized_shape"]
+    return "norm-variance", _dev_sq(x, tuple(range(-len(shape), 0))), {"norm": "LayerNorm", "opset": 17}
+
+
+def _group_norm(b, out):
+    x = b["input"]
+    xr = x.reshape(b["N"], b["group"], -1)
+    return "norm-variance", _dev_sq(xr, (-1,)), {"norm": "GroupNorm", "opset": 18}
+
+
+def _batch_norm(b, out):
+    if not b.get("training", False):
+        return None  # eval batch norm uses running statistics: a single affine op
+    x = b["input"]
+    dims = (0, *range(2, x.dim()))
+    return "norm-variance", _dev_sq(x, dims), {"norm": "InstanceNorm/BatchNorm (batch statistics)", "opset": None}
+
+
+def _rms_norm(b, out):
+    x = b["input"]
+    a = absmax(x)
+    return "rms-square", a * a, {"norm": "RMSNorm"}
+
+
+def _var(b, out):
+    x = b["input"] if "input" in b else b["self"]
+    dims = _reduced_dims(x, b.get("dim"))
+    return "norm-variance", _dev_sq(x, dims), {"norm": "var/std", "opset": None}
+
+
+def _mean(b, out):
+    x = b["self"]
+    n = math.prod(x.shape[d] for d in _reduced_dims(x, b.get("dim")))
+    return "sum-before-mean", absmax(out) * n, {"op": "mean", "n": n}
+
+
+def _avg_pool(b, out):
+    k = b["kernel_size"]
+    n = b.get("divisor_override") or math.prod(k if isinstance(k, (list, tuple)) else [k])
+    return "sum-before-mean", absmax(out) * n, {"op": "average pooling", "n": n}
+
+
+def _adaptive_avg_pool(b, out):
+    x = b["self"]
+    spatial = len(b["output_size"])
+    n = math.prod(
+        math.ceil(x.shape[-spatial + i] / max(out.shape[-spatial + i], 1)) for i in range(spatial)
+    )
+    return "sum-before-mean", absmax(out) * n, {"op": "adaptive average pooling", "n": n}
+
+
+def _vector_norm(b, out):
+    if b.get("ord", 2) not in (2, 2.0, None):
+        return None
+    a = absmax(out)
+    return "sum-of-squares", a * a, {"op": "vector norm"}
+
+
+CHECKS = {
+    "layer_norm": _layer_norm,
+    "group_norm": _group_norm,
+    "batch_norm": _batch_norm,
+    "rms_norm": _rms_norm,
+    "var": _var,
+    "std": _var,
+    "var_mean": _var,
+    "std_mean": _var,
+    "mean": _mean,
+    "avg_pool1d": _avg_pool,
+    "avg_pool2d": _avg_pool,
+    "avg_pool3d": _avg_pool,
+    "adaptive_avg_pool1d": _adaptive_avg_pool,
+    "adaptive_avg_pool2d": _adaptive_avg_pool,
+    "adaptive_avg_pool3d": _adaptive_avg_pool,
+    "linalg_vector_norm": _vector_norm,
+    "norm": _vector_norm,
+}
+
+
+def check(name: str, func, args, kwargs, out: torch.Tensor):
+    """Run the internal check for op ``name``, if it has one."""
+    fn = CHECKS.get(name)
+    if fn is None:
+        return None
+    try:
+        return fn(_bound(func, args, kwargs), out)
+    except (KeyError, TypeError, RuntimeError, IndexError):
+        return None  # an overload with another signature: no internal estimate
+
+
+def describe(kind: str, peak: float, ctx: dict, threshold: float) -> str:
+    """One sentence: what overflows inside the op, and by how much."""
+    if kind == "norm-variance":
+        opset = f" exported below opset {ctx['opset']}" if ctx.get("opset") else ""
+        return (
+            f"{ctx['norm']}{opset} computes (x-mean)^2 in FP16 when decomposed: "
+            f"{peak:.3g} > {threshold:g} (|x-mean| up to {math.sqrt(peak):.3g}); "
+            "the fused op's output stays in range"
+        )
+    if kind == "rms-square":
+        return f"RMSNorm squares its input: x^2 up to {peak:.3g} > {threshold:g}"
+    if kind == "sum-before-mean":
+        return (
+            f"{ctx['op']} sums {ctx['n']} values before dividing: |sum| up to {peak:.3g} "
+            f"> {threshold:g}, though the mean ({peak / ctx['n']:.3g}) fits"
+        )
+    if kind == "sum-of-squares":
+        return (
+            f"the vector norm sums x^2 before the square root: up to {peak:.3g} > "
+            f"{threshold:g}, though the norm ({math.sqrt(peak):.3g}) fits"
+        )
+    return f"{kind}: {peak:.3g} > {threshold:g}"

@@ -1,0 +1,54 @@
+"""Options of watch(): a frozen dataclass validated on construction."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from fp16lens._core import FP16_MAX
+
+
+@dataclass(frozen=True)
+class WatchOptions:
+    """What watch() records and how.
+
+    threshold: values with |v| above it count as out of FP16 range (65504 by default;
+        lower it to see near misses as overflow, e.g. 32768 for a 2x safety margin).
+    ops: record every functional op (aten level), not only built-in leaf modules.
+    internal: check overflow inside ops (norm variances, sums before a mean, ...).
+    params: check parameters and buffers on entry.
+    sample_size: elements sampled per call for the underflow shares and the
+        per-binade histogram (the maximum and overflow counts are always exact).
+    param_subnormal_share / param_underflow_share: a parameter tensor is reported when
+        at least this share of its non-zero values is subnormal / flushes to zero in FP16.
+    distributed: merge statistics over torch.distributed ranks when the report is
+        built: "auto" (when a process group is initialized), True or False.
+    """
+
+    threshold: float = FP16_MAX
+    ops: bool = True
+    internal: bool = True
+    params: bool = True
+    sample_size: int = 16384
+    param_subnormal_share: float = 0.05
+    param_underflow_share: float = 0.01
+    distributed: bool | str = "auto"
+
+    def __post_init__(self):
+        if not isinstance(self.threshold, (int, float)) or not (
+            math.isfinite(self.threshold) and self.threshold > 0
+        ):
+            raise ValueError(
+                f"threshold must be a finite number > 0, got {self.threshold!r}; "
+                "the FP16 limit is 65504"
+            )
+        if not isinstance(self.sample_size, int) or self.sample_size < 16:
+            raise ValueError(f"sample_size must be an int >= 16, got {self.sample_size!r}")
+        for name in ("param_subnormal_share", "param_underflow_share"):
+            v = getattr(self, name)
+            if not 0 <= v <= 1:
+                raise ValueError(f"{name} must be within [0, 1], got {v!r}")
+        if self.distributed not in (True, False, "auto"):
+            raise ValueError(
+                f"distributed must be True, False or 'auto', got {self.distributed!r}"
+            )

@@ -1,0 +1,67 @@
+"""Parameters and buffers that FP16 cannot hold: beyond 65504, subnormal, flushed to 0."""
+
+from __future__ import annotations
+
+import torch
+
+from fp16lens._core import FP16_MIN_NORMAL, FP16_MIN_SUBNORMAL
+from fp16lens.report._model import Finding
+from fp16lens.watch._options import WatchOptions
+
+
+def _owner(name: str) -> tuple[str, str]:
+    module, _, tensor = name.rpartition(".")
+    return module, tensor
+
+
+@torch.no_grad()
+def check_parameters(model: torch.nn.Module, options: WatchOptions) -> list[Finding]:
+    """One finding per problem per parameter/buffer tensor, with counts."""
+    findings: list[Finding] = []
+    named = list(model.named_parameters(remove_duplicate=True)) + list(
+        model.named_buffers(remove_duplicate=True)
+    )
+    for name, t in named:
+        if not torch.is_tensor(t) or not t.is_floating_point() or t.numel() == 0:
+            continue
+        a = t.detach().abs().float()
+        module, tensor = _owner(name)
+        peak = float(a.max())
+        nonfinite = int((~torch.isfinite(a)).sum())
+        over = int((a > options.threshold).sum())
+        if over or nonfinite:
+            findings.append(
+                Finding(
+                    site=module, mechanism="parameter", kind="param-overflow", peak=peak,
+                    tensor=tensor, count=over + nonfinite,
+                    detail=(
+                        f"{name}: {over + nonfinite} of {t.numel()} values beyond FP16 "
+                        f"(max {peak:.3g} > {options.threshold:g}); .half() makes them inf"
+                    ),
+                )
+            )
+        nz = int((a > 0).sum())
+        if not nz:
+            continue
+        sub = int(((a > 0) & (a < FP16_MIN_NORMAL)).sum())
+        under = int(((a > 0) & (a < FP16_MIN_SUBNORMAL)).sum())
+        if under and under / nz >= options.param_underflow_share:
+            findings.append(
+                Finding(
+                    site=module, mechanism="parameter", kind="param-underflow",
+                    peak=float(a[a > 0].min()), tensor=tensor, count=under,
+                    detail=f"{name}: {under} of {nz} non-zero values are below 2^-24 and become 0 in FP16",
+                )
+            )
+        elif sub and sub / nz >= options.param_subnormal_share:
+            findings.append(
+                Finding(
+                    site=module, mechanism="parameter", kind="param-subnormal",
+                    peak=float(a[a > 0].min()), tensor=tensor, count=sub,
+                    detail=(
+                        f"{name}: {sub} of {nz} non-zero values are subnormal in FP16 "
+                        "(< 2^-14) and lose precision"
+                    ),
+                )
+            )
+    return findings

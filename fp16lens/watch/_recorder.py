@@ -1,0 +1,197 @@
+"""The recorder: module hooks name the running module, a TorchDispatchMode sees every
+aten op. Each float op output becomes an *event* (site, producer events, max |v|, a
+sampled stats vector); events are reduced once per forward call, never holding on
+to activations (producers are tracked through weak references to the tensors).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.weak import WeakIdKeyDictionary
+
+from fp16lens.watch import _internal
+from fp16lens.watch._ops import FACTORY, PASSTHROUGH, is_builtin_leaf, op_name
+from fp16lens.watch._options import WatchOptions
+from fp16lens.watch._tensorstats import absmax, sample_stats
+
+INPUT_SITE = -1
+
+
+@dataclass
+class SiteInfo:
+    name: str
+    kind: str
+    op: str
+    module: str
+    order: int
+
+
+@dataclass
+class Forward:
+    """Events of one forward call, reduced by the accumulator when the call ends."""
+
+    index: int
+    sites: list[int] = field(default_factory=list)  # site id per event (INPUT_SITE for inputs)
+    inputs: list[tuple[int, ...]] = field(default_factory=list)  # producer events per event
+    maxes: list[torch.Tensor] = field(default_factory=list)
+    samples: list[torch.Tensor] = field(default_factory=list)
+    numels: list[int] = field(default_factory=list)
+    shapes: list[list[int]] = field(default_factory=list)
+    exact_over: dict[int, int] = field(default_factory=dict)  # event -> exact overflow count
+    internal: list[tuple[int, str, torch.Tensor, dict]] = field(default_factory=list)
+    outputs: tuple[int, ...] = ()
+    input_shapes: list[list[int]] = field(default_factory=list)
+
+
+def _float_tensors(obj, out: list) -> list:
+    """Float tensors in nested args (one level of lists/tuples, dicts, dataclass fields)."""
+    if isinstance(obj, torch.Tensor):
+        if obj.is_floating_point():
+            out.append(obj)
+    elif isinstance(obj, (list, tuple)):
+        for o in obj:
+            _float_tensors(o, out)
+    elif isinstance(obj, dict):
+        for o in obj.values():
+            _float_tensors(o, out)
+    elif hasattr(obj, "__dataclass_fields__"):
+        for name in obj.__dataclass_fields__:
+            _float_tensors(getattr(obj, name, None), out)
+    return out
+
+
+class Recorder(TorchDispatchMode):
+    """Records every op run inside the watched model's forward."""
+
+    def __init__(self, model: torch.nn.Module, options: WatchOptions, on_forward_end):
+        super().__init__()
+        self.options = options
+        self.root = model
+        self.names: dict[torch.nn.Module, str] = {}
+        for name, m in model.named_modules(remove_duplicate=False):
+            self.names.setdefault(m, name)
+        self.leaf = {m: is_builtin_leaf(m) for m in self.names}
+        self.stack: list[tuple[str, bool, dict[str, int]]] = []
+        self.sites: list[SiteInfo] = []
+        self.site_ids: dict[str, int] = {}
+        self.producers: WeakIdKeyDictionary = WeakIdKeyDictionary()
+        self.forward: Forward | None = None
+        self.forwards = 0
+        self.last_site = ""
+        self.on_forward_end = on_forward_end
+        self.handles: list = []
+
+    # ---- module hooks ------------------------------------------------------------
+    def attach(self) -> None:
+        for m in self.names:
+            self.handles.append(m.register_forward_pre_hook(self._pre, with_kwargs=True))
+            self.handles.append(m.register_forward_hook(self._post, always_call=True))
+
+    def detach(self) -> None:
+        for h in self.handles:
+            h.remove()
+        self.handles.clear()
+        self.stack.clear()
+
+    def _pre(self, module, args, kwargs):
+        if not self.stack and module is self.root:
+            self._begin_forward(args, kwargs)
+        if self.forward is not None:
+            self.stack.append((self.names.get(module, "?"), self.leaf.get(module, False), {}))
+        return None
+
+    def _post(self, module, args, output):
+        if self.forward is None or not self.stack:
+            return None
+        self.stack.pop()
+        if not self.stack and module is self.root:
+            self._end_forward(output)
+        return None
+
+    # ---- forward boundaries ------------------------------------------------------
+    def _begin_forward(self, args, kwargs) -> None:
+        fw = self.forward = Forward(index=self.forwards)
+        self.forwards += 1
+        for t in _float_tensors((args, kwargs), []):
+            fw.input_shapes.append(list(t.shape))
+            self._add_event(INPUT_SITE, (), t)
+
+    def _end_forward(self, output) -> None:
+        fw, self.forward = self.forward, None
+        outs: set[int] = set()
+        if output is not None:
+            for t in _float_tensors(output, []):
+                outs.update(self.producers.get(t, ()))
+        fw.outputs = tuple(sorted(outs))
+        self.on_forward_end(fw)
+
+    def abort_forward(self) -> None:
+        """The forward raised: reduce what ran so far, with no outputs."""
+        if self.forward is not None:
+            self.stack.clear()
+            self._end_forward(None)
+
+    # ---- events --------------------------------------------------------------------
+    def _site(self, op: str) -> int:
+        module, leaf, counts = self.stack[-1]
+        if leaf:
+            name, kind, label = module, "module", None
+        else:
+            n = counts[op] = counts.get(op, 0) + 1
+            name, kind, label = f"{module}:{op}" + (f"#{n}" if n > 1 else ""), "op", op
+        sid = self.site_ids.get(name)
+        if sid is None:
+            mod_obj = None
+            if label is None:
+                mod_obj = next((m for m, nm in self.names.items() if nm == module), None)
+            shown = type(mod_obj).__name__ if mod_obj is not None else label
+            sid = self.site_ids[name] = len(self.sites)
+            self.sites.append(SiteInfo(name, kind, shown or op, module, sid))
+        return sid
+
+    def _add_event(self, site: int, inputs: tuple[int, ...], t: torch.Tensor) -> int:
+        fw = self.forward
+        eid = len(fw.sites)
+        m = absmax(t)
+        fw.sites.append(site)
+        fw.inputs.append(inputs)
+        fw.maxes.append(m)
+        fw.samples.append(sample_stats(t, self.options.sample_size, self.options.threshold))
+        fw.numels.append(t.numel())
+        fw.shapes.append(list(t.shape))
+        if t.device.type == "cpu":  # exact counts cost no sync here
+            v = float(m)
+            if not v <= self.options.threshold:
+                a = t.detach().abs()
+                fw.exact_over[eid] = int((a > self.options.threshold).sum()) + int(a.isnan().sum())
+        self.producers[t] = (eid,)
+        return eid
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if self.forward is None or not self.stack:
+            return out
+        name = op_name(func)
+        if name in FACTORY:
+            return out
+        ins = _float_tensors(args, _float_tensors(kwargs, []))
+        prods = tuple(sorted({p for t in ins for p in self.producers.get(t, ())}))
+        outs = _float_tensors(out, [])
+        if not outs:
+            return out
+        if name in PASSTHROUGH or (not self.options.ops and not self.stack[-1][1]):
+            for t in outs:
+                self.producers[t] = prods
+            return out
+        site = self._site(name)
+        self.last_site = self.sites[site].name
+        self._add_event(site, prods, outs[0])
+        if self.options.internal:
+            found = _internal.check(name, func, args, kwargs, outs[0])
+            if found is not None:
+                self.forward.internal.append((site, *found))
+        return out
