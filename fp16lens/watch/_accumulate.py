@@ -95,12 +95,17 @@ class Accumulator:
             return
         maxes = torch.stack([m.cpu() for m in fw.maxes]).tolist()
         samples = torch.stack([s.cpu() for s in fw.samples]).tolist()
-        oor = [not m <= self.threshold for m in maxes]  # NaN is out of range
+        # NaN counts as out of range, unless the inputs already carry NaN/inf: then
+        # what follows is the data's problem (reported as such), not the model's
+        bad_input = any(
+            not math.isfinite(maxes[e]) for e, s in enumerate(fw.sites) if s == INPUT_SITE
+        )
+        oor = [m > self.threshold if bad_input else not m <= self.threshold for m in maxes]
         self._add_sites(fw, maxes, samples)
         self._add_inputs(fw, maxes, samples)
         self._add_edges(fw)
         self._add_spans(fw, maxes, oor)
-        self._add_internal(fw)
+        self._add_internal(fw, bad_input)
 
     def _add_sites(self, fw: Forward, maxes, samples) -> None:
         for e, sid in enumerate(fw.sites):
@@ -174,12 +179,12 @@ class Accumulator:
         )
         return members_ok and ends_ok and not fs.reaches_output
 
-    def _add_internal(self, fw: Forward) -> None:
+    def _add_internal(self, fw: Forward, bad_input: bool) -> None:
         if not fw.internal:
             return
         peaks = torch.stack([p.float().cpu() for _, _, p, _ in fw.internal]).tolist()
         for (sid, kind, _, ctx), peak in zip(fw.internal, peaks):
-            if not peak <= self.threshold:
+            if peak > self.threshold or (not bad_input and math.isnan(peak)):
                 key = (sid, kind)
                 cur = self.internal.get(key)
                 if cur is None or _gt(peak, cur.peak):

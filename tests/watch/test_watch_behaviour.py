@@ -1,0 +1,164 @@
+"""watch() never changes what it observes, leaves nothing behind, and sees everything."""
+
+from __future__ import annotations
+
+import gc
+import json
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fp16lens import Report, WatchOptions, scan, watch
+from fp16lens._core import WatchError
+
+import models
+
+
+def _hook_counts(model):
+    return [(len(m._forward_hooks), len(m._forward_pre_hooks)) for m in model.modules()]
+
+
+def _dispatch_depth():
+    return torch._C._len_torch_dispatch_stack()
+
+
+@pytest.mark.parametrize("name", ["seed_case", "functional_mul", "layernorm_variance", "multi_output", "gelu_span"])
+@pytest.mark.parametrize("grad", [True, False])
+def test_outputs_bit_identical_and_no_hooks_left(name, grad):
+    model, inputs = models.WATCH_CASES[name]()
+    before = _hook_counts(model)
+    with torch.set_grad_enabled(grad):
+        ref = model(*inputs)
+        with watch(model):
+            got = model(*inputs)
+    flat_ref, flat_got = torch.utils._pytree.tree_flatten(ref)[0], torch.utils._pytree.tree_flatten(got)[0]
+    assert len(flat_ref) == len(flat_got)
+    for a, b in zip(flat_ref, flat_got):
+        assert (a is None and b is None) or torch.equal(a, b)
+    assert _hook_counts(model) == before
+    assert _dispatch_depth() == 0
+
+
+class Boom(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 1)
+        self.fc = nn.Linear(5, 2)
+
+    def forward(self, x):
+        y = self.conv(x)
+        z = y * 2
+        return self.fc(z)  # wrong shape: raises inside fc
+
+
+def test_forward_that_raises_names_last_site_and_cleans_up():
+    model = Boom().eval()
+    before = _hook_counts(model)
+    with pytest.raises(RuntimeError) as info, watch(model):
+        model(torch.rand(1, 3, 4, 4))
+    notes = getattr(info.value, "__notes__", [])
+    assert any("':mul'" in n for n in notes), notes
+    assert _hook_counts(model) == before and _dispatch_depth() == 0
+    with watch(model):  # usable again afterwards
+        pass
+
+
+class TwoAdds(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.act = nn.ReLU()
+        self.add_module("p2o/Conv/61", nn.Conv2d(2, 2, 1))
+
+    def forward(self, x):
+        conv = getattr(self, "p2o/Conv/61")
+        y = self.act(x) + 1
+        y = self.act(conv(y)) + x
+        return torch.cat([y, F.interpolate(y, scale_factor=1.0)], 1)
+
+
+def test_site_names_functional_ops_numbering_and_odd_module_names():
+    model = TwoAdds().eval()
+    with torch.no_grad(), watch(model) as lens:
+        model(torch.rand(1, 2, 4, 4))
+    r = lens.report
+    assert list(r.sites) == [":add", "act", "p2o/Conv/61", ":add#2", ":upsample_nearest2d", ":cat"] or {
+        ":add", ":add#2", "act", "p2o/Conv/61", ":cat"} <= set(r.sites)
+    assert r.sites["act"].calls == 2 and r.sites["act"].kind == "module" and r.sites["act"].op == "ReLU"
+    assert r.sites[":add#2"].kind == "op" and r.sites[":add#2"].op == "add"
+    assert {("act", ":add"), (":add", "p2o/Conv/61"), ("p2o/Conv/61", "act")} <= set(r.edges)
+
+
+def test_statistics_accumulate_over_batches_with_worst_batch_index():
+    model, (x,) = models.clean()
+    batches = [x * s for s in (1.0, 3.0, 2.0)]
+    report = scan(model, batches, progress=False)
+    assert report.meta.batches == 3
+    conv = report.sites["features.0"]
+    assert conv.calls == 3 and conv.absmax_batch == 1
+    with torch.no_grad():
+        assert conv.absmax == pytest.approx(float(model.features[0](batches[1]).abs().max()))
+        assert conv.numel == 3 * model.features[0](x).numel()
+
+
+def test_headroom_and_underflow_shares():
+    class Tiny(nn.Module):
+        def forward(self, x):
+            return x * 1.0
+
+    x = torch.full((1000,), 1e-6)  # subnormal in FP16
+    x[:500] = 1e-9  # flushes to zero in FP16
+    x[0] = 49152.0  # 75% of the limit: a near miss, not an overflow
+    tiny = Tiny()
+    with watch(tiny) as lens:
+        tiny(x)
+    s = lens.report.sites[":mul"]
+    assert s.overflow == 0 and lens.report.spans == []
+    assert s.headroom == pytest.approx(math.log2(65504 / 49152))
+    assert s.subnormal_share == pytest.approx(0.999, abs=0.01)
+    assert s.underflow_share == pytest.approx(0.5, abs=0.01)
+
+
+def test_nan_input_is_an_input_problem_not_model_overflow():
+    model, (x,) = models.clean()
+    x = x.clone()
+    x[0, 0, 0, 0] = float("nan")
+    with torch.no_grad(), watch(model) as lens:
+        model(x)
+    kinds = {(f.mechanism, f.site) for f in lens.report.findings}
+    assert ("input", "input[0]") in kinds
+    assert all(f.mechanism in ("input", "output") for f in lens.report.findings)
+
+
+def test_no_activation_is_kept_alive():
+    model, inputs = models.seed_case()
+    with torch.no_grad(), watch(model) as lens:
+        out = model(*inputs)
+        del out
+        gc.collect()
+        live = [t for t in lens._recorder.producers if t is not None]
+        assert all(t is inputs[0] for t in live), f"{len(live)} tensors still tracked"
+
+
+def test_modes_grad_inference_and_nested_and_bad_input():
+    model, (x,) = models.clean()
+    with torch.inference_mode(), watch(model) as lens:
+        model(x)
+    assert lens.report.sites
+    with watch(model), pytest.raises(WatchError, match="already being watched"), watch(model):
+        pass
+    with pytest.raises(WatchError, match=r"torch\.nn\.Module"):
+        watch(model.state_dict())
+    with pytest.raises(ValueError, match="threshold must be"):
+        WatchOptions(threshold=0)
+
+
+def test_real_report_json_round_trip(tmp_path):
+    model, inputs = models.seed_case()
+    with torch.no_grad(), watch(model) as lens:
+        model(*inputs)
+    path = lens.report.save(tmp_path / "r.json")
+    assert Report.load(path) == lens.report
+    assert json.loads(path.read_text())["meta"]["model_class"] == "TextDetector"
