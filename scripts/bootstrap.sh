@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Set up (or reuse) the local virtual environment .venv, then run one of:
+#   demo  - the main job: the end-to-end demo on the built-in model
+#   test  - lint and the whole test suite
+#
+# Torch: when the environment has no torch, install torch==2.13.0 (a CPU build on this
+# project's machines; an unpinned torch would pull several GB of CUDA packages). When
+# torch is already there (e.g. a GPU build), keep it: every later install is constrained
+# to that exact version, and torchvision is pinned to the release matching it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+what="${1:-demo}"
+shift || true
+PY="${PYTHON:-python3}"
+
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+. .venv/bin/activate
+
+if ! python -c "import torch" >/dev/null 2>&1; then
+  python -m pip install --quiet --upgrade pip
+  python -m pip install --quiet "torch==2.13.0"
+fi
+torch_version=$(python -c "import torch; print(torch.__version__.split('+')[0])")
+# torchvision 0.N+15 goes with torch 2.N (0.28 with 2.13)
+tv_version=$(python -c "v='$torch_version'.split('.'); print(f'0.{int(v[1]) + 15}.*')")
+constraints=.venv/fp16lens-constraints.txt
+printf 'torch==%s\n' "$torch_version" > "$constraints"
+
+case "$what" in
+  demo) extras="onnx" ;;
+  test) extras="test,onnx,notebooks" ;;
+  *) echo "usage: scripts/bootstrap.sh demo|test [args...]" >&2; exit 2 ;;
+esac
+
+# Reinstall only when the package metadata or torch changed: a second run is fast.
+stamp=".venv/fp16lens-$what.stamp"
+key="$(cat setup.cfg pyproject.toml "$0" | sha256sum | cut -d' ' -f1) $torch_version"
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$key" ]; then
+  python -m pip install --quiet -c "$constraints" -e ".[$extras]"
+  if [ "$what" = test ]; then
+    python -m pip install --quiet -c "$constraints" "torchvision==$tv_version"
+  fi
+  echo "$key" > "$stamp"
+fi
+
+case "$what" in
+  demo) exec fp16lens demo "$@" ;;
+  test)
+    ruff check .
+    exec python -m pytest "$@"
+    ;;
+esac
