@@ -11,19 +11,15 @@ from dataclasses import dataclass, field
 
 import torch
 
-from fp16lens.report._model import HIST_BINS
+from fp16lens.report._model import HIST_BINS, HIST_MIN_EXP
 from fp16lens.watch._ops import MATMUL_LIKE
 from fp16lens.watch._recorder import INPUT_SITE, Forward, SiteInfo
 from fp16lens.watch._spans import find_spans
-from fp16lens.watch._tensorstats import (
-    S_NONFINITE,
-    S_OVER,
-    S_SAMPLED,
-    S_SUBNORMAL,
-    S_UNDERFLOW,
-    S_ZEROS,
-    SAMPLE_FIELDS,
-)
+from fp16lens.watch._tensorstats import S_NONFINITE, S_OVER, S_ZEROS, reduce_samples
+
+# histogram bins wholly below 2^-14 (subnormal in FP16) and below 2^-24 (become 0)
+_SUBNORMAL_BINS = -14 - HIST_MIN_EXP + 1
+_UNDERFLOW_BINS = -24 - HIST_MIN_EXP + 1
 
 
 def _gt(a: float, b: float) -> bool:
@@ -93,8 +89,9 @@ class Accumulator:
             self.input_shapes.append(fw.input_shapes)
         if not fw.sites:
             return
-        maxes = torch.stack([m.cpu() for m in fw.maxes]).tolist()
-        samples = torch.stack([s.cpu() for s in fw.samples]).tolist()
+        ext = torch.stack(fw.extremes)
+        maxes = torch.maximum(ext[:, 1], -ext[:, 0]).cpu().tolist()
+        samples = reduce_samples(fw.samples, self.threshold).cpu().tolist()
         # NaN counts as out of range, unless the inputs already carry NaN/inf: then
         # what follows is the data's problem (reported as such), not the model's
         bad_input = any(
@@ -118,14 +115,16 @@ class Accumulator:
             if _gt(maxes[e], acc.absmax) or acc.absmax_batch < 0:
                 acc.absmax, acc.absmax_batch = maxes[e], fw.index
             s = samples[e]
-            scale = fw.numels[e] / s[S_SAMPLED] if s[S_SAMPLED] else 0.0
+            hist = s[:HIST_BINS]
+            sampled = sum(hist) + s[S_ZEROS] + s[S_NONFINITE]
+            scale = fw.numels[e] / sampled if sampled else 0.0
             acc.numel += fw.numels[e]
             acc.zeros += s[S_ZEROS] * scale
-            acc.subnormal += s[S_SUBNORMAL] * scale
-            acc.underflow += s[S_UNDERFLOW] * scale
+            acc.subnormal += sum(hist[:_SUBNORMAL_BINS]) * scale
+            acc.underflow += sum(hist[:_UNDERFLOW_BINS]) * scale
             acc.nonfinite += s[S_NONFINITE] * scale
             acc.overflow += fw.exact_over.get(e, s[S_OVER] * scale)
-            for i, c in enumerate(s[SAMPLE_FIELDS:]):
+            for i, c in enumerate(hist):
                 acc.hist[i] += c * scale
 
     def _add_inputs(self, fw: Forward, maxes, samples) -> None:

@@ -29,7 +29,7 @@ class WatchOptions:
     ops: bool = True
     internal: bool = True
     params: bool = True
-    sample_size: int = 16384
+    sample_size: int = 4096
     param_subnormal_share: float = 0.05
     param_underflow_share: float = 0.01
     distributed: bool | str = "auto"

@@ -24,32 +24,32 @@ def check_parameters(model: torch.nn.Module, options: WatchOptions) -> list[Find
     for name, t in named:
         if not torch.is_tensor(t) or not t.is_floating_point() or t.numel() == 0:
             continue
-        a = t.detach().abs().float()
+        a = t.detach().abs()
         module, tensor = _owner(name)
         peak = float(a.max())
-        nonfinite = int((~torch.isfinite(a)).sum())
-        over = int((a > options.threshold).sum())
-        if over or nonfinite:
+        if not peak <= options.threshold:
+            over = int((a > options.threshold).sum()) + int(a.isnan().sum())
             findings.append(
                 Finding(
                     site=module, mechanism="parameter", kind="param-overflow", peak=peak,
-                    tensor=tensor, count=over + nonfinite,
+                    tensor=tensor, count=over,
                     detail=(
-                        f"{name}: {over + nonfinite} of {t.numel()} values beyond FP16 "
+                        f"{name}: {over} of {t.numel()} values beyond FP16 "
                         f"(max {peak:.3g} > {options.threshold:g}); .half() makes them inf"
                     ),
                 )
             )
-        nz = int((a > 0).sum())
+        zeros = t.numel() - int(torch.count_nonzero(a))
+        nz = t.numel() - zeros
         if not nz:
             continue
-        sub = int(((a > 0) & (a < FP16_MIN_NORMAL)).sum())
-        under = int(((a > 0) & (a < FP16_MIN_SUBNORMAL)).sum())
+        sub = int(torch.count_nonzero(a < FP16_MIN_NORMAL)) - zeros
+        under = int(torch.count_nonzero(a < FP16_MIN_SUBNORMAL)) - zeros if sub else 0
         if under and under / nz >= options.param_underflow_share:
             findings.append(
                 Finding(
                     site=module, mechanism="parameter", kind="param-underflow",
-                    peak=float(a[a > 0].min()), tensor=tensor, count=under,
+                    peak=float(torch.where(a > 0, a, torch.inf).min()), tensor=tensor, count=under,
                     detail=f"{name}: {under} of {nz} non-zero values are below 2^-24 and become 0 in FP16",
                 )
             )
@@ -57,7 +57,7 @@ def check_parameters(model: torch.nn.Module, options: WatchOptions) -> list[Find
             findings.append(
                 Finding(
                     site=module, mechanism="parameter", kind="param-subnormal",
-                    peak=float(a[a > 0].min()), tensor=tensor, count=sub,
+                    peak=float(torch.where(a > 0, a, torch.inf).min()), tensor=tensor, count=sub,
                     detail=(
                         f"{name}: {sub} of {nz} non-zero values are subnormal in FP16 "
                         "(< 2^-14) and lose precision"

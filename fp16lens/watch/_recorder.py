@@ -15,7 +15,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 from fp16lens.watch import _internal
 from fp16lens.watch._ops import FACTORY, PASSTHROUGH, is_builtin_leaf, op_name
 from fp16lens.watch._options import WatchOptions
-from fp16lens.watch._tensorstats import absmax, sample_stats
+from fp16lens.watch._tensorstats import extremes, take_sample
 
 INPUT_SITE = -1
 
@@ -36,7 +36,7 @@ class Forward:
     index: int
     sites: list[int] = field(default_factory=list)  # site id per event (INPUT_SITE for inputs)
     inputs: list[tuple[int, ...]] = field(default_factory=list)  # producer events per event
-    maxes: list[torch.Tensor] = field(default_factory=list)
+    extremes: list[torch.Tensor] = field(default_factory=list)  # (min, max) per event
     samples: list[torch.Tensor] = field(default_factory=list)
     numels: list[int] = field(default_factory=list)
     shapes: list[list[int]] = field(default_factory=list)
@@ -155,16 +155,16 @@ class Recorder(TorchDispatchMode):
     def _add_event(self, site: int, inputs: tuple[int, ...], t: torch.Tensor) -> int:
         fw = self.forward
         eid = len(fw.sites)
-        m = absmax(t)
+        ext = extremes(t)
         fw.sites.append(site)
         fw.inputs.append(inputs)
-        fw.maxes.append(m)
-        fw.samples.append(sample_stats(t, self.options.sample_size, self.options.threshold))
+        fw.extremes.append(ext)
+        fw.samples.append(take_sample(t, self.options.sample_size))
         fw.numels.append(t.numel())
         fw.shapes.append(list(t.shape))
         if t.device.type == "cpu":  # exact counts cost no sync here
-            v = float(m)
-            if not v <= self.options.threshold:
+            lo, hi = ext.tolist()
+            if not max(hi, -lo) <= self.options.threshold:
                 a = t.detach().abs()
                 fw.exact_over[eid] = int((a > self.options.threshold).sum()) + int(a.isnan().sum())
         self.producers[t] = (eid,)
@@ -183,7 +183,11 @@ class Recorder(TorchDispatchMode):
         outs = _float_tensors(out, [])
         if not outs:
             return out
-        if name in PASSTHROUGH or (not self.options.ops and not self.stack[-1][1]):
+        if (
+            name in PASSTHROUGH
+            or outs[0].numel() == 0
+            or (not self.options.ops and not self.stack[-1][1])
+        ):
             for t in outs:
                 self.producers[t] = prods
             return out

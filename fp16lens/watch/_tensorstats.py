@@ -1,20 +1,27 @@
-"""Statistics of one tensor, cheap enough to take on every op output.
+"""Statistics of op outputs, cheap enough to take on every op.
 
-The maximum |v| is exact and costs one fused pass (``torch.aminmax``). Underflow
-shares and the per-binade histogram come from an evenly strided sample of at most
-``sample_size`` elements, so their cost does not grow with the tensor.
+Per op output, two cheap things happen: one fused pass for the exact extremes
+(``torch.aminmax``) and a copy of an evenly strided sample of at most ``sample_size``
+elements. Once per forward call, all samples are reduced together (one histogram over
+every event) into per-binade counts, zeros, non-finite and over-threshold counts.
 """
 
 from __future__ import annotations
 
 import torch
 
-from fp16lens._core import FP16_MIN_NORMAL, FP16_MIN_SUBNORMAL
 from fp16lens.report._model import HIST_BINS, HIST_MIN_EXP
 
-# layout of the per-call sample vector returned by sample_stats()
-S_SAMPLED, S_ZEROS, S_SUBNORMAL, S_UNDERFLOW, S_OVER, S_NONFINITE = range(6)
-SAMPLE_FIELDS = 6
+# layout of a per-event row returned by reduce_samples():
+# HIST_BINS binade counts of non-zero finite values, then zeros, nonfinite, over threshold
+S_ZEROS, S_NONFINITE, S_OVER = HIST_BINS, HIST_BINS + 1, HIST_BINS + 2
+SAMPLE_LEN = HIST_BINS + 3
+
+
+def extremes(t: torch.Tensor) -> torch.Tensor:
+    """(min, max) of t as a float32 tensor of 2 on t's device (NaN if t holds NaN)."""
+    lo, hi = torch.aminmax(t.detach())
+    return torch.stack([lo, hi]).float()
 
 
 def absmax(t: torch.Tensor) -> torch.Tensor:
@@ -32,25 +39,23 @@ def flat_view(t: torch.Tensor) -> torch.Tensor:
     return p.reshape(-1) if p.is_contiguous() else t.reshape(-1)
 
 
-def sample_stats(t: torch.Tensor, sample_size: int, threshold: float) -> torch.Tensor:
-    """Counts and the binade histogram on a strided sample, as one float64 vector:
-    [sampled, zeros, subnormal, underflow, over, nonfinite, hist...]. No host sync."""
+def take_sample(t: torch.Tensor, sample_size: int) -> torch.Tensor:
+    """A float32 copy of at most ~sample_size evenly strided elements (never a view)."""
     flat = flat_view(t.detach())
     step = max(1, flat.numel() // sample_size)
-    s = flat[::step].float().abs()
-    finite = torch.isfinite(s)
-    nz = (s > 0) & finite
-    exp = torch.frexp(s)[1] - HIST_MIN_EXP
-    idx = exp.clamp_(0, HIST_BINS - 1).long()
-    hist = torch.bincount(idx, weights=nz.double(), minlength=HIST_BINS)
-    head = torch.stack(
-        [
-            torch.tensor(float(s.numel()), dtype=torch.float64, device=s.device),
-            (s == 0).sum().double(),
-            (nz & (s < FP16_MIN_NORMAL)).sum().double(),
-            (nz & (s < FP16_MIN_SUBNORMAL)).sum().double(),
-            (s > threshold).sum().double(),
-            (~finite).sum().double(),
-        ]
-    )
-    return torch.cat([head, hist])
+    return flat[::step].to(torch.float32, copy=True)
+
+
+def reduce_samples(samples: list[torch.Tensor], threshold: float) -> torch.Tensor:
+    """One row of SAMPLE_LEN counts per sample, computed in a few ops for all of them."""
+    n = len(samples)
+    s = torch.cat(samples).abs_()
+    lengths = torch.tensor([x.numel() for x in samples], device=s.device)
+    seg = torch.repeat_interleave(torch.arange(n, device=s.device), lengths)
+    idx = (torch.frexp(s)[1] - HIST_MIN_EXP).clamp_(0, HIST_BINS - 1)
+    idx = torch.where(s == 0, S_ZEROS, idx)
+    idx = torch.where(torch.isfinite(s), idx, S_NONFINITE)
+    width = SAMPLE_LEN - 1
+    counts = torch.bincount(seg * width + idx, minlength=n * width).view(n, width)
+    over = torch.bincount(seg, weights=(s > threshold).double(), minlength=n).long()
+    return torch.cat([counts, over.view(n, 1)], dim=1)

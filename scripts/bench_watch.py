@@ -1,0 +1,206 @@
+"""Overhead of watch() against a plain forward, side by side in one run.
+
+Prints, per model: time of a watched forward / plain forward (median of interleaved
+repetitions) for fp16lens's op-level watch, the seed article's module hooks
+(FInspect + fp16_check: module outputs only) and transformers' DebugUnderflowOverflow
+(when transformers is installed), and the peak resident memory of each relative to a
+plain forward (each measured in a fresh subprocess).
+
+    python scripts/bench_watch.py            # ResNet-50 (4x3x224x224) and a BERT-base-sized encoder
+    python scripts/bench_watch.py --quick    # small inputs, for CI
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+
+
+# ---- models ------------------------------------------------------------------------------
+def resnet50(quick: bool):
+    from torchvision_compat import ensure_torchvision
+
+    tv = ensure_torchvision()
+    model = tv.models.resnet50().eval()
+    return model, (torch.randn(1 if quick else 4, 3, 64 if quick else 224, 64 if quick else 224),)
+
+
+def bert_base(quick: bool):
+    """BERT-base-sized encoder with random weights (transformers' BertModel if installed)."""
+    layers, seq = (2, 32) if quick else (12, 128)
+    try:
+        from torchvision_compat import ensure_torchvision
+
+        ensure_torchvision()
+        from transformers import BertConfig, BertModel
+
+        cfg = BertConfig(num_hidden_layers=layers, hidden_size=768, num_attention_heads=12,
+                         intermediate_size=3072, attn_implementation="eager")
+        model = BertModel(cfg).eval()
+        return model, (torch.randint(0, cfg.vocab_size, (1, seq)),)
+    except ImportError:
+        enc = torch.nn.TransformerEncoder(
+            torch.nn.TransformerEncoderLayer(768, 12, 3072, batch_first=True), layers
+        ).eval()
+        return enc, (torch.randn(1, seq, 768),)
+
+
+MODELS = {"resnet50": resnet50, "bert-base": bert_base}
+
+
+# ---- the methods compared ----------------------------------------------------------------
+@contextlib.contextmanager
+def fp16lens_watch(model):
+    import fp16lens
+
+    with fp16lens.watch(model):
+        yield
+
+
+@contextlib.contextmanager
+def seed_hooks(model):
+    """The seed article's FInspect.hook_all + fp16_check: a forward hook on every module
+    comparing max |input| and max |output| with 65504 (module outputs only)."""
+    found: list[str] = []
+
+    def tensors(obj):
+        if torch.is_tensor(obj):
+            yield obj
+        elif isinstance(obj, (list, tuple)):
+            for o in obj:
+                yield from tensors(o)
+        elif isinstance(obj, dict):
+            for o in obj.values():
+                yield from tensors(o)
+
+    def check(module, inputs, output):
+        ins = [t.abs().max() for t in tensors(inputs) if t.is_floating_point() and t.numel()]
+        outs = [t.abs().max() for t in tensors(output) if t.is_floating_point() and t.numel()]
+        if ins and outs:
+            i, o = max(ins), max(outs)
+            if i < 65504 and o > 65504:
+                found.append(f"from: {module}")
+            if i > 65504 and o < 65504:
+                found.append(f"to: {module}")
+
+    handles = [m.register_forward_hook(check) for m in model.modules()]
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+@contextlib.contextmanager
+def debug_underflow_overflow(model):
+    from transformers.debug_utils import DebugUnderflowOverflow
+
+    dbg = DebugUnderflowOverflow(model, max_frames_to_save=1)
+    try:
+        yield
+    finally:  # it keeps no handles; remove its hooks the only way possible
+        for m in model.modules():
+            m._forward_hooks.clear()
+        del dbg
+
+
+@contextlib.contextmanager
+def plain(model):
+    yield
+
+
+METHODS = {
+    "plain": plain,
+    "fp16lens.watch": fp16lens_watch,
+    "seed hooks": seed_hooks,
+    "DebugUnderflowOverflow": debug_underflow_overflow,
+}
+
+
+def available(method: str) -> str | None:
+    if method == "DebugUnderflowOverflow":
+        try:
+            import transformers.debug_utils  # noqa: F401
+        except ImportError as exc:
+            return f"not installed ({exc.name})"
+    return None
+
+
+def time_ratios(model, inputs, methods: Sequence[str], reps: int) -> dict[str, float]:
+    """Median over interleaved repetitions of (method forward time / plain forward time)."""
+    times: dict[str, list[float]] = {m: [] for m in methods}
+    with torch.no_grad():
+        for _ in range(reps):
+            for m in methods:
+                with METHODS[m](model):
+                    model(*inputs)  # warm-up inside the context
+                    t0 = time.perf_counter()
+                    model(*inputs)
+                    times[m].append(time.perf_counter() - t0)
+    base = statistics.median(times["plain"])
+    return {m: statistics.median(v) / base for m, v in times.items()}
+
+
+def peak_rss_mb(model_name: str, method: str, quick: bool) -> float:
+    """Peak resident memory of a fresh process running 2 forwards with the method."""
+    code = (
+        "import sys, resource, torch; sys.path.insert(0, %r); import bench_watch as b\n"
+        "model, inputs = b.MODELS[%r](%r)\n"
+        "with torch.no_grad(), b.METHODS[%r](model):\n"
+        "    model(*inputs); model(*inputs)\n"
+        "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)\n"
+    ) % (os.path.dirname(os.path.abspath(__file__)), model_name, quick, method)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small inputs and few repetitions (CI)")
+    parser.add_argument("--models", nargs="*", default=list(MODELS))
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    reps = 3 if args.quick else 7
+    rows = []
+    for name in args.models:
+        model, inputs = MODELS[name](args.quick)
+        methods = [m for m in METHODS if available(m) is None]
+        ratios = time_ratios(model, inputs, methods, reps)
+        base_rss = peak_rss_mb(name, "plain", args.quick)
+        for m in METHODS:
+            why = available(m)
+            if why:
+                rows.append({"model": name, "method": m, "time": None, "memory": None, "note": why})
+                continue
+            rss = base_rss if m == "plain" else peak_rss_mb(name, m, args.quick)
+            rows.append({"model": name, "method": m, "time": ratios[m], "memory": rss / base_rss, "note": ""})
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"watch overhead vs a plain forward ({'quick' if args.quick else 'full'} mode, {torch.get_num_threads()} threads)")
+    for col in ("model", "method", "time / plain", "peak memory / plain", "note"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(r["model"], r["method"], "-" if r["time"] is None else f"{r['time']:.2f}x",
+                      "-" if r["memory"] is None else f"{r['memory']:.2f}x", r["note"])
+    Console().print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
