@@ -23,7 +23,10 @@ HIST_MAX_EXP = 16
 HIST_BINS = HIST_MAX_EXP - HIST_MIN_EXP + 2
 """Bins: [<2^-26], [2^-26, 2^-25), ..., [2^15, 2^16), [>=2^16]: one per binade."""
 
-MECHANISMS = ("output", "internal", "parameter", "input")
+MECHANISMS = ("output", "internal", "parameter", "input", "note")
+""""note" findings are advice (e.g. FP32 masking constants) and do not make a report unclean."""
+SATURATED = 1e30
+"""|v| at or above this (or inf) is a saturating constant (masks), not an activation."""
 
 
 def hist_bin_low(i: int) -> float:
@@ -53,6 +56,8 @@ class SiteStats:
     overflow: int = 0  # |v| > threshold
     subnormal: int = 0  # 0 < |v| < 2**-14
     underflow: int = 0  # 0 < |v| < 2**-24
+    saturated: int = 0  # |v| >= 1e30 or inf: masking constants such as finfo(float32).min,
+    # excluded from absmax and from spans (a .half() model picks finfo(float16).min instead)
     hist: list[int] = field(default_factory=lambda: [0] * HIST_BINS)
     shape: list[int] = field(default_factory=list)  # output shape of the first call
 
@@ -145,7 +150,7 @@ class Report:
     # ---- queries -------------------------------------------------------------------
     @property
     def clean(self) -> bool:
-        return not self.spans and not self.findings
+        return not self.spans and all(f.mechanism == "note" for f in self.findings)
 
     def findings_by(self, mechanism: str) -> list[Finding]:
         return [f for f in self.findings if f.mechanism == mechanism]

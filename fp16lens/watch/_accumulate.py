@@ -38,6 +38,7 @@ class SiteAcc:
     overflow: float = 0.0
     subnormal: float = 0.0
     underflow: float = 0.0
+    saturated: int = 0
     hist: list[float] = field(default_factory=lambda: [0.0] * HIST_BINS)
     shape: list[int] = field(default_factory=list)
 
@@ -91,6 +92,8 @@ class Accumulator:
             return
         ext = torch.stack(fw.extremes)
         maxes = torch.maximum(ext[:, 1], -ext[:, 0]).cpu().tolist()
+        for e, (below, _) in fw.saturated.items():
+            maxes[e] = below
         samples = reduce_samples(fw.samples, self.threshold).cpu().tolist()
         # NaN counts as out of range, unless the inputs already carry NaN/inf: then
         # what follows is the data's problem (reported as such), not the model's
@@ -124,6 +127,7 @@ class Accumulator:
             acc.underflow += sum(hist[:_UNDERFLOW_BINS]) * scale
             acc.nonfinite += s[S_NONFINITE] * scale
             acc.overflow += fw.exact_over.get(e, s[S_OVER] * scale)
+            acc.saturated += fw.saturated.get(e, (0, 0))[1]
             for i, c in enumerate(hist):
                 acc.hist[i] += c * scale
 

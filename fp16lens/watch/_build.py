@@ -19,7 +19,7 @@ def _site_stats(info: SiteInfo, acc) -> SiteStats:
         name=info.name, kind=info.kind, op=info.op, module=info.module, order=info.order,
         calls=acc.calls, absmax=acc.absmax, absmax_batch=acc.absmax_batch, numel=acc.numel,
         zeros=round(acc.zeros), nonfinite=round(acc.nonfinite), overflow=round(acc.overflow),
-        subnormal=round(acc.subnormal), underflow=round(acc.underflow),
+        subnormal=round(acc.subnormal), underflow=round(acc.underflow), saturated=acc.saturated,
         hist=[round(h) for h in acc.hist], shape=list(acc.shape),
     )
 
@@ -79,6 +79,18 @@ def build_report(acc: Accumulator, infos: list[SiteInfo], params: list[Finding],
             tensor=ia.ctx.get("norm") or ia.ctx.get("op", ""),
         ))
     findings.extend(params)
+    for sid, a in sorted(acc.sites.items()):
+        if a.saturated:
+            findings.append(Finding(
+                site=infos[sid].name, mechanism="note", kind="mask-constant", peak=math.inf,
+                count=a.saturated,
+                detail=(
+                    f"{a.saturated} values at |v| >= 1e30 (a masking constant such as "
+                    "torch.finfo(torch.float32).min, or inf): a model cast with .half() picks "
+                    "finfo(float16).min instead, but an FP32 graph converted to FP16 turns the "
+                    "constant into inf (NaN where it meets a 0); use -65504 or masked_fill"
+                ),
+            ))
     for k, ia in sorted(acc.inputs.items()):
         what = "inf/NaN" if ia.nonfinite else f"values up to {ia.peak:.3g}"
         findings.append(Finding(

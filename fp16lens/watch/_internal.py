@@ -93,7 +93,21 @@ def _vector_norm(b, out):
     return "sum-of-squares", a * a, {"op": "vector norm"}
 
 
+def _attention(b, out):
+    q, k = b["query"], b["key"]
+    scale = b.get("scale") or 1.0 / math.sqrt(q.shape[-1])
+    if k.shape[-3] != q.shape[-3] and q.dim() == 4:  # grouped-query attention
+        k = k.repeat_interleave(q.shape[-3] // k.shape[-3], dim=-3)
+    scores = torch.matmul(q.detach().float(), k.detach().float().transpose(-2, -1))
+    return "attention-scores", absmax(scores) * scale, {"op": "scaled dot-product attention"}
+
+
 CHECKS = {
+    "scaled_dot_product_attention": _attention,
+    "scaled_dot_product_flash_attention_for_cpu": _attention,
+    "scaled_dot_product_flash_attention": _attention,
+    "scaled_dot_product_efficient_attention": _attention,
+    "scaled_dot_product_cudnn_attention": _attention,
     "layer_norm": _layer_norm,
     "group_norm": _group_norm,
     "batch_norm": _batch_norm,
@@ -145,5 +159,10 @@ def describe(kind: str, peak: float, ctx: dict, threshold: float) -> str:
         return (
             f"the vector norm sums x^2 before the square root: up to {peak:.3g} > "
             f"{threshold:g}, though the norm ({math.sqrt(peak):.3g}) fits"
+        )
+    if kind == "attention-scores":
+        return (
+            f"attention scores QK^T*scale reach {peak:.3g} > {threshold:g}: a fused kernel keeps "
+            "them in FP32, but an unfused graph (ONNX MatMul, Softmax) stores them in FP16"
         )
     return f"{kind}: {peak:.3g} > {threshold:g}"

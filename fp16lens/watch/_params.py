@@ -8,6 +8,10 @@ from fp16lens._core import FP16_MIN_NORMAL, FP16_MIN_SUBNORMAL
 from fp16lens.report._model import Finding
 from fp16lens.watch._options import WatchOptions
 
+# Batch-norm statistics are folded into the conv in FP32 before deployment, and tiny values
+# vanish next to eps anyway: flushing them is harmless (their overflow is not, see above).
+_FOLDED_STATS = frozenset({"running_mean", "running_var"})
+
 
 def _owner(name: str) -> tuple[str, str]:
     module, _, tensor = name.rpartition(".")
@@ -39,6 +43,8 @@ def check_parameters(model: torch.nn.Module, options: WatchOptions) -> list[Find
                     ),
                 )
             )
+        if tensor in _FOLDED_STATS:
+            continue
         zeros = t.numel() - int(torch.count_nonzero(a))
         nz = t.numel() - zeros
         if not nz:

@@ -12,6 +12,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.weak import WeakIdKeyDictionary
 
+from fp16lens.report._model import SATURATED
 from fp16lens.watch import _internal
 from fp16lens.watch._ops import FACTORY, PASSTHROUGH, is_builtin_leaf, op_name
 from fp16lens.watch._options import WatchOptions
@@ -41,6 +42,8 @@ class Forward:
     numels: list[int] = field(default_factory=list)
     shapes: list[list[int]] = field(default_factory=list)
     exact_over: dict[int, int] = field(default_factory=dict)  # event -> exact overflow count
+    saturated: dict[int, tuple[float, int]] = field(default_factory=dict)  # event -> (max |v| below
+    # SATURATED, count of saturated values): masking constants do not count as overflow
     internal: list[tuple[int, str, torch.Tensor, dict]] = field(default_factory=list)
     outputs: tuple[int, ...] = ()
     input_shapes: list[list[int]] = field(default_factory=list)
@@ -164,8 +167,14 @@ class Recorder(TorchDispatchMode):
         fw.shapes.append(list(t.shape))
         if t.device.type == "cpu":  # exact counts cost no sync here
             lo, hi = ext.tolist()
-            if not max(hi, -lo) <= self.options.threshold:
+            peak = max(hi, -lo)
+            if not peak <= self.options.threshold:
                 a = t.detach().abs()
+                if peak >= SATURATED:
+                    huge = a >= SATURATED
+                    rest = torch.where(huge, 0, a)
+                    fw.saturated[eid] = (float(rest.max()), int(huge.sum()))
+                    a = rest
                 fw.exact_over[eid] = int((a > self.options.threshold).sum()) + int(a.isnan().sum())
         self.producers[t] = (eid,)
         return eid

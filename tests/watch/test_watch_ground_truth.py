@@ -7,6 +7,7 @@ import copy
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from fp16lens import watch
@@ -109,3 +110,47 @@ def test_clean_model_has_no_findings():
     out = copy.deepcopy(model).half()(inputs[0].half())
     assert torch.isfinite(out).all()
     assert all(s.absmax < 65504 for s in report.sites.values())
+
+
+def test_attention_scores_overflow_inside_fused_attention():
+    class Attn(nn.Module):
+        def forward(self, q, k, v):
+            return F.scaled_dot_product_attention(q, k, v)
+
+    q = torch.randn(1, 2, 8, 16) * 200
+    k = torch.randn(1, 2, 8, 16) * 200
+    v = torch.randn(1, 2, 8, 16)
+    model = Attn()
+    with torch.no_grad(), watch(model) as lens:
+        model(q, k, v)
+    (f,) = lens.report.findings_by("internal")
+    assert f.kind == "attention-scores"
+    # the unfused FP16 form (as exported to ONNX: q and k scaled by sqrt(scale), then
+    # MatMul) overflows; PyTorch's fused FP16 kernel does not
+    s = 16**-0.25
+    scores = torch.matmul(q.half() * s, (k.half() * s).transpose(-2, -1))
+    assert torch.isinf(scores).any()
+    assert torch.isfinite(F.scaled_dot_product_attention(q.half(), k.half(), v.half())).all()
+    assert f.peak == pytest.approx(float((q @ k.transpose(-2, -1)).abs().max() / 4), rel=1e-4)
+
+
+def test_hf_style_mask_constant_is_a_note_not_a_span():
+    class Masked(nn.Module):
+        def forward(self, x, mask):
+            bias = (1.0 - mask) * torch.finfo(torch.float32).min
+            return torch.softmax(x + bias, -1)
+
+    x, mask = torch.randn(2, 8), torch.ones(2, 8)
+    mask[1, 4:] = 0
+    model = Masked()
+    with torch.no_grad(), watch(model) as lens:
+        model(x, mask)
+    r = lens.report
+    assert r.spans == [] and r.clean
+    assert r.findings and {(f.mechanism, f.kind) for f in r.findings} == {("note", "mask-constant")}
+    # real FP16: a model cast with .half() uses finfo(float16).min and stays finite
+    class MaskedHalf(nn.Module):
+        def forward(self, x, mask):
+            return torch.softmax(x + (1.0 - mask) * torch.finfo(x.dtype).min, -1)
+
+    assert torch.isfinite(MaskedHalf()(x.half(), mask.half())).all()
