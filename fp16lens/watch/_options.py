@@ -20,7 +20,8 @@ class WatchOptions:
     sample_size: elements sampled per call for the underflow shares and the
         per-binade histogram (the maximum and overflow counts are always exact).
     param_subnormal_share / param_underflow_share: a parameter tensor is reported when
-        at least this share of its non-zero values is subnormal / flushes to zero in FP16.
+        values that are subnormal / flush to zero in FP16 carry at least this share of
+        its magnitude (sum of |v|): a few stray tiny values next to large ones do not matter.
     distributed: merge statistics over torch.distributed ranks when the report is
         built: "auto" (when a process group is initialized), True or False.
     """

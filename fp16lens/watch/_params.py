@@ -45,28 +45,39 @@ def check_parameters(model: torch.nn.Module, options: WatchOptions) -> list[Find
             )
         if tensor in _FOLDED_STATS:
             continue
-        zeros = t.numel() - int(torch.count_nonzero(a))
-        nz = t.numel() - zeros
-        if not nz:
+        af = a.float()
+        total = float(af.sum())
+        if not total > 0:
             continue
-        sub = int(torch.count_nonzero(a < FP16_MIN_NORMAL)) - zeros
-        under = int(torch.count_nonzero(a < FP16_MIN_SUBNORMAL)) - zeros if sub else 0
-        if under and under / nz >= options.param_underflow_share:
+        small = af < FP16_MIN_NORMAL
+        sub_mass = float(torch.where(small, af, 0).sum()) / total
+        if sub_mass < options.param_subnormal_share and sub_mass < options.param_underflow_share:
+            continue  # the tiny values carry too little of the tensor to matter
+        nz = int(torch.count_nonzero(af))
+        sub = int(torch.count_nonzero(small & (af > 0)))
+        tiny = af < FP16_MIN_SUBNORMAL
+        under = int(torch.count_nonzero(tiny & (af > 0)))
+        under_mass = float(torch.where(tiny, af, 0).sum()) / total
+        smallest = float(torch.where(af > 0, af, torch.inf).min())
+        if under and under_mass >= options.param_underflow_share:
             findings.append(
                 Finding(
-                    site=module, mechanism="parameter", kind="param-underflow",
-                    peak=float(torch.where(a > 0, a, torch.inf).min()), tensor=tensor, count=under,
-                    detail=f"{name}: {under} of {nz} non-zero values are below 2^-24 and become 0 in FP16",
+                    site=module, mechanism="parameter", kind="param-underflow", peak=smallest,
+                    tensor=tensor, count=under,
+                    detail=(
+                        f"{name}: {under} of {nz} non-zero values are below 2^-24 and become 0 "
+                        f"in FP16 ({under_mass:.0%} of the tensor's magnitude)"
+                    ),
                 )
             )
-        elif sub and sub / nz >= options.param_subnormal_share:
+        elif sub and sub_mass >= options.param_subnormal_share:
             findings.append(
                 Finding(
-                    site=module, mechanism="parameter", kind="param-subnormal",
-                    peak=float(torch.where(a > 0, a, torch.inf).min()), tensor=tensor, count=sub,
+                    site=module, mechanism="parameter", kind="param-subnormal", peak=smallest,
+                    tensor=tensor, count=sub,
                     detail=(
-                        f"{name}: {sub} of {nz} non-zero values are subnormal in FP16 "
-                        "(< 2^-14) and lose precision"
+                        f"{name}: {sub} of {nz} non-zero values are subnormal in FP16 (< 2^-14, "
+                        f"{sub_mass:.0%} of the tensor's magnitude) and lose precision"
                     ),
                 )
             )

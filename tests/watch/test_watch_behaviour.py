@@ -162,3 +162,24 @@ def test_real_report_json_round_trip(tmp_path):
     path = lens.report.save(tmp_path / "r.json")
     assert Report.load(path) == lens.report
     assert json.loads(path.read_text())["meta"]["model_class"] == "TextDetector"
+
+
+def test_parameter_underflow_judged_by_the_magnitude_it_carries():
+    class Scaled(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.gamma = nn.Parameter(torch.full((16,), 1e-6))  # all subnormal: the whole tensor
+            self.fc = nn.Linear(16, 16)
+            with torch.no_grad():
+                self.fc.bias[:3] = 1e-9  # stray tiny values beside ~0.1 ones: irrelevant
+
+        def forward(self, x):
+            return self.fc(x * self.gamma)
+
+    model = Scaled()
+    with torch.no_grad(), watch(model) as lens:
+        model(torch.rand(2, 16))
+    (f,) = lens.report.findings_by("parameter")
+    assert (f.site, f.tensor, f.kind, f.count) == ("", "gamma", "param-subnormal", 16)
+    # real FP16: 1e-6 is stored with ~4 significant bits
+    assert abs(float(torch.tensor(1e-6).half()) - 1e-6) / 1e-6 > 1e-2
