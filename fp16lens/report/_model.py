@@ -147,6 +147,14 @@ class Report:
     edges: list[tuple[str, str]] = field(default_factory=list)  # site dataflow: (producer, consumer)
     meta: ReportMeta = field(default_factory=ReportMeta)
 
+    def __eq__(self, other: object) -> bool:
+        """Equal when the JSON forms are equal (NaN peaks compare equal, unlike floats)."""
+        if not isinstance(other, Report):
+            return NotImplemented
+        return self.to_json() == other.to_json()
+
+    __hash__ = None  # mutable data
+
     # ---- queries -------------------------------------------------------------------
     @property
     def clean(self) -> bool:

@@ -100,7 +100,7 @@ class Recorder(TorchDispatchMode):
         self.stack.clear()
 
     def _pre(self, module, args, kwargs):
-        if not self.stack and module is self.root:
+        if not self.stack:  # the model, or one of its modules called on its own
             self._begin_forward(args, kwargs)
         if self.forward is not None:
             self.stack.append((self.names.get(module, "?"), self.leaf.get(module, False), {}))
@@ -110,7 +110,7 @@ class Recorder(TorchDispatchMode):
         if self.forward is None or not self.stack:
             return None
         self.stack.pop()
-        if not self.stack and module is self.root:
+        if not self.stack:
             self._end_forward(output)
         return None
 

@@ -1,0 +1,140 @@
+"""The suggested fix for each problem, in words, consistent with what patch will do.
+
+Spans are handled in ``_spanfix``; findings here. Pure functions of the report:
+nothing here touches a model.
+"""
+
+from __future__ import annotations
+
+import math
+
+from fp16lens.report._fmt import value
+from fp16lens.report._model import Finding, Report, Span
+from fp16lens.report._opclass import is_batch_norm
+from fp16lens.report._spanfix import rescale_exponent, span_fix
+
+
+def _op(report: Report, site: str) -> str:
+    stats = report.sites.get(site)
+    return stats.op if stats else "?"
+
+
+def _norm_fix(f: Finding) -> str:
+    k = rescale_exponent(f.peak, power=2)
+    scale = f"rescale its input by 2^-{k}" if k else "rescale its input"
+    opset = {"LayerNorm": 17, "GroupNorm": 18}.get(f.tensor)
+    if opset:
+        return (
+            f"keep {f.tensor} as one node (opset ≥ {opset}) or {scale} "
+            "(norms are scale-invariant, eps becomes eps/4^k)"
+        )
+    return f"compute {f.site} in FP32 (an FP32 island) or {scale} ((x-mean)^2 drops by 4^k)"
+
+
+def _internal_fix(f: Finding) -> str:
+    if f.kind == "norm-variance":
+        return _norm_fix(f)
+    if f.kind == "rms-square":
+        k = rescale_exponent(f.peak, power=2)
+        return (
+            f"keep RMSNorm as one node (opset ≥ 23) or rescale its input by 2^-{k} "
+            "(norms are scale-invariant)"
+        )
+    if f.kind == "attention-scores":
+        return (
+            "keep the attention fused (one kernel that holds the scores in FP32: export "
+            "scaled_dot_product_attention whole) or run QK^T and the softmax as an FP32 "
+            "island; rescaling Q or K would change the softmax, so it is not exact"
+        )
+    k = rescale_exponent(f.peak)
+    if f.kind == "sum-before-mean":
+        return (
+            f"rescale the input by 2^-{k} (the mean scales with it, undone by 2^{k} at the "
+            f"next conv/linear) or keep the pool in FP32"
+        )
+    if f.kind == "sum-of-squares":
+        return f"rescale the input by 2^-{k} and the norm back by 2^{k}, or keep it in FP32"
+    return f"keep {f.site} in FP32 (an FP32 island)"
+
+
+def _param_fix(report: Report, f: Finding) -> str:
+    name = f"{f.site}.{f.tensor}" if f.tensor else f.site
+    if f.kind == "param-overflow":
+        if not math.isfinite(f.peak):
+            return f"reload the checkpoint: {name} holds inf/NaN already in FP32"
+        if is_batch_norm(_op(report, f.site)) or f.tensor.startswith("running_"):
+            return (
+                f"exact affine re-parametrization of {f.site}: fold it into "
+                "scale = weight/sqrt(running_var+eps) and shift = bias - running_mean·scale "
+                "in FP32 (then running_var = 1-eps, running_mean = 0), before .half()"
+            )
+        k = rescale_exponent(f.peak)
+        return (
+            f"rescale {name} by 2^-{k} and undo it by 2^{k} at the next conv/linear (exact), "
+            f"or keep {f.site} in FP32"
+        )
+    step = "become 0" if f.kind == "param-underflow" else "keep fewer significant bits"
+    err = (
+        f"; the smallest ({value(f.peak)}) is lost"
+        if f.kind == "param-underflow"
+        else (
+            f"; the smallest ({value(f.peak)}) is rounded to a step of 2^-24 "
+            f"(relative error up to {value(2.0**-25 / f.peak) if f.peak > 0 else 'inf'})"
+        )
+    )
+    return (
+        f"{f.count} values of {name} {step} in FP16{err}. Usually harmless for weights; if "
+        f"parity drops, scale {name} up by 2^k and the output down by 2^-k (exact), "
+        f"or keep {f.site} in FP32"
+    )
+
+
+def _output_fix(report: Report, f: Finding) -> str:
+    if f.kind == "softmax-exp":
+        return f"subtract the row max before exp (torch.softmax does), or keep {f.site} in FP32"
+    span = next((s for s in report.spans if s.start == f.site), None)
+    if span is not None:
+        return span_fix(report, span)
+    if f.kind == "nonfinite" or not math.isfinite(f.peak):
+        return f"fix the model at {f.site} first: it produces inf/NaN already in FP32"
+    return f"keep {f.site} in FP32 (an FP32 island)"
+
+
+def _input_fix(f: Finding) -> str:
+    if f.kind == "nonfinite" or not math.isfinite(f.peak):
+        batch = f" (batch {f.batch})" if f.batch >= 0 else ""
+        return (
+            f"drop or repair the samples holding inf/NaN{batch}: the data is broken, not the model"
+        )
+    k = rescale_exponent(f.peak)
+    return f"normalise the input into FP16 range: divide it by 2^{k} and fold 2^{k} into the first layer's weights"
+
+
+def headline(fix: str) -> str:
+    """The first clause of a fix (before ": ", "; " or " (k = "), for one-line summaries."""
+    cuts = [i for i in (fix.find(": "), fix.find("; "), fix.find(" (k = ")) if i > 0]
+    return fix[: min(cuts)] if cuts else fix
+
+
+def suggest_fix(report: Report, item: Span | Finding) -> str:
+    """One sentence: what to do about ``item``, matching what fp16lens.patch does."""
+    if isinstance(item, Span):
+        return span_fix(report, item)
+    if item.mechanism == "internal":
+        return _internal_fix(item)
+    if item.mechanism == "parameter":
+        return _param_fix(report, item)
+    if item.mechanism == "input":
+        return _input_fix(item)
+    if item.mechanism == "note":
+        return _note_fix(item)
+    return _output_fix(report, item)
+
+
+def _note_fix(f: Finding) -> str:
+    if f.kind == "mask-constant":
+        return (
+            f"write the mask constant of {f.site} as torch.finfo(x.dtype).min (it follows the "
+            "dtype) or -65504, so an FP16 graph holds a finite value"
+        )
+    return "no action needed for FP16 range; see the note"

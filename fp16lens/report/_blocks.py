@@ -1,0 +1,51 @@
+"""Small rich building blocks and the view options shared by the sections."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from rich.padding import Padding
+from rich.text import Text
+
+from fp16lens.report._advice import suggest_fix
+from fp16lens.report._model import Finding, Report, Span
+
+
+@dataclass(frozen=True)
+class ViewOptions:
+    """What the terminal view shows: the top ``top`` items of each part, or everything."""
+
+    full: bool = False
+    top: int = 10
+    path_keep: int = 9  # sites shown per span path before the middle collapses
+
+    def __post_init__(self):
+        if not isinstance(self.top, int) or self.top < 1:
+            raise ValueError(f"top must be an integer >= 1, got {self.top!r}")
+        if not isinstance(self.path_keep, int) or self.path_keep < 3:
+            raise ValueError(f"path_keep must be an integer >= 3, got {self.path_keep!r}")
+
+
+def indent(text: Text, left: int = 4) -> Padding:
+    """Continuation lines of a wrapped paragraph stay indented."""
+    return Padding(text, (0, 0, 0, left), expand=False)
+
+
+def fix_line(report: Report, item: Span | Finding) -> Padding:
+    fix = item.fix if isinstance(item, Finding) and item.fix else suggest_fix(report, item)
+    return indent(Text.assemble(("fix: ", "bold green"), fix))
+
+
+def heading(title: str, note: str = "") -> Text:
+    return Text.assemble(("\n" + title, "bold underline"), (f"  {note}" if note else "", "dim"))
+
+
+def more(shown: int, total: int, what: str) -> list[Text]:
+    if total <= shown:
+        return []
+    return [Text(f"  … {total - shown} more {what}: report.print(full=True) shows all", "dim")]
+
+
+def peak_key(peak: float) -> float:
+    return math.inf if math.isnan(peak) else peak

@@ -1,0 +1,68 @@
+"""The findings of one mechanism (input, internal, parameter, note), each with its fix."""
+
+from __future__ import annotations
+
+import math
+
+from rich.console import RenderableType
+from rich.text import Text
+
+from fp16lens.report._blocks import ViewOptions, fix_line, heading, indent, more, peak_key
+from fp16lens.report._model import Finding, Report
+from fp16lens.report._triage import trt_consequence
+
+PARAM_LABELS = {
+    "param-overflow": "beyond 65504",
+    "param-subnormal": "subnormal",
+    "param-underflow": "flushed to zero",
+}
+
+
+def _finding_block(report: Report, f: Finding, label: str) -> list[RenderableType]:
+    head = Text.assemble(("• ", "bold"), (label, "bold yellow"), " ", f.detail)
+    out: list[RenderableType] = [indent(head, 2)]
+    consequence = trt_consequence(f)
+    if consequence:
+        out.append(indent(Text(consequence, "italic")))
+    return [*out, fix_line(report, f)]
+
+
+def findings(report: Report, view: ViewOptions, mechanism: str) -> list[RenderableType]:
+    items = report.findings_by(mechanism)
+    if not items:
+        return []
+    title, note = _TITLES[mechanism]
+    shown = items if view.full else sorted(items, key=lambda f: -peak_key(f.peak))[: view.top]
+    out: list[RenderableType] = [heading(f"{title} ({len(items)})", note)]
+    for f in shown:
+        out += _finding_block(report, f, _label(f))
+    return out + more(len(shown), len(items), title.lower())
+
+
+_TITLES = {
+    "input": ("Input problems", "in the data, not in the model"),
+    "internal": ("Internal risks", "inside an op, invisible at its output"),
+    "parameter": ("Parameter problems", "weights and buffers FP16 cannot hold"),
+    "output": ("Other output problems", ""),
+    "note": ("Notes", "not overflow today, but worth knowing before TensorRT"),
+}
+
+
+def _label(f: Finding) -> str:
+    if f.mechanism == "parameter" and not math.isfinite(f.peak):
+        return f"[inf/NaN ×{f.count}]"
+    if f.mechanism == "parameter":
+        return f"[{PARAM_LABELS.get(f.kind, f.kind)} ×{f.count}]"
+    if f.mechanism in ("internal", "note"):
+        return f"[{f.site} · {f.kind}]"
+    return f"[{f.site} · {f.kind or f.mechanism}]"
+
+
+def orphan_outputs(report: Report, view: ViewOptions) -> list[RenderableType]:
+    """Output findings that no span stands for (softmax-exp without a span, ...)."""
+    starts = {s.start for s in report.spans}
+    orphans = [f for f in report.findings_by("output") if f.site not in starts]
+    if not orphans:
+        return []
+    sub = Report(sites=report.sites, findings=orphans, spans=report.spans, meta=report.meta)
+    return findings(sub, view, "output")

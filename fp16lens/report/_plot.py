@@ -1,0 +1,205 @@
+"""The report as a picture: log2 |x| of every site along execution order.
+
+matplotlib is optional (``pip install 'fp16lens[plot]'``) and used without pyplot: a
+``Figure`` on an Agg canvas, so no global state or GUI backend is touched.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from fp16lens._core import ReportError, import_optional
+from fp16lens.report._fmt import LOG2_MAX, LOG2_MIN_NORMAL, log2_abs
+from fp16lens.report._model import Report
+
+LOG2_MIN_SUBNORMAL = -24.0
+_OVER = "#d62728"
+_OK = "#1f77b4"
+_INTERNAL = "#ff7f0e"
+
+
+@dataclass(frozen=True)
+class PlotOptions:
+    width: float = 11.0  # inches
+    height: float = 4.5
+    dpi: int = 110
+    span_labels: int = 8  # label at most this many span starts (the worst ones)
+
+    def __post_init__(self):
+        if not (self.width > 0 and self.height > 0):
+            raise ValueError(f"width and height must be > 0, got {self.width} x {self.height}")
+        if not isinstance(self.dpi, int) or self.dpi < 20:
+            raise ValueError(f"dpi must be an integer >= 20, got {self.dpi!r}")
+        if not isinstance(self.span_labels, int) or self.span_labels < 0:
+            raise ValueError(f"span_labels must be an integer >= 0, got {self.span_labels!r}")
+
+
+def _positions(report: Report) -> tuple[dict[str, int], list[float]]:
+    """Site -> x (execution order) and log2 |absmax| per x."""
+    order = sorted(report.sites.values(), key=lambda s: s.order)
+    return {s.name: i for i, s in enumerate(order)}, [log2_abs(s.absmax) for s in order]
+
+
+def _ylim(ys: list[float]) -> tuple[float, float]:
+    """Room below the smallest value and above the largest for the span labels."""
+    finite = [y for y in ys if math.isfinite(y)]
+    low = min([*finite, LOG2_MIN_NORMAL]) - 2
+    high = max([*finite, LOG2_MAX]) + 6
+    return max(low, LOG2_MIN_SUBNORMAL - 4), high
+
+
+def _draw_sites(ax, ys: list[float], top: float) -> None:
+    shown = [(x, min(y, top)) for x, y in enumerate(ys) if y != -math.inf]
+    ax.plot(
+        [x for x, _ in shown],
+        [y for _, y in shown],
+        color=_OK,
+        lw=0.9,
+        label="log2 |x| per site (max over calls)",
+    )
+    over = [(x, y) for x, y in shown if y > LOG2_MAX and ys[x] < math.inf]
+    if over:
+        ax.scatter(*zip(*over), s=14, color=_OVER, zorder=3, label="beyond 65504")
+    broken = [(x, top) for x, y in enumerate(ys) if y == math.inf]
+    if broken:
+        ax.scatter(
+            *zip(*broken),
+            s=40,
+            marker="X",
+            color="black",
+            zorder=4,
+            label="inf/NaN already in FP32",
+        )
+
+
+def _draw_limits(ax) -> None:
+    ax.axhline(LOG2_MAX, color=_OVER, ls="--", lw=1, label="FP16 max 65504 (2^16)")
+    ax.axhline(LOG2_MIN_NORMAL, color="grey", ls="--", lw=1, label="FP16 min normal 2^-14")
+    ax.axhline(LOG2_MIN_SUBNORMAL, color="grey", ls=":", lw=0.8, label="FP16 min subnormal 2^-24")
+
+
+def label_slots(
+    starts: list[tuple[float, int]], n: int, levels: int = 3, char_frac: float = 0.0058
+) -> dict[int, tuple[int, str]]:
+    """Greedy, worst first: span index -> (label level, "left"/"right" alignment).
+
+    ``starts`` holds (x, label length) per span, in the order of importance; a label that
+    would overlap another on every level is left out; near the right edge it ends at x.
+    """
+    taken: list[list[tuple[float, float]]] = [[] for _ in range(levels)]
+    slots = {}
+    for i, (x, chars) in enumerate(starts):
+        width = char_frac * (chars + 2)
+        lo = x / max(n, 1)
+        align = "left" if lo + width <= 1 else "right"
+        lo, hi = (lo, lo + width) if align == "left" else (lo - width, lo)
+        for level in range(levels):
+            if all(hi < a or lo > b for a, b in taken[level]):
+                taken[level].append((lo, hi))
+                slots[i] = (level, align)
+                break
+    return slots
+
+
+def _draw_spans(ax, report: Report, pos: dict[str, int], opts: PlotOptions) -> None:
+    n = len(pos)
+    half = max(0.5, n / 600)  # a span stays visible on a 10,000-site axis
+    for i, span in enumerate(report.spans):
+        xs = [pos[s] for s in span.sites if s in pos]
+        if xs:
+            ax.axvspan(
+                min(xs) - half,
+                max(xs) + half,
+                color=_OVER,
+                alpha=0.15,
+                lw=0,
+                label="overflow span" if i == 0 else None,
+            )
+    worst = sorted(
+        (s for s in report.spans if s.start in pos),
+        key=lambda s: -(s.peak if not math.isnan(s.peak) else math.inf),
+    )
+    worst = worst[: opts.span_labels]
+    slots = label_slots([(pos[s.start], len(s.start)) for s in worst], n)
+    top = ax.get_ylim()[1]
+    for i, (level, align) in slots.items():
+        x = pos[worst[i].start]
+        ax.annotate(
+            worst[i].start,
+            (x, top - 0.4 - 1.3 * level),
+            fontsize=8,
+            color=_OVER,
+            va="top",
+            ha=align,
+            clip_on=True,
+        )
+
+
+def _draw_internal(ax, report: Report, pos: dict[str, int], top: float) -> None:
+    points = [
+        (pos[f.site], min(log2_abs(f.peak), top))
+        for f in report.findings_by("internal")
+        if f.site in pos
+    ]
+    if points:
+        ax.scatter(
+            *zip(*points),
+            marker="^",
+            s=30,
+            color=_INTERNAL,
+            zorder=4,
+            label="inside an op (internal risk)",
+        )
+
+
+def _figure(opts: PlotOptions):
+    import_optional("matplotlib", "plot", "report.plot")
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(opts.width, opts.height), dpi=opts.dpi, layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def plot(report: Report, path: str | Path | None = None, **options) -> object:
+    """A matplotlib Figure of log2 |x| per site with the FP16 limits and the spans shaded;
+    saved to ``path`` (any format matplotlib writes, by suffix) when given."""
+    opts = PlotOptions(**options)
+    fig = _figure(opts)
+    ax = fig.add_subplot()
+    pos, ys = _positions(report)
+    low, high = _ylim(ys)
+    ax.set_ylim(low, high)
+    _draw_limits(ax)
+    _draw_sites(ax, ys, high - 3.5)  # inf/NaN drawn just below the span labels
+    _draw_spans(ax, report, pos, opts)
+    _draw_internal(ax, report, pos, high - 3.5)
+    _decorate(ax, report, len(ys))
+    if path is not None:
+        _save(fig, Path(path))
+    return fig
+
+
+def _decorate(ax, report: Report, n: int) -> None:
+    from matplotlib.ticker import MaxNLocator
+
+    ax.set_xlim(-0.5, max(n, 1) - 0.5)
+    ax.xaxis.set_major_locator(MaxNLocator(nbins=10, integer=True))
+    ax.set_xlabel(f"site, in execution order ({n} sites); spans labelled at their start")
+    ax.set_ylabel("log2 |x|")
+    ax.set_title(f"{report.meta.model_class or 'model'}: FP16 range per site", fontsize=11)
+    ax.grid(axis="y", alpha=0.3)
+    ax.figure.legend(loc="outside lower center", fontsize=7, ncols=4, frameon=False)
+
+
+def _save(fig, path: Path) -> None:
+    try:
+        fig.savefig(path)
+    except (OSError, ValueError) as exc:
+        raise ReportError(
+            f"cannot save the plot to {path}: {exc}; choose a writable path with a suffix "
+            "matplotlib knows (.png, .svg, .pdf)"
+        ) from exc

@@ -1,0 +1,89 @@
+"""What matters most, and what each internal risk does on TensorRT (pure)."""
+
+from __future__ import annotations
+
+import math
+
+from fp16lens.report._advice import headline, suggest_fix
+from fp16lens.report._fmt import value
+from fp16lens.report._model import Finding, Report, Span
+
+_PARAM_RANK = {"param-overflow": 3, "param-underflow": 5, "param-subnormal": 6}
+
+
+def _rank(item: Span | Finding) -> tuple[int, float]:
+    """Lower ranks first: broken data, broken model, stored overflow, silent errors, risks."""
+    peak = item.peak if math.isfinite(item.peak) else math.inf
+    if isinstance(item, Span):
+        return (1 if math.isinf(peak) else 2 + item.fused * 2, -peak)
+    if item.mechanism == "input":
+        return (0, -peak)
+    if item.mechanism == "parameter":
+        return (_PARAM_RANK.get(item.kind, 3), -peak)
+    if item.mechanism == "note":
+        return (7, -peak)
+    return (4, -peak)
+
+
+def problems(report: Report) -> list[Span | Finding]:
+    """Spans and the findings a span does not already stand for, most important first."""
+    starts = {s.start for s in report.spans}
+    items: list[Span | Finding] = list(report.spans)
+    items += [f for f in report.findings if not (f.mechanism == "output" and f.site in starts)]
+    return sorted(items, key=_rank)
+
+
+def next_step(report: Report) -> str:
+    """The single most important thing to do, or "" for a clean report."""
+    items = [i for i in problems(report) if not (isinstance(i, Finding) and i.mechanism == "note")]
+    if not items:
+        return ""
+    first = items[0]
+    fix = first.fix if isinstance(first, Finding) and first.fix else suggest_fix(report, first)
+    if isinstance(first, Span):
+        return f"{headline(fix)} — span {report.spans.index(first) + 1} below"
+    return f"{headline(fix)} — {first.site} below"
+
+
+def _norm_consequence(f: Finding) -> str:
+    if f.tensor == "LayerNorm":
+        graph = "exported below opset 17, LayerNorm becomes ReduceMean, Sub, Pow, ReduceMean"
+    elif f.tensor == "GroupNorm":
+        graph = "exported below opset 18, GroupNorm becomes reshapes around InstanceNormalization or Pow/ReduceMean"
+    else:
+        graph = "the variance is computed as mean((x-mean)^2)"
+    return (
+        f"On TensorRT: {graph}; in FP16 (x-mean)^2 reaches {value(f.peak)} > 65504, the "
+        "variance is inf and the output silently collapses to the bias (or NaN)"
+    )
+
+
+def trt_consequence(f: Finding) -> str:
+    """One sentence on what an internal risk does in a TensorRT FP16 engine ("" if none)."""
+    if f.mechanism != "internal":
+        return ""
+    if f.kind == "norm-variance":
+        return _norm_consequence(f)
+    if f.kind == "rms-square":
+        return (
+            f"On TensorRT: a decomposed RMSNorm (Pow, ReduceMean, Sqrt) stores x^2 up to "
+            f"{value(f.peak)} in FP16: inf, and the output becomes 0"
+        )
+    if f.kind == "sum-before-mean":
+        return (
+            f"On TensorRT: where the reduction accumulates in FP16 (a ReduceSum before the "
+            f"division, an FP16 pooling kernel), the sum reaches {value(f.peak)}: inf, and "
+            "so is the mean"
+        )
+    if f.kind == "attention-scores":
+        return (
+            f"On TensorRT: an unfused attention (MatMul, Softmax) stores the scores "
+            f"({value(f.peak)}) in FP16: inf, and the softmax turns them into NaN; a fused "
+            "attention kernel keeps them in FP32"
+        )
+    if f.kind == "sum-of-squares":
+        return (
+            f"On TensorRT: ReduceL2/ReduceSumSquare in FP16 stores the sum of squares "
+            f"({value(f.peak)}): inf"
+        )
+    return f"On TensorRT: {value(f.peak)} is stored inside the op in FP16: inf"

@@ -1,0 +1,171 @@
+"""What the terminal view must show, checked on its text (wide console: no wrapping)."""
+
+from __future__ import annotations
+
+import io
+import time
+
+import pytest
+import rich
+from rich.console import Console
+
+from fp16lens._core import ReportError
+from fp16lens.report import Finding
+from fp16lens.report._blocks import ViewOptions
+from fp16lens.report._sections import span_path
+
+import sample_reports as samples
+
+
+def view(report, width: int = 400, **options) -> str:
+    console = Console(
+        width=width, color_system=None, force_terminal=False, record=True, file=io.StringIO()
+    )
+    report.print(console=console, **options)
+    return console.export_text()
+
+
+def section(text: str, title: str) -> str:
+    """The lines of one section: from its heading to the next blank line."""
+    start = text.index(title)
+    end = text.find("\n\n", start)
+    return text[start : end if end >= 0 else len(text)]
+
+
+def test_seed_span_reads_as_a_path_through_the_module_tree():
+    text = view(samples.seed_report())
+    assert (
+        "backbone.layer4.1.bn2 → backbone.layer4.1:add → backbone.layer4.1.relu → "
+        "neck.reduce_c5.0 → neck.reduce_c5.1 (back in range)"
+    ) in text
+    assert "peak 2.72e5 (4.2× the FP16 max) at backbone.layer4.1:add" in text
+
+
+def test_verdict_counts_worst_headroom_and_next_step():
+    first, second = view(samples.seed_report()).splitlines()[:2]
+    assert first.startswith(
+        "✗ TextDetector: 1 overflow span, 0 internal risks, 1 parameter problem"
+    )
+    assert "worst headroom -2.1 bits" in first and "415% of 65504" in first
+    assert second.strip().startswith(
+        "Next: rescale by 2^-6 folded into backbone.layer4.1.bn2 parameters"
+    )
+
+
+def test_every_finding_kind_has_its_section_and_fix():
+    text = view(samples.all_kinds_report())
+    assert text.splitlines()[0].startswith(
+        "✗ Everything: 4 overflow spans, 5 internal risks, 5 parameter problems, 2 input problems"
+    )
+    internal = section(text, "Internal risks (5)")
+    assert internal.count("On TensorRT:") == 5
+    assert "LayerNorm becomes ReduceMean, Sub, Pow, ReduceMean" in internal
+    params = section(text, "Parameter problems (5)")
+    for label in ("[beyond 65504 ×8]", "[subnormal ×200]", "[flushed to zero ×5]", "[inf/NaN ×1]"):
+        assert label in params
+    assert text.count("fix: ") == 4 + 1 + 5 + 5 + 2  # spans, orphan exp, internal, params, inputs
+
+
+def test_input_problems_are_not_reported_as_model_overflow():
+    text = view(samples.all_kinds_report())
+    inputs = section(text, "Input problems (2)")
+    assert "input[0]" in inputs and "the data is broken, not the model" in inputs
+    assert "input[" not in section(text, "Overflow spans (4)")
+    # Broken data comes first: nothing downstream can be trusted until it is fixed.
+    assert "Next: drop or repair the samples holding inf/NaN (batch 1)" in text
+
+
+def test_long_span_collapses_its_middle():
+    path = span_path(samples.long_span_report(20).spans[0], keep=9).plain
+    assert path.startswith("stem → blocks.0.relu → blocks.0.conv → blocks.1.relu → … ")
+    assert "… 34 more … → blocks.18.conv → blocks.19.relu → blocks.19.conv → exit" in path
+    assert path.count("→") == 8
+
+
+def test_hottest_sites_show_headroom_and_near_misses():
+    text = view(samples.seed_report())
+    row = next(line for line in text.splitlines() if line.startswith("neck:add "))
+    assert "4.98e4" in row and "76%" in row and "+0.4 bits" in row
+    over = next(line for line in text.splitlines() if line.startswith("neck.reduce_c5.0 "))
+    assert "128%" in over and over.rstrip().endswith("!")
+
+
+def test_top_limits_every_part_and_says_how_many_are_hidden():
+    text = view(samples.all_kinds_report(), top=2)
+    assert "Hottest sites (top 2 of 17)" in text
+    assert "… 3 more internal risks: report.print(full=True) shows all" in text
+    assert "… 2 more spans: report.print(full=True) shows all" in text
+
+
+def test_clean_report_is_one_line():
+    lines = view(samples.clean_report()).strip().splitlines()
+    assert lines == [
+        "✓ CleanNet is FP16-safe: 5 sites in range over 2 batches; worst headroom +14.7 bits "
+        "at fc (|x| ≤ 2.5)"
+    ]
+
+
+def test_notes_do_not_make_a_report_unclean():
+    report = samples.clean_report()
+    report.findings.append(
+        Finding(
+            site="attn:masked_fill",
+            mechanism="note",
+            kind="mask-constant",
+            peak=float("inf"),
+            detail="3 values at |v| >= 1e30 (a masking constant)",
+            count=3,
+        )
+    )
+    text = view(report)
+    assert text.startswith("✓ CleanNet is FP16-safe") and "1 note below" in text
+    assert "torch.finfo(x.dtype).min" in section(text, "Notes (1)")
+
+
+def test_full_lists_every_site_with_its_numbers():
+    report = samples.seed_report()
+    rows = section(view(report, full=True), "All sites (16").splitlines()[3:]
+    assert [r.split()[0] for r in rows] == list(report.sites)
+    assert rows[-1].split() == ["head.conv", "Conv2d", "1", "2.2", "+14.9", "10.0%"]
+
+
+def test_ten_thousand_sites_render_within_a_second():
+    report = samples.big_report(10_000)
+    text = view(report, width=100)  # warm up rich's caches
+    start = time.perf_counter()
+    text = view(report, width=100)
+    default = time.perf_counter() - start
+    start = time.perf_counter()
+    full = view(report, width=100, full=True)
+    everything = time.perf_counter() - start
+    assert "Hottest sites (top 10 of 10000)" in text and len(text.splitlines()) < 120
+    assert len(full.splitlines()) > 10_000
+    assert default < 1.0, f"default view took {default:.2f} s"
+    assert everything < 2.0, f"full view took {everything:.2f} s"
+
+
+def test_rich_print_uses_the_same_view(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "120")
+    out = io.StringIO()
+    rich.print(samples.seed_report(), file=out)  # Report.__rich_console__
+    assert out.getvalue() == view(samples.seed_report(), width=120)
+
+
+def test_view_options_are_validated():
+    with pytest.raises(ValueError, match="top must be an integer >= 1, got 0"):
+        ViewOptions(top=0)
+    with pytest.raises(ValueError, match="path_keep"):
+        ViewOptions(path_keep=2)
+    with pytest.raises(ReportError, match="use one of html, svg, txt"):
+        from fp16lens.report._render import export_text
+
+        export_text(samples.clean_report(), "pdf")
+
+
+def test_an_empty_report_says_what_to_do(tmp_path):
+    from fp16lens.report import Report
+
+    assert view(Report()).strip() == (
+        "? model: no sites recorded; run the model inside fp16lens.watch(model)"
+    )
+    assert Report().plot(tmp_path / "empty.png").axes  # still a figure, with the limits
