@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+
 from torchvision_compat import ensure_torchvision
 
 
@@ -335,3 +336,137 @@ def first_inf_site_fp16(model: nn.Module, inputs: tuple) -> tuple[str, str] | No
         for h in handles:
             h.remove()
     return site[0] if site else None
+
+
+class SquareNorm(nn.Module):
+    """nn.RMSNorm exports (opset < 23) as Pow(x, 2) -> ReduceMean: |x| > 255.9 squares past
+    65504 in an FP16 graph although the norm's output is in range."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(16, 64)
+        self.norm = nn.RMSNorm(64)
+        self.head = nn.Linear(64, 4)
+        with torch.no_grad():
+            self.proj.weight.mul_(800.0)
+
+    def forward(self, x):
+        return self.head(self.norm(self.proj(x)))
+
+
+def rmsnorm_square():
+    _seeded(8)
+    return SquareNorm().eval(), (torch.randn(2, 5, 16),)
+
+
+class ReluSpan(nn.Module):
+    """The seed article's simplified span w2(relu(w1 x + b1)) + b2 with biases on both
+    linears: fc1's output exceeds FP16, fc2 brings it back (the runtime-form baselines)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(16, 32)
+        self.act = nn.ReLU()
+        self.fc2 = nn.Linear(32, 8)
+        with torch.no_grad():
+            self.fc1.weight.mul_(6.0e4)
+            self.fc1.bias.mul_(6.0e4)
+            self.fc2.weight.div_(30.0)
+            self.fc2.bias.mul_(1.0e3)
+
+    def forward(self, x):
+        return self.fc2(self.act(self.fc1(x)))
+
+
+def relu_span():
+    _seeded(9)
+    return ReluSpan().eval(), (torch.rand(4, 16) * 2 + 1,)
+
+
+class RandomChain(nn.Module):
+    """A chain of conv/BN/ReLU/pool blocks with residual adds, from a spec list (property
+    tests): "conv", "bn", "relu", "pool", "res" (a conv-BN branch added back), then a
+    linear head. ``boost`` multiplies one block's weight so its values exceed FP16."""
+
+    def __init__(self, spec: list[str], width: int = 4, boost: tuple[int, float] = (0, 1.0)):
+        super().__init__()
+        self.spec = list(spec)
+        self.blocks = nn.ModuleList()
+        for kind in spec:
+            if kind == "conv":
+                self.blocks.append(nn.Conv2d(width, width, 3, padding=1))
+            elif kind == "bn":
+                self.blocks.append(nn.BatchNorm2d(width))
+            elif kind == "relu":
+                self.blocks.append(nn.ReLU())
+            elif kind == "pool":
+                self.blocks.append(nn.MaxPool2d(3, stride=1, padding=1))
+            elif kind == "res":
+                self.blocks.append(nn.Sequential(nn.Conv2d(width, width, 1), nn.BatchNorm2d(width)))
+            else:
+                raise ValueError(f"unknown block {kind!r}")
+        self.stem = nn.Conv2d(3, width, 1)
+        self.head = nn.Linear(width, 2)
+        index, gain = boost
+        with torch.no_grad():
+            for m in self.modules():
+                if isinstance(m, nn.BatchNorm2d):
+                    m.running_mean.uniform_(-1, 1)
+                    m.running_var.uniform_(0.5, 2.0)
+                    m.weight.uniform_(0.5, 1.5)
+                    m.bias.uniform_(-0.5, 0.5)
+            target = [m for m in self.modules() if isinstance(m, (nn.Conv2d, nn.BatchNorm2d))]
+            target[index % len(target)].weight.mul_(gain)
+
+    def forward(self, x):
+        x = self.stem(x)
+        for kind, block in zip(self.spec, self.blocks):
+            x = x + block(x) if kind == "res" else block(x)
+        return self.head(x.mean((2, 3)))
+
+
+def random_chain(spec: list[str], seed: int = 0, boost: tuple[int, float] = (0, 1.0)):
+    _seeded(seed)
+    return RandomChain(spec, boost=boost).eval(), (torch.rand(1, 3, 6, 6),)
+
+
+class GatedSum(nn.Module):
+    """relu(conv_a(x)) exceeds FP16 and is added to a sigmoid gate, a functional op no scale
+    passes: the region cannot grow back through the gate, so the gate operand needs one
+    scalar multiply at the add (in the model's own forward)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv_a = nn.Conv2d(3, 8, 3, padding=1)
+        self.act = nn.ReLU()
+        self.conv_b = nn.Conv2d(3, 8, 1)
+        self.head = nn.Conv2d(8, 2, 1)
+        with torch.no_grad():
+            self.conv_a.weight.mul_(1.0e5)
+            self.head.weight.div_(10.0)
+
+    def forward(self, x):
+        return self.head(self.act(self.conv_a(x)) + torch.sigmoid(self.conv_b(x)))
+
+
+def gated_sum():
+    _seeded(10)
+    return GatedSum().eval(), (torch.rand(1, 3, 8, 8),)
+
+
+class InputLayerNorm(nn.Module):
+    """A LayerNorm applied to the model input (|x - mean| > 256): no producer can absorb a
+    scale, so its variance can only be kept from FP16 by an FP32 island."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm = nn.LayerNorm(64)
+        self.head = nn.Linear(64, 4)
+
+    def forward(self, x):
+        return self.head(self.norm(x))
+
+
+def layernorm_on_input():
+    _seeded(11)
+    return InputLayerNorm().eval(), (torch.randn(2, 5, 64) * 800,)

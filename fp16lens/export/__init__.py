@@ -1,0 +1,31 @@
+"""Deployment: typed ONNX (FP32 / strongly typed FP16 / INT8 Q/DQ), TensorRT, torch-tensorrt.
+
+``export`` writes the ONNX file and returns an ``ExportArtifact`` (node <-> module map,
+FP32 islands, warnings); ``build_engine`` turns it into a TensorRT plan (the ``trt``
+extra); ``compile_torch_tensorrt`` compiles with torch-tensorrt (the ``torchtrt`` extra).
+Nothing here imports onnx, ONNX Runtime or TensorRT until a function needs it.
+"""
+
+from fp16lens.export._artifact import ExportArtifact
+from fp16lens.export._calib_cache import read_calibration_cache, write_calibration_cache
+from fp16lens.export._engine_config import EngineConfig, engine_config
+from fp16lens.export._errors import ExportError
+from fp16lens.export._export import export, retype
+from fp16lens.export._options import ExportOptions
+from fp16lens.export._torchtrt import compile_torch_tensorrt, half_with_islands
+from fp16lens.export._trt import build_engine
+
+__all__ = [
+    "EngineConfig",
+    "ExportArtifact",
+    "ExportError",
+    "ExportOptions",
+    "build_engine",
+    "compile_torch_tensorrt",
+    "engine_config",
+    "export",
+    "half_with_islands",
+    "read_calibration_cache",
+    "retype",
+    "write_calibration_cache",
+]

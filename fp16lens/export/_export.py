@@ -1,0 +1,200 @@
+"""export(): PyTorch model -> ONNX file in FP32, strongly typed FP16, or INT8 Q/DQ."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from fp16lens._core import import_optional
+from fp16lens.export._artifact import (
+    EXPORTER_KEY,
+    PRECISION_KEY,
+    ExportArtifact,
+    default_opset,
+    records,
+)
+from fp16lens.export._errors import ExportError
+from fp16lens.export._islands import resolve_fp32_modules
+from fp16lens.export._naming import map_nodes, stamp
+from fp16lens.export._onnx_meta import ISLANDS_KEY, in_islands
+from fp16lens.export._options import ExportOptions
+from fp16lens.export._torch_export import export_fp32
+
+_TWO_GB = 2**31 - 1
+
+
+def export(
+    model: torch.nn.Module,
+    example_inputs,
+    path: str | Path,
+    precision: str = "fp16",
+    *,
+    fp32_modules: Iterable[str] | None = None,
+    io_dtype: str = "fp32",
+    opset: int | None = None,
+    exporter: str = "auto",
+    calibration: Iterable | None = None,
+    calibration_cache: str | Path | None = None,
+) -> ExportArtifact:
+    """Export ``model(*example_inputs)`` to ``path``.
+
+    precision "fp32" keeps the exported graph; "fp16" makes every float tensor FP16 except
+    the FP32 islands (the patch plan's ``model._fp16lens_plan.fp32_modules`` plus
+    ``fp32_modules``), with Casts at their boundaries; "int8" inserts Q/DQ nodes calibrated
+    on ``calibration`` (an iterable of input batches) and writes a TensorRT calibration
+    cache next to the file (or at ``calibration_cache``).
+    """
+    islands = resolve_fp32_modules(model, fp32_modules)
+    options = ExportOptions(precision, io_dtype, islands, opset, exporter)
+    args = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
+    _check_calibration(precision, calibration)
+    proto, used, notes = _export_fp32(model, args, options)
+    from fp16lens.export._norms import decomposed_norm_warnings  # imports onnx
+
+    names = {n for n, _ in model.named_modules()}
+    params = [n for n, _ in model.named_parameters()] + [n for n, _ in model.named_buffers()]
+    origins = map_nodes(proto.graph, names, params)
+    for node, origin in zip(proto.graph.node, origins):
+        stamp(node, origin)
+    notes += decomposed_norm_warnings(proto.graph, origins)
+    job = _Job(options, used, notes, calibration, calibration_cache)
+    return _typed(proto, Path(path), job)
+
+
+def retype(
+    src: str | Path,
+    dst: str | Path,
+    precision: str = "fp16",
+    *,
+    fp32_modules: Iterable[str] = (),
+    io_dtype: str = "fp32",
+    calibration: Iterable | None = None,
+    calibration_cache: str | Path | None = None,
+) -> ExportArtifact:
+    """Make an FP32 file written by ``export`` FP16 or INT8 without exporting again
+    (the node <-> module map is stored in the file)."""
+    onnx = import_optional("onnx", "onnx", "converting an exported model")
+    proto = onnx.load(str(src))
+    meta = {p.key: p.value for p in proto.metadata_props}
+    if meta.get(PRECISION_KEY) != "fp32":
+        raise ExportError(
+            f"{src} is not an FP32 file written by fp16lens export (precision "
+            f"{meta.get(PRECISION_KEY)!r}); export the model with precision='fp32' first"
+        )
+    islands = tuple(fp32_modules)
+    _check_islands_present(proto.graph, islands, src)
+    options = ExportOptions(precision, io_dtype, islands)
+    _check_calibration(precision, calibration)
+    job = _Job(options, meta.get(EXPORTER_KEY, "unknown"), [], calibration, calibration_cache)
+    return _typed(proto, Path(dst), job)
+
+
+@dataclass(frozen=True)
+class _Job:
+    options: ExportOptions
+    exporter: str
+    notes: list[str]
+    calibration: Iterable | None
+    calibration_cache: str | Path | None
+
+
+def _check_calibration(precision: str, calibration) -> None:
+    if precision == "int8" and calibration is None:
+        raise ExportError("precision='int8' needs calibration=<iterable of input batches>")
+
+
+def _check_islands_present(graph, islands: tuple[str, ...], src) -> None:
+    origins = map_nodes(graph, set(), [])
+    for island in islands:
+        if not any(in_islands(o.modules, (island,)) for o in origins):
+            raise ExportError(f"fp32_modules names {island!r}, which no node of {src} comes from")
+
+
+def _typed(proto, path: Path, job: _Job) -> ExportArtifact:
+    """Convert the mapped FP32 ``proto`` to the job's precision, then check and save it."""
+    from fp16lens.export._fp16 import convert_fp16
+
+    options, warnings = job.options, list(job.notes)
+    origins = map_nodes(proto.graph, set(), [])
+    islands = options.fp32_modules
+    island_nodes = {
+        n.name for n, o in zip(proto.graph.node, origins) if in_islands(o.modules, islands)
+    }
+    fp32_nodes: list[str] = []
+    cache = None
+    if options.precision == "fp16":
+        by_name = {n.name: o for n, o in zip(proto.graph.node, origins)}
+        result = convert_fp16(proto, island_nodes, by_name, options.io_dtype)
+        fp32_nodes, warnings = result.fp32_nodes, warnings + result.warnings
+    elif options.precision == "int8":
+        from fp16lens.export._int8 import quantize_int8
+
+        proto, cache = quantize_int8(
+            proto, job.calibration, sorted(island_nodes), path, job.calibration_cache
+        )
+    for node, origin in zip(proto.graph.node, map_nodes(proto.graph, set(), [])):
+        stamp(node, origin)  # Casts and Q/DQ nodes take their neighbours' modules
+    meta = {PRECISION_KEY: options.precision, EXPORTER_KEY: job.exporter}
+    _finish(proto, {**meta, ISLANDS_KEY: ",".join(islands)})
+    _save(proto, path)
+    return ExportArtifact(
+        path=path,
+        precision=options.precision,
+        exporter=job.exporter,
+        opset=default_opset(proto),
+        nodes=records(proto.graph),
+        fp32_nodes=tuple(fp32_nodes),
+        warnings=tuple(warnings),
+        calibration_cache=cache,
+    )
+
+
+def _export_fp32(model: torch.nn.Module, args: tuple, options: ExportOptions):
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            proto, used, notes = export_fp32(model, args, options.exporter, options.opset)
+    finally:
+        model.train(was_training)
+    _name_nodes(proto.graph)
+    return proto, used, notes
+
+
+def _name_nodes(graph) -> None:
+    """Every node gets a unique, non-empty name (the maps are keyed by it)."""
+    seen: set[str] = set()
+    for i, node in enumerate(graph.node):
+        name = node.name or f"{node.op_type}_{i}"
+        while name in seen:
+            name = f"{name}_{i}"
+        node.name = name
+        seen.add(name)
+
+
+def _finish(proto, meta: dict[str, str]) -> None:
+    """IR version ONNX Runtime reads (<= 13; metadata on nodes needs >= 10), provenance, check."""
+    onnx = import_optional("onnx", "onnx", "ONNX export")
+    proto.ir_version = max(
+        10, onnx.helper.find_min_ir_version_for(list(proto.opset_import), ignore_unknown=True)
+    )
+    for key, value in meta.items():
+        entry = (
+            next((p for p in proto.metadata_props if p.key == key), None)
+            or proto.metadata_props.add()
+        )
+        entry.key, entry.value = key, value
+    if proto.ByteSize() < _TWO_GB:
+        onnx.checker.check_model(proto, full_check=True)
+
+
+def _save(proto, path: Path) -> None:
+    onnx = import_optional("onnx", "onnx", "ONNX export")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if proto.ByteSize() < _TWO_GB:
+        onnx.save(proto, str(path))
+    else:
+        onnx.save(proto, str(path), save_as_external_data=True, location=f"{path.name}.data")

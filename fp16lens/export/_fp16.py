@@ -1,0 +1,230 @@
+"""Strongly typed FP16: every float tensor FP16 except the FP32 islands, Casts at boundaries.
+
+Our own small converter (no onnxconverter-common): plan each node's precision from its
+schema (``_typing``), convert initializers and constants with range checks, insert one
+Cast per (tensor, dtype) where a producer and a consumer disagree, and keep the float
+graph inputs/outputs in ``io_dtype``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+from onnx import helper, numpy_helper, shape_inference
+
+from fp16lens.export._artifact import default_opset
+from fp16lens.export._errors import ExportError
+from fp16lens.export._naming import NodeOrigin, stamp
+from fp16lens.export._ranges import subnormal_summary, to_fp16_checked
+from fp16lens.export._typing import FLOAT, FLOAT16, NodeTyping, type_node
+
+_TAG = {FLOAT: "fp32", FLOAT16: "fp16"}
+
+
+@dataclass
+class Fp16Result:
+    model: object
+    fp32_nodes: list[str]
+    warnings: list[str] = field(default_factory=list)
+
+
+def elem_types(model) -> dict[str, int]:
+    """Element type of every tensor of a shape-inferred ``model``."""
+    g = model.graph
+    elem = {v.name: v.type.tensor_type.elem_type for v in [*g.input, *g.output, *g.value_info]}
+    elem.update({i.name: i.data_type for i in g.initializer})
+    return elem
+
+
+def convert_fp16(
+    model, island: set[str], origins: dict[str, NodeOrigin], io_dtype: str
+) -> Fp16Result:
+    """Rewrite the FP32 ``model`` in place into strongly typed FP16; returns it with notes."""
+    _reject_subgraphs(model.graph)
+    inferred = shape_inference.infer_shapes(model)
+    elem = elem_types(inferred)
+    opset = default_opset(model)
+    g = model.graph
+    del g.value_info[:]
+    g.value_info.extend(inferred.graph.value_info)
+    typing = {n.name: type_node(n, opset, elem, n.name in island) for n in g.node}
+    result = Fp16Result(model, [n.name for n in g.node if typing[n.name].fp32])
+    result.warnings += [
+        f"node {n.name!r} ({n.op_type}) runs in FP32: {typing[n.name].forced}"
+        for n in g.node
+        if typing[n.name].forced and n.name not in island
+    ]
+    rw = _Rewriter(model, elem, typing, origins, result.warnings)
+    rw.inputs(io_dtype)
+    rw.initializers()
+    rw.nodes()
+    rw.outputs(io_dtype)
+    rw.value_info()
+    summary = subnormal_summary(rw.converted)
+    if summary:
+        result.warnings.append(summary)
+    return result
+
+
+def _reject_subgraphs(graph) -> None:
+    for node in graph.node:
+        if any(a.type in (a.GRAPH, a.GRAPHS) for a in node.attribute):
+            raise ExportError(
+                f"node {node.name!r} ({node.op_type}) has a control-flow subgraph, which the FP16 "
+                "converter does not handle. Export with precision='fp32', or remove data-dependent "
+                "control flow from the model."
+            )
+
+
+class _Rewriter:
+    """One pass over the graph: inputs, initializers, nodes (with Casts), outputs, value_info."""
+
+    def __init__(self, model, elem, typing: dict[str, NodeTyping], origins, warnings):
+        self.g = model.graph
+        self.elem, self.typing, self.origins, self.warnings = elem, typing, origins, warnings
+        self.actual: dict[str, int] = {}  # float tensor -> dtype in the new graph
+        self.alias: dict[tuple[str, int], str] = {}  # (tensor, dtype) -> tensor holding it
+        self.producer = {t: n for n in self.g.node for t in n.output}
+        self.consumers: dict[str, list] = {}
+        for n in self.g.node:
+            for t in n.input:
+                self.consumers.setdefault(t, []).append(n)
+        self.shapes: dict[str, str] = {}  # new tensor -> tensor whose shape it has
+        self.converted: list = []  # (name, size, RangeIssues) of every array made FP16
+
+    def _origin(self, node) -> NodeOrigin:
+        return self.origins.get(node.name, NodeOrigin(None))
+
+    # -- graph inputs and initializers -------------------------------------------------
+    def inputs(self, io_dtype: str) -> None:
+        for v in self.g.input:
+            if v.type.tensor_type.elem_type == FLOAT:
+                dtype = FLOAT16 if io_dtype == "fp16" else FLOAT
+                v.type.tensor_type.elem_type = dtype
+                self.actual[v.name] = dtype
+
+    def initializers(self) -> None:
+        for init in list(self.g.initializer):
+            if init.data_type != FLOAT:
+                continue
+            needs = self._needs(init.name)
+            primary = FLOAT16 if FLOAT16 in needs or not needs else FLOAT
+            array = numpy_helper.to_array(init)
+            mods = self._modules_of(self.consumers.get(init.name, []))
+            if primary == FLOAT16:
+                self._replace(init, self._half(init.name, array, mods))
+            self.actual[init.name] = primary
+            if len(needs) == 2:
+                other = f"{init.name}__{_TAG[FLOAT]}"
+                self.g.initializer.append(numpy_helper.from_array(array.astype(np.float32), other))
+                self.alias[(init.name, FLOAT)] = other
+
+    def _needs(self, name: str) -> set[int]:
+        needs = set()
+        for n in self.consumers.get(name, []):
+            req = self.typing[n.name].inputs
+            needs.update(req[i] for i, t in enumerate(n.input) if t == name and req[i] is not None)
+        return needs
+
+    def _half(self, name: str, array: np.ndarray, modules: list[str]) -> np.ndarray:
+        half, issues = to_fp16_checked(name, array, modules)
+        label = f"{name} of {', '.join(map(repr, modules))}" if modules else name
+        self.converted.append((label, int(np.size(array)), issues))
+        return half
+
+    @staticmethod
+    def _replace(tensor, array: np.ndarray) -> None:
+        tensor.CopyFrom(numpy_helper.from_array(array, tensor.name))
+
+    def _modules_of(self, nodes) -> list[str]:
+        mods = [m for n in nodes for m in self._origin(n).modules]
+        return list(dict.fromkeys(mods))
+
+    # -- nodes ---------------------------------------------------------------------------
+    def nodes(self) -> None:
+        new_nodes = []
+        for node in self.g.node:
+            typing = self.typing[node.name]
+            for i, name in enumerate(node.input):
+                want = typing.inputs[i] if i < len(typing.inputs) else None
+                if want is None or self.actual.get(name, want) == want:
+                    continue
+                node.input[i] = self._cast(name, want, node, new_nodes)
+            if not typing.fp32:
+                self._retype_attributes(node)
+            for name, dtype in zip(node.output, typing.outputs):
+                if dtype is not None:
+                    self.actual[name] = dtype
+            new_nodes.append(node)
+        del self.g.node[:]
+        self.g.node.extend(new_nodes)
+
+    def _cast(self, name: str, dtype: int, consumer, new_nodes: list) -> str:
+        key = (name, dtype)
+        if key not in self.alias:
+            out = f"{name}__{_TAG[dtype]}"
+            cast = helper.make_node("Cast", [name], [out], name=f"{out}__cast", to=dtype)
+            producer = self.producer.get(name)
+            origin = self._origin(producer) if producer is not None else self._origin(consumer)
+            stamp(cast, NodeOrigin(origin.module, origin.modules))
+            new_nodes.append(cast)
+            self.alias[key] = out
+            self.actual[out] = dtype
+            self.shapes[out] = name
+        return self.alias[key]
+
+    def _retype_attributes(self, node) -> None:
+        for attr in node.attribute:
+            if attr.name in ("to", "dtype") and attr.type == attr.INT and attr.i == FLOAT:
+                attr.i = FLOAT16
+            elif attr.name == "value" and attr.type == attr.TENSOR and attr.t.data_type == FLOAT:
+                array = numpy_helper.to_array(attr.t)
+                self._replace(attr.t, self._half(node.name, array, self._modules_of([node])))
+        if node.op_type == "Constant":
+            self._constant_scalars(node)
+
+    def _constant_scalars(self, node) -> None:
+        for attr in list(node.attribute):
+            if attr.name in ("value_float", "value_floats"):
+                values = np.array(
+                    attr.f if attr.name == "value_float" else list(attr.floats), dtype=np.float32
+                )
+                half = self._half(node.name, values, self._modules_of([node]))
+                node.attribute.remove(attr)
+                node.attribute.append(helper.make_attribute("value", numpy_helper.from_array(half)))
+
+    # -- graph outputs and value_info ----------------------------------------------------
+    def outputs(self, io_dtype: str) -> None:
+        for v in self.g.output:
+            have = self.actual.get(v.name)
+            if have is None or v.type.tensor_type.elem_type not in (FLOAT, FLOAT16):
+                continue
+            want = FLOAT16 if io_dtype == "fp16" else FLOAT
+            if have != want:
+                self._recast_output(v.name, have, want)
+            v.type.tensor_type.elem_type = want
+
+    def _recast_output(self, name: str, have: int, want: int) -> None:
+        inner = f"{name}__{_TAG[have]}"
+        for node in self.g.node:
+            node.output[:] = [inner if t == name else t for t in node.output]
+            node.input[:] = [inner if t == name else t for t in node.input]
+        producer = self.producer[name]
+        cast = helper.make_node("Cast", [inner], [name], name=f"{name}__cast", to=want)
+        stamp(cast, self._origin(producer))
+        self.g.node.append(cast)
+        self.actual[inner], self.actual[name] = have, want
+        self.shapes[inner] = name
+
+    def value_info(self) -> None:
+        known = {v.name: v for v in [*self.g.output, *self.g.value_info]}
+        for out, source in self.shapes.items():
+            if source in known and out not in {v.name for v in self.g.value_info}:
+                info = self.g.value_info.add()
+                info.CopyFrom(known[source])
+                info.name = out
+                known[out] = info
+        for v in self.g.value_info:
+            if v.name in self.actual and v.type.tensor_type.elem_type in (FLOAT, FLOAT16):
+                v.type.tensor_type.elem_type = self.actual[v.name]

@@ -1,0 +1,120 @@
+"""INT8: explicit Q/DQ through ONNX Runtime's static quantization, in the form TensorRT reads.
+
+QDQ format, symmetric INT8 activations and weights, per-channel weights, Entropy
+calibration, FP32 islands excluded, biases left in float (TensorRT has no INT32 DQ).
+The activation scales are also written as a TensorRT calibration cache.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Iterable, Sized
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from fp16lens._core import import_optional
+from fp16lens.export._calib_cache import write_calibration_cache
+from fp16lens.export._errors import ExportError
+from fp16lens.export._quiet import quiet
+
+_PURPOSE = "INT8 quantization"
+TRT_QDQ_OPTIONS = {
+    "ActivationSymmetric": True,
+    "WeightSymmetric": True,
+    "QuantizeBias": False,
+}
+
+
+def batch_feed(batch, names: list[str]) -> dict[str, np.ndarray]:
+    """One calibration item (tensor, tuple of tensors, or dict by input name) as an ORT feed."""
+    if isinstance(batch, dict):
+        items = [batch[n] for n in names]
+    else:
+        items = list(batch) if isinstance(batch, (tuple, list)) else [batch]
+    if len(items) != len(names):
+        raise ExportError(
+            f"a calibration batch has {len(items)} tensor(s) but the model takes {len(names)} "
+            f"input(s) ({', '.join(names)}); yield one tuple of inputs per batch"
+        )
+    return {n: _numpy(t) for n, t in zip(names, items)}
+
+
+def _numpy(t) -> np.ndarray:
+    array = t.detach().cpu().numpy() if torch.is_tensor(t) else np.asarray(t)
+    return array.astype(np.float32) if array.dtype.kind == "f" else array
+
+
+def _reader(calibration: Iterable, names: list[str], progress):
+    ort_q = import_optional("onnxruntime.quantization", "onnx", _PURPOSE)
+    total = len(calibration) if isinstance(calibration, Sized) else None
+
+    class Reader(ort_q.CalibrationDataReader):
+        def __init__(self):
+            self._it = iter(calibration)
+            self._task = progress.add_task("calibrating INT8", total=total)
+
+        def get_next(self):
+            batch = next(self._it, None)
+            if batch is None:
+                return None
+            progress.advance(self._task)
+            return batch_feed(batch, names)
+
+    return Reader()
+
+
+def _progress():
+    from rich.console import Console
+    from rich.progress import Progress
+
+    console = Console(stderr=True)
+    return Progress(console=console, transient=True, disable=not console.is_terminal)
+
+
+def quantize_int8(proto, calibration: Iterable, exclude: list[str], path: Path, cache_path):
+    """Quantize the FP32 ``proto``; returns (Q/DQ ModelProto, path of the TensorRT cache)."""
+    onnx = import_optional("onnx", "onnx", _PURPOSE)
+    ort_q = import_optional("onnxruntime.quantization", "onnx", _PURPOSE)
+    initializers = {i.name for i in proto.graph.initializer}
+    names = [v.name for v in proto.graph.input if v.name not in initializers]
+    with tempfile.TemporaryDirectory() as tmp, _progress() as progress, quiet(""):
+        src, dst = Path(tmp) / "fp32.onnx", Path(tmp) / "int8.onnx"
+        onnx.save(proto, str(src))
+        ort_q.quantize_static(
+            str(src),
+            str(dst),
+            _reader(calibration, names, progress),
+            quant_format=ort_q.QuantFormat.QDQ,
+            per_channel=True,
+            activation_type=ort_q.QuantType.QInt8,
+            weight_type=ort_q.QuantType.QInt8,
+            nodes_to_exclude=exclude,
+            calibrate_method=ort_q.CalibrationMethod.Entropy,
+            extra_options=dict(TRT_QDQ_OPTIONS),
+        )
+        quantized = onnx.load(str(dst))
+    cache = Path(cache_path) if cache_path else path.with_suffix(".cache")
+    write_calibration_cache(cache, activation_scales(quantized))
+    return quantized, cache
+
+
+def activation_scales(model) -> dict[str, float]:
+    """Tensor -> per-tensor scale of every QuantizeLinear in ``model`` (the activations)."""
+    from onnx import numpy_helper
+
+    consts = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    scales = {}
+    for node in model.graph.node:
+        if node.op_type == "QuantizeLinear" and node.input[1] in consts:
+            scale = consts[node.input[1]]
+            if scale.size == 1:
+                scales[_original_name(node.input[0])] = float(scale.ravel()[0])
+    return scales
+
+
+def _original_name(tensor: str) -> str:
+    """ONNX Runtime renames a quantized graph output ``y`` to ``y_QuantizeLinear_Input``."""
+    suffix = "_QuantizeLinear_Input"
+    return tensor[: -len(suffix)] if tensor.endswith(suffix) else tensor

@@ -1,0 +1,27 @@
+"""The FP32 islands of a model: from its patch plan and the caller, validated."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
+import torch
+
+from fp16lens.export._errors import ExportError
+
+
+def resolve_fp32_modules(model: torch.nn.Module, extra: Iterable[str] | None) -> tuple[str, ...]:
+    """The FP32 islands: the patch plan's ``fp32_modules`` plus ``extra``, each checked."""
+    if isinstance(extra, str):
+        raise ValueError(f"fp32_modules must be a list of module names, got the string {extra!r}")
+    plan = getattr(model, "_fp16lens_plan", None)
+    wanted = [*(getattr(plan, "fp32_modules", None) or []), *(extra or [])]
+    names = {n for n, _ in model.named_modules()}
+    for name in wanted:
+        if name not in names:
+            close = difflib.get_close_matches(name, names, n=3)
+            hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
+            raise ExportError(
+                f"fp32_modules names {name!r}, which is not a module of the model.{hint}"
+            )
+    return tuple(dict.fromkeys(wanted))

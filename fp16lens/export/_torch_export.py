@@ -1,0 +1,67 @@
+"""torch.onnx.export, dynamo first and TorchScript as the fallback, to an in-memory ModelProto."""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+import torch
+
+from fp16lens._core import import_optional
+from fp16lens.export._errors import ExportError
+from fp16lens.export._quiet import quiet
+
+_PURPOSE = "ONNX export"
+
+
+def export_fp32(
+    model: torch.nn.Module, args: tuple, exporter: str, opset: int | None
+) -> tuple[Any, str, list[str]]:
+    """Export ``model(*args)`` in FP32. Returns (ModelProto, exporter used, warnings)."""
+    import_optional("onnx", "onnx", _PURPOSE)
+    notes: list[str] = []
+    if exporter in ("auto", "dynamo"):
+        try:
+            return _dynamo(model, args, opset), "dynamo", notes
+        except Exception as exc:  # torch raises many kinds; fall back or re-raise below
+            if exporter == "dynamo":
+                raise ExportError(
+                    f"torch's dynamo ONNX exporter failed: {exc}. "
+                    "Try exporter='torchscript', or fix the model for torch.export."
+                ) from exc
+            notes.append(
+                f"dynamo exporter failed ({type(exc).__name__}: {_first_line(exc)}); "
+                "used the TorchScript exporter instead"
+            )
+    try:
+        return _torchscript(model, args, opset), "torchscript", notes
+    except Exception as exc:
+        raise ExportError(
+            f"torch.onnx.export failed with the TorchScript exporter: {exc}. "
+            "Check that the model runs on the example inputs and traces without data-dependent control flow."
+        ) from exc
+
+
+def _dynamo(model: torch.nn.Module, args: tuple, opset: int | None):
+    import_optional("onnxscript", "onnx", _PURPOSE)
+    kwargs = {} if opset is None else {"opset_version": opset}
+    with quiet("torch.onnx"):
+        program = torch.onnx.export(
+            model, args, dynamo=True, external_data=False, verbose=False, **kwargs
+        )
+    return program.model_proto
+
+
+def _torchscript(model: torch.nn.Module, args: tuple, opset: int | None):
+    onnx = import_optional("onnx", "onnx", _PURPOSE)
+    buffer = io.BytesIO()
+    with quiet("torch.onnx"):
+        torch.onnx.export(
+            model, args, buffer, dynamo=False, opset_version=opset or 18, do_constant_folding=True
+        )
+    return onnx.load_from_string(buffer.getvalue())
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0][:200] if text else ""

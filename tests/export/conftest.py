@@ -1,0 +1,73 @@
+"""Exports shared by the export tests: the dynamo exporter takes seconds, so export once."""
+
+from __future__ import annotations
+
+import types
+
+import numpy as np
+import pytest
+
+from models import seed_case
+
+
+@pytest.fixture(scope="session")
+def seed():
+    return seed_case(size=64)
+
+
+@pytest.fixture(scope="session")
+def seed_fp32(seed, tmp_path_factory):
+    pytest.importorskip("onnxscript")
+    from fp16lens.export import export
+
+    model, inputs = seed
+    return export(model, inputs, tmp_path_factory.mktemp("seed") / "seed_fp32.onnx", "fp32")
+
+
+@pytest.fixture(scope="session")
+def seed_fp16(seed_fp32):
+    """The seed case in FP16: the FP32 export re-typed (export(..., "fp16") runs the same
+    conversion after the same export; one dynamo export of resnet18 is enough)."""
+    from fp16lens.export import retype
+
+    return retype(seed_fp32.path, seed_fp32.path.with_name("seed_fp16.onnx"), "fp16")
+
+
+@pytest.fixture(scope="session")
+def ox():
+    """Helpers for reading exported graphs (onnx and ONNX Runtime are needed)."""
+    onnx = pytest.importorskip("onnx")
+    ort = pytest.importorskip("onnxruntime")
+    return types.SimpleNamespace(
+        onnx=onnx,
+        ort=ort,
+        FLOAT=onnx.TensorProto.FLOAT,
+        FLOAT16=onnx.TensorProto.FLOAT16,
+        elem_types=lambda model: _elem_types(onnx, model),
+        run=lambda *a, **k: _run(onnx, ort, *a, **k),
+    )
+
+
+def _elem_types(onnx, model) -> dict[str, int]:
+    """Element type of every tensor, from ONNX's own shape inference."""
+    g = onnx.shape_inference.infer_shapes(model, strict_mode=True).graph
+    types_ = {v.name: v.type.tensor_type.elem_type for v in [*g.input, *g.output, *g.value_info]}
+    types_.update({i.name: i.data_type for i in g.initializer})
+    return types_
+
+
+def _run(onnx, ort, path, feeds: dict[str, np.ndarray], extra=(), level=None) -> dict:
+    """Run a model in ONNX Runtime CPU, also returning the ``extra`` intermediate tensors."""
+    model = onnx.load(str(path))
+    outputs = [o.name for o in model.graph.output]
+    for name in extra:
+        if name not in outputs:
+            model.graph.output.append(onnx.helper.make_empty_tensor_value_info(name))
+            outputs.append(name)
+    options = ort.SessionOptions()
+    if level is not None:
+        options.graph_optimization_level = level
+    session = ort.InferenceSession(
+        model.SerializeToString(), options, providers=["CPUExecutionProvider"]
+    )
+    return dict(zip(outputs, session.run(outputs, feeds)))
