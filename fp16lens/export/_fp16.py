@@ -16,7 +16,7 @@ from onnx import helper, numpy_helper, shape_inference
 from fp16lens.export._artifact import default_opset
 from fp16lens.export._errors import ExportError
 from fp16lens.export._naming import NodeOrigin, stamp
-from fp16lens.export._ranges import subnormal_summary, to_fp16_checked
+from fp16lens.export._ranges import clamp_mask_constants, subnormal_summary, to_fp16_checked
 from fp16lens.export._typing import FLOAT, FLOAT16, NodeTyping, type_node
 
 _TAG = {FLOAT: "fp32", FLOAT16: "fp16"}
@@ -130,6 +130,12 @@ class _Rewriter:
     def _half(self, name: str, array: np.ndarray, modules: list[str]) -> np.ndarray:
         half, issues = to_fp16_checked(name, array, modules)
         label = f"{name} of {', '.join(map(repr, modules))}" if modules else name
+        clamped = clamp_mask_constants(array)[1]
+        if clamped:
+            self.warnings.append(
+                f"{label}: {clamped} masking constant(s) of |v| >= 1e30 (finfo(float32).min) "
+                "clamped to +-65504 for FP16"
+            )
         self.converted.append((label, int(np.size(array)), issues))
         return half
 

@@ -36,10 +36,32 @@ def range_issues(array: np.ndarray) -> RangeIssues:
     )
 
 
+SATURATED = 1e30
+"""Finite constants at or beyond this are masking constants (torch.finfo(float32).min)."""
+
+
+def clamp_mask_constants(array: np.ndarray) -> tuple[np.ndarray, int]:
+    """Clamp finite |v| >= 1e30 (masking constants) to +-65504, the FP16 equivalent of
+    torch.finfo(float16).min that a .half() model would use; inf stays inf."""
+    a = np.asarray(array)
+    if not np.issubdtype(a.dtype, np.floating) or a.size == 0:
+        return a, 0
+    huge = np.isfinite(a) & (np.abs(a) >= SATURATED)
+    n = int(huge.sum())
+    if not n:
+        return a, 0
+    return np.where(huge, np.sign(a) * 65504.0, a).astype(a.dtype), n
+
+
 def to_fp16_checked(
     name: str, array: np.ndarray, modules: list[str]
 ) -> tuple[np.ndarray, RangeIssues]:
-    """``array`` as float16 and what the conversion does to it; ExportError on overflow."""
+    """``array`` as float16 and what the conversion does to it; ExportError on overflow.
+
+    Masking constants (finite values >= 1e30, such as finfo(float32).min) are clamped to
+    +-65504 rather than refused: converted as they are they would become inf, and
+    ``(1 - mask) * -inf`` is NaN where the mask is 1."""
+    array, _ = clamp_mask_constants(array)
     issues = range_issues(array)
     if issues.overflow:
         where = ", ".join(repr(m) for m in modules) or "the model"
