@@ -1,0 +1,47 @@
+"""patch(): exact power-of-two rescaling of overflow spans; FP32 islands only where no
+rescaling applies. ``plan()`` says what ``patch()`` does; the plan travels with the
+patched model (``get_plan(model).fp32_modules`` for the exporter).
+
+The module itself is callable, so both spellings of the design work:
+``fp16lens.patch(model, report)`` and ``fp16lens.patch.plan(model, report)``.
+"""
+
+import sys as _sys
+import types as _types
+
+from fp16lens.patch._check import check_equivalent, relative_error
+from fp16lens.patch._island import Fp32Island
+from fp16lens.patch._options import PatchOptions
+from fp16lens.patch._patch import get_plan, patch, plan
+from fp16lens.patch._plan import Island, Multiply, Plan, Region, Reparam, Unresolved
+from fp16lens.patch._rules import bn_affine, scale_bn, scale_linear, scale_norm_eps
+
+__all__ = [
+    "Fp32Island",
+    "Island",
+    "Multiply",
+    "PatchOptions",
+    "Plan",
+    "Region",
+    "Reparam",
+    "Unresolved",
+    "bn_affine",
+    "check_equivalent",
+    "get_plan",
+    "patch",
+    "plan",
+    "relative_error",
+    "scale_bn",
+    "scale_linear",
+    "scale_norm_eps",
+]
+
+
+class _CallableModule(_types.ModuleType):
+    """``fp16lens.patch(model, report, ...)`` is ``fp16lens.patch.patch(model, report, ...)``."""
+
+    def __call__(self, *args, **kwargs):
+        return patch(*args, **kwargs)
+
+
+_sys.modules[__name__].__class__ = _CallableModule

@@ -1,0 +1,98 @@
+"""Applying a plan to a model: parameters rewritten in place, islands swapped in."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from fp16lens.patch._fx import find_op, replace_module, scale_operands, trace_owner
+from fp16lens.patch._island import Fp32Island
+from fp16lens.patch._plan import Plan, Reparam
+from fp16lens.patch._rules import bn_affine, scale_bn, scale_linear, scale_norm_eps
+
+
+@torch.no_grad()
+def apply_plan(model: nn.Module, plan: Plan) -> nn.Module:
+    """Rewrite ``model``; returns it, or a GraphModule replacing it when a multiply goes
+    into the model's own forward."""
+    named = dict(model.named_modules())
+    for r in plan.reparametrized:
+        _RULES[r.rule](named[r.module], r)
+    for island in plan.islands:
+        inner = model.get_submodule(island.module)
+        replace_module(model, island.module, Fp32Island(inner, island.in_scale, island.out_scale))
+    owners = dict.fromkeys(m.owner for m in plan.multiplies)
+    for owner in owners:
+        gm = trace_owner(model, owner)
+        for m in (m for m in plan.multiplies if m.owner == owner):
+            scale_operands(gm, find_op(gm, m.site), set(m.keep), owner, m.factor)
+        _keep_members(model.get_submodule(owner) if owner else model, gm)
+        if not owner:
+            return gm
+        replace_module(model, owner, gm)
+    return model
+
+
+def _keep_members(original: nn.Module, gm: nn.Module) -> None:
+    """fx keeps only what the forward uses; keep every child, parameter and buffer so
+    qualified names and state_dict keys stay those of the original."""
+    for name, child in original.named_children():
+        if not hasattr(gm, name):
+            gm.add_module(name, child)
+    for name, p in original.named_parameters(recurse=False):
+        if not hasattr(gm, name):
+            gm.register_parameter(name, p)
+    for name, b in original.named_buffers(recurse=False):
+        if not hasattr(gm, name):
+            gm.register_buffer(name, b, persistent=name not in original._non_persistent_buffers_set)
+    gm.train(original.training)
+
+
+def _set(param: torch.Tensor | None, value: torch.Tensor | None) -> None:
+    if param is not None and value is not None:
+        param.copy_(value)
+
+
+def _linear(mod: nn.Module, r: Reparam) -> None:
+    w, b = scale_linear(mod.weight, mod.bias, r.s_in, r.s_out)
+    _set(mod.weight, w)
+    _set(mod.bias, b)
+
+
+def _bn_scale(mod: nn.Module, r: Reparam) -> None:
+    m, v, eps, w, b = scale_bn(
+        mod.running_mean, mod.running_var, mod.eps, mod.weight, mod.bias, r.s_in, r.s_out
+    )
+    _set(mod.running_mean, m)
+    _set(mod.running_var, v)
+    _set(mod.weight, w)
+    _set(mod.bias, b)
+    mod.eps = eps
+
+
+def _bn_affine(mod: nn.Module, r: Reparam) -> None:
+    scale, shift = bn_affine(
+        mod.running_mean, mod.running_var, mod.eps, mod.weight, mod.bias, r.s_in, r.s_out
+    )
+    if mod.weight is None:  # affine=False: give it the parameters the affine form needs
+        mod.weight = nn.Parameter(scale.clone(), requires_grad=False)
+        mod.bias = nn.Parameter(shift.clone(), requires_grad=False)
+        mod.affine = True
+    _set(mod.weight, scale)
+    _set(mod.bias, shift)
+    mod.running_mean.zero_()
+    mod.running_var.fill_(1.0)
+    mod.eps = 0.0
+
+
+def _norm(mod: nn.Module, r: Reparam) -> None:
+    if r.s_in != 1:
+        eps = mod.eps if mod.eps is not None else torch.finfo(torch.float32).eps
+        mod.eps = scale_norm_eps(eps, r.s_in)
+    if r.s_out != 1:
+        _set(mod.weight, mod.weight.double().div(r.s_out).to(mod.weight.dtype))
+        bias = getattr(mod, "bias", None)
+        _set(bias, None if bias is None else bias.double().div(r.s_out).to(bias.dtype))
+
+
+_RULES = {"linear": _linear, "bn-scale": _bn_scale, "bn-affine": _bn_affine, "norm": _norm}

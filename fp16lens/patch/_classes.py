@@ -1,0 +1,31 @@
+"""Whether a scale class can carry a scale: its entries absorb 1/p, its exits absorb p."""
+
+from __future__ import annotations
+
+from fp16lens.patch._classify import ABSORB_IN, ABSORB_OUT, HOMOG, JOIN, NORM, norm_has_affine
+from fp16lens.patch._graph import SiteGraph
+
+
+def class_problem(graph: SiteGraph, root: str) -> str | None:
+    """Why the class cannot carry a scale, or None when it can."""
+    for m in graph.members(root):
+        kind = graph.kinds[m]
+        if kind in (HOMOG, JOIN) and not graph.producers[m]:
+            return f"{m} takes a model input, which carries no scale"
+        if kind not in (HOMOG, JOIN) and not _absorbs_out(graph, m):
+            return f"{m} ({kind}) cannot take 1/p in its parameters"
+        if not graph.consumers[m]:
+            return f"{m} reaches the model output"
+        for c in graph.consumers[m]:
+            if (m, c) in graph.cuts:
+                continue  # the join multiplies this operand
+            if graph.find(c) != root and graph.kinds[c] not in ABSORB_IN:
+                return f"{c}, a consumer of {m}, does not pass a scale ({graph.kinds[c]} op)"
+    return None
+
+
+def _absorbs_out(graph: SiteGraph, site: str) -> bool:
+    kind = graph.kinds[site]
+    if kind == NORM:
+        return norm_has_affine(graph.modules[site])
+    return kind in ABSORB_OUT

@@ -1,0 +1,129 @@
+"""The report's site dataflow as a graph, and the scale classes over it.
+
+A scale class is a set of sites whose outputs must carry the same scale: a homogeneous
+op carries its input's scale, a join needs equal scales on all operands, and a module
+called on several inputs (a reused conv) needs them equally scaled too. Classes are found
+with union-find over the report's (site-level) edges. A site reused in several places
+merges its callers' classes: conservative, still exact.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from torch import nn
+
+from fp16lens._core import PatchError
+from fp16lens.patch._classify import HOMOG, JOIN, module_kind, op_kind
+from fp16lens.report import Report
+
+
+@dataclass
+class SiteGraph:
+    producers: dict[str, list[str]]
+    consumers: dict[str, list[str]]
+    kinds: dict[str, str]
+    modules: dict[str, nn.Module]  # module sites only
+    frozen: set[str] = field(default_factory=set)  # sites inside FP32 islands of an earlier patch
+    cuts: set[tuple[str, str]] = field(default_factory=set)  # (producer, join): a multiply
+    parent: dict[str, str] = field(default_factory=dict)  # union-find
+
+    def find(self, site: str) -> str:
+        root = site
+        while self.parent.get(root, root) != root:
+            root = self.parent[root]
+        while site != root:  # path compression
+            site, self.parent[site] = self.parent.get(site, site), root
+        return root
+
+    def union(self, a: str, b: str) -> None:
+        ra, rb = self.find(a), self.find(b)
+        if ra != rb:
+            self.parent[rb] = ra
+
+    def members(self, root: str) -> list[str]:
+        """Sites of one class, in the report's execution order."""
+        return [s for s in self.kinds if self.find(s) == root]
+
+    def input_class(self, site: str) -> str | None:
+        """The class of a site's input (its producers share one class), None for model inputs."""
+        prods = self.producers.get(site, [])
+        return self.find(prods[0]) if prods else None
+
+    def recut(self, cuts: set[tuple[str, str]]) -> None:
+        """Recompute the classes with the join operands in ``cuts`` left out (each gets a
+        scalar multiply instead of sharing the join's scale)."""
+        self.cuts = set(cuts)
+        self.parent = {}
+        _unite(self)
+
+
+def build_graph(model: nn.Module, report: Report) -> SiteGraph:
+    """Site graph of ``report`` bound to ``model``'s modules; PatchError when they do not match."""
+    named = dict(model.named_modules())
+    producers: dict[str, list[str]] = {s: [] for s in report.sites}
+    consumers: dict[str, list[str]] = {s: [] for s in report.sites}
+    for p, c in report.edges:
+        if p == c:
+            continue
+        _check_known(report, p, c)
+        if p not in producers[c]:
+            producers[c].append(p)
+            consumers[p].append(c)
+    kinds, modules = {}, {}
+    for name, st in report.sites.items():
+        kinds[name], mod = _kind(named, name, st, len(producers[name]))
+        if mod is not None:
+            modules[name] = mod
+    graph = SiteGraph(producers, consumers, kinds, modules, frozen=_in_islands(named, report))
+    _unite(graph)
+    return graph
+
+
+def _in_islands(named: dict, report: Report) -> set[str]:
+    """Sites that run inside an FP32 island (their values may exceed FP16 by design)."""
+    prefixes = [n for n, m in named.items() if getattr(m, "fp16lens_fp32", False)]
+
+    def inside(name: str) -> bool:
+        return any(name == p or name.startswith(p + ".") for p in prefixes)
+
+    return {s for s, st in report.sites.items() if inside(s if st.kind == "module" else st.module)}
+
+
+def _check_known(report: Report, *sites: str) -> None:
+    for s in sites:
+        if s not in report.sites:
+            raise PatchError(
+                f"the report's dataflow names site {s!r}, which the report does not describe; "
+                "the report is damaged: re-create it with fp16lens.watch(model)"
+            )
+
+
+def _kind(named: dict, name: str, st, n_producers: int) -> tuple[str, nn.Module | None]:
+    if st.kind == "module":
+        mod = named.get(name)
+        if mod is None or type(mod).__name__ != st.op:
+            found = "absent" if mod is None else f"a {type(mod).__name__}"
+            raise PatchError(
+                f"the report names module {name!r} ({st.op}) but in this model it is {found}; "
+                "the report is from another model: watch this model and patch with its report"
+            )
+        return module_kind(mod), mod
+    if st.module not in named:
+        raise PatchError(
+            f"the report's site {name!r} runs in module {st.module!r}, which this model lacks; "
+            "the report is from another model: watch this model and patch with its report"
+        )
+    return op_kind(st.op, n_producers), None
+
+
+def _unite(graph: SiteGraph) -> None:
+    for site, kind in graph.kinds.items():
+        prods = graph.producers[site]
+        if kind in (HOMOG, JOIN):
+            for p in prods:
+                if (p, site) not in graph.cuts:
+                    graph.union(site, p)
+        elif site in graph.modules:  # one module, one set of parameters: one input scale
+            for p in prods[1:]:
+                graph.union(prods[0], p)

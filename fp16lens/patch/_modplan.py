@@ -1,0 +1,67 @@
+"""Per module: which rule rewrites it, with which input and output scales."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from fp16lens.patch._classify import BLOCK, BN, HOMOG, LINEAR, NORM
+from fp16lens.patch._graph import SiteGraph
+from fp16lens.patch._plan import Island, Reparam
+from fp16lens.patch._rules import fp16_safe, scale_bn
+
+
+def module_changes(
+    graph: SiteGraph, scales: dict[str, float], affine: set[str], islands: dict[str, str]
+) -> tuple[list[Reparam], list[Island]]:
+    reparams, out_islands = [], []
+    for site, mod in graph.modules.items():
+        if site in graph.frozen:
+            continue
+        root_in = graph.input_class(site)
+        s_in = scales.get(root_in, 1.0) if root_in is not None else 1.0
+        s_out = scales.get(graph.find(site), 1.0)
+        kind = graph.kinds[site]
+        if site in islands or (kind == BLOCK and (s_in != 1 or s_out != 1)):
+            why = islands.get(site) or f"{type(mod).__name__} does not commute with scaling"
+            out_islands.append(Island(site, s_in, s_out, why))
+        elif kind == LINEAR and (s_in != 1 or s_out != 1):
+            reparams.append(Reparam(site, "linear", s_in, s_out, _detail(s_in, s_out, "W", "b")))
+        elif kind == BN and (s_in != 1 or s_out != 1 or site in affine):
+            reparams.append(_bn(site, mod, s_in, s_out, site in affine))
+        elif kind == NORM and (s_in != 1 or s_out != 1):
+            reparams.append(Reparam(site, "norm", s_in, s_out, _norm_detail(s_in, s_out)))
+        elif kind == HOMOG and s_in != s_out:
+            raise AssertionError(f"homogeneous {site} between scales {s_in} and {s_out}")
+    return reparams, out_islands
+
+
+def _detail(s_in: float, s_out: float, w: str, b: str) -> str:
+    parts = []
+    if s_in / s_out != 1:
+        parts.append(f"{w} x {s_in / s_out:g}")
+    if s_out != 1:
+        parts.append(f"{b} / {s_out:g}")
+    return ", ".join(parts)
+
+
+def _norm_detail(s_in: float, s_out: float) -> str:
+    parts = [f"eps / {s_in * s_in:g}"] if s_in != 1 else []
+    if s_out != 1:
+        parts.append(f"weight, bias / {s_out:g}")
+    return ", ".join(parts)
+
+
+def _bn(site: str, mod: nn.Module, s_in: float, s_out: float, affine: bool) -> Reparam:
+    if not affine:
+        m, v, _, w, b = scale_bn(
+            mod.running_mean, mod.running_var, mod.eps, mod.weight, mod.bias, s_in, s_out
+        )
+        if fp16_safe(m, v, w, b):
+            parts = [f"mean / {s_in:g}, var and eps / {s_in * s_in:g}"] if s_in != 1 else []
+            if s_out != 1:
+                parts.append(f"weight, bias / {s_out:g}")
+            return Reparam(site, "bn-scale", s_in, s_out, ", ".join(parts))
+    detail = "exact affine form: weight = gamma/sqrt(var+eps)"
+    detail += f" x {s_in / s_out:g}" if s_in != s_out else ""
+    detail += ", bias = beta - mean*scale" + (f" / {s_out:g}" if s_out != 1 else "")
+    return Reparam(site, "bn-affine", s_in, s_out, detail + "; mean 0, var 1, eps 0")

@@ -1,0 +1,97 @@
+"""plan(), patch() and get_plan(): preconditions, the rewrite, and a check after it."""
+
+from __future__ import annotations
+
+import copy
+
+from torch import nn
+
+from fp16lens._core import PatchError
+from fp16lens.patch._apply import apply_plan
+from fp16lens.patch._check import check_equivalent
+from fp16lens.patch._options import PatchOptions
+from fp16lens.patch._plan import Plan
+from fp16lens.patch._planner import build_plan
+from fp16lens.report import Report
+
+PLAN_ATTR = "_fp16lens_plan"
+
+
+def plan(
+    model: nn.Module,
+    report: Report,
+    factor: float | None = None,
+    *,
+    options: PatchOptions | None = None,
+    **option_fields,
+) -> Plan:
+    """What patch() would do to ``model`` for ``report``: regions with their factors,
+    re-parametrized modules, FP32 islands. Nothing is changed."""
+    opts = _options(options, factor, option_fields)
+    _require(model, report)
+    return build_plan(model, report, opts)
+
+
+def patch(
+    model: nn.Module,
+    report: Report,
+    inplace: bool = False,
+    factor: float | None = None,
+    *,
+    options: PatchOptions | None = None,
+    **option_fields,
+) -> nn.Module:
+    """Rescale ``model`` so FP16 holds its values: exact power-of-two rescaling of every
+    span, FP32 islands only where no rescaling applies. Returns a new module (a deep copy)
+    unless ``inplace``; the plan travels with it as ``_fp16lens_plan`` (see get_plan)."""
+    opts = _options(options, factor, option_fields)
+    _require(model, report)
+    the_plan = build_plan(model, report, opts)
+    if inplace and any(m.owner == "" for m in the_plan.multiplies):
+        raise PatchError(
+            "the fix multiplies an operand in the model's own forward, which turns the model "
+            "into a torch.fx GraphModule: call patch(..., inplace=False) and use the result"
+        )
+    patched = apply_plan(copy.deepcopy(model), the_plan)
+    if opts.check and the_plan.changes:
+        the_plan.notes.extend(check_equivalent(model, patched, report))
+    previous = get_plan(model)
+    if previous is not None:
+        the_plan.kept = [*previous.kept, *previous.islands]
+    if inplace:  # the copy passed its check: the same rewrite on the model cannot fail
+        patched = apply_plan(model, the_plan)
+    object.__setattr__(patched, PLAN_ATTR, the_plan)
+    return patched
+
+
+def get_plan(model: nn.Module) -> Plan | None:
+    """The plan patch() applied to ``model``, or None for a model patch() did not return."""
+    found = getattr(model, PLAN_ATTR, None)
+    return found if isinstance(found, Plan) else None
+
+
+def _options(options: PatchOptions | None, factor, fields: dict) -> PatchOptions:
+    if options is not None:
+        if factor is not None or fields:
+            raise PatchError("pass either options=PatchOptions(...) or keyword options, not both")
+        return options
+    try:
+        return PatchOptions(factor=factor, **fields)
+    except TypeError as exc:
+        raise PatchError(f"{exc}; the options are those of fp16lens.patch.PatchOptions") from None
+
+
+def _require(model: nn.Module, report: Report) -> None:
+    if not isinstance(model, nn.Module):
+        raise PatchError(f"patch needs a torch.nn.Module, got {type(model).__name__}")
+    if not isinstance(report, Report):
+        raise PatchError(
+            f"patch needs a fp16lens Report, got {type(report).__name__}; create one with "
+            "fp16lens.watch(model) or load one with fp16lens.Report.load(path)"
+        )
+    training = [n or "(the model)" for n, m in model.named_modules() if m.training]
+    if training:
+        raise PatchError(
+            f"the model is in training mode ({training[0]}{' and others' if len(training) > 1 else ''}): "
+            "batch-norm statistics would change after the rewrite; call model.eval() first"
+        )

@@ -1,0 +1,105 @@
+"""The plan: plain data saying what patch() does, printable with rich."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Region:
+    """Sites whose outputs are divided by ``factor``: entries absorb 1/factor in their
+    parameters, exits absorb factor; inner ops commute with the scale."""
+
+    sites: tuple[str, ...]
+    entries: tuple[str, ...]
+    exits: tuple[str, ...]
+    factor: float
+    peak: float  # largest |value| of the region's sites before rescaling
+    reasons: tuple[str, ...]  # the spans/findings it fixes
+
+
+@dataclass(frozen=True)
+class Island:
+    """A module that runs in FP32: input * in_scale, module in FP32, output / out_scale."""
+
+    module: str  # qualified name in the patched model
+    in_scale: float
+    out_scale: float
+    reason: str
+
+
+@dataclass(frozen=True)
+class Reparam:
+    """Parameters/buffers of one module rewritten in place (the module stays)."""
+
+    module: str
+    rule: str  # "linear" | "bn-scale" | "bn-affine" | "norm"
+    s_in: float  # the module's input arrives divided by s_in
+    s_out: float  # its output leaves divided by s_out
+    detail: str
+
+
+@dataclass(frozen=True)
+class Multiply:
+    """One scalar multiply on the operands of a functional join that come from outside a
+    region (``cut``), inserted with torch.fx into the forward of ``owner``."""
+
+    site: str  # the join, "layer4.1:add"
+    owner: str  # the module whose forward runs it ("" = the model itself)
+    factor: float
+    keep: tuple[str, ...]  # operands' producers left as they are
+    cut: tuple[str, ...]  # operands' producers whose values are multiplied
+
+
+@dataclass(frozen=True)
+class Unresolved:
+    """A problem patch() cannot fix; ``reason`` says why and what to do."""
+
+    site: str
+    reason: str
+
+
+@dataclass
+class Plan:
+    regions: list[Region] = field(default_factory=list)
+    islands: list[Island] = field(default_factory=list)
+    reparametrized: list[Reparam] = field(default_factory=list)
+    multiplies: list[Multiply] = field(default_factory=list)
+    unresolved: list[Unresolved] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    kept: list[Island] = field(default_factory=list)  # islands of an earlier patch()
+
+    @property
+    def fp32_modules(self) -> list[str]:
+        """Qualified names (in the patched model) of the modules that must run in FP32."""
+        return list(dict.fromkeys(i.module for i in [*self.kept, *self.islands]))
+
+    @property
+    def changes(self) -> bool:
+        return bool(self.islands or self.reparametrized or self.multiplies)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "regions": [dataclasses.asdict(r) for r in self.regions],
+            "islands": [dataclasses.asdict(i) for i in self.islands],
+            "kept": [dataclasses.asdict(i) for i in self.kept],
+            "reparametrized": [dataclasses.asdict(r) for r in self.reparametrized],
+            "multiplies": [dataclasses.asdict(m) for m in self.multiplies],
+            "unresolved": [dataclasses.asdict(u) for u in self.unresolved],
+            "notes": list(self.notes),
+            "fp32_modules": self.fp32_modules,
+        }
+
+    def __rich_console__(self, console, options):
+        from fp16lens.patch._render import render
+
+        yield from render(self)
+
+    def __repr__(self) -> str:
+        return (
+            f"Plan({len(self.regions)} regions, {len(self.reparametrized)} re-parametrized, "
+            f"{len(self.multiplies)} multiplies, {len(self.islands)} FP32 islands, "
+            f"{len(self.unresolved)} unresolved)"
+        )

@@ -1,0 +1,50 @@
+"""Rendering a Plan with rich (kept apart from the data)."""
+
+from __future__ import annotations
+
+from rich.table import Table
+from rich.text import Text
+
+
+def render(plan):
+    if not plan.changes and not plan.unresolved:
+        yield Text("nothing to patch: every value fits FP16")
+        return
+    if plan.regions:
+        t = Table(title="rescaling regions (exact: powers of two)", title_justify="left")
+        for col in ("factor", "peak", "entries (x 1/p)", "exits (x p)", "fixes"):
+            t.add_column(col, overflow="fold")
+        for r in plan.regions:
+            t.add_row(
+                f"{r.factor:g}",
+                f"{r.peak:.3g} -> {r.peak / r.factor:.3g}",
+                "\n".join(r.entries),
+                "\n".join(r.exits),
+                "\n".join(r.reasons),
+            )
+        yield t
+    if plan.reparametrized:
+        t = Table(title="re-parametrized modules", title_justify="left")
+        for col in ("module", "rule", "detail"):
+            t.add_column(col)
+        for r in plan.reparametrized:
+            t.add_row(r.module, r.rule, r.detail)
+        yield t
+    if plan.multiplies:
+        t = Table(title="scalar multiplies on join operands (torch.fx)", title_justify="left")
+        for col in ("join", "operands from", "x"):
+            t.add_column(col, overflow="fold")
+        for m in plan.multiplies:
+            t.add_row(m.site, "\n".join(m.cut), f"{m.factor:g}")
+        yield t
+    if plan.islands:
+        t = Table(title="FP32 islands (no rescaling passes them)", title_justify="left")
+        for col in ("module", "in x", "out /", "why"):
+            t.add_column(col)
+        for i in plan.islands:
+            t.add_row(i.module, f"{i.in_scale:g}", f"{i.out_scale:g}", i.reason)
+        yield t
+    for u in plan.unresolved:
+        yield Text(f"not fixed: {u.site}: {u.reason}", style="red")
+    for n in plan.notes:
+        yield Text(f"note: {n}", style="yellow")
