@@ -2,20 +2,35 @@
 
 __version__ = "0.1.0"
 
+# Stage subpackages that are callable as their main function: fp16lens.patch(model, report),
+# fp16lens.export(model, inputs, path); their other names stay reachable (fp16lens.patch.plan).
+from fp16lens import export, patch, verify
 from fp16lens._core import Fp16LensError, MissingDependencyError
+from fp16lens.export import build_engine, compile_torch_tensorrt
+from fp16lens.patch import Plan, plan
 from fp16lens.report import Finding, Report, SiteStats, Span
+from fp16lens.verify import ParityResult, Tolerance
 from fp16lens.watch import Lens, WatchOptions, scan, watch
 
 __all__ = [
     "Finding",
-    "Lens",
     "Fp16LensError",
+    "Lens",
     "MissingDependencyError",
+    "ParityResult",
+    "Plan",
     "Report",
     "SiteStats",
     "Span",
+    "Tolerance",
     "WatchOptions",
     "__version__",
+    "build_engine",
+    "compile_torch_tensorrt",
+    "export",
+    "patch",
+    "plan",
     "scan",
+    "verify",
     "watch",
 ]

@@ -6,6 +6,7 @@ extra); ``compile_torch_tensorrt`` compiles with torch-tensorrt (the ``torchtrt`
 Nothing here imports onnx, ONNX Runtime or TensorRT until a function needs it.
 """
 
+from fp16lens._core.callable_module import make_callable
 from fp16lens.export._artifact import ExportArtifact
 from fp16lens.export._calib_cache import read_calibration_cache, write_calibration_cache
 from fp16lens.export._engine_config import EngineConfig, engine_config
@@ -29,3 +30,5 @@ __all__ = [
     "retype",
     "write_calibration_cache",
 ]
+
+make_callable(__name__, export)

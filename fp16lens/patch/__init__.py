@@ -6,9 +6,7 @@ The module itself is callable, so both spellings of the design work:
 ``fp16lens.patch(model, report)`` and ``fp16lens.patch.plan(model, report)``.
 """
 
-import sys as _sys
-import types as _types
-
+from fp16lens._core.callable_module import make_callable
 from fp16lens.patch._check import check_equivalent, relative_error
 from fp16lens.patch._island import Fp32Island
 from fp16lens.patch._options import PatchOptions
@@ -37,11 +35,4 @@ __all__ = [
 ]
 
 
-class _CallableModule(_types.ModuleType):
-    """``fp16lens.patch(model, report, ...)`` is ``fp16lens.patch.patch(model, report, ...)``."""
-
-    def __call__(self, *args, **kwargs):
-        return patch(*args, **kwargs)
-
-
-_sys.modules[__name__].__class__ = _CallableModule
+make_callable(__name__, patch)

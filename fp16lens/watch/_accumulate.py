@@ -101,6 +101,8 @@ class Accumulator:
             not math.isfinite(maxes[e]) for e, s in enumerate(fw.sites) if s == INPUT_SITE
         )
         oor = [m > self.threshold if bad_input else not m <= self.threshold for m in maxes]
+        for e in fw.fp32:
+            oor[e] = False
         self._add_sites(fw, maxes, samples)
         self._add_inputs(fw, maxes, samples)
         self._add_edges(fw)

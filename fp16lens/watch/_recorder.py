@@ -42,6 +42,7 @@ class Forward:
     numels: list[int] = field(default_factory=list)
     shapes: list[list[int]] = field(default_factory=list)
     exact_over: dict[int, int] = field(default_factory=dict)  # event -> exact overflow count
+    fp32: set[int] = field(default_factory=set)  # events inside FP32 islands
     saturated: dict[int, tuple[float, int]] = field(default_factory=dict)  # event -> (max |v| below
     # SATURATED, count of saturated values): masking constants do not count as overflow
     internal: list[tuple[int, str, torch.Tensor, dict]] = field(default_factory=list)
@@ -77,7 +78,7 @@ class Recorder(TorchDispatchMode):
         for name, m in model.named_modules(remove_duplicate=False):
             self.names.setdefault(m, name)
         self.leaf = {m: is_builtin_leaf(m) for m in self.names}
-        self.stack: list[tuple[str, bool, dict[str, int]]] = []
+        self.stack: list[tuple[str, bool, dict[str, int], bool]] = []  # name, leaf, op counts, fp32
         self.sites: list[SiteInfo] = []
         self.site_ids: dict[str, int] = {}
         self.producers: WeakIdKeyDictionary = WeakIdKeyDictionary()
@@ -103,7 +104,10 @@ class Recorder(TorchDispatchMode):
         if not self.stack:  # the model, or one of its modules called on its own
             self._begin_forward(args, kwargs)
         if self.forward is not None:
-            self.stack.append((self.names.get(module, "?"), self.leaf.get(module, False), {}))
+            # modules that keep themselves in FP32 under .half() (fp16lens.patch's islands)
+            # store FP32 values inside: they are recorded but never out of FP16 range
+            fp32 = bool(getattr(module, "fp16lens_fp32", False)) or bool(self.stack and self.stack[-1][3])
+            self.stack.append((self.names.get(module, "?"), self.leaf.get(module, False), {}, fp32))
         return None
 
     def _post(self, module, args, output):
@@ -139,7 +143,7 @@ class Recorder(TorchDispatchMode):
 
     # ---- events --------------------------------------------------------------------
     def _site(self, op: str) -> int:
-        module, leaf, counts = self.stack[-1]
+        module, leaf, counts, _ = self.stack[-1]
         if leaf:
             name, kind, label = module, "module", None
         else:
@@ -202,8 +206,10 @@ class Recorder(TorchDispatchMode):
             return out
         site = self._site(name)
         self.last_site = self.sites[site].name
-        self._add_event(site, prods, outs[0])
-        if self.options.internal:
+        eid = self._add_event(site, prods, outs[0])
+        if self.stack[-1][3]:
+            self.forward.fp32.add(eid)
+        if self.options.internal and not self.stack[-1][3]:
             found = _internal.check(name, func, args, kwargs, outs[0])
             if found is not None:
                 self.forward.internal.append((site, *found))

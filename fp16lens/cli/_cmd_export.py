@@ -1,0 +1,77 @@
+"""`fp16lens export MODEL -o model.onnx --precision fp16|int8|fp32 --input SPEC`:
+write a typed ONNX file (strongly typed FP16, or INT8 Q/DQ calibrated on the inputs)."""
+
+from __future__ import annotations
+
+import argparse
+
+from fp16lens.cli._batchfile import load_batches
+from fp16lens.cli._cmd_scan import add_model_arguments
+from fp16lens.cli._inputargs import add_input_arguments, batches_from_args
+from fp16lens.cli._models import load_model, parse_kwargs
+from fp16lens.cli._output import console, emit_json
+from fp16lens.cli._stages import stage
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("export", help="write FP16 / INT8 ONNX", description=__doc__)
+    add_model_arguments(p)
+    p.add_argument("-o", "--output", required=True, help="the ONNX file to write")
+    p.add_argument("--precision", choices=("fp16", "int8", "fp32"), default="fp16")
+    p.add_argument(
+        "--calibration",
+        metavar="FILE",
+        default=None,
+        help="INT8 calibration batches (.pt/.npz); default: the --input batches",
+    )
+    p.add_argument(
+        "--fp32-modules",
+        default=None,
+        metavar="A,B",
+        help="modules kept in FP32 in an FP16 export (the islands `fp16lens patch` printed)",
+    )
+    p.add_argument(
+        "--exporter",
+        choices=("auto", "dynamo", "torchscript"),
+        default="auto",
+        help="torch's ONNX exporter (auto: dynamo, falling back to TorchScript)",
+    )
+    add_input_arguments(p)
+    p.add_argument("--json", action="store_true", help="print a JSON summary")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    export = stage("fp16lens.export", "export", "export")
+    loaded = load_model(args.model, parse_kwargs(args.kwargs))
+    batches = batches_from_args(args, loaded.example_inputs)
+    calibration = None
+    if args.precision == "int8":
+        calibration = load_batches(args.calibration) if args.calibration else batches
+    islands = [m for m in (args.fp32_modules or "").split(",") if m]
+    artifact = export(
+        loaded.model,
+        batches[0],
+        args.output,
+        precision=args.precision,
+        calibration=calibration,
+        fp32_modules=islands or None,
+        exporter=args.exporter,
+    )
+    summary = {
+        "output": str(artifact.path),
+        "precision": args.precision,
+        "nodes": len(getattr(artifact, "nodes", ())),
+        "fp32_nodes": list(getattr(artifact, "fp32_nodes", ())),
+        "warnings": list(getattr(artifact, "warnings", ())),
+    }
+    if args.json:
+        emit_json(summary)
+        return 0
+    con = console()
+    con.print(
+        f"{args.precision.upper()} ONNX written to {artifact.path} ({summary['nodes']} nodes)"
+    )
+    for warning in summary["warnings"]:
+        con.print(f"[yellow]warning:[/] {warning}")
+    return 0

@@ -1,0 +1,75 @@
+"""`fp16lens scan MODEL --input SPEC`: watch MODEL on inputs, print/save the report,
+and fail a CI gate (exit 1) when `--fail-on` forbids what was found."""
+
+from __future__ import annotations
+
+import argparse
+
+from fp16lens.cli._cmd_show import print_report
+from fp16lens.cli._inputargs import add_input_arguments, batches_from_args
+from fp16lens.cli._models import MODEL_HELP, load_model, parse_kwargs
+from fp16lens.cli._output import console, emit_json, err_console
+from fp16lens.cli._policy import POLICIES, POLICY_HELP, violations
+from fp16lens.cli._stages import stage
+from fp16lens.cli._summary import report_summary
+from fp16lens.report import Report
+
+
+def add_model_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", metavar="MODEL", help=MODEL_HELP)
+    p.add_argument("--kwargs", default=None, help="JSON keyword arguments for a MODEL callable")
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("scan", help="find where values leave the FP16 range", description=__doc__)
+    add_model_arguments(p)
+    add_input_arguments(p)
+    p.add_argument("--save", metavar="PATH", help="save the report (.json, .html, .svg or .txt)")
+    p.add_argument("--fail-on", action="append", choices=POLICIES, help=POLICY_HELP)
+    p.add_argument("--threshold", type=float, default=None, help="overflow limit (default 65504)")
+    p.add_argument("--json", action="store_true", help="print a JSON summary")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    loaded = load_model(args.model, parse_kwargs(args.kwargs))
+    batches = batches_from_args(args, loaded.example_inputs)
+    options = {} if args.threshold is None else {"threshold": args.threshold}
+    report = watch_batches(loaded.model, batches, not args.no_progress, **options)
+    if args.save:
+        report.save(args.save)
+    failed = violations(report, args.fail_on)
+    if args.json:
+        summary = report_summary(report)
+        emit_json({**summary, "saved": args.save, "fail_on": args.fail_on or [], "failed": failed})
+    else:
+        print_report(report)
+        _print_gate(failed, args)
+    return 1 if failed else 0
+
+
+def watch_batches(model, batches: list, progress: bool = True, **options) -> Report:
+    """watch() over every batch, with a progress bar on stderr when there are several."""
+    import torch
+    from rich.progress import Progress
+
+    watch = stage("fp16lens.watch", "watch", "scan")
+    call_model = stage("fp16lens.watch", "call_model", "scan")
+    bar = Progress(console=err_console(), transient=True, disable=not progress or len(batches) < 2)
+    with watch(model, **options) as lens, torch.no_grad(), bar:
+        task = bar.add_task("watching", total=len(batches))
+        for batch in batches:
+            call_model(model, batch)
+            bar.advance(task)
+    return lens.report
+
+
+def _print_gate(failed: list[str], args: argparse.Namespace) -> None:
+    con = console()
+    if args.save:
+        con.print(f"report saved to {args.save}")
+    if failed:
+        con.print(f"[bold red]--fail-on {','.join(args.fail_on)}: {len(failed)} violation(s)")
+        for line in failed:
+            con.print(f"  {line}")

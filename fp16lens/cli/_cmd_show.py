@@ -1,0 +1,33 @@
+"""`fp16lens show report.json [--full] [--json]`: print a saved report."""
+
+from __future__ import annotations
+
+import argparse
+
+from fp16lens.cli._output import console, emit_json
+from fp16lens.cli._stages import stage
+from fp16lens.cli._summary import report_summary
+from fp16lens.report import Report
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("show", help="print a saved report (.json)", description=__doc__)
+    p.add_argument("report", help="a report saved by `fp16lens scan --save` or report.save()")
+    p.add_argument("--full", action="store_true", help="every site, not only the problems")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    report = Report.load(args.report)
+    if args.json:
+        emit_json(report_summary(report, full=args.full))
+    else:
+        print_report(report, full=args.full)
+    return 0
+
+
+def print_report(report: Report, full: bool = False) -> None:
+    """The report's rich rendering on stdout (`full`: every site)."""
+    render = stage("fp16lens.report._render", "print_report", "show")
+    render(report, full=full, console=console())

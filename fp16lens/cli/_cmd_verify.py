@@ -1,0 +1,53 @@
+"""`fp16lens verify MODEL CANDIDATE --backend B --input SPEC`: parity of CANDIDATE (an
+ONNX file, or a model) run in FP16 against MODEL in FP32; exit 1 when it fails."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from fp16lens._core import Fp16LensError
+from fp16lens.cli._cmd_scan import add_model_arguments
+from fp16lens.cli._inputargs import add_input_arguments, batches_from_args
+from fp16lens.cli._models import MODEL_HELP, load_model, parse_kwargs
+from fp16lens.cli._output import console, emit_json
+from fp16lens.cli._stages import stage
+from fp16lens.cli._summary import parity_summary
+
+BACKENDS = ("torch-fp16", "torch-emulated", "onnx-fp16", "onnx-int8", "tensorrt", "torch-tensorrt")
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("verify", help="FP32 vs FP16 parity", description=__doc__)
+    add_model_arguments(p)
+    p.add_argument("candidate", metavar="CANDIDATE", help=f"an .onnx file, or {MODEL_HELP}")
+    p.add_argument(
+        "--backend",
+        choices=BACKENDS,
+        default=None,
+        help="how CANDIDATE runs (default: onnx-fp16 for .onnx, else torch-fp16)",
+    )
+    p.add_argument("--tolerance", type=float, default=None, help="pass threshold (backend default)")
+    add_input_arguments(p)
+    p.add_argument("--json", action="store_true", help="print the parity metrics as JSON")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    verify = stage("fp16lens.verify", "verify", "verify")
+    is_onnx = Path(args.candidate).suffix.lower() == ".onnx"
+    if is_onnx and not Path(args.candidate).is_file():
+        raise Fp16LensError(
+            f"ONNX candidate {args.candidate} does not exist; write one with `fp16lens export`"
+        )
+    loaded = load_model(args.model, parse_kwargs(args.kwargs))
+    batches = batches_from_args(args, loaded.example_inputs)
+    backend = args.backend or ("onnx-fp16" if is_onnx else "torch-fp16")
+    candidate = args.candidate if is_onnx else load_model(args.candidate).model
+    result = verify(loaded.model, candidate, batches, backend=backend, tolerance=args.tolerance)
+    if args.json:
+        emit_json({"backend": backend, **parity_summary(result)})
+        return 0 if result else 1
+    con = console()
+    con.print(result)
+    return 0 if result else 1

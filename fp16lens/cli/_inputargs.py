@@ -1,0 +1,85 @@
+"""The shared input options (--input/--dtype/--range/--batches) and what they resolve to."""
+
+from __future__ import annotations
+
+import argparse
+from typing import TYPE_CHECKING
+
+from fp16lens._core import Fp16LensError
+
+if TYPE_CHECKING:  # torch is imported when inputs are made, not for `fp16lens --help`
+    from fp16lens.cli._inputs import Batch, InputSpec
+
+
+def add_input_arguments(parser: argparse.ArgumentParser, batches: bool = True) -> None:
+    group = parser.add_argument_group("inputs")
+    group.add_argument(
+        "--input",
+        nargs="+",
+        metavar="SPEC",
+        help="a shape per positional input (1x3x224x224 1x10), or one .pt/.npz file of batches; "
+        "optional for `demo` and for callables that return (model, inputs)",
+    )
+    group.add_argument(
+        "--dtype",
+        default="float32",
+        help="dtype of generated inputs: float32, float16, int64, ... (one, or one per input)",
+    )
+    group.add_argument(
+        "--range",
+        default=None,
+        metavar="LOW,HIGH",
+        help="value range of generated inputs (default 0,1 for floats, 0,10 for integers)",
+    )
+    group.add_argument("--seed", type=int, default=0, help="seed of generated inputs")
+    group.add_argument(
+        "--batch-size",
+        type=int,
+        default=None,
+        help="split the batch in an input file along its first axis into batches of this size",
+    )
+    if batches:
+        group.add_argument(
+            "--batches",
+            type=int,
+            default=1,
+            metavar="N",
+            help="how many generated batches to run (default 1)",
+        )
+
+
+def batches_from_args(args: argparse.Namespace, default: Batch | None = None) -> list[Batch]:
+    """The batches the options describe, or ``default`` (the model source's own inputs)."""
+    from fp16lens.cli._batchfile import load_batches
+    from fp16lens.cli._inputs import is_file_spec
+
+    specs = args.input
+    if not specs:
+        if default is None:
+            raise Fp16LensError(
+                f"{args.model} needs example inputs: give --input with a shape per input "
+                "(e.g. --input 1x3x224x224) or a .pt/.npz file of batches"
+            )
+        return [default]
+    files = [s for s in specs if is_file_spec(s)]
+    if files:
+        if len(specs) != 1:
+            raise Fp16LensError(
+                "--input takes either shapes or one .pt/.npz file of batches, not both or "
+                f"several files (got {' '.join(specs)})"
+            )
+        return load_batches(files[0], args.batch_size)
+    return spec_from_args(args).make()
+
+
+def spec_from_args(args: argparse.Namespace) -> InputSpec:
+    from fp16lens.cli._inputs import InputSpec, parse_dtypes, parse_range, parse_shape
+
+    shapes = tuple(parse_shape(s) for s in args.input)
+    dtypes = tuple(parse_dtypes(args.dtype, len(shapes)))
+    floats = all(d.is_floating_point for d in dtypes)
+    low, high = parse_range(args.range) if args.range else ((0.0, 1.0) if floats else (0.0, 10.0))
+    count = getattr(args, "batches", 1)
+    if count < 1:
+        raise Fp16LensError(f"--batches must be >= 1, got {count}")
+    return InputSpec(shapes, dtypes, low, high, batches=count, seed=args.seed)

@@ -1,0 +1,113 @@
+"""Model inputs for the CLI: generated from shape specs, or loaded from .pt/.npz files.
+
+A batch is a tuple of positional arguments for ``model(*batch)``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from fp16lens._core import Fp16LensError
+
+DTYPES = {
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "int64": torch.int64,
+    "int32": torch.int32,
+    "bool": torch.bool,
+}
+FILE_SUFFIXES = (".pt", ".pth", ".npz")
+Batch = tuple[torch.Tensor, ...]
+
+
+def parse_shape(spec: str) -> tuple[int, ...]:
+    """``"1x3x224x224"`` -> ``(1, 3, 224, 224)``; ``"8"`` -> ``(8,)``."""
+    parts = spec.lower().replace("*", "x").split("x")
+    try:
+        dims = tuple(int(p) for p in parts)
+    except ValueError:
+        dims = ()
+    if not dims or any(d <= 0 for d in dims):
+        raise Fp16LensError(
+            f"bad input shape {spec!r}: write positive sizes joined by 'x', e.g. 1x3x224x224 "
+            "(or give a .pt/.npz file of batches)"
+        )
+    return dims
+
+
+def parse_range(spec: str) -> tuple[float, float]:
+    """``"0,255"`` -> ``(0.0, 255.0)``; the low end must be below the high end."""
+    parts = spec.split(",")
+    try:
+        low, high = (float(p) for p in parts)
+    except ValueError:
+        low = high = math.nan
+    if not (math.isfinite(low) and math.isfinite(high) and low < high):
+        raise Fp16LensError(
+            f"bad value range {spec!r}: write two numbers LOW,HIGH with LOW < HIGH, e.g. 0,255"
+        )
+    return low, high
+
+
+def parse_dtypes(spec: str, count: int) -> list[torch.dtype]:
+    """One dtype for every input, or a comma-separated list with one per input."""
+    names = spec.split(",")
+    unknown = [n for n in names if n not in DTYPES]
+    if unknown:
+        raise Fp16LensError(
+            f"unknown dtype {unknown[0]!r}; choose from {', '.join(DTYPES)} "
+            "(one for all inputs, or one per input separated by commas)"
+        )
+    if len(names) not in (1, count):
+        raise Fp16LensError(
+            f"--dtype lists {len(names)} dtypes for {count} inputs; give one, or one per input"
+        )
+    return [DTYPES[n] for n in (names * count if len(names) == 1 else names)]
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """Random inputs from shapes: ``batches`` batches, each one tensor per shape."""
+
+    shapes: tuple[tuple[int, ...], ...]
+    dtypes: tuple[torch.dtype, ...]
+    low: float = 0.0
+    high: float = 1.0
+    batches: int = 1
+    seed: int = 0
+
+    def __post_init__(self):
+        if not self.shapes:
+            raise ValueError("shapes must name at least one input, e.g. ((1, 3, 224, 224),)")
+        if len(self.dtypes) != len(self.shapes):
+            raise ValueError(
+                f"need one dtype per shape, got {len(self.dtypes)} for {len(self.shapes)}"
+            )
+        if not isinstance(self.batches, int) or self.batches < 1:
+            raise ValueError(f"batches must be an int >= 1, got {self.batches!r}")
+        if not self.low < self.high:
+            raise ValueError(f"low must be < high, got {self.low}, {self.high}")
+
+    def make(self) -> list[Batch]:
+        g = torch.Generator().manual_seed(self.seed)
+        return [
+            tuple(_random(s, d, self.low, self.high, g) for s, d in zip(self.shapes, self.dtypes))
+            for _ in range(self.batches)
+        ]
+
+
+def _random(shape, dtype, low: float, high: float, g: torch.Generator) -> torch.Tensor:
+    if dtype.is_floating_point:
+        return (torch.rand(shape, generator=g) * (high - low) + low).to(dtype)
+    if dtype == torch.bool:
+        return torch.rand(shape, generator=g) < 0.5
+    return torch.randint(math.floor(low), math.ceil(high) + 1, shape, generator=g).to(dtype)
+
+
+def is_file_spec(spec: str) -> bool:
+    return Path(spec).suffix.lower() in FILE_SUFFIXES

@@ -1,0 +1,158 @@
+"""MODEL arguments: ``demo``, ``package.module:callable`` (or ``file.py:callable``),
+a TorchScript file (``.pt``/``.pth``, torch.jit.load) or a torch.export program (``.pt2``).
+
+A callable returns an ``nn.Module``, or ``(module, inputs)`` like the builders in
+tests/models.py; ``inputs`` then serve as the default example inputs.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import os
+import sys
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from fp16lens._core import Fp16LensError
+
+if TYPE_CHECKING:  # torch is imported when a model loads, not for `fp16lens --help`
+    from torch import nn
+
+MODEL_HELP = (
+    "demo, package.module:callable, path/to/file.py:callable, "
+    "a TorchScript file (.pt) or a torch.export program (.pt2)"
+)
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    model: nn.Module
+    source: str
+    example_inputs: tuple | None = None
+
+
+def parse_kwargs(text: str | None) -> dict:
+    if not text:
+        return {}
+    try:
+        kwargs = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise Fp16LensError(
+            f"--kwargs is not valid JSON ({exc.msg}); write an object, e.g. '{{\"depth\": 18}}'"
+        ) from exc
+    if not isinstance(kwargs, dict):
+        raise Fp16LensError(f"--kwargs must be a JSON object, got {type(kwargs).__name__}")
+    return kwargs
+
+
+def load_model(spec: str, kwargs: dict | None = None) -> LoadedModel:
+    """Load MODEL in eval mode; every failure the user can fix is an Fp16LensError."""
+    if spec == "demo":
+        from fp16lens.demo import build_demo_model
+
+        model, inputs = build_demo_model()
+        return LoadedModel(model.eval(), spec, tuple(inputs))
+    suffix = Path(spec).suffix.lower()
+    if ":" not in spec or suffix in (".pt", ".pth", ".pt2"):
+        if kwargs:
+            raise Fp16LensError("--kwargs applies to a module:callable MODEL, not to a file")
+        model, inputs = _load_file(Path(spec))
+        return LoadedModel(model.eval(), spec, inputs)
+    return _from_callable(spec, kwargs or {})
+
+
+def _load_file(path: Path) -> tuple[nn.Module, tuple | None]:
+    """The module, and the example inputs stored with it (torch.export programs have them)."""
+    if not path.suffix:
+        raise Fp16LensError(f"MODEL {str(path)!r} is not understood; give {MODEL_HELP}")
+    if not path.is_file():
+        raise Fp16LensError(f"model file {path} does not exist; check the path")
+    if path.suffix.lower() == ".pt2":
+        return _load_exported(path)
+    if path.suffix.lower() in (".pt", ".pth"):
+        return _load_torchscript(path), None
+    raise Fp16LensError(f"cannot load a model from a {path.suffix} file; give {MODEL_HELP}")
+
+
+def _load_torchscript(path: Path) -> nn.Module:
+    import torch
+
+    try:
+        return torch.jit.load(str(path), map_location="cpu")
+    except RuntimeError as exc:
+        raise Fp16LensError(
+            f"{path} is not a TorchScript file ({str(exc).splitlines()[0]}); save one with "
+            "torch.jit.trace(model, x).save(path), or give MODEL as package.module:callable"
+        ) from exc
+
+
+def _load_exported(path: Path) -> tuple[nn.Module, tuple | None]:
+    import torch
+
+    try:
+        with warnings.catch_warnings():  # torch's own deprecation notices while unpickling
+            warnings.simplefilter("ignore", FutureWarning)
+            program = torch.export.load(str(path))
+    except Exception as exc:  # zip/pickle/version errors of torch.export.load
+        raise Fp16LensError(
+            f"{path} is not a torch.export program ({type(exc).__name__}); save one with "
+            "torch.export.save(torch.export.export(model, (x,)), path)"
+        ) from exc
+    example = program.example_inputs[0] if program.example_inputs else None
+    try:  # the module hierarchy back, so that sites keep their qualified names
+        return torch.export.unflatten(program), example
+    except Exception:  # unflatten is best effort; the flat module still runs
+        return program.module(), example
+
+
+def _import(module_name: str):
+    if module_name.endswith(".py"):
+        return _import_file(Path(module_name))
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())  # `fp16lens scan mynet:build` finds ./mynet.py
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name and module_name.startswith(exc.name):
+            raise Fp16LensError(
+                f"cannot import {module_name!r} ({exc}); check the spelling, or run from the "
+                "folder that holds it, or add that folder to PYTHONPATH"
+            ) from exc
+        raise
+
+
+def _import_file(path: Path):
+    if not path.is_file():
+        raise Fp16LensError(f"model file {path} does not exist; check the path")
+    name = f"_fp16lens_user_{path.stem}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _from_callable(spec: str, kwargs: dict) -> LoadedModel:
+    from torch import nn
+
+    module_name, _, attr = spec.rpartition(":")
+    target = getattr(_import(module_name), attr, None)
+    if target is None or not callable(target):
+        raise Fp16LensError(
+            f"{module_name!r} has no callable {attr!r}; MODEL is package.module:callable, "
+            "where callable(**kwargs) returns an nn.Module"
+        )
+    result = target(**kwargs)
+    inputs = None
+    if isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], nn.Module):
+        result, inputs = result
+        inputs = tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
+    if not isinstance(result, nn.Module):
+        raise Fp16LensError(
+            f"{spec} returned a {type(result).__name__}, not an nn.Module (or (module, inputs))"
+        )
+    return LoadedModel(result.eval(), spec, inputs)

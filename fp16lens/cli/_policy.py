@@ -1,0 +1,44 @@
+"""``--fail-on`` policies for CI gates: which report contents fail the run (exit 1)."""
+
+from __future__ import annotations
+
+from fp16lens.report import Report
+
+POLICIES = ("overflow", "internal", "parameter", "any")
+POLICY_HELP = (
+    "exit 1 when the report has: overflow (a stored value beyond the FP16 range: a span or "
+    "an output/input finding), internal (overflow inside an op, or a span TensorRT fuses "
+    "away), parameter (a weight/buffer FP16 cannot hold), any (anything at all); repeatable"
+)
+
+
+def violations(report: Report, policies: list[str] | None) -> list[str]:
+    """One line per report item that a chosen policy forbids (empty: the gate passes)."""
+    lines: list[str] = []
+    for policy in dict.fromkeys(policies or []):
+        lines += _check(report, policy)
+    return list(dict.fromkeys(lines))
+
+
+def _check(report: Report, policy: str) -> list[str]:
+    lines = []
+    for span in report.spans:
+        # a fused span is never stored in FP16 by TensorRT: it is an internal risk
+        kind = "internal" if span.fused else "overflow"
+        if policy in ("any", kind):
+            end = span.end or "the model output"
+            lines.append(f"span {span.start} -> {end} (peak {span.peak:.4g})")
+    wanted = {
+        "overflow": ("output", "input"),
+        "internal": ("internal",),
+        "parameter": ("parameter",),
+        "any": ("output", "input", "internal", "parameter"),
+    }[policy]
+    in_spans = {site for span in report.spans for site in span.sites}
+    for f in report.findings:
+        if f.mechanism == "output" and f.site in in_spans:
+            continue  # the span above already says it
+        if f.mechanism in wanted:
+            what = f"{f.site}.{f.tensor}" if f.tensor and f.mechanism == "parameter" else f.site
+            lines.append(f"{f.mechanism} {f.kind or 'finding'} at {what} (peak {f.peak:.4g})")
+    return lines

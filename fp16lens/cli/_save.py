@@ -1,0 +1,41 @@
+"""Saving a (patched) model so that MODEL arguments can load it again."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from fp16lens._core import Fp16LensError
+
+if TYPE_CHECKING:
+    from torch import nn
+
+SAVE_SUFFIXES = (".pt", ".pth", ".pt2")
+
+
+def check_save_path(path: str | Path) -> Path:
+    """The path, when its suffix says how to save; checked before any work is done."""
+    path = Path(path)
+    if path.suffix.lower() not in SAVE_SUFFIXES:
+        raise Fp16LensError(
+            f"cannot save a model as {path.suffix or 'a file without suffix'!r}; use .pt2 "
+            "(torch.export program, recommended) or .pt (TorchScript)"
+        )
+    return path
+
+
+def save_model(model: nn.Module, example: tuple, path: str | Path) -> Path:
+    """``.pt2``: a torch.export program; ``.pt``/``.pth``: TorchScript traced on ``example``."""
+    import torch
+
+    path = check_save_path(path)
+    suffix = path.suffix.lower()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    model = model.eval()
+    with torch.no_grad():
+        if suffix == ".pt2":
+            torch.export.save(torch.export.export(model, tuple(example)), str(path))
+        else:
+            traced = torch.jit.trace(model, tuple(example), strict=False, check_trace=False)
+            traced.save(str(path))
+    return path

@@ -1,0 +1,152 @@
+"""Parity metrics of one output, accumulated over batches (pure tensor math, no I/O).
+
+cosine: of the flattened outputs, all batches together. max_abs: largest |fp16 - fp32|.
+max_rel: max_abs relative to the reference's largest magnitude (scale-relative, so zeros
+in the reference do not blow it up). sqnr_db: 10 log10(sum ref^2 / sum err^2).
+topk_agreement: share of positions whose top-1 index along dim 1 (the class/channel dim)
+agrees; for integer outputs, the share of equal values.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class OutputMetrics:
+    """How one output of the candidate compares with the FP32 reference."""
+
+    cosine: float | None
+    max_abs: float | None
+    max_rel: float | None
+    sqnr_db: float | None
+    topk_agreement: float | None
+    nonfinite: bool = False
+    numel: int = 0
+
+    def __repr__(self) -> str:
+        return f"OutputMetrics({format_metrics(self)})"
+
+
+def format_metrics(m: OutputMetrics) -> str:
+    parts = [
+        f"cosine={_fmt(m.cosine, '.6f')}",
+        f"max_abs={_fmt(m.max_abs, '.3g')}",
+        f"max_rel={_fmt(m.max_rel, '.3g')}",
+        f"sqnr_db={_fmt(m.sqnr_db, '.1f')}",
+    ]
+    if m.topk_agreement is not None:
+        parts.append(f"topk_agreement={m.topk_agreement:.3f}")
+    if m.nonfinite:
+        parts.append("nonfinite=True")
+    return ", ".join(parts)
+
+
+def _fmt(x: float | None, spec: str) -> str:
+    return "None" if x is None else format(x, spec)
+
+
+class Accumulator:
+    """Running sums for one output; ``update`` per batch, ``result`` at the end."""
+
+    def __init__(self):
+        self.dot = self.ref_sq = self.cand_sq = self.err_sq = 0.0
+        self.max_abs = self.ref_max = 0.0
+        self.agree = self.positions = self.numel = 0
+        self.nonfinite = False
+        self.is_float = True
+
+    def update(self, ref: torch.Tensor, cand: torch.Tensor) -> None:
+        if ref.shape != cand.shape:
+            raise ValueError(
+                f"output shapes differ: reference {tuple(ref.shape)}, candidate {tuple(cand.shape)}"
+            )
+        if not ref.is_floating_point():
+            self.is_float = False
+            self.agree += int((ref == cand.to(ref.dtype)).sum())
+            self.positions += ref.numel()
+            return
+        ref, cand = ref.detach().double(), cand.detach().double().to(ref.device)
+        self.numel += ref.numel()
+        bad = ~torch.isfinite(cand) & torch.isfinite(ref)
+        self.nonfinite |= bool(bad.any())
+        err = cand - ref
+        self.dot += float((ref * cand).sum())
+        self.ref_sq += float((ref * ref).sum())
+        self.cand_sq += float((cand * cand).sum())
+        self.err_sq += float((err * err).sum())
+        if err.numel():
+            worst_err = float(err.abs().nan_to_num(nan=math.inf, posinf=math.inf).max())
+            self.max_abs = max(self.max_abs, worst_err)
+            self.ref_max = max(self.ref_max, float(ref.abs().nan_to_num(nan=0.0).max()))
+        self._update_topk(ref, cand)
+
+    def _update_topk(self, ref: torch.Tensor, cand: torch.Tensor) -> None:
+        if ref.dim() < 2 or ref.shape[1] < 2:
+            return
+        self.agree += int((ref.argmax(1) == cand.nan_to_num(nan=-math.inf).argmax(1)).sum())
+        self.positions += ref.argmax(1).numel()
+
+    def result(self) -> OutputMetrics:
+        agreement = self.agree / self.positions if self.positions else None
+        if not self.is_float:
+            return OutputMetrics(None, None, None, None, agreement, False, self.positions)
+        return OutputMetrics(
+            cosine=cosine(self.dot, self.ref_sq, self.cand_sq),
+            max_abs=self.max_abs if math.isfinite(self.max_abs) else math.inf,
+            max_rel=self.max_abs / self.ref_max
+            if self.ref_max > 0
+            else (0.0 if self.max_abs == 0 else math.inf),
+            sqnr_db=sqnr_db(self.ref_sq, self.err_sq),
+            topk_agreement=agreement,
+            nonfinite=self.nonfinite,
+            numel=self.numel,
+        )
+
+
+def cosine(dot: float, a_sq: float, b_sq: float) -> float:
+    """Cosine similarity from sums; NaN when the candidate is non-finite; 1 for two zeros."""
+    if not all(math.isfinite(v) for v in (dot, a_sq, b_sq)):
+        return math.nan
+    if a_sq == 0 and b_sq == 0:
+        return 1.0
+    if a_sq == 0 or b_sq == 0:
+        return 0.0
+    return max(-1.0, min(1.0, dot / math.sqrt(a_sq * b_sq)))
+
+
+def sqnr_db(signal_sq: float, noise_sq: float) -> float:
+    if not math.isfinite(noise_sq):
+        return -math.inf
+    if noise_sq == 0:
+        return math.inf
+    if signal_sq == 0:
+        return -math.inf
+    return 10.0 * math.log10(signal_sq / noise_sq)
+
+
+def worst(values, lower_is_worse: bool = True) -> float | None:
+    """The worst of some metric values (NaN counts as worst; None entries are skipped)."""
+    present = [v for v in values if v is not None]
+    if not present:
+        return None
+    if any(math.isnan(v) for v in present):
+        return math.nan
+    return min(present) if lower_is_worse else max(present)
+
+
+def site_departs(ref: torch.Tensor, cand: torch.Tensor, site_rel: float) -> bool:
+    """A site departs when the candidate turns non-finite where the reference is finite, or
+    its error exceeds ``site_rel`` times the reference's largest magnitude."""
+    ref, cand = ref.detach().float(), cand.detach().float().to(ref.device)
+    finite = torch.isfinite(ref)
+    if bool((~torch.isfinite(cand) & finite).any()):
+        return True
+    if not bool(finite.any()):
+        return False
+    scale = float(ref[finite].abs().max())
+    err = float((cand[finite] - ref[finite]).abs().max())
+    return err > site_rel * scale if scale > 0 else err > 0

@@ -1,0 +1,75 @@
+"""Pass criteria of a parity check: a small frozen dataclass, validated on creation."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+BACKENDS = ("torch-fp16", "torch-emulated", "onnx-fp16", "onnx-int8", "tensorrt", "torch-tensorrt")
+INT8_BACKENDS = frozenset({"onnx-int8"})
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """When a candidate passes, and when one site's output counts as departed.
+
+    ``min_cosine``: every float output's cosine similarity to the FP32 reference is at
+    least this. ``max_rel``: optionally, every output's largest error relative to the
+    reference's largest magnitude is at most this. ``min_sqnr_db``: optionally, the
+    signal-to-quantization-noise ratio is at least this. ``site_rel``: a site (module or
+    ONNX tensor) departs when its error exceeds this share of its FP32 output's scale, or
+    when it turns non-finite where FP32 is finite (used for ``first_divergence``).
+    """
+
+    min_cosine: float = 0.999
+    max_rel: float | None = None
+    min_sqnr_db: float | None = None
+    site_rel: float = 0.05
+
+    def __post_init__(self):
+        if not (isinstance(self.min_cosine, (int, float)) and -1.0 <= self.min_cosine <= 1.0):
+            raise ValueError(f"min_cosine must be in [-1, 1], got {self.min_cosine!r}")
+        if self.max_rel is not None and not _positive(self.max_rel):
+            raise ValueError(f"max_rel must be a finite number > 0 or None, got {self.max_rel!r}")
+        if self.min_sqnr_db is not None and not _finite(self.min_sqnr_db):
+            raise ValueError(
+                f"min_sqnr_db must be a finite number or None, got {self.min_sqnr_db!r}"
+            )
+        if not _positive(self.site_rel):
+            raise ValueError(f"site_rel must be a finite number > 0, got {self.site_rel!r}")
+
+
+def default_tolerance(backend: str) -> Tolerance:
+    """FP16 backends: cosine >= 0.999; INT8: cosine >= 0.99 (quantization noise is larger)."""
+    if backend in INT8_BACKENDS:
+        return Tolerance(min_cosine=0.99, site_rel=0.2)
+    return Tolerance()
+
+
+def resolve_tolerance(tolerance: Tolerance | float | None, backend: str) -> Tolerance:
+    """A Tolerance, the backend's default for None, or a bare number taken as min_cosine."""
+    if tolerance is None:
+        return default_tolerance(backend)
+    if isinstance(tolerance, Tolerance):
+        return tolerance
+    if isinstance(tolerance, (int, float)) and not isinstance(tolerance, bool):
+        base = default_tolerance(backend)
+        return Tolerance(float(tolerance), base.max_rel, base.min_sqnr_db, base.site_rel)
+    raise TypeError(
+        f"tolerance must be a fp16lens.verify.Tolerance, a number (min cosine) or None, "
+        f"got {type(tolerance).__name__}"
+    )
+
+
+def check_backend(backend: str) -> str:
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(BACKENDS)}; got {backend!r}")
+    return backend
+
+
+def _finite(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _positive(x) -> bool:
+    return _finite(x) and x > 0

@@ -1,0 +1,91 @@
+"""The torch backends: real FP16 on the model's device (``torch-fp16``), and FP16 storage
+emulated in FP32 (``torch-emulated``, see ``_emulate``)."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+from torch.utils._pytree import tree_flatten
+
+from fp16lens.verify._align import first_departure
+from fp16lens.verify._batches import cast_floats, model_device
+from fp16lens.verify._emulate import StorageRounding, round_module_
+from fp16lens.verify._trace import SiteTracer, Trace, traced
+
+
+def tensor_leaves(output) -> list[torch.Tensor]:
+    return [t for t in tree_flatten(output)[0] if torch.is_tensor(t)]
+
+
+class TorchFp16:
+    """``copy.deepcopy(candidate).half()`` with half inputs: real FP16 storage between ops.
+    Modules that keep themselves FP32 under ``.half()`` (FP32 islands) are honoured as is."""
+
+    def __init__(self, candidate: nn.Module):
+        self.reference = candidate
+        self.device = model_device(candidate)
+        self.model = copy.deepcopy(candidate).eval().half()
+
+    def run(self, batch: tuple) -> list[torch.Tensor]:
+        with torch.no_grad():
+            return tensor_leaves(self.model(*self._inputs(batch)))
+
+    def _inputs(self, batch: tuple) -> tuple:
+        return cast_floats(batch, torch.float16, self.device)
+
+    def _traced(self, batch: tuple) -> Trace:
+        trace = Trace(find_nonfinite=False)
+        with torch.no_grad(), traced(self.model, SiteTracer(trace)):
+            self.model(*self._inputs(batch))
+        return trace
+
+    def locate(self, batch: tuple, site_rel: float) -> tuple[str | None, None]:
+        """The first site departing from the candidate's own FP32 run (so a patched
+        candidate's rescaled insides compare with themselves, not with the original)."""
+        reference = Trace(find_nonfinite=False)
+        was_training = self.reference.training
+        self.reference.eval()
+        try:
+            with torch.no_grad(), traced(self.reference, SiteTracer(reference)):
+                self.reference(*cast_floats(batch, torch.float32, self.device))
+        finally:
+            self.reference.train(was_training)
+        return first_departure(reference.records, self._traced(batch).records, site_rel), None
+
+
+class TorchEmulated(TorchFp16):
+    """FP32 compute, every stored tensor (parameters, inputs, op outputs) rounded to FP16."""
+
+    def __init__(self, candidate: nn.Module, fusions: bool = False):
+        self.reference = candidate
+        self.device = model_device(candidate)
+        self.fusions = fusions
+        self.model = copy.deepcopy(candidate).eval().float()
+        round_module_(self.model)
+
+    def _inputs(self, batch: tuple) -> tuple:
+        return cast_floats(cast_floats(batch, torch.float16, self.device), torch.float32)
+
+    def run(self, batch: tuple) -> list[torch.Tensor]:
+        return tensor_leaves(self._run(batch, Trace(keep=False, find_nonfinite=False)))
+
+    def _traced(self, batch: tuple) -> Trace:
+        trace = Trace(find_nonfinite=False)
+        self._run(batch, trace)
+        return trace
+
+    def _run(self, batch: tuple, trace: Trace):
+        mode = StorageRounding(trace, fusions=self.fusions)
+        with torch.no_grad():
+            with traced(self.model, mode):
+                out = self.model(*self._inputs(batch))
+            mode.flush(out)
+        return out
+
+    def first_nonfinite(self, batch: tuple) -> Trace:
+        """A trace (without copies) whose ``first_nonfinite`` names where inf/NaN appears."""
+        trace = Trace(keep=False)
+        self._run(batch, trace)
+        return trace

@@ -1,0 +1,129 @@
+"""torch-emulated against real FP16 on CPU (``copy.deepcopy(model).half()``)."""
+
+from __future__ import annotations
+
+import copy
+import functools
+
+import pytest
+import torch
+from torch import nn
+
+from fp16lens.verify._emulate import round_fp16_
+from fp16lens.verify._torch import TorchEmulated, TorchFp16
+from fp16lens.watch._ops import is_builtin_leaf, op_name
+
+from models import WATCH_CASES, first_inf_site_fp16
+
+
+def _expected_site(model: nn.Module, found: tuple[str, str] | None) -> str | None:
+    """The ground truth (innermost module, aten op) as a site name."""
+    if found is None:
+        return None
+    module, op = found
+    owner = dict(model.named_modules())[module]
+    if is_builtin_leaf(owner):
+        return module
+    packet = getattr(torch.ops.aten, op)
+    return f"{module}:{op_name(getattr(packet, packet.overloads()[0]))}"
+
+
+@functools.cache
+def _case(name: str):
+    """(model, inputs, ground truth) of one shared model, built once per session."""
+    model, inputs = WATCH_CASES[name]()
+    return model, inputs, first_inf_site_fp16(model, inputs)
+
+
+@pytest.mark.parametrize("case", sorted(WATCH_CASES))
+def test_emulation_finds_first_inf_where_real_fp16_does(case, seed):
+    model, inputs, truth = (seed[0], seed[1], seed[3]) if case == "seed_case" else _case(case)
+    trace = TorchEmulated(model).first_nonfinite(inputs)
+    assert trace.first_nonfinite_op == truth
+    assert trace.first_nonfinite == _expected_site(model, truth)
+
+
+def test_cases_cover_both_verdicts(seed):
+    """The agreement above is not vacuous: real FP16 overflows in some cases, not in others."""
+    found = {name: _case(name)[2] for name in WATCH_CASES if name != "seed_case"}
+    assert seed[3] == ("backbone.layer4.1.bn2", "native_batch_norm")
+    assert found["functional_mul"] == ("", "mul")
+    assert found["clean"] is None
+
+
+def test_round_fp16_is_fp16_storage():
+    t = torch.tensor([65504.0, 65519.0, 65520.0, -1e5, 1.0 + 2.0**-11, 1e-8, 2.0**-24])
+    expected = t.half().float()
+    round_fp16_(t)
+    assert torch.equal(t, expected)
+    assert t[0] == 65504 and t[1] == 65504 and torch.isinf(t[2]) and torch.isinf(t[3])
+    assert t[4] == 1.0 and t[5] == 0.0 and t[6] == 2.0**-24
+
+
+class ConvBN(nn.Module):
+    """conv output 1e5 (beyond FP16), the batch norm brings it back to 1e3; every
+    parameter is representable in FP16."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(2, 2, 1, bias=False)
+        self.bn = nn.BatchNorm2d(2).eval()
+        with torch.no_grad():
+            self.conv.weight.fill_(5.0e4)
+            self.bn.running_var.fill_(1.0e4)
+
+    def forward(self, x):
+        return torch.relu(self.bn(self.conv(x)))
+
+
+def test_fusions_keep_pre_activation_unrounded():
+    model, x = ConvBN().eval(), torch.ones(1, 2, 2, 2)
+    real = TorchFp16(model).run((x,))[0]
+    plain = TorchEmulated(model).run((x,))[0]
+    fused = TorchEmulated(model, fusions=True).run((x,))[0]
+    # Real FP16 stores the conv output (1e5 -> inf) and so does plain emulation.
+    assert not torch.isfinite(real).all() and not torch.isfinite(plain).all()
+    # A fused conv+bn+relu never stores the conv output: computed in FP32, rounded once.
+    exact = torch.relu((x * 1.0e5) / (1.0e4 + 1e-5) ** 0.5).half().float()
+    torch.testing.assert_close(fused, exact, rtol=1e-3, atol=0)
+
+
+def test_emulation_matches_real_fp16_values_on_a_clean_model():
+    model, inputs, _ = _case("clean")
+    real = TorchFp16(model).run(inputs)[0].float()
+    emulated = TorchEmulated(model).run(inputs)[0]
+    fp32 = model(*inputs)
+    # Same storage precision: the emulation is as close to real FP16 as FP16 is to FP32.
+    assert (emulated - real).abs().max() <= 2 * (real - fp32).abs().max() + 1e-3
+
+
+def test_emulation_leaves_the_candidate_untouched():
+    model, inputs = WATCH_CASES["bn_huge_var"]()
+    before = copy.deepcopy(model.state_dict())
+    TorchEmulated(model).run(inputs)
+    for name, value in model.state_dict().items():
+        assert torch.equal(value, before[name]), name
+
+
+def island_net() -> nn.Module:
+    """Values ~1e5 inside an FP32 island (patch's Fp32Island), in range outside it."""
+    from fp16lens.patch import Fp32Island
+
+    def linear(scale: float) -> nn.Linear:
+        layer = nn.Linear(4, 4, bias=False)
+        with torch.no_grad():
+            layer.weight.copy_(torch.eye(4) * scale)
+        return layer
+
+    inner = nn.Sequential(linear(1000.0), linear(1.0e-3))
+    return nn.Sequential(linear(100.0), Fp32Island(inner), linear(0.5)).eval()
+
+
+def test_emulation_respects_fp32_islands_like_half_does():
+    model, x = island_net(), torch.rand(2, 4) + 1.0
+    real = TorchFp16(model).run((x,))[0].float()
+    assert torch.isfinite(real).all()  # .half() keeps the island in FP32
+    emulated = TorchEmulated(model).run((x,))[0]
+    torch.testing.assert_close(emulated, real, rtol=2e-3, atol=0)
+    trace = TorchEmulated(model).first_nonfinite((x,))
+    assert trace.first_nonfinite is None

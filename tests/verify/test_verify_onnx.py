@@ -1,0 +1,149 @@
+"""The ONNX backends. Ground truth: real FP16 in torch, and explicit FP16 computations."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+
+onnx = pytest.importorskip("onnx")
+ort = pytest.importorskip("onnxruntime")
+
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+
+from fp16lens.export import export  # noqa: E402
+from fp16lens.verify import verify  # noqa: E402
+from fp16lens.verify._onnx import OnnxRunner  # noqa: E402
+
+from models import clean  # noqa: E402
+
+
+def plain_ort(path, feed):
+    """The artifact in ONNX Runtime as anybody would run it (CPU, default options)."""
+    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feed)
+
+
+@pytest.fixture(scope="module")
+def seed_fp16(tmp_path_factory, seed):
+    model, inputs = seed[0], seed[1]
+    path = tmp_path_factory.mktemp("verify") / "seed_fp16.onnx"
+    export(model, inputs, path, precision="fp16")
+    return model, inputs, path, verify(model, path, inputs)  # onnx-fp16: the default for a path
+
+
+def test_plain_onnxruntime_hides_the_overflow_the_backend_shows(seed_fp16, seed):
+    _, inputs, path, result = seed_fp16
+    real, first_inf = seed[2], seed[3]
+    assert not torch.isfinite(real).all()  # real FP16 storage overflows
+    (plain,) = plain_ort(path, {"x": inputs[0].numpy()})
+    assert np.isfinite(plain).all()  # ORT CPU computes in FP32 and hides it
+    assert result.backend == "onnx-fp16"
+    assert not result and result.nonfinite
+    assert result.first_divergence == first_inf[0] == "backbone.layer4.1.bn2"
+
+
+def test_first_divergence_tensor_is_the_folded_conv_output(seed_fp16):
+    _, _, path, result = seed_fp16
+    graph = onnx.load(str(path)).graph
+    node = next(n for n in graph.node if result.first_divergence_tensor in n.output)
+    # The exporter folded bn2 into the conv: the conv computes bn2's output.
+    assert node.op_type == "Conv" and node.input[1] == "backbone.layer4.1.conv2.weight"
+
+
+def test_clean_model_passes_on_onnx_fp16(tmp_path):
+    model, inputs = clean()
+    path = tmp_path / "clean.onnx"
+    export(model, inputs, path, precision="fp16")
+    result = verify(model, path, inputs)
+    with torch.no_grad():
+        real = copy.deepcopy(model).half()(inputs[0].half()).float()
+    assert result and result.first_divergence is None
+    # Storage-rounded ONNX is as close to FP32 as real FP16 is.
+    assert result.max_abs <= 4 * float((real - model(*inputs).detach()).abs().max()) + 1e-3
+
+
+def decomposed_layernorm(path, width: int):
+    """LayerNorm as an opset<17 export writes it, all in FP16: ReduceMean, Sub, Pow(2),
+    ReduceMean, Add(eps), Sqrt, Div."""
+    h = helper
+    nodes = [
+        h.make_node("ReduceMean", ["x"], ["mean"], axes=[-1], name="mean"),
+        h.make_node("Sub", ["x", "mean"], ["d"], name="sub"),
+        h.make_node("Pow", ["d", "two"], ["sq"], name="pow"),
+        h.make_node("ReduceMean", ["sq"], ["var"], axes=[-1], name="var"),
+        h.make_node("Add", ["var", "eps"], ["ve"], name="add"),
+        h.make_node("Sqrt", ["ve"], ["std"], name="sqrt"),
+        h.make_node("Div", ["d", "std"], ["y"], name="div"),
+    ]
+    consts = [
+        numpy_helper.from_array(np.array(2.0, np.float16), "two"),
+        numpy_helper.from_array(np.array(1e-5, np.float16), "eps"),
+    ]
+    f16 = TensorProto.FLOAT16
+    graph = h.make_graph(
+        nodes,
+        "ln",
+        [h.make_tensor_value_info("x", f16, [2, width])],
+        [h.make_tensor_value_info("y", f16, [2, width])],
+        consts,
+    )
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+
+
+def test_decomposed_layernorm_overflows_inside_like_explicit_fp16(tmp_path):
+    path = tmp_path / "ln.onnx"
+    decomposed_layernorm(path, 8)
+    x = torch.tensor([[0.0] * 4 + [600.0] * 4, [0.0] * 4 + [100.0] * 4])
+    # Explicit FP16 computation: |x - mean| = 300 > 255.9, so the square overflows.
+    h = x.half()
+    d = h - h.mean(-1, keepdim=True)
+    truth = d / (d.pow(2).mean(-1, keepdim=True) + 1e-5).sqrt()
+    assert not torch.isfinite(d.pow(2)).all() and torch.isfinite(d.pow(2)[1]).all()
+    (plain,) = plain_ort(path, {"x": x.numpy().astype(np.float16)})
+    assert np.isfinite(plain).all()  # hidden by FP32 compute inside ORT
+    runner = OnnxRunner(path)
+    (out,) = runner.run((x,))
+    assert torch.equal(torch.isfinite(out), torch.isfinite(truth.float()))
+    torch.testing.assert_close(out[1], truth[1].float(), rtol=2e-3, atol=1e-3)
+    site, tensor = runner.locate((x,), site_rel=0.05)
+    assert site == tensor == "sq"  # no module metadata: the ONNX tensor names the site
+
+
+def test_onnx_int8_backend_matches_plain_onnxruntime(tmp_path):
+    model, inputs = clean()
+    path = tmp_path / "clean_int8.onnx"
+    export(model, inputs, path, precision="int8", calibration=[inputs, (inputs[0] * 0.9,)])
+    result = verify(model, path, inputs, backend="onnx-int8")
+    (plain,) = plain_ort(
+        path, {i.name: inputs[0].numpy() for i in onnx.load(str(path)).graph.input}
+    )
+    expected = float(
+        torch.nn.functional.cosine_similarity(
+            torch.from_numpy(plain).double().flatten(),
+            model(*inputs).detach().double().flatten(),
+            dim=0,
+        )
+    )
+    assert result.cosine == pytest.approx(expected, abs=1e-6)
+    assert result.tolerance.min_cosine == 0.99
+
+
+@pytest.mark.slow
+def test_patched_seed_case_passes_on_onnx_fp16(seed, tmp_path):
+    """watch -> patch -> FP16 ONNX -> verify: the whole journey, on the runtime that shows overflow."""
+    import fp16lens
+    from fp16lens.patch import patch
+
+    model, inputs, _, _ = seed
+    with fp16lens.watch(model) as lens:
+        model(*inputs)
+    patched = patch(model, lens.report)
+    path = tmp_path / "seed_patched.onnx"
+    export(patched, inputs, path, precision="fp16")
+    result = verify(model, path, inputs)
+    assert result, result.failures()
+    assert result.cosine >= 0.9999 and result.first_divergence is None
