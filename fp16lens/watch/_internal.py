@@ -22,8 +22,15 @@ def _bound(func, args, kwargs) -> dict:
 
 
 def _dev_sq(x: torch.Tensor, dims) -> torch.Tensor:
-    x = x.detach().float()
-    d = absmax(x - x.mean(dims, keepdim=True))
+    """max (x - mean)^2 over the rows of ``dims``, from per-row extremes and means
+    (two passes, no tensor of deviations allocated)."""
+    x = x.detach()
+    dims = tuple(sorted(d % x.dim() for d in dims))
+    rest = [d for d in range(x.dim()) if d not in dims]
+    rows = x.permute(*rest, *dims).reshape(-1, math.prod(x.shape[d] for d in dims))
+    lo, hi = torch.aminmax(rows, dim=1)
+    mean = rows.mean(dim=1, dtype=torch.float32)
+    d = torch.maximum(hi.float() - mean, mean - lo.float()).max()
     return d * d
 
 

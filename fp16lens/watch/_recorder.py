@@ -16,7 +16,7 @@ from fp16lens.report._model import SATURATED
 from fp16lens.watch import _internal
 from fp16lens.watch._ops import FACTORY, PASSTHROUGH, is_builtin_leaf, op_name
 from fp16lens.watch._options import WatchOptions
-from fp16lens.watch._tensorstats import extremes, take_sample
+from fp16lens.watch._tensorstats import extremes, flat_view, take_sample
 
 INPUT_SITE = -1
 
@@ -162,11 +162,12 @@ class Recorder(TorchDispatchMode):
     def _add_event(self, site: int, inputs: tuple[int, ...], t: torch.Tensor) -> int:
         fw = self.forward
         eid = len(fw.sites)
-        ext = extremes(t)
+        flat = flat_view(t.detach())
+        ext = extremes(flat)
         fw.sites.append(site)
         fw.inputs.append(inputs)
         fw.extremes.append(ext)
-        fw.samples.append(take_sample(t, self.options.sample_size))
+        fw.samples.append(take_sample(flat, self.options.sample_size))
         fw.numels.append(t.numel())
         fw.shapes.append(list(t.shape))
         if t.device.type == "cpu":  # exact counts cost no sync here
