@@ -16,7 +16,6 @@ import argparse
 import contextlib
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -155,13 +154,14 @@ def time_ratios(model, inputs, methods: Sequence[str], reps: int) -> dict[str, f
 
 def peak_rss_mb(model_name: str, method: str, quick: bool) -> float:
     """Peak resident memory of a fresh process running 2 forwards with the method."""
+    here = os.path.dirname(os.path.abspath(__file__))
     code = (
-        "import sys, resource, torch; sys.path.insert(0, %r); import bench_watch as b\n"
-        "model, inputs = b.MODELS[%r](%r)\n"
-        "with torch.no_grad(), b.METHODS[%r](model):\n"
+        f"import sys, resource, torch; sys.path.insert(0, {here!r}); import bench_watch as b\n"
+        f"model, inputs = b.MODELS[{model_name!r}]({quick!r})\n"
+        f"with torch.no_grad(), b.METHODS[{method!r}](model):\n"
         "    model(*inputs); model(*inputs)\n"
         "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)\n"
-    ) % (os.path.dirname(os.path.abspath(__file__)), model_name, quick, method)
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     return float(out.stdout.strip().splitlines()[-1])
 

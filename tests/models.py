@@ -470,3 +470,31 @@ class InputLayerNorm(nn.Module):
 def layernorm_on_input():
     _seeded(11)
     return InputLayerNorm().eval(), (torch.randn(2, 5, 64) * 800,)
+
+
+class HardswishBlock(nn.Module):
+    """A custom (non-torch.nn) module computing hardswish as x * relu6(x + 3) / 6."""
+
+    def forward(self, x):
+        return x * F.relu6(x + 3) / 6
+
+
+class BlockMulNet(nn.Module):
+    """functional_mul's overflow, but inside a module of its own (``act``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+        self.act = HardswishBlock()
+        self.out = nn.Linear(8, 4)
+        with torch.no_grad():
+            self.fc.weight.copy_(torch.eye(8) * 3.0e4)
+            self.fc.bias.zero_()
+
+    def forward(self, x):
+        return self.out(self.act(self.fc(x)) / 1024)
+
+
+def block_mul():
+    _seeded(1)
+    return BlockMulNet().eval(), (torch.rand(2, 8) * 0.5 + 0.5,)

@@ -27,6 +27,7 @@ class SiteGraph:
     frozen: set[str] = field(default_factory=set)  # sites inside FP32 islands of an earlier patch
     cuts: set[tuple[str, str]] = field(default_factory=set)  # (producer, join): a multiply
     parent: dict[str, str] = field(default_factory=dict)  # union-find
+    owners: set[str] = field(default_factory=set)  # every module name: hosts of functional ops
 
     def find(self, site: str) -> str:
         root = site
@@ -75,7 +76,8 @@ def build_graph(model: nn.Module, report: Report) -> SiteGraph:
         kinds[name], mod = _kind(named, name, st, len(producers[name]))
         if mod is not None:
             modules[name] = mod
-    graph = SiteGraph(producers, consumers, kinds, modules, frozen=_in_islands(named, report))
+    graph = SiteGraph(producers, consumers, kinds, modules, frozen=_in_islands(named, report),
+                      owners={n for n in named if n})
     _unite(graph)
     return graph
 

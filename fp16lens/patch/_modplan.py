@@ -32,6 +32,9 @@ def module_changes(
             reparams.append(Reparam(site, "norm", s_in, s_out, _norm_detail(s_in, s_out)))
         elif kind == HOMOG and s_in != s_out:
             raise AssertionError(f"homogeneous {site} between scales {s_in} and {s_out}")
+    for owner, why in islands.items():  # modules hosting functional ops no scale passes
+        if owner not in graph.modules:
+            out_islands.append(Island(owner, 1.0, 1.0, why))
     return reparams, out_islands
 
 

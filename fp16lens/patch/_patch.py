@@ -83,7 +83,10 @@ def _options(options: PatchOptions | None, factor, fields: dict) -> PatchOptions
 
 def _require(model: nn.Module, report: Report) -> None:
     if not isinstance(model, nn.Module):
-        raise PatchError(f"patch needs a torch.nn.Module, got {type(model).__name__}")
+        raise PatchError(
+            f"patch needs a torch.nn.Module, got {type(model).__name__}; pass the model "
+            "object itself (not its state_dict, a path or a tensor)"
+        )
     if not isinstance(report, Report):
         raise PatchError(
             f"patch needs a fp16lens Report, got {type(report).__name__}; create one with "

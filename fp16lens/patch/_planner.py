@@ -90,8 +90,17 @@ def _internal(graph: SiteGraph, f, d: Demands, plan: Plan) -> None:
             return
     if f.site in graph.modules:
         d.islands[f.site] = reason
+    elif _owner(graph, f.site):
+        d.islands[_owner(graph, f.site)] = f"{reason}: {f.site} runs in its module's forward"
     else:
         plan.unresolved.append(Unresolved(f.site, _opaque_reason(graph, f.site, reason)))
+
+
+def _owner(graph: SiteGraph, site: str) -> str | None:
+    """The module whose forward runs functional op ``site`` (``block:mul`` -> ``block``),
+    when it is a rewritable module other than the root: the fallback FP32 island."""
+    owner, sep, _ = site.partition(":")
+    return owner if sep and owner and owner in graph.owners else None
 
 
 def _parameter(graph: SiteGraph, f, d: Demands, plan: Plan) -> None:
@@ -142,6 +151,11 @@ def _fail(graph, root, problem, reasons, demands: Demands, plan: Plan) -> None:
     site_reason = demands.fallback.get(root)
     if site_reason is not None and site_reason[0] in graph.modules:
         demands.islands[site_reason[0]] = f"{site_reason[1]}; no region: {problem}"
+        return
+    owners = {_owner(graph, m) for m in graph.members(root)}
+    if owners and None not in owners:  # every member is a functional op inside some module
+        for owner in sorted(owners):
+            demands.islands[owner] = f"{'; '.join(reasons)}; no region ({problem}): FP32 island on the owning module"
         return
     for r in reasons:
         plan.unresolved.append(Unresolved(root, f"{r}: no rescaling region: {problem}"))

@@ -23,10 +23,11 @@ def call_model(model: torch.nn.Module, batch: Any):
 def scan(model: torch.nn.Module, batches: Iterable[Any], *, progress: bool = True,
          description: str = "watching", **watch_options: Any) -> Report:
     """Run ``model`` on every batch under watch() (and torch.no_grad) and return the report."""
+    from rich.console import Console
     from rich.progress import Progress
 
     total = len(batches) if hasattr(batches, "__len__") else None
-    progress_bar = Progress(transient=True, disable=not progress)
+    progress_bar = Progress(console=Console(stderr=True), transient=True, disable=not progress)
     with watch(model, **watch_options) as lens, torch.no_grad(), progress_bar as bar:
         task = bar.add_task(description, total=total)
         for batch in batches:

@@ -7,8 +7,9 @@ import copy
 import pytest
 import torch
 
-import models
 from fp16lens import patch, watch
+
+import models
 
 
 @pytest.mark.parametrize("name", ["gelu_span", "seed_case", "bn_huge_var"])
@@ -26,3 +27,20 @@ def test_patched_model_watches_clean(name):
     with torch.no_grad():
         out = half(*[t.half() for t in inputs])
     assert torch.isfinite(out).all()
+
+
+def test_functional_op_inside_a_module_falls_back_to_an_island_on_that_module():
+    model, inputs = models.block_mul()
+    with torch.no_grad(), watch(model) as lens:
+        ref = model(*inputs)
+    assert lens.report.spans[0].start == "act:mul"
+    with torch.no_grad():  # real FP16 breaks there
+        assert not torch.isfinite(copy.deepcopy(model).half()(inputs[0].half())).all()
+    plan = patch.plan(model, lens.report)
+    assert [i.module for i in plan.islands] == ["act"] and not plan.unresolved
+    patched = patch.patch(model, lens.report)
+    with torch.no_grad():
+        out = copy.deepcopy(patched).half()(inputs[0].half()).float()
+        assert torch.equal(patched(*inputs), ref)
+    assert torch.isfinite(out).all()
+    assert torch.nn.functional.cosine_similarity(out.flatten(), ref.flatten(), 0) > 0.999

@@ -1,0 +1,63 @@
+"""`fp16lens export` in-process: the file it writes is typed FP16 and computes the model."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from fp16lens.cli import main
+
+import models
+
+onnx = pytest.importorskip("onnx")
+ort = pytest.importorskip("onnxruntime")
+
+
+def test_export_fp16_writes_a_typed_fp16_graph_that_matches_fp32(capsys, tmp_path):
+    path = tmp_path / "clean.onnx"
+    code = main(["export", "models:clean", "-o", str(path), "--exporter", "torchscript", "--json"])
+    data = json.loads(capsys.readouterr().out)
+    assert code == 0 and data["output"] == str(path) and data["precision"] == "fp16"
+    proto = onnx.load(str(path))
+    float_types = {i.data_type for i in proto.graph.initializer if i.data_type in (1, 10)}
+    assert float_types == {onnx.TensorProto.FLOAT16}  # every float weight is stored in FP16
+    model, (x,) = models.clean()
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    name = session.get_inputs()[0].name
+    feed = x.numpy() if session.get_inputs()[0].type == "tensor(float)" else x.half().numpy()
+    (got,) = session.run(None, {name: feed})
+    with torch.no_grad():
+        want = model(x).numpy()
+    np.testing.assert_allclose(got.astype(np.float32), want, rtol=2e-2, atol=2e-3)
+
+
+def test_export_int8_needs_and_uses_calibration_batches(capsys, tmp_path):
+    torch.save([torch.rand(1, 3, 16, 16) for _ in range(2)], tmp_path / "calib.pt")
+    path = tmp_path / "clean_int8.onnx"
+    argv = [
+        "export",
+        "models:clean",
+        "-o",
+        str(path),
+        "--precision",
+        "int8",
+        "--exporter",
+        "torchscript",
+        "--calibration",
+        str(tmp_path / "calib.pt"),
+        "--json",
+    ]
+    assert main(argv) == 0
+    data = json.loads(capsys.readouterr().out)
+    ops = {n.op_type for n in onnx.load(data["output"]).graph.node}
+    assert {"QuantizeLinear", "DequantizeLinear"} <= ops
+
+
+def test_export_of_an_unknown_island_is_a_user_error(capsys, tmp_path):
+    argv = ["export", "models:clean", "-o", str(tmp_path / "m.onnx"), "--fp32-modules", "nope"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("fp16lens: error: ") and "'nope'" in err and "Traceback" not in err

@@ -1,0 +1,84 @@
+"""Input specs and batch files of the CLI."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from fp16lens._core import Fp16LensError
+from fp16lens.cli._batchfile import load_batches, split_batch
+from fp16lens.cli._inputs import InputSpec, parse_dtypes, parse_range, parse_shape
+
+
+def test_parse_shape():
+    assert parse_shape("1x3x224x224") == (1, 3, 224, 224)
+    assert parse_shape("8") == (8,)
+    assert parse_shape("2X5") == (2, 5)
+    for bad in ("", "1x", "1x0x3", "ax3", "1,3", "-1x3"):
+        with pytest.raises(Fp16LensError, match="bad input shape"):
+            parse_shape(bad)
+
+
+def test_parse_range_and_dtypes():
+    assert parse_range("0,255") == (0.0, 255.0)
+    assert parse_range("-1.5,1") == (-1.5, 1.0)
+    for bad in ("1", "2,1", "a,b", "0,inf", "0,1,2"):
+        with pytest.raises(Fp16LensError, match="LOW,HIGH"):
+            parse_range(bad)
+    assert parse_dtypes("int64", 2) == [torch.int64, torch.int64]
+    assert parse_dtypes("float32,int64", 2) == [torch.float32, torch.int64]
+    with pytest.raises(Fp16LensError, match="unknown dtype 'float64x'"):
+        parse_dtypes("float64x", 1)
+    with pytest.raises(Fp16LensError, match="2 dtypes for 3 inputs"):
+        parse_dtypes("float32,int64", 3)
+
+
+def test_input_spec_makes_seeded_batches_in_range():
+    spec = InputSpec(((2, 3), (4,)), (torch.float32, torch.int64), 0.0, 255.0, batches=3, seed=1)
+    batches = spec.make()
+    assert len(batches) == 3 and all(len(b) == 2 for b in batches)
+    x, ids = batches[0]
+    assert x.shape == (2, 3) and x.dtype == torch.float32
+    assert ids.shape == (4,) and ids.dtype == torch.int64
+    assert x.min() >= 0 and x.max() < 255 and ids.min() >= 0 and ids.max() <= 255
+    assert not torch.equal(batches[0][0], batches[1][0])  # batches differ
+    again = spec.make()
+    assert all(torch.equal(a, b) for a, b in zip(batches[2], again[2]))  # same seed, same data
+    with pytest.raises(ValueError, match="batches must be an int >= 1"):
+        InputSpec(((1,),), (torch.float32,), batches=0)
+
+
+def test_pt_files_hold_one_batch_or_a_list(tmp_path):
+    t = torch.arange(6.0).view(3, 2)
+    torch.save(t, tmp_path / "one.pt")
+    torch.save((t, t + 1), tmp_path / "two_inputs.pt")
+    torch.save([t, t * 2], tmp_path / "list.pt")
+    assert [b[0].tolist() for b in load_batches(tmp_path / "one.pt")] == [t.tolist()]
+    ((_a, b),) = load_batches(tmp_path / "two_inputs.pt")
+    assert torch.equal(b, t + 1)
+    assert [
+        torch.equal(b[0], e) for b, e in zip(load_batches(tmp_path / "list.pt"), (t, t * 2))
+    ] == [True, True]
+    split = load_batches(tmp_path / "one.pt", batch_size=2)
+    assert [b[0].shape[0] for b in split] == [2, 1]
+
+
+def test_npz_arrays_are_the_positional_inputs(tmp_path):
+    np.savez(tmp_path / "x.npz", image=np.ones((4, 3), np.float32), ids=np.arange(4))
+    ((image, ids),) = load_batches(tmp_path / "x.npz")
+    assert image.shape == (4, 3) and ids.tolist() == [0, 1, 2, 3]
+    assert len(load_batches(tmp_path / "x.npz", batch_size=1)) == 4
+
+
+def test_bad_batch_files_are_user_errors(tmp_path):
+    with pytest.raises(Fp16LensError, match="does not exist"):
+        load_batches(tmp_path / "missing.pt")
+    (tmp_path / "junk.pt").write_bytes(b"not a torch file")
+    with pytest.raises(Fp16LensError, match="cannot read input batches"):
+        load_batches(tmp_path / "junk.pt")
+    torch.save({"x": torch.ones(1)}, tmp_path / "dict.pt")
+    with pytest.raises(Fp16LensError, match="holds a dict, not batches"):
+        load_batches(tmp_path / "dict.pt")
+    with pytest.raises(Fp16LensError, match="first \\(batch\\) axis"):
+        split_batch((torch.ones(2, 1), torch.ones(3, 1)), 1)
