@@ -171,21 +171,25 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true", help="small inputs and few repetitions (CI)")
     parser.add_argument("--models", nargs="*", default=list(MODELS))
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--reps", type=int, default=None, help="interleaved repetitions (default 7, quick 3)")
+    parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")
     args = parser.parse_args(argv)
-    reps = 3 if args.quick else 7
+    reps = args.reps or (3 if args.quick else 7)
     rows = []
     for name in args.models:
         model, inputs = MODELS[name](args.quick)
         methods = [m for m in METHODS if available(m) is None]
         ratios = time_ratios(model, inputs, methods, reps)
-        base_rss = peak_rss_mb(name, "plain", args.quick)
+        base_rss = None if args.no_memory else peak_rss_mb(name, "plain", args.quick)
         for m in METHODS:
             why = available(m)
             if why:
                 rows.append({"model": name, "method": m, "time": None, "memory": None, "note": why})
                 continue
-            rss = base_rss if m == "plain" else peak_rss_mb(name, m, args.quick)
-            rows.append({"model": name, "method": m, "time": ratios[m], "memory": rss / base_rss, "note": ""})
+            rss = base_rss if m == "plain" or base_rss is None else peak_rss_mb(name, m, args.quick)
+            memory = None if base_rss is None else rss / base_rss
+            rows.append({"model": name, "method": m, "time": ratios[m], "memory": memory, "note": ""})
+            print(f"# {name} {m}: time {ratios[m]:.2f}x", file=sys.stderr, flush=True)
     if args.json:
         print(json.dumps(rows, indent=1))
         return 0
