@@ -498,3 +498,75 @@ class BlockMulNet(nn.Module):
 def block_mul():
     _seeded(1)
     return BlockMulNet().eval(), (torch.rand(2, 8) * 0.5 + 0.5,)
+
+
+class RandomGraph(nn.Module):
+    """A random dataflow graph with skip connections (property tests): node i applies
+    one block to node i-1; an "add" or "cat" joins node i-1 with an earlier node, so
+    tensors fan out to several consumers and join again (ResNet/DenseNet/UNet shapes).
+    ``spec`` is a list of (kind, skip): kind in "conv", "linear" (over the last dim),
+    "bn", "relu", "leaky", "maxpool", "avgpool", "add" (prev + earlier), "cat" (cat(prev,
+    earlier) then a 1x1 conv back to the width); ``skip`` picks the earlier node, modulo
+    their count (nodes 0 and 1: two stem convs, the second on the first). The output is a linear head on
+    the last node, plus one head per ``extra_out`` earlier node. ``boost`` = (index, gain)
+    multiplies one conv/linear/BN weight by gain."""
+
+    KINDS = ("conv", "linear", "bn", "relu", "leaky", "maxpool", "avgpool", "add", "cat")
+
+    def __init__(self, spec: list[tuple[str, int]], width: int = 4, size: int = 6,
+                 boost: tuple[int, float] = (0, 1.0), extra_out: int = 0):
+        super().__init__()
+        self.spec = [(k, b) for k, b in spec]
+        self.extra_out = min(extra_out, len(self.spec))
+        self.stem = nn.Conv2d(3, width, 1)
+        self.stem2 = nn.Conv2d(width, width, 3, padding=1)
+        self.nodes = nn.ModuleList(self._block(k, width, size) for k, _ in self.spec)
+        self.head = nn.Linear(width, 2)
+        self.heads = nn.ModuleList(nn.Linear(width, 2) for _ in range(self.extra_out))
+        with torch.no_grad():
+            for m in self.modules():
+                if isinstance(m, nn.BatchNorm2d):
+                    m.running_mean.uniform_(-1, 1)
+                    m.running_var.uniform_(0.5, 2.0)
+                    m.weight.uniform_(0.5, 1.5)
+                    m.bias.uniform_(-0.5, 0.5)
+            target = [m for m in self.modules() if isinstance(m, (nn.Conv2d, nn.Linear, nn.BatchNorm2d))]
+            index, gain = boost
+            target[index % len(target)].weight.mul_(gain)
+
+    @staticmethod
+    def _block(kind: str, width: int, size: int) -> nn.Module:
+        return {
+            "conv": lambda: nn.Conv2d(width, width, 3, padding=1),
+            "linear": lambda: nn.Linear(size, size),
+            "bn": lambda: nn.BatchNorm2d(width),
+            "relu": nn.ReLU,
+            "leaky": lambda: nn.LeakyReLU(0.1),
+            "maxpool": lambda: nn.MaxPool2d(3, stride=1, padding=1),
+            "avgpool": lambda: nn.AvgPool2d(3, stride=1, padding=1),
+            "add": nn.Identity,
+            "cat": lambda: nn.Conv2d(2 * width, width, 1),
+        }[kind]()
+
+    def forward(self, x):
+        xs = [self.stem(x)]
+        xs.append(self.stem2(xs[0]))  # every node has a consumer: no dead code
+        for (kind, skip), block in zip(self.spec, self.nodes):
+            u, v = xs[-1], xs[skip % (len(xs) - 1)]
+            if kind == "add":
+                xs.append(u + v)
+            elif kind == "cat":
+                xs.append(block(torch.cat([u, v], 1)))
+            else:
+                xs.append(block(u))
+        out = self.head(xs[-1].mean((2, 3)))
+        if not self.extra_out:
+            return out
+        extra = xs[-1 - self.extra_out:-1]
+        return (out, *[h(t.mean((2, 3))) for h, t in zip(self.heads, extra)])
+
+
+def random_graph(spec: list[tuple[str, int]], seed: int = 0,
+                 boost: tuple[int, float] = (0, 1.0), extra_out: int = 0):
+    _seeded(seed)
+    return RandomGraph(spec, boost=boost, extra_out=extra_out).eval(), (torch.rand(1, 3, 6, 6),)

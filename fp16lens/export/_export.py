@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,6 +49,8 @@ def export(
     on ``calibration`` (an iterable of input batches) and writes a TensorRT calibration
     cache next to the file (or at ``calibration_cache``).
     """
+    _check_model(model)
+    path = _check_writable(Path(path))
     islands = resolve_fp32_modules(model, fp32_modules)
     options = ExportOptions(precision, io_dtype, islands, opset, exporter)
     args = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
@@ -61,7 +65,31 @@ def export(
         stamp(node, origin)
     notes += decomposed_norm_warnings(proto.graph, origins)
     job = _Job(options, used, notes, calibration, calibration_cache)
-    return _typed(proto, Path(path), job)
+    return _typed(proto, path, job)
+
+
+def _check_model(model) -> None:
+    if not isinstance(model, torch.nn.Module):
+        raise ExportError(
+            f"export needs a torch.nn.Module, got {type(model).__name__}; pass the model "
+            "object itself (to re-type an exported file, use fp16lens.export.retype)"
+        )
+
+
+def _check_writable(path: Path) -> Path:
+    """Fail before the (slow) export when ``path`` cannot be written."""
+    try:
+        if path.is_dir():
+            raise IsADirectoryError(errno.EISDIR, "it is a directory")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if not os.access(path.parent, os.W_OK):
+            raise PermissionError(errno.EACCES, "permission denied")
+    except OSError as exc:
+        raise ExportError(
+            f"cannot write {path}: {exc.strerror or exc}; choose a writable location "
+            "(a file name such as model.onnx in a folder you can write to)"
+        ) from exc
+    return path
 
 
 def retype(

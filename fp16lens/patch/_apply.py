@@ -25,7 +25,7 @@ def apply_plan(model: nn.Module, plan: Plan) -> nn.Module:
     for owner in owners:
         gm = trace_owner(model, owner)
         for m in (m for m in plan.multiplies if m.owner == owner):
-            scale_operands(gm, find_op(gm, m.site), set(m.keep), owner, m.factor)
+            scale_operands(gm, find_op(gm, m.site), set(m.keep), owner, m.factor, set(m.cut))
         _keep_members(model.get_submodule(owner) if owner else model, gm)
         if not owner:
             return gm

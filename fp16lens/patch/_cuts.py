@@ -61,11 +61,12 @@ def join_multiplies(graph: SiteGraph, report: Report, scales: dict[str, float]) 
         if not cut:
             continue
         s_join = scales.get(graph.find(join), 1.0)
-        ratios = {scales.get(graph.find(p), 1.0) / s_join for p in cut}
-        if ratios == {1.0}:
-            continue
-        if len(ratios) > 1:
-            raise AssertionError(f"operands of {join} need different multiplies: {ratios}")
-        keep = tuple(p for p in graph.producers[join] if p not in cut)
-        out.append(Multiply(join, report.sites[join].module, ratios.pop(), keep, tuple(cut)))
+        groups: dict[float, list[str]] = {}  # operands from different regions: one each
+        for p in cut:
+            groups.setdefault(scales.get(graph.find(p), 1.0) / s_join, []).append(p)
+        for ratio, group in groups.items():
+            if ratio == 1.0:
+                continue
+            keep = tuple(p for p in graph.producers[join] if p not in group)
+            out.append(Multiply(join, report.sites[join].module, ratio, keep, tuple(group)))
     return out

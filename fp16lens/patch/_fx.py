@@ -64,18 +64,28 @@ def producer_site(node: fx.Node, owner: str) -> str | None:
     return None
 
 
+_SCALED = "fp16lens_scaled"  # fx node meta: a multiply this module inserted
+
+
 def scale_operands(
-    gm: fx.GraphModule, node: fx.Node, keep: set[str], owner: str, factor: float
+    gm: fx.GraphModule, node: fx.Node, keep: set[str], owner: str, factor: float,
+    cut: set[str] | None = None,
 ) -> int:
-    """Multiply every tensor operand of ``node`` whose producer is not in ``keep`` by
-    ``factor``; returns how many multiplies were inserted."""
+    """Multiply the tensor operands of ``node`` produced by ``cut`` (when fx shows every
+    one of them), else every operand whose producer is not in ``keep``, by ``factor``;
+    returns how many multiplies were inserted."""
     inserted = 0
     operands = node.args[0] if node.target in _OPS["cat"] else node.args[:2]
+    sites = [producer_site(a, owner) if isinstance(a, fx.Node) else None for a in operands]
+    by_cut = bool(cut) and all(c in sites for c in cut)  # a functional producer shows as None
     new = []
-    for arg in operands:
-        if isinstance(arg, fx.Node) and producer_site(arg, owner) not in keep:
+    for arg, site in zip(operands, sites):
+        scaled = isinstance(arg, fx.Node) and arg.meta.get(_SCALED, False)  # by an earlier Multiply
+        hit = site in cut if by_cut else site not in keep
+        if isinstance(arg, fx.Node) and not scaled and hit:
             with gm.graph.inserting_before(node):
                 arg = gm.graph.call_function(operator.mul, (arg, factor))
+            arg.meta[_SCALED] = True
             inserted += 1
         new.append(arg)
     if node.target in _OPS["cat"]:

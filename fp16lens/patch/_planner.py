@@ -2,22 +2,27 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
+import torch
 from torch import nn
 
+from fp16lens._core import FP16_MAX
 from fp16lens.patch._classes import class_problem
 from fp16lens.patch._classify import (
     HOMOG,
     JOIN,
+    LINEAR,
     NORM,
 )
 from fp16lens.patch._cuts import choose_cuts, join_multiplies
-from fp16lens.patch._factor import choose_factor
+from fp16lens.patch._factor import choose_factor, pow2_ceil
 from fp16lens.patch._graph import SiteGraph, build_graph
 from fp16lens.patch._modplan import module_changes
 from fp16lens.patch._options import PatchOptions
 from fp16lens.patch._plan import Plan, Region, Unresolved
+from fp16lens.patch._rules import bn_affine
 from fp16lens.report import Report
 
 _SQUARE = frozenset({"norm-variance", "rms-square"})
@@ -31,7 +36,8 @@ class Demands:
     reasons: dict[str, list[str]] = field(default_factory=dict)
     affine: set[str] = field(default_factory=set)  # batch norms to rewrite in affine form
     islands: dict[str, str] = field(default_factory=dict)  # site -> reason (fallback)
-    fallback: dict[str, tuple[str, str]] = field(default_factory=dict)  # class -> (site, reason)
+    fallback: dict[str, list[tuple[str, str]]] = field(default_factory=dict)  # class -> (site, reason)s
+    weights: dict[str, float] = field(default_factory=dict)  # module -> |parameter| beyond FP16
 
     def add(self, root: str, value: float, power: int, reason: str) -> None:
         self.values.setdefault(root, []).append((value, power))
@@ -86,7 +92,7 @@ def _internal(graph: SiteGraph, f, d: Demands, plan: Plan) -> None:
         root = graph.input_class(f.site) if kind == NORM else graph.find(f.site)
         if root is not None:
             d.add(root, f.peak, power, reason)
-            d.fallback[root] = (f.site, reason)
+            d.fallback.setdefault(root, []).append((f.site, reason))
             return
     if f.site in graph.modules:
         d.islands[f.site] = reason
@@ -108,12 +114,25 @@ def _parameter(graph: SiteGraph, f, d: Demands, plan: Plan) -> None:
     reason = f"{f.site}.{f.tensor} beyond FP16 ({f.peak:.3g})"
     if kind == "bn":
         d.affine.add(f.site)
+        peak = _affine_peak(graph.modules.get(f.site))
+        if peak > FP16_MAX:  # the affine form itself overflows: its output class is scaled
+            d.add(graph.find(f.site), peak, 1, reason)
+            d.weights[f.site] = max(d.weights.get(f.site, 0.0), peak)
     elif kind == "linear" and f.tensor in ("weight", "bias"):
         d.add(graph.find(f.site), f.peak, 1, reason)
+        d.weights[f.site] = max(d.weights.get(f.site, 0.0), f.peak)
     elif f.site in graph.modules:
         d.islands[f.site] = reason
     else:
         plan.unresolved.append(Unresolved(f.site, f"{reason}: not a module fp16lens can rewrite"))
+
+
+def _affine_peak(bn) -> float:
+    """Largest |scale| or |shift| of a batch norm's affine form (0 when not a batch norm)."""
+    if bn is None or getattr(bn, "running_var", None) is None:
+        return 0.0
+    scale, shift = bn_affine(bn.running_mean, bn.running_var, bn.eps, bn.weight, bn.bias)
+    return float(torch.cat([scale.abs().flatten(), shift.abs().flatten()]).max())
 
 
 def _opaque_reason(graph: SiteGraph, site: str, what: str) -> str:
@@ -138,7 +157,35 @@ def _scale_classes(graph, report, demands: Demands, options, plan: Plan) -> dict
         p = options.factor or choose_factor(values, low, options.target)
         scales[root] = float(p)
         plan.regions.append(_region(graph, report, root, members, float(p), reasons))
+    if options.factor is None:
+        _fit_weights(graph, demands, scales, options.target, plan)
     return scales
+
+
+def _fit_weights(graph, demands: Demands, scales: dict[str, float], target: float, plan: Plan) -> None:
+    """A module's weights become W s_in / s_out: where its input class is scaled too (an
+    exit, or a weight beyond FP16 between two regions), its output class needs a factor
+    large enough for the weights to fit (raised until they do)."""
+    weights = dict(demands.weights)
+    for site, mod in graph.modules.items():
+        w = getattr(mod, "weight", None)
+        if graph.kinds[site] == LINEAR and graph.input_class(site) in scales and torch.is_tensor(w):
+            weights[site] = max(weights.get(site, 0.0), float(w.detach().abs().max()))
+    for _ in range(len(weights) + 1):
+        changed = False
+        for site, peak in weights.items():
+            root_out, root_in = graph.find(site), graph.input_class(site)
+            s_in = scales.get(root_in, 1.0) if root_in is not None else 1.0
+            need = pow2_ceil(peak * s_in / target)
+            if root_out in scales and need > scales[root_out]:
+                scales[root_out], changed = need, True
+                members = tuple(graph.members(root_out))
+                plan.regions = [
+                    dataclasses.replace(r, factor=need) if r.sites == members else r
+                    for r in plan.regions
+                ]
+        if not changed:
+            return
 
 
 def _low(report: Report, site: str, share: float) -> float:
@@ -148,9 +195,13 @@ def _low(report: Report, site: str, share: float) -> float:
 
 
 def _fail(graph, root, problem, reasons, demands: Demands, plan: Plan) -> None:
-    site_reason = demands.fallback.get(root)
-    if site_reason is not None and site_reason[0] in graph.modules:
-        demands.islands[site_reason[0]] = f"{site_reason[1]}; no region: {problem}"
+    # each internal finding with a module site falls back to an island of that module;
+    # what no island covers (a span, a functional op) goes on below, never dropped
+    for site, reason in demands.fallback.get(root, []):
+        if site in graph.modules:
+            demands.islands[site] = f"{reason}; no region: {problem}"
+            reasons = [r for r in reasons if r != reason]
+    if not reasons:
         return
     owners = {_owner(graph, m) for m in graph.members(root)}
     if owners and None not in owners:  # every member is a functional op inside some module

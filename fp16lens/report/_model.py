@@ -210,6 +210,7 @@ class Report:
             spans = [Span(**s) for s in data["spans"]]
             findings = [Finding(**f) for f in data["findings"]]
             edges = [(str(a), str(b)) for a, b in data["edges"]]
+            _check_fields(meta, sites, spans, findings, edges)
         except (KeyError, TypeError, ValueError) as exc:
             raise ReportError(
                 f"report is damaged or hand-edited ({type(exc).__name__}: {exc}); "
@@ -226,7 +227,10 @@ class Report:
         try:
             text = path.read_text()
         except OSError as exc:
-            raise ReportError(f"cannot read report {path}: {exc.strerror}") from exc
+            raise ReportError(
+                f"cannot read report {path}: {exc.strerror}; check the path, or create a "
+                "report with `fp16lens scan` (or fp16lens.watch) and report.save()"
+            ) from exc
         try:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
@@ -286,3 +290,49 @@ class Report:
             f"{len(self.spans)} spans, {len(self.findings)} findings, "
             f"{self.meta.batches} batches)"
         )
+
+
+# ---- validation of a loaded report (a hand-edited file fails here, not later) ----------
+
+_NUMBERS = {
+    SiteStats: ("order", "calls", "absmax", "absmax_batch", "numel", "zeros", "nonfinite",
+                "overflow", "subnormal", "underflow", "saturated"),
+    Span: ("peak", "batches", "first_batch"),
+    Finding: ("peak", "batch", "count"),
+    ReportMeta: ("batches", "threshold"),
+}
+_TEXTS = {
+    SiteStats: ("name", "kind", "op", "module"),
+    Span: ("start", "peak_site"),
+    Finding: ("site", "mechanism", "detail", "kind", "tensor", "fix"),
+    ReportMeta: ("model_class",),
+}
+_LISTS = {SiteStats: ("hist", "shape"), Span: ("sites", "ends"), ReportMeta: ("input_shapes",)}
+
+
+def _check_types(obj: Any) -> None:
+    cls = type(obj)
+    for f in _NUMBERS.get(cls, ()):
+        v = getattr(obj, f)
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise ValueError(f"{cls.__name__}.{f} must be a number, got {v!r}")
+    for f in _TEXTS.get(cls, ()):
+        if not isinstance(getattr(obj, f), str):
+            raise ValueError(f"{cls.__name__}.{f} must be a string, got {getattr(obj, f)!r}")
+    for f in _LISTS.get(cls, ()):
+        if not isinstance(getattr(obj, f), list):
+            raise ValueError(f"{cls.__name__}.{f} must be a list, got {getattr(obj, f)!r}")
+
+
+def _check_fields(meta, sites: dict, spans: list, findings: list, edges: list) -> None:
+    """Types of every field, and spans and edges naming sites the report has."""
+    for obj in (meta, *sites.values(), *spans, *findings):
+        _check_types(obj)
+    for span in spans:
+        named = [span.start, span.peak_site, *span.sites, *span.ends, *([span.end] if span.end else [])]
+        unknown = [n for n in named if n not in sites]
+        if unknown:
+            raise ValueError(f"span at {span.start!r} names site {unknown[0]!r}, which the report lacks")
+    for a, b in edges:
+        if a not in sites or b not in sites:
+            raise ValueError(f"edge ({a!r}, {b!r}) names a site the report lacks")

@@ -42,6 +42,11 @@ def verify(
     a task metric, averaged over batches into ``result.metrics``. ``fusions``:
     torch-emulated keeps TensorRT-fused pre-activations unrounded.
     """
+    if not isinstance(model, nn.Module):
+        raise Fp16LensError(
+            f"verify needs the FP32 reference as a torch.nn.Module, got {type(model).__name__}; "
+            "pass the original model object itself (not its state_dict or a path)"
+        )
     backend = check_backend(backend or _default_backend(candidate))
     tol = resolve_tolerance(tolerance, backend)
     runner = _runner(model, candidate, backend, fusions)
@@ -112,10 +117,12 @@ def _default_backend(candidate) -> str:
 def _runner(model: nn.Module, candidate, backend: str, fusions: bool):
     is_path = isinstance(candidate, (str, Path))
     wants_path = backend in ("onnx-fp16", "onnx-int8", "tensorrt")
-    if is_path != wants_path:
+    if is_path != wants_path or not (is_path or isinstance(candidate, nn.Module)):
         need = "an ONNX file path" if wants_path else "an nn.Module"
         raise Fp16LensError(
-            f"backend {backend!r} needs {need} as candidate, got {type(candidate).__name__}"
+            f"backend {backend!r} needs {need} as candidate, got {type(candidate).__name__}; "
+            "pass a model (or a patched copy) with backend 'torch-fp16'/'torch-emulated', "
+            "or an exported ONNX path with 'onnx-fp16'/'onnx-int8'/'tensorrt'"
         )
     if backend == "torch-fp16":
         from fp16lens.verify._torch import TorchFp16

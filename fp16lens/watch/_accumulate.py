@@ -27,6 +27,17 @@ def _gt(a: float, b: float) -> bool:
     return (not math.isnan(b)) and (math.isnan(a) or a > b)
 
 
+def _maxes(extremes: list) -> list[float]:
+    """max |v| per event from (min, max) pairs: tensors (one sync) or Python floats."""
+    tensors = [e for e in extremes if torch.is_tensor(e)]
+    flat = iter(torch.stack(tensors).cpu().tolist()) if tensors else iter(())
+    out = []
+    for e in extremes:
+        lo, hi = next(flat) if torch.is_tensor(e) else e
+        out.append(hi if hi >= -lo else -lo)  # NaN stays NaN
+    return out
+
+
 @dataclass
 class SiteAcc:
     calls: int = 0
@@ -90,16 +101,21 @@ class Accumulator:
             self.input_shapes.append(fw.input_shapes)
         if not fw.sites:
             return
-        ext = torch.stack(fw.extremes)
-        maxes = torch.maximum(ext[:, 1], -ext[:, 0]).cpu().tolist()
+        maxes = _maxes(fw.extremes)
         for e, (below, _) in fw.saturated.items():
-            maxes[e] = below
+            if fw.sites[e] != INPUT_SITE:  # an inf input is bad data, not a masking constant
+                maxes[e] = below
         samples = reduce_samples(fw.samples, self.threshold).cpu().tolist()
         # NaN counts as out of range, unless the inputs already carry NaN/inf: then
-        # what follows is the data's problem (reported as such), not the model's
+        # what follows is the data's problem (reported as such), not the model's, and
+        # each op is judged by its finite values (its own overflow is still found)
         bad_input = any(
             not math.isfinite(maxes[e]) for e, s in enumerate(fw.sites) if s == INPUT_SITE
         )
+        if bad_input:
+            for e, finite in fw.finite_max.items():
+                if fw.sites[e] != INPUT_SITE:
+                    maxes[e] = finite
         oor = [m > self.threshold if bad_input else not m <= self.threshold for m in maxes]
         for e in fw.fp32:
             oor[e] = False

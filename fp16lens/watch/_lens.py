@@ -86,7 +86,8 @@ class Lens:
                 _ACTIVE.discard(self.model)
         if exc is not None:
             if rec.last_site and hasattr(exc, "add_note"):
-                exc.add_note(f"fp16lens.watch: the last site that ran was {rec.last_site!r}")
+                inside = f" (it raised inside {rec.raised_in!r})" if rec.raised_in else ""
+                exc.add_note(f"fp16lens.watch: the last site that ran was {rec.last_site!r}{inside}")
             return False
         report = build_report(self._acc, rec.sites, self._params, self.model, self.options.threshold)
         if _distributed.enabled(self.options.distributed):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 from torch import nn
 
 # Ops whose output holds (a subset of) the input values unchanged: not sites; the
@@ -30,6 +32,7 @@ _RENAME = {
 }
 
 
+@functools.cache
 def op_name(func) -> str:
     """A readable name of an aten overload: aten.add_.Tensor -> "add"."""
     raw = func.overloadpacket.__name__

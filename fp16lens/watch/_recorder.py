@@ -6,6 +6,7 @@ to activations (producers are tracked through weak references to the tensors).
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 
 import torch
@@ -37,7 +38,7 @@ class Forward:
     index: int
     sites: list[int] = field(default_factory=list)  # site id per event (INPUT_SITE for inputs)
     inputs: list[tuple[int, ...]] = field(default_factory=list)  # producer events per event
-    extremes: list[torch.Tensor] = field(default_factory=list)  # (min, max) per event
+    extremes: list = field(default_factory=list)  # (min, max) per event: a tensor, or floats on CPU
     samples: list[torch.Tensor] = field(default_factory=list)
     numels: list[int] = field(default_factory=list)
     shapes: list[list[int]] = field(default_factory=list)
@@ -45,6 +46,8 @@ class Forward:
     fp32: set[int] = field(default_factory=set)  # events inside FP32 islands
     saturated: dict[int, tuple[float, int]] = field(default_factory=dict)  # event -> (max |v| below
     # SATURATED, count of saturated values): masking constants do not count as overflow
+    finite_max: dict[int, float] = field(default_factory=dict)  # event holding NaN -> max |v|
+    # of its finite values: used when the inputs carry NaN/inf (the data's problem)
     internal: list[tuple[int, str, torch.Tensor, dict]] = field(default_factory=list)
     outputs: tuple[int, ...] = ()
     input_shapes: list[list[int]] = field(default_factory=list)
@@ -85,6 +88,7 @@ class Recorder(TorchDispatchMode):
         self.forward: Forward | None = None
         self.forwards = 0
         self.last_site = ""
+        self.raised_in = ""  # the innermost module whose forward raised
         self.on_forward_end = on_forward_end
         self.handles: list = []
 
@@ -113,6 +117,8 @@ class Recorder(TorchDispatchMode):
     def _post(self, module, args, output):
         if self.forward is None or not self.stack:
             return None
+        if not self.raised_in and sys.exc_info()[1] is not None:  # always_call after a raise
+            self.raised_in = self.stack[-1][0]
         self.stack.pop()
         if not self.stack:
             self._end_forward(output)
@@ -121,10 +127,12 @@ class Recorder(TorchDispatchMode):
     # ---- forward boundaries ------------------------------------------------------
     def _begin_forward(self, args, kwargs) -> None:
         fw = self.forward = Forward(index=self.forwards)
+        self.raised_in = ""
         self.forwards += 1
         for t in _float_tensors((args, kwargs), []):
             fw.input_shapes.append(list(t.shape))
-            self._add_event(INPUT_SITE, (), t)
+            if t.numel():  # an empty input has no range to record
+                self._add_event(INPUT_SITE, (), t)
 
     def _end_forward(self, output) -> None:
         fw, self.forward = self.forward, None
@@ -163,18 +171,21 @@ class Recorder(TorchDispatchMode):
         fw = self.forward
         eid = len(fw.sites)
         flat = flat_view(t.detach())
-        ext = extremes(flat)
         fw.sites.append(site)
         fw.inputs.append(inputs)
-        fw.extremes.append(ext)
         fw.samples.append(take_sample(flat, self.options.sample_size))
         fw.numels.append(t.numel())
         fw.shapes.append(list(t.shape))
-        if t.device.type == "cpu":  # exact counts cost no sync here
-            lo, hi = ext.tolist()
-            peak = max(hi, -lo)
+        if t.device.type != "cpu":  # no host sync per op: extremes are reduced per forward
+            fw.extremes.append(extremes(flat))
+        else:  # on the CPU a sync is free: keep Python floats, and exact counts
+            lo, hi = (float(v) for v in torch.aminmax(flat))
+            fw.extremes.append((lo, hi))
+            peak = hi if hi >= -lo else -lo  # NaN when the tensor holds NaN
             if not peak <= self.options.threshold:
                 a = t.detach().abs()
+                if peak != peak:  # NaN: keep the largest finite value beside it
+                    fw.finite_max[eid] = float(torch.where(a.isfinite(), a, 0).max())
                 if peak >= SATURATED:
                     huge = a >= SATURATED
                     rest = torch.where(huge, 0, a)
