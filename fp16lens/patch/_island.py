@@ -51,6 +51,17 @@ class Fp32Island(nn.Module):
         a = a.float()
         return a * self.in_scale if self.in_scale != 1.0 else a
 
+    def __getattr__(self, name: str):
+        """Attributes the model's own code reads from the wrapped module (``block.bn3.weight``,
+        ``conv.out_channels``) pass through to it."""
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            inner = self.__dict__.get("_modules", {}).get("module")
+            if inner is None:
+                raise
+            return getattr(inner, name)
+
     def _apply(self, fn, recurse=True):
         return super()._apply(_keep_fp32(fn), recurse)
 

@@ -44,3 +44,15 @@ def test_functional_op_inside_a_module_falls_back_to_an_island_on_that_module():
         assert torch.equal(patched(*inputs), ref)
     assert torch.isfinite(out).all()
     assert torch.nn.functional.cosine_similarity(out.flatten(), ref.flatten(), 0) > 0.999
+
+
+def test_island_passes_attribute_reads_to_the_wrapped_module():
+    from fp16lens.patch import Fp32Island
+
+    bn = torch.nn.BatchNorm2d(4)
+    island = Fp32Island(bn)
+    assert island.weight is bn.weight and island.num_features == 4
+    half = copy.deepcopy(island).half()
+    assert half.weight.dtype == torch.float32  # stays FP32 under .half()
+    with pytest.raises(AttributeError):
+        island.no_such_attribute
