@@ -85,6 +85,8 @@ class Recorder(TorchDispatchMode):
         self.sites: list[SiteInfo] = []
         self.site_ids: dict[str, int] = {}
         self.producers: WeakIdKeyDictionary = WeakIdKeyDictionary()
+        # event output -> (version counter, min, max): exact while the tensor is unmodified
+        self.extremes_of: WeakIdKeyDictionary = WeakIdKeyDictionary()
         self.forward: Forward | None = None
         self.forwards = 0
         self.last_site = ""
@@ -167,7 +169,8 @@ class Recorder(TorchDispatchMode):
             self.sites.append(SiteInfo(name, kind, shown or op, module, sid))
         return sid
 
-    def _add_event(self, site: int, inputs: tuple[int, ...], t: torch.Tensor) -> int:
+    def _add_event(self, site: int, inputs: tuple[int, ...], t: torch.Tensor,
+                   known: tuple[float, float] | None = None, inplace: bool = False) -> int:
         fw = self.forward
         eid = len(fw.sites)
         flat = flat_view(t.detach())
@@ -179,7 +182,7 @@ class Recorder(TorchDispatchMode):
         if t.device.type != "cpu":  # no host sync per op: extremes are reduced per forward
             fw.extremes.append(extremes(flat))
         else:  # on the CPU a sync is free: keep Python floats, and exact counts
-            lo, hi = (float(v) for v in torch.aminmax(flat))
+            lo, hi = known if known is not None else (float(v) for v in torch.aminmax(flat))
             fw.extremes.append((lo, hi))
             peak = hi if hi >= -lo else -lo  # NaN when the tensor holds NaN
             if not peak <= self.options.threshold:
@@ -193,7 +196,24 @@ class Recorder(TorchDispatchMode):
                     a = rest
                 fw.exact_over[eid] = int((a > self.options.threshold).sum()) + int(a.isnan().sum())
         self.producers[t] = (eid,)
+        if t.device.type == "cpu" and not t.is_inference():  # no version counter there
+            # an in-place op's version bump happens after this mode returns
+            self.extremes_of[t] = (t._version + int(inplace), *fw.extremes[-1])
         return eid
+
+    def _derived(self, func, name: str, args) -> tuple[float, float] | None:
+        """Exact extremes of relu(x) from those of x, when x is a recorded op output that
+        nothing modified since (its version counter tells): one pass less over the
+        largest tensors of a CNN."""
+        if name != "relu" or not args or not torch.is_tensor(args[0]):
+            return None
+        known = self.extremes_of.get(args[0])
+        if known is None or args[0].is_inference():
+            return None
+        version, lo, hi = known
+        if args[0]._version != version:  # modified since (bumps land after each in-place op)
+            return None
+        return (lo if lo > 0 else 0.0 if lo == lo else lo, hi if hi > 0 else 0.0 if hi == hi else hi)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -218,7 +238,8 @@ class Recorder(TorchDispatchMode):
             return out
         site = self._site(name)
         self.last_site = self.sites[site].name
-        eid = self._add_event(site, prods, outs[0])
+        eid = self._add_event(site, prods, outs[0], self._derived(func, name, args),
+                              inplace=func._schema.is_mutable)
         if self.stack[-1][3]:
             self.forward.fp32.add(eid)
         if self.options.internal and not self.stack[-1][3]:

@@ -40,10 +40,16 @@ def flat_view(t: torch.Tensor) -> torch.Tensor:
     return p.reshape(-1) if p.is_contiguous() else t.reshape(-1)
 
 
-def take_sample(flat: torch.Tensor, sample_size: int) -> torch.Tensor:
-    """A float32 copy of at most ~sample_size evenly strided elements (never a view)."""
-    step = max(1, flat.numel() // sample_size)
-    return flat[::step].to(torch.float32, copy=True)
+def take_sample(flat: torch.Tensor, sample_size: int, run: int = 64) -> torch.Tensor:
+    """A float32 copy of about ``sample_size`` elements (never a view): evenly spaced runs
+    of ``run`` contiguous elements, so the copy touches few cache lines."""
+    n = flat.numel()
+    if n <= sample_size:
+        return flat.to(torch.float32, copy=True)
+    runs = max(1, sample_size // run)
+    stride = n // runs
+    length = min(run, stride)
+    return flat.as_strided((runs, length), (stride, 1)).to(torch.float32, copy=True).reshape(-1)
 
 
 def reduce_samples(samples: list[torch.Tensor], threshold: float) -> torch.Tensor:

@@ -183,3 +183,26 @@ def test_parameter_underflow_judged_by_the_magnitude_it_carries():
     assert (f.site, f.tensor, f.kind, f.count) == ("", "gamma", "param-subnormal", 16)
     # real FP16: 1e-6 is stored with ~4 significant bits
     assert abs(float(torch.tensor(1e-6).half()) - 1e-6) / 1e-6 > 1e-2
+
+
+class ReluAfterMutation(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.bn = nn.BatchNorm1d(4).eval()
+        self.act = nn.ReLU(inplace=True)
+        self.act2 = nn.ReLU()
+
+    def forward(self, x):
+        y = self.bn(x)
+        z = self.act2(y)  # relu of an unmodified op output: extremes derived, still exact
+        y[:, :1].mul_(1000.0)  # modified through a view: y's recorded extremes are stale
+        return self.act(y), z
+
+
+def test_relu_extremes_stay_exact_after_in_place_changes():
+    model = ReluAfterMutation()
+    x = torch.randn(8, 4)
+    with torch.no_grad(), watch(model) as lens:
+        out, z = model(x)
+    assert lens.report.sites["act"].absmax == float(out.abs().max())
+    assert lens.report.sites["act2"].absmax == float(z.abs().max())
