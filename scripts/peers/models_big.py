@@ -1,0 +1,44 @@
+"""The models of the Fixing table: the watch issue's small test models (tests/models.py)
+and, in full mode, a ResNet-50 and a BERT-base (random weights) with an overflow planted
+by tests/plant.py the way training can produce one."""
+
+from __future__ import annotations
+
+import torch
+
+import models
+from plant import plant_overflow
+
+
+def build(name: str) -> tuple[torch.nn.Module, tuple]:
+    """``(model, inputs)`` for a Fixing-table model name."""
+    if name in models.WATCH_CASES:
+        return models.WATCH_CASES[name]()
+    builders = {"resnet50 (planted)": _resnet50, "bert-base (planted)": _bert_base}
+    if name not in builders:
+        raise KeyError(f"unknown model {name!r}; use one of {[*models.WATCH_CASES, *builders]}")
+    model, inputs = builders[name]()
+    planted = plant_overflow(model, inputs)
+    if planted is None:
+        raise RuntimeError(f"plant_overflow found no place to plant an overflow in {name}")
+    return planted, inputs
+
+
+def _resnet50():
+    import zoo
+
+    torch.manual_seed(0)
+    return zoo.ZOO["tv.resnet50"]()
+
+
+def _bert_base():
+    from torchvision_compat import ensure_torchvision
+    from zoo import HFEncoder
+
+    ensure_torchvision()
+    import transformers as tr
+
+    torch.manual_seed(0)
+    model = tr.BertModel(tr.BertConfig(), add_pooling_layer=False)  # 12 x 768, 110M params
+    ids = torch.randint(0, 30522, (1, 16))
+    return HFEncoder(model).eval(), (ids, torch.ones(1, 16, dtype=torch.long))
