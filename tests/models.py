@@ -142,12 +142,14 @@ def functional_mul():
 
 
 class WideLayerNorm(nn.Module):
-    """|x - mean| > 256, so (x - mean)^2 > 65504, but LayerNorm's output is in range."""
+    """|x - mean| > 256, so (x - mean)^2 > 65504, but the norm's output is in range.
+    With ``norm=nn.RMSNorm``: exported (opset < 23) as Pow(x, 2) -> ReduceMean, |x| > 255.9
+    squares past 65504 in an FP16 graph."""
 
-    def __init__(self):
+    def __init__(self, norm: type[nn.Module] = nn.LayerNorm):
         super().__init__()
         self.proj = nn.Linear(16, 64)
-        self.norm = nn.LayerNorm(64)
+        self.norm = norm(64)
         self.head = nn.Linear(64, 4)
         with torch.no_grad():
             self.proj.weight.mul_(800.0)
@@ -338,25 +340,9 @@ def first_inf_site_fp16(model: nn.Module, inputs: tuple) -> tuple[str, str] | No
     return site[0] if site else None
 
 
-class SquareNorm(nn.Module):
-    """nn.RMSNorm exports (opset < 23) as Pow(x, 2) -> ReduceMean: |x| > 255.9 squares past
-    65504 in an FP16 graph although the norm's output is in range."""
-
-    def __init__(self):
-        super().__init__()
-        self.proj = nn.Linear(16, 64)
-        self.norm = nn.RMSNorm(64)
-        self.head = nn.Linear(64, 4)
-        with torch.no_grad():
-            self.proj.weight.mul_(800.0)
-
-    def forward(self, x):
-        return self.head(self.norm(self.proj(x)))
-
-
 def rmsnorm_square():
     _seeded(8)
-    return SquareNorm().eval(), (torch.randn(2, 5, 16),)
+    return WideLayerNorm(nn.RMSNorm).eval(), (torch.randn(2, 5, 16),)
 
 
 class ReluSpan(nn.Module):
