@@ -15,7 +15,7 @@ from fp16lens.report._model import HIST_BINS, HIST_MIN_EXP
 from fp16lens.watch._ops import MATMUL_LIKE
 from fp16lens.watch._recorder import INPUT_SITE, Forward, SiteInfo
 from fp16lens.watch._spans import find_spans
-from fp16lens.watch._tensorstats import S_NONFINITE, S_OVER, S_ZEROS, reduce_samples
+from fp16lens.watch._tensorstats import S_NONFINITE, S_OVER, S_ZEROS, SAMPLE_LEN, reduce_samples
 
 # histogram bins wholly below 2^-14 (subnormal in FP16) and below 2^-24 (become 0)
 _SUBNORMAL_BINS = -14 - HIST_MIN_EXP + 1
@@ -40,18 +40,33 @@ def _maxes(extremes: list) -> list[float]:
 
 @dataclass
 class SiteAcc:
+    """Per-site numbers kept in Python; the sampled counts (histogram, zeros, non-finite,
+    overflow) live in one row of ``Accumulator.table``, accumulated in one op per call."""
+
     calls: int = 0
     absmax: float = 0.0
     absmax_batch: int = -1
     numel: int = 0
-    zeros: float = 0.0
-    nonfinite: float = 0.0
-    overflow: float = 0.0
-    subnormal: float = 0.0
-    underflow: float = 0.0
     saturated: int = 0
-    hist: list[float] = field(default_factory=lambda: [0.0] * HIST_BINS)
     shape: list[int] = field(default_factory=list)
+
+
+@dataclass
+class SiteCounts:
+    """Estimated counts of one site over all calls (scaled up from the samples)."""
+
+    hist: list[float]
+    zeros: float
+    nonfinite: float
+    overflow: float
+
+    @property
+    def subnormal(self) -> float:
+        return sum(self.hist[:_SUBNORMAL_BINS])
+
+    @property
+    def underflow(self) -> float:
+        return sum(self.hist[:_UNDERFLOW_BINS])
 
 
 @dataclass
@@ -94,6 +109,15 @@ class Accumulator:
     edges: set[tuple[int, int]] = field(default_factory=set)
     batches: int = 0
     input_shapes: list[list[list[int]]] = field(default_factory=list)
+    # per site: HIST_BINS binade counts, zeros, non-finite, overflow (float64, on the CPU)
+    table: torch.Tensor = field(default_factory=lambda: torch.zeros(0, SAMPLE_LEN, dtype=torch.float64))
+
+    def counts(self) -> dict[int, SiteCounts]:
+        rows = self.table.tolist()
+        return {
+            sid: SiteCounts(r[:HIST_BINS], r[S_ZEROS], r[S_NONFINITE], r[S_OVER])
+            for sid, r in ((s, rows[s]) for s in self.sites)
+        }
 
     def add(self, fw: Forward) -> None:
         self.batches += 1
@@ -105,7 +129,7 @@ class Accumulator:
         for e, (below, _) in fw.saturated.items():
             if fw.sites[e] != INPUT_SITE:  # an inf input is bad data, not a masking constant
                 maxes[e] = below
-        samples = reduce_samples(fw.samples, self.threshold).cpu().tolist()
+        rows = reduce_samples(fw.samples, self.threshold)
         # NaN counts as out of range, unless the inputs already carry NaN/inf: then
         # what follows is the data's problem (reported as such), not the model's, and
         # each op is judged by its finite values (its own overflow is still found)
@@ -119,44 +143,52 @@ class Accumulator:
         oor = [m > self.threshold if bad_input else not m <= self.threshold for m in maxes]
         for e in fw.fp32:
             oor[e] = False
-        self._add_sites(fw, maxes, samples)
-        self._add_inputs(fw, maxes, samples)
+        self._add_sites(fw, maxes, rows)
+        self._add_inputs(fw, maxes, rows)
         self._add_edges(fw)
         self._add_spans(fw, maxes, oor)
         self._add_internal(fw, bad_input)
 
-    def _add_sites(self, fw: Forward, maxes, samples) -> None:
-        for e, sid in enumerate(fw.sites):
-            if sid == INPUT_SITE:
-                continue
-            acc = self.sites.setdefault(sid, SiteAcc())
-            if acc.calls == 0:
-                acc.shape = fw.shapes[e]
+    def _add_sites(self, fw: Forward, maxes, rows: torch.Tensor) -> None:
+        rows = rows.to("cpu", torch.float64)
+        sampled = rows[:, :S_OVER].sum(dim=1)
+        numels = torch.tensor(fw.numels, dtype=torch.float64)
+        rows *= torch.where(sampled > 0, numels / sampled, 0.0).unsqueeze(1)
+        for e, n in fw.exact_over.items():
+            rows[e, S_OVER] = n
+        keep = [e for e, sid in enumerate(fw.sites) if sid != INPUT_SITE]
+        if not keep:
+            return
+        sids = torch.tensor([fw.sites[e] for e in keep])
+        if len(self.sites_info) > self.table.shape[0]:
+            grown = torch.zeros(max(len(self.sites_info), 2 * self.table.shape[0]), SAMPLE_LEN,
+                                dtype=torch.float64)
+            grown[: self.table.shape[0]] = self.table
+            self.table = grown
+        self.table.index_add_(0, sids, rows[keep] if len(keep) < len(fw.sites) else rows)
+        sites, index = self.sites, fw.index
+        for e in keep:
+            sid = fw.sites[e]
+            acc = sites.get(sid)
+            if acc is None:
+                acc = sites[sid] = SiteAcc(shape=list(fw.shapes[e]))
             acc.calls += 1
-            if _gt(maxes[e], acc.absmax) or acc.absmax_batch < 0:
-                acc.absmax, acc.absmax_batch = maxes[e], fw.index
-            s = samples[e]
-            hist = s[:HIST_BINS]
-            sampled = sum(hist) + s[S_ZEROS] + s[S_NONFINITE]
-            scale = fw.numels[e] / sampled if sampled else 0.0
             acc.numel += fw.numels[e]
-            acc.zeros += s[S_ZEROS] * scale
-            acc.subnormal += sum(hist[:_SUBNORMAL_BINS]) * scale
-            acc.underflow += sum(hist[:_UNDERFLOW_BINS]) * scale
-            acc.nonfinite += s[S_NONFINITE] * scale
-            acc.overflow += fw.exact_over.get(e, s[S_OVER] * scale)
-            acc.saturated += fw.saturated.get(e, (0, 0))[1]
-            for i, c in enumerate(hist):
-                acc.hist[i] += c * scale
+            m = maxes[e]
+            if _gt(m, acc.absmax) or acc.absmax_batch < 0:
+                acc.absmax, acc.absmax_batch = m, index
+        for e, (_, n) in fw.saturated.items():
+            if fw.sites[e] != INPUT_SITE:
+                sites[fw.sites[e]].saturated += n
 
-    def _add_inputs(self, fw: Forward, maxes, samples) -> None:
+    def _add_inputs(self, fw: Forward, maxes, rows: torch.Tensor) -> None:
         k = 0
         for e, sid in enumerate(fw.sites):
             if sid != INPUT_SITE:
                 continue
             if not maxes[e] <= self.threshold:
                 cur = self.inputs.get(k)
-                bad = int(samples[e][S_NONFINITE] > 0 or math.isnan(maxes[e]) or math.isinf(maxes[e]))
+                bad = int(rows[e, S_NONFINITE] > 0 or math.isnan(maxes[e]) or math.isinf(maxes[e]))
                 if cur is None or _gt(maxes[e], cur.peak):
                     self.inputs[k] = InputAcc(k, maxes[e], fw.index, bad)
             k += 1

@@ -8,19 +8,19 @@ import torch
 
 from fp16lens.report._model import Finding, Report, ReportMeta, SiteStats, Span
 from fp16lens.watch import _internal
-from fp16lens.watch._accumulate import Accumulator, SpanAcc
+from fp16lens.watch._accumulate import Accumulator, SiteAcc, SiteCounts, SpanAcc
 from fp16lens.watch._recorder import SiteInfo
 
 LN_FP16_MAX = math.log(65504.0)
 
 
-def _site_stats(info: SiteInfo, acc) -> SiteStats:
+def _site_stats(info: SiteInfo, acc: SiteAcc, c: SiteCounts) -> SiteStats:
     return SiteStats(
         name=info.name, kind=info.kind, op=info.op, module=info.module, order=info.order,
         calls=acc.calls, absmax=acc.absmax, absmax_batch=acc.absmax_batch, numel=acc.numel,
-        zeros=round(acc.zeros), nonfinite=round(acc.nonfinite), overflow=round(acc.overflow),
-        subnormal=round(acc.subnormal), underflow=round(acc.underflow), saturated=acc.saturated,
-        hist=[round(h) for h in acc.hist], shape=list(acc.shape),
+        zeros=round(c.zeros), nonfinite=round(c.nonfinite), overflow=round(c.overflow),
+        subnormal=round(c.subnormal), underflow=round(c.underflow), saturated=acc.saturated,
+        hist=[round(h) for h in c.hist], shape=list(acc.shape),
     )
 
 
@@ -68,7 +68,8 @@ def build_report(acc: Accumulator, infos: list[SiteInfo], params: list[Finding],
                  model: torch.nn.Module, threshold: float) -> Report:
     from fp16lens import __version__
 
-    sites = {infos[s].name: _site_stats(infos[s], a) for s, a in sorted(acc.sites.items())}
+    counts = acc.counts()
+    sites = {infos[s].name: _site_stats(infos[s], a, counts[s]) for s, a in sorted(acc.sites.items())}
     spans = [_span(a, infos) for _, a in sorted(acc.spans.items())]
     findings = [_span_finding(s, infos[a.start].op, threshold)
                 for s, a in zip(spans, [a for _, a in sorted(acc.spans.items())])]

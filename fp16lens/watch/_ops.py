@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 from torch import nn
 
@@ -15,6 +16,17 @@ PASSTHROUGH = frozenset(
 # Ops that create tensors from nothing: neither sites nor producers.
 FACTORY = frozenset(
     ["empty", "empty_like", "empty_strided", "zeros", "zeros_like", "ones", "ones_like", "full", "full_like", "arange", "scalar_tensor", "rand", "rand_like", "randn", "randn_like", "randint", "randint_like", "randperm", "new_empty", "new_zeros", "new_ones", "new_full", "new_empty_strided", "linspace", "logspace", "eye", "_local_scalar_dense", "fill", "zero", "normal", "uniform", "bernoulli"]
+)
+
+# Passthroughs whose output holds exactly the input's values (so its extremes too).
+VALUE_PRESERVING = frozenset(
+    ["view", "_unsafe_view", "reshape", "_reshape_alias", "permute", "transpose", "t", "expand", "expand_as", "squeeze", "unsqueeze", "alias", "detach", "contiguous", "clone", "flatten", "unflatten", "movedim", "view_as", "lift_fresh", "lift_fresh_copy", "_reshape_copy", "squeeze_copy", "unsqueeze_copy", "view_copy", "permute_copy", "transpose_copy", "t_copy", "expand_copy", "alias_copy", "detach_copy"]
+)
+
+# Elementwise ops that are monotone in their first argument when every other argument
+# is a number: the output's extremes follow exactly from the input's.
+MONOTONE = frozenset(
+    ["relu", "hardtanh", "clamp", "clamp_min", "clamp_max", "leaky_relu", "mul", "div", "add", "sub", "rsub", "neg"]
 )
 
 _RENAME = {
@@ -32,14 +44,48 @@ _RENAME = {
 }
 
 
-@functools.cache
-def op_name(func) -> str:
-    """A readable name of an aten overload: aten.add_.Tensor -> "add"."""
-    raw = func.overloadpacket.__name__
+def _display(raw: str) -> str:
+    """A readable name of an overload packet's name: "add_" -> "add", "_to_copy" -> "to_copy"."""
     if raw in _RENAME:
         return _RENAME[raw]
     name = raw[:-1] if raw.endswith("_") and not raw.endswith("__") else raw
     return _RENAME.get(name, name.lstrip("_") or name)
+
+
+@functools.cache
+def op_name(func) -> str:
+    """A readable name of an aten overload: aten.add_.Tensor -> "add"."""
+    return _display(func.overloadpacket.__name__)
+
+
+# the op classes above, in display names (what op_name gives)
+PASSTHROUGH, FACTORY, VALUE_PRESERVING, MONOTONE = (
+    frozenset(map(_display, s)) for s in (PASSTHROUGH, FACTORY, VALUE_PRESERVING, MONOTONE)
+)
+
+
+@dataclass(frozen=True)
+class OpInfo:
+    """What the recorder needs to know of an aten overload, worked out once."""
+
+    name: str
+    factory: bool
+    passthrough: bool
+    preserving: bool
+    monotone: bool
+    mutable: bool
+    internal: bool
+
+    @classmethod
+    def of(cls, func) -> OpInfo:
+        from fp16lens.watch._internal import CHECKS
+
+        name = op_name(func)
+        return cls(
+            name=name, factory=name in FACTORY, passthrough=name in PASSTHROUGH,
+            preserving=name in VALUE_PRESERVING, monotone=name in MONOTONE,
+            mutable=bool(func._schema.is_mutable), internal=name in CHECKS,
+        )
 
 
 def is_builtin_leaf(module: nn.Module) -> bool:

@@ -7,19 +7,20 @@ to activations (producers are tracked through weak references to the tensors).
 from __future__ import annotations
 
 import sys
+import weakref
 from dataclasses import dataclass, field
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils.weak import WeakIdKeyDictionary
 
 from fp16lens.report._model import SATURATED
 from fp16lens.watch import _internal
-from fp16lens.watch._ops import FACTORY, PASSTHROUGH, is_builtin_leaf, op_name
+from fp16lens.watch._ops import OpInfo, is_builtin_leaf
 from fp16lens.watch._options import WatchOptions
 from fp16lens.watch._tensorstats import extremes, flat_view, take_sample
 
 INPUT_SITE = -1
+_DERIVE_MIN = 1 << 19  # below this many elements a pass costs less than deriving
 
 
 @dataclass
@@ -54,7 +55,7 @@ class Forward:
 
 
 def _float_tensors(obj, out: list) -> list:
-    """Float tensors in nested args (one level of lists/tuples, dicts, dataclass fields)."""
+    """Float tensors in nested args (lists/tuples, dicts, dataclass fields)."""
     if isinstance(obj, torch.Tensor):
         if obj.is_floating_point():
             out.append(obj)
@@ -68,6 +69,16 @@ def _float_tensors(obj, out: list) -> list:
         for name in obj.__dataclass_fields__:
             _float_tensors(getattr(obj, name, None), out)
     return out
+
+
+def _scalar_args(args, kwargs) -> bool:
+    """Every argument after the first is a number (or None): the op is then an
+    elementwise function of its first argument alone."""
+    for a in args[1:]:
+        if not (a is None or isinstance(a, (int, float)) or (
+                isinstance(a, torch.Tensor) and a.dim() == 0 and a.device.type == "cpu")):
+            return False
+    return all(v is None or isinstance(v, (int, float)) for v in kwargs.values())
 
 
 class Recorder(TorchDispatchMode):
@@ -84,9 +95,11 @@ class Recorder(TorchDispatchMode):
         self.stack: list[tuple[str, bool, dict[str, int], bool]] = []  # name, leaf, op counts, fp32
         self.sites: list[SiteInfo] = []
         self.site_ids: dict[str, int] = {}
-        self.producers: WeakIdKeyDictionary = WeakIdKeyDictionary()
-        # event output -> (version counter, min, max): exact while the tensor is unmodified
-        self.extremes_of: WeakIdKeyDictionary = WeakIdKeyDictionary()
+        # id(tensor) -> (weak ref, producer events, version counter, min, max) for the
+        # tensors of the running forward call; the extremes are exact while the version
+        # counter is unchanged (-1: not known). Cleared when the call ends.
+        self.known: dict[int, tuple] = {}
+        self.ops: dict = {}  # aten overload -> OpInfo
         self.forward: Forward | None = None
         self.forwards = 0
         self.last_site = ""
@@ -141,8 +154,11 @@ class Recorder(TorchDispatchMode):
         outs: set[int] = set()
         if output is not None:
             for t in _float_tensors(output, []):
-                outs.update(self.producers.get(t, ()))
+                ent = self._lookup(t)
+                if ent is not None:
+                    outs.update(ent[1])
         fw.outputs = tuple(sorted(outs))
+        self.known.clear()
         self.on_forward_end(fw)
 
     def abort_forward(self) -> None:
@@ -155,95 +171,159 @@ class Recorder(TorchDispatchMode):
     def _site(self, op: str) -> int:
         module, leaf, counts, _ = self.stack[-1]
         if leaf:
-            name, kind, label = module, "module", None
+            name = module
         else:
             n = counts[op] = counts.get(op, 0) + 1
-            name, kind, label = f"{module}:{op}" + (f"#{n}" if n > 1 else ""), "op", op
+            name = f"{module}:{op}#{n}" if n > 1 else f"{module}:{op}"
         sid = self.site_ids.get(name)
         if sid is None:
-            mod_obj = None
-            if label is None:
+            if leaf:
                 mod_obj = next((m for m, nm in self.names.items() if nm == module), None)
-            shown = type(mod_obj).__name__ if mod_obj is not None else label
+                shown, kind = (type(mod_obj).__name__ if mod_obj is not None else op), "module"
+            else:
+                shown, kind = op, "op"
             sid = self.site_ids[name] = len(self.sites)
-            self.sites.append(SiteInfo(name, kind, shown or op, module, sid))
+            self.sites.append(SiteInfo(name, kind, shown, module, sid))
         return sid
+
+    def _lookup(self, t: torch.Tensor):
+        """(ref, producer events, version, min, max) recorded for ``t`` in this forward."""
+        ent = self.known.get(id(t))
+        return ent if ent is not None and ent[0]() is t else None
+
+    def _remember(self, t: torch.Tensor, prods: tuple[int, ...], lo=None, hi=None,
+                  bump: int = 0) -> None:
+        # exact extremes are kept only on the CPU (a sync is free there) and while the
+        # tensor is unmodified: its version counter tells (an in-place op's bump lands
+        # after this mode returns, hence ``bump``); inference tensors have no counter
+        if lo is None or t.is_inference():
+            self.known[id(t)] = (weakref.ref(t), prods, -1, None, None)
+        else:
+            self.known[id(t)] = (weakref.ref(t), prods, t._version + bump, lo, hi)
+
+    def _producers(self, args, kwargs) -> tuple[int, ...]:
+        found: list[int] = []
+        for a in (*args, *kwargs.values()) if kwargs else args:
+            if isinstance(a, torch.Tensor):
+                ent = self._lookup(a)
+                if ent is not None:
+                    found.extend(ent[1])
+            elif isinstance(a, (list, tuple)):
+                for b in a:
+                    if isinstance(b, torch.Tensor):
+                        ent = self._lookup(b)
+                        if ent is not None:
+                            found.extend(ent[1])
+        if len(found) < 2:
+            return tuple(found)
+        return tuple(sorted(set(found)))
 
     def _add_event(self, site: int, inputs: tuple[int, ...], t: torch.Tensor,
                    known: tuple[float, float] | None = None, inplace: bool = False) -> int:
         fw = self.forward
         eid = len(fw.sites)
-        flat = flat_view(t.detach())
+        out = t  # the tensor the model sees: the one remembered
+        if t.requires_grad:
+            t = t.detach()
+        flat = flat_view(t)
+        numel = flat.numel()
         fw.sites.append(site)
         fw.inputs.append(inputs)
         fw.samples.append(take_sample(flat, self.options.sample_size))
-        fw.numels.append(t.numel())
-        fw.shapes.append(list(t.shape))
+        fw.numels.append(numel)
+        fw.shapes.append(t.shape)
         if t.device.type != "cpu":  # no host sync per op: extremes are reduced per forward
             fw.extremes.append(extremes(flat))
-        else:  # on the CPU a sync is free: keep Python floats, and exact counts
-            lo, hi = known if known is not None else (float(v) for v in torch.aminmax(flat))
-            fw.extremes.append((lo, hi))
-            peak = hi if hi >= -lo else -lo  # NaN when the tensor holds NaN
-            if not peak <= self.options.threshold:
-                a = t.detach().abs()
-                if peak != peak:  # NaN: keep the largest finite value beside it
-                    fw.finite_max[eid] = float(torch.where(a.isfinite(), a, 0).max())
-                if peak >= SATURATED:
-                    huge = a >= SATURATED
-                    rest = torch.where(huge, 0, a)
-                    fw.saturated[eid] = (float(rest.max()), int(huge.sum()))
-                    a = rest
-                fw.exact_over[eid] = int((a > self.options.threshold).sum()) + int(a.isnan().sum())
-        self.producers[t] = (eid,)
-        if t.device.type == "cpu" and not t.is_inference():  # no version counter there
-            # an in-place op's version bump happens after this mode returns
-            self.extremes_of[t] = (t._version + int(inplace), *fw.extremes[-1])
+            self._remember(out, (eid,))
+            return eid
+        # on the CPU a sync is free: keep Python floats, and exact counts
+        if known is None:
+            lo, hi = torch.aminmax(flat)
+            lo, hi = lo.item(), hi.item()
+        else:
+            lo, hi = known
+        fw.extremes.append((lo, hi))
+        peak = hi if hi >= -lo else -lo  # NaN when the tensor holds NaN
+        if not peak <= self.options.threshold:
+            self._count_over(eid, t, peak)
+        self._remember(out, (eid,), lo, hi, int(inplace))
         return eid
 
-    def _derived(self, func, name: str, args) -> tuple[float, float] | None:
-        """Exact extremes of relu(x) from those of x, when x is a recorded op output that
-        nothing modified since (its version counter tells): one pass less over the
-        largest tensors of a CNN."""
-        if name != "relu" or not args or not torch.is_tensor(args[0]):
+    def _count_over(self, eid: int, t: torch.Tensor, peak: float) -> None:
+        """Exact counts for an output past the threshold (rare: one more pass)."""
+        fw = self.forward
+        a = t.abs()
+        if peak != peak:  # NaN: keep the largest finite value beside it
+            fw.finite_max[eid] = float(torch.where(a.isfinite(), a, 0).max())
+        if peak >= SATURATED:
+            huge = a >= SATURATED
+            rest = torch.where(huge, 0, a)
+            fw.saturated[eid] = (float(rest.max()), int(huge.sum()))
+            a = rest
+        fw.exact_over[eid] = int((a > self.options.threshold).sum()) + int(a.isnan().sum())
+
+    def _derived(self, func, info: OpInfo, args, kwargs, numel: int) -> tuple[float, float] | None:
+        """Exact extremes of a monotone elementwise op's output from those of its input
+        (relu, clamp, leaky_relu, scaling by a number...): the op applied to the
+        input's (min, max) gives the output's, since rounding is monotone too. Saves a
+        pass over the largest tensors; only when the input is a recorded, unmodified
+        tensor on the CPU."""
+        if not info.monotone or numel < _DERIVE_MIN or not args or not isinstance(args[0], torch.Tensor):
             return None
-        known = self.extremes_of.get(args[0])
-        if known is None or args[0].is_inference():
+        x = args[0]
+        ent = self._lookup(x)
+        if ent is None or ent[2] < 0 or x._version != ent[2] or not _scalar_args(args, kwargs):
             return None
-        version, lo, hi = known
-        if args[0]._version != version:  # modified since (bumps land after each in-place op)
+        pair = torch.tensor([ent[3], ent[4]], dtype=x.dtype)
+        try:
+            r = func(pair, *args[1:], **kwargs).tolist()
+        except (RuntimeError, TypeError):
             return None
-        return (lo if lo > 0 else 0.0 if lo == lo else lo, hi if hi > 0 else 0.0 if hi == hi else hi)
+        if not (isinstance(r, list) and len(r) == 2):
+            return None
+        a, b = r
+        return (a, b) if not b < a else (b, a)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        out = func(*args, **kwargs)
+        out = func(*args, **kwargs) if kwargs else func(*args)
         if self.forward is None or not self.stack:
             return out
-        name = op_name(func)
-        if name in FACTORY:
+        info = self.ops.get(func)
+        if info is None:
+            info = self.ops[func] = OpInfo.of(func)
+        if info.factory:
             return out
-        ins = _float_tensors(args, _float_tensors(kwargs, []))
-        prods = tuple(sorted({p for t in ins for p in self.producers.get(t, ())}))
-        outs = _float_tensors(out, [])
-        if not outs:
-            return out
+        kwargs = kwargs or {}
+        if isinstance(out, torch.Tensor):
+            if not out.is_floating_point():
+                return out
+            outs = (out,)
+        else:
+            outs = _float_tensors(out, [])
+            if not outs:
+                return out
+        prods = self._producers(args, kwargs)
+        first = outs[0]
         if (
-            name in PASSTHROUGH
-            or outs[0].numel() == 0
+            info.passthrough
+            or first.numel() == 0
             or (not self.options.ops and not self.stack[-1][1])
         ):
+            src = self._lookup(args[0]) if info.preserving and args and isinstance(args[0], torch.Tensor) else None
             for t in outs:
-                self.producers[t] = prods
+                if src is not None and src[2] >= 0 and args[0]._version == src[2]:
+                    self._remember(t, prods, src[3], src[4], int(info.mutable))
+                else:
+                    self._remember(t, prods)
             return out
-        site = self._site(name)
+        site = self._site(info.name)
         self.last_site = self.sites[site].name
-        eid = self._add_event(site, prods, outs[0], self._derived(func, name, args),
-                              inplace=func._schema.is_mutable)
+        known = self._derived(func, info, args, kwargs, first.numel()) if info.monotone else None
+        eid = self._add_event(site, prods, first, known, inplace=info.mutable)
         if self.stack[-1][3]:
             self.forward.fp32.add(eid)
-        if self.options.internal and not self.stack[-1][3]:
-            found = _internal.check(name, func, args, kwargs, outs[0])
+        if info.internal and self.options.internal and not self.stack[-1][3]:
+            found = _internal.check(info.name, func, args, kwargs, first)
             if found is not None:
                 self.forward.internal.append((site, *found))
         return out

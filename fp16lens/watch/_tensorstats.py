@@ -8,6 +8,8 @@ every event) into per-binade counts, zeros, non-finite and over-threshold counts
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from fp16lens.report._model import HIST_BINS, HIST_MIN_EXP
@@ -52,16 +54,47 @@ def take_sample(flat: torch.Tensor, sample_size: int, run: int = 64) -> torch.Te
     return flat.as_strided((runs, length), (stride, 1)).to(torch.float32, copy=True).reshape(-1)
 
 
+def _bin_table() -> torch.Tensor:
+    """Row bin for key = 2 * biased exponent + (|v| != 0) of a float32 value."""
+    table = torch.empty(512, dtype=torch.int64)
+    for biased in range(256):
+        table[2 * biased + 1] = min(max(biased - 126 - HIST_MIN_EXP, 0), HIST_BINS - 1)
+        table[2 * biased] = S_ZEROS if biased == 0 else table[2 * biased + 1]
+    table[511] = table[510] = S_NONFINITE
+    return table
+
+
+_BINS = _bin_table()
+
+
 def reduce_samples(samples: list[torch.Tensor], threshold: float) -> torch.Tensor:
-    """One row of SAMPLE_LEN counts per sample, computed in a few ops for all of them."""
+    """One row of SAMPLE_LEN counts per sample, computed in a few ops for all of them.
+
+    The binade of each value comes from the bits of its float32 encoding: |v| in
+    [2^(k-1), 2^k) has biased exponent k + 126 (FP32 subnormals land in bin 0); a
+    512-entry table maps (biased exponent, non-zero) to the row's bin."""
     n = len(samples)
-    s = torch.cat(samples).abs_()
-    lengths = torch.tensor([x.numel() for x in samples], device=s.device)
-    seg = torch.repeat_interleave(torch.arange(n, device=s.device), lengths)
-    idx = (torch.frexp(s)[1] - HIST_MIN_EXP).clamp_(0, HIST_BINS - 1)
-    idx = torch.where(s == 0, S_ZEROS, idx)
-    idx = torch.where(torch.isfinite(s), idx, S_NONFINITE)
+    s = torch.cat(samples)
+    bits = s.view(torch.int32) & 0x7FFFFFFF  # |v|, bit for bit
+    key = ((bits >> 23) << 1).add_(bits.clamp(max=1))
     width = SAMPLE_LEN - 1
-    counts = torch.bincount(seg * width + idx, minlength=n * width).view(n, width)
-    over = torch.bincount(seg, weights=(s > threshold).double(), minlength=n).long()
-    return torch.cat([counts, over.view(n, 1)], dim=1)
+    idx = _BINS.to(s.device).index_select(0, key)
+    lengths = [x.numel() for x in samples]
+    if len(set(lengths)) == 1:  # equal samples: the row offset is a reshape away
+        idx = idx.view(n, lengths[0]).add_(torch.arange(0, n * width, width, device=s.device).view(n, 1))
+    else:
+        marks = torch.zeros(s.numel(), dtype=torch.int64, device=s.device)
+        starts = torch.tensor(lengths[:-1], device=s.device).cumsum_(0)
+        marks[starts] = width
+        idx += marks.cumsum_(0)
+    counts = torch.bincount(idx.view(-1), minlength=n * width).view(n, width)
+    # values past the threshold can only sit in its binade or above (or be inf)
+    top = min(max(math.frexp(threshold)[1] - HIST_MIN_EXP, 0), HIST_BINS - 1)
+    if bool(counts[:, top:HIST_BINS].any()) or bool(counts[:, S_NONFINITE].any()):
+        over = bits.view(torch.float32) > threshold
+        rows = torch.repeat_interleave(torch.arange(n, device=s.device),
+                                       torch.tensor(lengths, device=s.device))
+        extra = torch.bincount(rows[over], minlength=n)
+    else:
+        extra = torch.zeros_like(counts[:, 0])
+    return torch.cat([counts, extra.view(n, 1)], dim=1)
