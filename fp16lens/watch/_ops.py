@@ -93,6 +93,11 @@ def is_builtin_leaf(module: nn.Module) -> bool:
     return type(module).__module__.startswith("torch.nn.") and next(module.children(), None) is None
 
 
+# Built-in modules recorded at their boundary (one output event) rather than op by op:
+# their aten ops (t, addmm, views) all carry the module's site name anyway.
+BOUNDARY_MODULES = frozenset({nn.Linear, nn.modules.linear.NonDynamicallyQuantizableLinear})
+
+
 # Op classes the span logic and the fusion hint use.
 MATMUL_LIKE = frozenset({"convolution", "addmm", "mm", "bmm", "matmul", "linear", "baddbmm"})
 NORM_OPS = frozenset({"batch_norm", "layer_norm", "group_norm", "rms_norm", "instance_norm"})

@@ -18,7 +18,8 @@ class WatchOptions:
     internal: check overflow inside ops (norm variances, sums before a mean, ...).
     params: check parameters and buffers on entry.
     sample_size: elements sampled per call for the underflow shares and the
-        per-binade histogram (the maximum and overflow counts are always exact).
+        per-binade histogram (the maximum is always exact, and so are overflow counts
+        on the CPU; elsewhere they are estimated from the sample).
     param_subnormal_share / param_underflow_share: a parameter tensor is reported when
         values that are subnormal / flush to zero in FP16 carry at least this share of
         its magnitude (sum of |v|): a few stray tiny values next to large ones do not matter.
@@ -30,7 +31,7 @@ class WatchOptions:
     ops: bool = True
     internal: bool = True
     params: bool = True
-    sample_size: int = 4096
+    sample_size: int = 1024
     param_subnormal_share: float = 0.05
     param_underflow_share: float = 0.01
     distributed: bool | str = "auto"

@@ -11,11 +11,11 @@ import weakref
 from dataclasses import dataclass, field
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode
 
 from fp16lens.report._model import SATURATED
 from fp16lens.watch import _internal
-from fp16lens.watch._ops import OpInfo, is_builtin_leaf
+from fp16lens.watch._ops import BOUNDARY_MODULES, OpInfo, is_builtin_leaf
 from fp16lens.watch._options import WatchOptions
 from fp16lens.watch._tensorstats import extremes, flat_view, take_sample
 
@@ -92,7 +92,10 @@ class Recorder(TorchDispatchMode):
         for name, m in model.named_modules(remove_duplicate=False):
             self.names.setdefault(m, name)
         self.leaf = {m: is_builtin_leaf(m) for m in self.names}
-        self.stack: list[tuple[str, bool, dict[str, int], bool]] = []  # name, leaf, op counts, fp32
+        # name, leaf, op counts, fp32, op recording suspended inside (see _pre)
+        self.stack: list[tuple[str, bool, dict[str, int], bool, bool]] = []
+        self.boundary = {m for m in self.names if type(m) in BOUNDARY_MODULES}
+        self.suspended = False
         self.sites: list[SiteInfo] = []
         self.site_ids: dict[str, int] = {}
         # id(tensor) -> (weak ref, producer events, version counter, min, max) for the
@@ -126,18 +129,39 @@ class Recorder(TorchDispatchMode):
             # modules that keep themselves in FP32 under .half() (fp16lens.patch's islands)
             # store FP32 values inside: they are recorded but never out of FP16 range
             fp32 = bool(getattr(module, "fp16lens_fp32", False)) or bool(self.stack and self.stack[-1][3])
-            self.stack.append((self.names.get(module, "?"), self.leaf.get(module, False), {}, fp32))
+            # a Linear runs several aten ops (t, addmm, views) for one output: its output
+            # is recorded here at the module boundary, with op recording suspended inside
+            suspend = (module in self.boundary and not self.suspended
+                       and _get_current_dispatch_mode() is self)
+            self.stack.append((self.names.get(module, "?"), self.leaf.get(module, False), {}, fp32, suspend))
+            if suspend:
+                TorchDispatchMode.__exit__(self, None, None, None)
+                self.suspended = True
         return None
 
     def _post(self, module, args, output):
         if self.forward is None or not self.stack:
             return None
-        if not self.raised_in and sys.exc_info()[1] is not None:  # always_call after a raise
+        raised = sys.exc_info()[1] is not None  # always_call hooks also run after a raise
+        if not self.raised_in and raised:
             self.raised_in = self.stack[-1][0]
+        if self.stack[-1][4]:  # still suspended: the stats ops below are not the model's
+            if not raised and isinstance(output, torch.Tensor) and output.is_floating_point() and output.numel():
+                site = self._site("")
+                self.last_site = self.sites[site].name
+                eid = self._add_event(site, self._producers(args, {}), output)
+                if self.stack[-1][3]:
+                    self.forward.fp32.add(eid)
+            self._resume()
         self.stack.pop()
         if not self.stack:
             self._end_forward(output)
         return None
+
+    def _resume(self) -> None:
+        if self.suspended:
+            self.suspended = False
+            TorchDispatchMode.__enter__(self)
 
     # ---- forward boundaries ------------------------------------------------------
     def _begin_forward(self, args, kwargs) -> None:
@@ -163,13 +187,14 @@ class Recorder(TorchDispatchMode):
 
     def abort_forward(self) -> None:
         """The forward raised: reduce what ran so far, with no outputs."""
+        self._resume()
         if self.forward is not None:
             self.stack.clear()
             self._end_forward(None)
 
     # ---- events --------------------------------------------------------------------
     def _site(self, op: str) -> int:
-        module, leaf, counts, _ = self.stack[-1]
+        module, leaf, counts = self.stack[-1][:3]
         if leaf:
             name = module
         else:
@@ -196,10 +221,20 @@ class Recorder(TorchDispatchMode):
         # exact extremes are kept only on the CPU (a sync is free there) and while the
         # tensor is unmodified: its version counter tells (an in-place op's bump lands
         # after this mode returns, hence ``bump``); inference tensors have no counter
-        if lo is None or t.is_inference():
-            self.known[id(t)] = (weakref.ref(t), prods, -1, None, None)
-        else:
-            self.known[id(t)] = (weakref.ref(t), prods, t._version + bump, lo, hi)
+        if lo is not None:
+            try:
+                self.known[id(t)] = (weakref.ref(t), prods, t._version + bump, lo, hi)
+                return
+            except RuntimeError:  # an inference tensor: no version counter
+                pass
+        self.known[id(t)] = (weakref.ref(t), prods, -1, None, None)
+
+    def _known_range(self, t: torch.Tensor) -> tuple[float, float] | None:
+        """(min, max) of ``t`` when recorded in this call and unmodified since."""
+        ent = self._lookup(t)
+        if ent is None or ent[2] < 0 or t._version != ent[2]:
+            return None
+        return ent[3], ent[4]
 
     def _producers(self, args, kwargs) -> tuple[int, ...]:
         found: list[int] = []
@@ -225,12 +260,11 @@ class Recorder(TorchDispatchMode):
         out = t  # the tensor the model sees: the one remembered
         if t.requires_grad:
             t = t.detach()
-        flat = flat_view(t)
-        numel = flat.numel()
+        flat = t if t.is_contiguous() else flat_view(t)  # elements in memory order
         fw.sites.append(site)
         fw.inputs.append(inputs)
         fw.samples.append(take_sample(flat, self.options.sample_size))
-        fw.numels.append(numel)
+        fw.numels.append(t.numel())
         fw.shapes.append(t.shape)
         if t.device.type != "cpu":  # no host sync per op: extremes are reduced per forward
             fw.extremes.append(extremes(flat))
@@ -323,7 +357,8 @@ class Recorder(TorchDispatchMode):
         if self.stack[-1][3]:
             self.forward.fp32.add(eid)
         if info.internal and self.options.internal and not self.stack[-1][3]:
-            found = _internal.check(info.name, func, args, kwargs, first)
+            found = _internal.check(info.name, func, args, kwargs, first, self._known_range,
+                                    self.options.threshold)
             if found is not None:
                 self.forward.internal.append((site, *found))
         return out

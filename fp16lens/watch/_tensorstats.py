@@ -20,9 +20,8 @@ S_ZEROS, S_NONFINITE, S_OVER = HIST_BINS, HIST_BINS + 1, HIST_BINS + 2
 SAMPLE_LEN = HIST_BINS + 3
 
 
-def extremes(flat: torch.Tensor) -> torch.Tensor:
-    """(min, max) of a flat tensor as float32 on its device (NaN if it holds NaN).
-    A 1-D input keeps aminmax on its fastest path."""
+def extremes(flat: torch.Tensor) -> torch.Tensor:  # flat: dense, in memory order
+    """(min, max) of a tensor as float32 on its device (NaN if it holds NaN)."""
     lo, hi = torch.aminmax(flat)
     return torch.stack([lo, hi]).float()
 
@@ -42,16 +41,17 @@ def flat_view(t: torch.Tensor) -> torch.Tensor:
     return p.reshape(-1) if p.is_contiguous() else t.reshape(-1)
 
 
-def take_sample(flat: torch.Tensor, sample_size: int, run: int = 64) -> torch.Tensor:
-    """A float32 copy of about ``sample_size`` elements (never a view): evenly spaced runs
-    of ``run`` contiguous elements, so the copy touches few cache lines."""
+def take_sample(flat: torch.Tensor, sample_size: int, run: int = 16) -> torch.Tensor:
+    """A 1-D float32 copy of about ``sample_size`` elements (never a view): evenly spaced
+    runs of ``run`` contiguous elements, so the copy touches few cache lines. ``flat``
+    is contiguous (of any shape): its elements are read in memory order."""
     n = flat.numel()
     if n <= sample_size:
-        return flat.to(torch.float32, copy=True)
+        return flat.as_strided((n,), (1,)).to(torch.float32, copy=True)
     runs = max(1, sample_size // run)
     stride = n // runs
     length = min(run, stride)
-    return flat.as_strided((runs, length), (stride, 1)).to(torch.float32, copy=True).reshape(-1)
+    return flat.as_strided((runs, length), (stride, 1)).to(torch.float32, copy=True).view(-1)
 
 
 def _bin_table() -> torch.Tensor:

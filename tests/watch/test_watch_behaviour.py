@@ -67,6 +67,24 @@ def test_forward_that_raises_names_last_site_and_cleans_up():
         pass
 
 
+def test_forward_that_raises_inside_a_linear_cleans_up():
+    """A Linear is recorded at its boundary with op recording paused inside it: a
+    raise in there must still leave no mode behind and keep the forward usable."""
+    model = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(5, 2))  # 3 != 5: raises
+    before = _hook_counts(model)
+    with pytest.raises(RuntimeError) as info, watch(model):
+        model(torch.rand(2, 4))
+    notes = getattr(info.value, "__notes__", [])
+    assert any("inside '2'" in n for n in notes), notes
+    assert _hook_counts(model) == before and _dispatch_depth() == 0
+    model[2] = nn.Linear(3, 2)
+    with watch(model) as lens:
+        out = model(torch.rand(2, 4))
+    assert set(lens.report.sites) == {"0", "1", "2"} and lens.report.edges == [("0", "1"), ("1", "2")]
+    assert [s.calls for s in lens.report.sites.values()] == [1, 1, 1]  # watch's own ops unseen
+    assert lens.report.sites["2"].absmax == float(out.detach().abs().max())
+
+
 class TwoAdds(nn.Module):
     def __init__(self):
         super().__init__()
