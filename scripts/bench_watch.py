@@ -1,7 +1,8 @@
 """Overhead of watch() against a plain forward, side by side in one run.
 
-Prints, per model: time of a watched forward / plain forward (median of interleaved
-repetitions) for fp16lens's op-level watch, the seed article's module hooks
+Prints, per model: time of a watched forward / plain forward (median and interquartile
+range of per-repetition ratios, each repetition timing every method back to back) for
+fp16lens's op-level watch, the seed article's module hooks
 (FInspect + fp16_check: module outputs only) and transformers' DebugUnderflowOverflow
 (when transformers is installed), and the peak resident memory of each relative to a
 plain forward (each measured in a fresh subprocess).
@@ -137,19 +138,35 @@ def available(method: str) -> str | None:
     return None
 
 
-def time_ratios(model, inputs, methods: Sequence[str], reps: int) -> dict[str, float]:
-    """Median over interleaved repetitions of (method forward time / plain forward time)."""
-    times: dict[str, list[float]] = {m: [] for m in methods}
+def time_ratio_spread(model, inputs, methods: Sequence[str], reps: int,
+                      calls: int = 2) -> dict[str, tuple[float, float, float]]:
+    """Per method: (lower quartile, median, upper quartile) over repetitions of
+    (method time / plain time). Each repetition times every method back to back
+    (``calls`` forwards after one warm-up inside the method's context), so a ratio
+    compares runs seconds apart: this machine's speed drifts by 10-20% over a minute."""
+    per_rep: dict[str, list[float]] = {m: [] for m in methods}
     with torch.no_grad():
         for _ in range(reps):
+            times = {}
             for m in methods:
                 with METHODS[m](model):
                     model(*inputs)  # warm-up inside the context
                     t0 = time.perf_counter()
-                    model(*inputs)
-                    times[m].append(time.perf_counter() - t0)
-    base = statistics.median(times["plain"])
-    return {m: statistics.median(v) / base for m, v in times.items()}
+                    for _ in range(calls):
+                        model(*inputs)
+                    times[m] = time.perf_counter() - t0
+            for m in methods:
+                per_rep[m].append(times[m] / times["plain"])
+    out = {}
+    for m, r in per_rep.items():
+        q = statistics.quantiles(r, n=4) if len(r) > 1 else [r[0]] * 3
+        out[m] = (q[0], statistics.median(r), q[2])
+    return out
+
+
+def time_ratios(model, inputs, methods: Sequence[str], reps: int) -> dict[str, float]:
+    """Median of (method time / plain time) over interleaved repetitions."""
+    return {m: s[1] for m, s in time_ratio_spread(model, inputs, methods, reps).items()}
 
 
 def peak_rss_mb(model_name: str, method: str, quick: bool) -> float:
@@ -171,15 +188,16 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true", help="small inputs and few repetitions (CI)")
     parser.add_argument("--models", nargs="*", default=list(MODELS))
     parser.add_argument("--json", action="store_true")
-    parser.add_argument("--reps", type=int, default=None, help="interleaved repetitions (default 7, quick 3)")
+    parser.add_argument("--reps", type=int, default=None, help="interleaved repetitions (default 15, quick 3)")
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")
     args = parser.parse_args(argv)
-    reps = args.reps or (3 if args.quick else 7)
+    reps = args.reps or (3 if args.quick else 15)
     rows = []
     for name in args.models:
         model, inputs = MODELS[name](args.quick)
         methods = [m for m in METHODS if available(m) is None]
-        ratios = time_ratios(model, inputs, methods, reps)
+        spread = time_ratio_spread(model, inputs, methods, reps)
+        ratios = {m: s[1] for m, s in spread.items()}
         base_rss = None if args.no_memory else peak_rss_mb(name, "plain", args.quick)
         for m in METHODS:
             why = available(m)
@@ -188,8 +206,10 @@ def main(argv=None) -> int:
                 continue
             rss = base_rss if m == "plain" or base_rss is None else peak_rss_mb(name, m, args.quick)
             memory = None if base_rss is None else rss / base_rss
-            rows.append({"model": name, "method": m, "time": ratios[m], "memory": memory, "note": ""})
-            print(f"# {name} {m}: time {ratios[m]:.2f}x", file=sys.stderr, flush=True)
+            lo, _, hi = spread[m]
+            rows.append({"model": name, "method": m, "time": ratios[m], "time_iqr": [lo, hi],
+                         "memory": memory, "note": ""})
+            print(f"# {name} {m}: time {ratios[m]:.2f}x (IQR {lo:.2f}-{hi:.2f})", file=sys.stderr, flush=True)
     if args.json:
         print(json.dumps(rows, indent=1))
         return 0
@@ -197,10 +217,12 @@ def main(argv=None) -> int:
     from rich.table import Table
 
     table = Table(title=f"watch overhead vs a plain forward ({'quick' if args.quick else 'full'} mode, {torch.get_num_threads()} threads)")
-    for col in ("model", "method", "time / plain", "peak memory / plain", "note"):
+    for col in ("model", "method", "time / plain (median)", "interquartile range", "peak memory / plain", "note"):
         table.add_column(col)
     for r in rows:
+        iqr = r.get("time_iqr")
         table.add_row(r["model"], r["method"], "-" if r["time"] is None else f"{r['time']:.2f}x",
+                      "-" if not iqr else f"{iqr[0]:.2f}-{iqr[1]:.2f}x",
                       "-" if r["memory"] is None else f"{r['memory']:.2f}x", r["note"])
     Console().print(table)
     return 0

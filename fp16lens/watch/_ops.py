@@ -75,6 +75,7 @@ class OpInfo:
     monotone: bool
     mutable: bool
     internal: bool
+    single_source: bool  # a passthrough whose only float input is its first argument
 
     @classmethod
     def of(cls, func) -> OpInfo:
@@ -85,6 +86,7 @@ class OpInfo:
             name=name, factory=name in FACTORY, passthrough=name in PASSTHROUGH,
             preserving=name in VALUE_PRESERVING, monotone=name in MONOTONE,
             mutable=bool(func._schema.is_mutable), internal=name in CHECKS,
+            single_source=name in PASSTHROUGH and name != "copy",
         )
 
 

@@ -318,6 +318,20 @@ class Recorder(TorchDispatchMode):
         a, b = r
         return (a, b) if not b < a else (b, a)
 
+    def _pass_through(self, info: OpInfo, x: torch.Tensor, out: torch.Tensor):
+        """A view or copy of its first argument (the common case, kept short): the output
+        inherits the producers, and the extremes when the values are unchanged."""
+        if not out.is_floating_point():
+            return out
+        ent = self.known.get(id(x))
+        if ent is None or ent[0]() is not x:
+            return out  # a parameter or constant: nothing to inherit
+        if info.preserving and ent[2] >= 0 and x._version == ent[2]:
+            self._remember(out, ent[1], ent[3], ent[4], int(info.mutable))
+        else:
+            self.known[id(out)] = (weakref.ref(out), ent[1], -1, None, None)
+        return out
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **kwargs) if kwargs else func(*args)
         if self.forward is None or not self.stack:
@@ -327,6 +341,8 @@ class Recorder(TorchDispatchMode):
             info = self.ops[func] = OpInfo.of(func)
         if info.factory:
             return out
+        if info.single_source and isinstance(out, torch.Tensor) and args and isinstance(args[0], torch.Tensor):
+            return self._pass_through(info, args[0], out)
         kwargs = kwargs or {}
         if isinstance(out, torch.Tensor):
             if not out.is_floating_point():
