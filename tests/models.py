@@ -273,7 +273,46 @@ def multi_output():
     return MultiOutput().eval(), (torch.rand(1, 3, 8, 8),)
 
 
+class UpcastRMSNorm(nn.Module):
+    """Llama/T5-style RMS norm: the model's own code upcasts, so under .half() x^2 is
+    FP32 and cannot overflow, although the FP32 model's x^2 is past 65504."""
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        dtype = x.dtype
+        h = x.to(torch.float32)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)
+        return self.weight * h.to(dtype)
+
+
+class LargeResidualStream(nn.Module):
+    """Residual stream with |x| ~ 1000 (in FP16 range) into an upcasting norm, plus a
+    position term created in forward: an FP32 tensor that promotes the sum to FP32
+    under .half(), where 70,000 is no overflow."""
+
+    def __init__(self, dim: int = 16):
+        super().__init__()
+        self.proj = nn.Linear(dim, dim)
+        self.norm = UpcastRMSNorm(dim)
+        self.out = nn.Linear(dim, dim)
+
+    def forward(self, x):
+        h = self.proj(x) * 1000.0
+        h = self.out(self.norm(h))
+        pos = torch.arange(h.shape[-1], dtype=torch.float32, device=h.device) * 7000.0
+        return h + pos  # FP32 (promoted) under .half(): up to 105,000, no inf
+
+
+def upcast_norm():
+    _seeded(11)
+    return LargeResidualStream().eval(), (torch.randn(2, 4, 16),)
+
+
 WATCH_CASES = {
+    "upcast_norm": upcast_norm,
     "seed_case": seed_case,
     "functional_mul": functional_mul,
     "layernorm_variance": layernorm_variance,

@@ -250,8 +250,14 @@ def test_complex_and_int_only_model_is_watched():
         spec, n, mag = model(x, torch.tensor(3), z)
     assert torch.equal(spec, torch.fft.rfft(x) * 2) and int(n) == 4
     assert torch.equal(mag, (z * 1.0e6).abs())
-    # complex values are not FP16 tensors; the float magnitude they give is, and overflows
+    # .half() leaves a complex64 input alone, so its magnitude is FP32 there: no overflow
+    assert lens.report.spans == []
+    # counted as an FP16 tensor (an FP16 graph), the magnitude overflows
+    with torch.no_grad(), fp16lens.watch(model, half_dtypes=False) as lens:
+        model(x, torch.tensor(3), z)
     assert [s.start for s in lens.report.spans] == [":abs"], lens.report.spans
+    half = (z * 1.0e6).abs()  # what .half() computes there: complex64 in, FP32 out
+    assert half.dtype == torch.float32 and torch.isfinite(half).all()
 
 
 @pytest.mark.parametrize("kind", ["dict", "nested"])

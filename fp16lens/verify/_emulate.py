@@ -9,7 +9,9 @@ something else reads it, or when the chain ends. Accumulation inside an op stays
 Parameters are rounded as ``.half()`` stores them (a batch norm's running_var beyond
 65504 becomes inf), even where TensorRT folds the batch norm into its conv first.
 Modules marked ``fp16lens_fp32`` (patch's Fp32Island) compute and store in FP32, as
-``.half()`` leaves them; their output is rounded when it leaves the island.
+``.half()`` leaves them; their output is rounded when it leaves the island. Ops that a
+``.half()`` model itself runs in FP32 (its own upcasts, FP32 constants made in forward;
+found by one FP16 run on ``meta``) are not rounded either.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakIdKeyDictionary
 
 from fp16lens.verify._trace import SiteTracer, Trace, is_fp32_island
+from fp16lens.watch._halfdtypes import compute_index
 from fp16lens.watch._ops import op_name
 
 _STORED = (torch.float32, torch.float64)
@@ -50,9 +53,12 @@ def round_module_(model: torch.nn.Module) -> None:
 class StorageRounding(SiteTracer):
     """A SiteTracer whose ops store their float outputs in FP16 (see module docstring)."""
 
-    def __init__(self, trace: Trace, fusions: bool = False):
+    def __init__(self, trace: Trace, fusions: bool = False, fp32_ops: set[int] | None = None):
         super().__init__(trace)
         self.fusions = fusions
+        # compute ops a .half() model runs in FP32 (its own upcasts; watch._halfdtypes)
+        self.fp32_ops = fp32_ops or set()
+        self.count = [0]
         self.pending = WeakIdKeyDictionary()  # unrounded tensor -> chain stage
         self._continues = False
 
@@ -74,7 +80,8 @@ class StorageRounding(SiteTracer):
                     round_fp16_(t)
 
     def store(self, func, outputs: list[torch.Tensor]) -> None:
-        if self.in_island:
+        k = compute_index(func, outputs, self.count)
+        if self.in_island or (k is not None and k in self.fp32_ops):
             return
         name = op_name(func)
         writes = _writes(func)

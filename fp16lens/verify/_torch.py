@@ -13,6 +13,7 @@ from fp16lens.verify._align import first_departure
 from fp16lens.verify._batches import cast_floats, model_device
 from fp16lens.verify._emulate import StorageRounding, round_module_
 from fp16lens.verify._trace import SiteTracer, Trace, traced
+from fp16lens.watch._halfdtypes import fp32_compute_ops
 
 
 def tensor_leaves(output) -> list[torch.Tensor]:
@@ -64,6 +65,7 @@ class TorchEmulated(TorchFp16):
         self.fusions = fusions
         self.model = copy.deepcopy(candidate).eval().float()
         round_module_(self.model)
+        self.fp32_ops: set[int] | None = None  # found on the first batch (see _halfdtypes)
 
     def _inputs(self, batch: tuple) -> tuple:
         return cast_floats(cast_floats(batch, torch.float16, self.device), torch.float32)
@@ -77,7 +79,9 @@ class TorchEmulated(TorchFp16):
         return trace
 
     def _run(self, batch: tuple, trace: Trace):
-        mode = StorageRounding(trace, fusions=self.fusions)
+        if self.fp32_ops is None:
+            self.fp32_ops = fp32_compute_ops(self.model, self._inputs(batch)) or set()
+        mode = StorageRounding(trace, fusions=self.fusions, fp32_ops=self.fp32_ops)
         with torch.no_grad():
             with traced(self.model, mode):
                 out = self.model(*self._inputs(batch))

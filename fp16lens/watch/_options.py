@@ -25,6 +25,10 @@ class WatchOptions:
         its magnitude (sum of |v|): a few stray tiny values next to large ones do not matter.
     distributed: merge statistics over torch.distributed ranks when the report is
         built: "auto" (when a process group is initialized), True or False.
+    half_dtypes: follow the dtypes a ``.half()`` model computes in: ops that it still runs
+        in FP32 (explicit upcasts such as ``x.float().pow(2)`` in RMS norms, FP32 tensors
+        created in forward) cannot overflow FP16. Found by running the model once in FP16
+        on the ``meta`` device (no arithmetic); skipped when the forward needs real values.
     """
 
     threshold: float = FP16_MAX
@@ -35,6 +39,7 @@ class WatchOptions:
     param_subnormal_share: float = 0.05
     param_underflow_share: float = 0.01
     distributed: bool | str = "auto"
+    half_dtypes: bool = True
 
     def __post_init__(self):
         if not isinstance(self.threshold, (int, float)) or not (

@@ -15,6 +15,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatc
 
 from fp16lens.report._model import SATURATED
 from fp16lens.watch import _internal
+from fp16lens.watch._halfdtypes import run_half_on_meta
 from fp16lens.watch._ops import BOUNDARY_MODULES, OpInfo, is_builtin_leaf
 from fp16lens.watch._options import WatchOptions
 from fp16lens.watch._tensorstats import extremes, flat_view, take_sample
@@ -96,6 +97,11 @@ class Recorder(TorchDispatchMode):
         self.stack: list[tuple[str, bool, dict[str, int], bool, bool]] = []
         self.boundary = {m for m in self.names if type(m) in BOUNDARY_MODULES}
         self.suspended = False
+        # (site id, call number within a forward) that a .half() model computes in FP32
+        # (see _halfdtypes); None until traced, on the first forward call
+        self.half_fp32: set[tuple[int, int]] | None = None if options.half_dtypes else set()
+        self.tracing = False  # running the model on meta in FP16 for half_fp32
+        self.calls: dict[int, int] = {}  # site id -> calls so far in this forward
         self.sites: list[SiteInfo] = []
         self.site_ids: dict[str, int] = {}
         # id(tensor) -> (weak ref, producer events, version counter, min, max) for the
@@ -123,9 +129,9 @@ class Recorder(TorchDispatchMode):
         self.stack.clear()
 
     def _pre(self, module, args, kwargs):
-        if not self.stack:  # the model, or one of its modules called on its own
-            self._begin_forward(args, kwargs)
-        if self.forward is not None:
+        if not self.stack and not self.tracing:  # the model, or one of its modules called on its own
+            self._begin_forward(module, args, kwargs)
+        if self.forward is not None or self.tracing:
             # modules that keep themselves in FP32 under .half() (fp16lens.patch's islands)
             # store FP32 values inside: they are recorded but never out of FP16 range
             fp32 = bool(getattr(module, "fp16lens_fp32", False)) or bool(self.stack and self.stack[-1][3])
@@ -140,6 +146,14 @@ class Recorder(TorchDispatchMode):
         return None
 
     def _post(self, module, args, output):
+        if self.tracing:
+            if self.stack:
+                if self.stack[-1][4]:
+                    if isinstance(output, torch.Tensor) and output.is_floating_point():
+                        self._trace_call(self._site(""), output)
+                    self._resume()
+                self.stack.pop()
+            return None
         if self.forward is None or not self.stack:
             return None
         raised = sys.exc_info()[1] is not None  # always_call hooks also run after a raise
@@ -150,7 +164,7 @@ class Recorder(TorchDispatchMode):
                 site = self._site("")
                 self.last_site = self.sites[site].name
                 eid = self._add_event(site, self._producers(args, {}), output)
-                if self.stack[-1][3]:
+                if self.stack[-1][3] or (site, self._call_number(site)) in self.half_fp32:
                     self.forward.fp32.add(eid)
             self._resume()
         self.stack.pop()
@@ -164,7 +178,10 @@ class Recorder(TorchDispatchMode):
             TorchDispatchMode.__enter__(self)
 
     # ---- forward boundaries ------------------------------------------------------
-    def _begin_forward(self, args, kwargs) -> None:
+    def _begin_forward(self, module, args, kwargs) -> None:
+        if self.half_fp32 is None:
+            self._trace_half_dtypes(module, args, kwargs)
+        self.calls = {}
         fw = self.forward = Forward(index=self.forwards)
         self.raised_in = ""
         self.forwards += 1
@@ -184,6 +201,30 @@ class Recorder(TorchDispatchMode):
         fw.outputs = tuple(sorted(outs))
         self.known.clear()
         self.on_forward_end(fw)
+
+    def _trace_half_dtypes(self, module, args, kwargs) -> None:
+        """Run ``module`` in FP16 on meta once, recording which site calls come out FP32."""
+        self.half_fp32 = set()
+        self.calls = {}
+        self.tracing = True
+        try:
+            run_half_on_meta(module, args, kwargs)
+        except Exception:  # needs real values (or mixes devices): nothing known
+            self.half_fp32 = set()
+        finally:
+            self.tracing = False
+            self.stack.clear()
+            self._resume()
+
+    def _call_number(self, site: int) -> int:
+        k = self.calls.get(site, 0)
+        self.calls[site] = k + 1
+        return k
+
+    def _trace_call(self, site: int, out: torch.Tensor) -> None:
+        k = self._call_number(site)
+        if out.dtype != torch.float16:
+            self.half_fp32.add((site, k))
 
     def abort_forward(self) -> None:
         """The forward raised: reduce what ran so far, with no outputs."""
@@ -332,9 +373,27 @@ class Recorder(TorchDispatchMode):
             self.known[id(out)] = (weakref.ref(out), ent[1], -1, None, None)
         return out
 
+    def _trace_op(self, func, out) -> None:
+        """The meta FP16 run: the same site naming as a recorded forward, dtypes only."""
+        info = self.ops.get(func)
+        if info is None:
+            info = self.ops[func] = OpInfo.of(func)
+        if info.factory or info.passthrough:
+            return
+        first = out if isinstance(out, torch.Tensor) else next(iter(_float_tensors(out, [])), None)
+        if first is None or not first.is_floating_point() or first.numel() == 0:
+            return
+        if not self.options.ops and not self.stack[-1][1]:
+            return
+        self._trace_call(self._site(info.name), first)
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **kwargs) if kwargs else func(*args)
-        if self.forward is None or not self.stack:
+        if not self.stack:
+            return out
+        if self.forward is None:
+            if self.tracing:
+                self._trace_op(func, out)
             return out
         info = self.ops.get(func)
         if info is None:
@@ -370,9 +429,10 @@ class Recorder(TorchDispatchMode):
         self.last_site = self.sites[site].name
         known = self._derived(func, info, args, kwargs, first.numel()) if info.monotone else None
         eid = self._add_event(site, prods, first, known, inplace=info.mutable)
-        if self.stack[-1][3]:
+        fp32 = self.stack[-1][3] or (site, self._call_number(site)) in self.half_fp32
+        if fp32:
             self.forward.fp32.add(eid)
-        if info.internal and self.options.internal and not self.stack[-1][3]:
+        if info.internal and self.options.internal and not fp32:
             found = _internal.check(info.name, func, args, kwargs, first, self._known_range,
                                     self.options.threshold)
             if found is not None:

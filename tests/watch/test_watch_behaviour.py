@@ -289,3 +289,32 @@ def test_dataflow_is_the_same_with_and_without_autograd():
         reports.append(lens.report)
     assert reports[0].edges == reports[1].edges == reports[2].edges
     assert [s.sites for s in reports[0].spans] == [s.sites for s in reports[1].spans] == [s.sites for s in reports[2].spans]
+
+
+class NeedsValues(nn.Module):
+    def forward(self, x):
+        if x.max() > 0:  # control flow on a value: this forward cannot run on meta
+            x = x * 1e5
+        return torch.tensor(3.0) * x  # an FP32 constant made in forward
+
+
+def test_half_dtype_trace_falls_back_when_forward_needs_values():
+    model = NeedsValues()
+    x = torch.rand(2, 8) + 0.5
+    with torch.no_grad(), watch(model) as lens:
+        out = model(x)
+    assert lens._recorder.half_fp32 == set()  # nothing known: every op counts as FP16
+    assert [s.start for s in lens.report.spans] == [":mul"]
+    assert torch.equal(out, model(x)) and _dispatch_depth() == 0
+
+
+def test_half_dtype_trace_leaves_the_model_untouched():
+    model, inputs = models.upcast_norm()
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    with torch.no_grad(), watch(model) as lens:
+        out = model(*inputs)
+    assert lens._recorder.half_fp32  # the trace ran and found FP32 ops
+    assert all(torch.equal(state[k], v) and v.device.type == "cpu" for k, v in model.state_dict().items())
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    with torch.no_grad():
+        assert torch.equal(out, model(*inputs))

@@ -1,0 +1,96 @@
+"""Which ops a ``.half()`` model still computes in FP32.
+
+A model cast with ``.half()`` does not run every op in FP16: its own code upcasts
+(``x.to(torch.float32).pow(2).mean()`` in T5/Llama norms, ``softmax(..., dtype=float32)``),
+and tensors it creates in forward (``torch.arange``, ``torch.tensor``) stay FP32 and
+promote what they touch. Values there may exceed 65504 without any FP16 overflow.
+
+Watching the FP32 model cannot tell an upcast from a no-op, so the model is run once
+more, in FP16 on the ``meta`` device (shapes and dtypes only, no arithmetic, no memory),
+and every site call whose output is FP32 there is remembered by (site, call number).
+A model whose forward needs real values (``.item()``, data-dependent shapes) cannot run
+on ``meta``: then nothing is known and every op counts as FP16, as before.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.utils._pytree import tree_map
+
+
+def _fp32_owned(model: torch.nn.Module) -> set[str]:
+    """Names of parameters/buffers that ``.half()`` leaves in FP32 (fp16lens islands)."""
+    keep: set[str] = set()
+    for prefix, m in model.named_modules(remove_duplicate=False):
+        if getattr(m, "fp16lens_fp32", False):
+            dot = f"{prefix}." if prefix else ""
+            keep.update(dot + n for n, _ in m.named_parameters(remove_duplicate=False))
+            keep.update(dot + n for n, _ in m.named_buffers(remove_duplicate=False))
+    return keep
+
+
+def _to_meta(t, dtype=torch.float16):
+    if not isinstance(t, torch.Tensor):
+        return t
+    return t.detach().to(device="meta", dtype=dtype if t.is_floating_point() else t.dtype)
+
+
+def run_half_on_meta(model: torch.nn.Module, args, kwargs) -> None:
+    """``model.half()(*args)`` with every tensor on ``meta``; the model is not modified
+    (its parameters are swapped for the call only). Raises what the forward raises."""
+    keep = _fp32_owned(model)
+    state = {}
+    for name, t in [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]:
+        state[name] = _to_meta(t, torch.float32 if name in keep else torch.float16)
+    margs = tree_map(_to_meta, tuple(args))
+    mkwargs = tree_map(_to_meta, dict(kwargs or {}))
+    with torch.no_grad():
+        torch.func.functional_call(model, state, margs, mkwargs, tie_weights=True, strict=False)
+
+
+def fp32_compute_ops(model: torch.nn.Module, args, kwargs=None) -> set[int] | None:
+    """Positions (among the ops that compute new float values: no views, copies, casts
+    or factories) of the ops a ``.half()`` model runs in FP32; None when the forward
+    cannot run on meta. An FP32 run of the same code dispatches the same compute ops
+    in the same order (a cast to float32 is not dispatched there, and not counted here)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    found: set[int] = set()
+    count = [0]
+
+    class Count(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, a=(), kw=None):
+            out = func(*a, **(kw or {}))
+            k = compute_index(func, out, count)
+            if k is not None and first_float(out).dtype != torch.float16:
+                found.add(k)
+            return out
+
+    try:
+        with Count():
+            run_half_on_meta(model, args, kwargs)
+    except Exception:
+        return None
+    return found
+
+
+def first_float(out):
+    if isinstance(out, torch.Tensor):
+        return out if out.is_floating_point() else None
+    if isinstance(out, (list, tuple)):
+        return next((t for t in out if isinstance(t, torch.Tensor) and t.is_floating_point()), None)
+    return None
+
+
+def compute_index(func, out, count: list[int]) -> int | None:
+    """The running position of a compute op with a float output (``count`` is bumped)."""
+    from fp16lens.watch._ops import FACTORY, PASSTHROUGH, op_name
+
+    name = op_name(func)
+    if name in FACTORY or name in PASSTHROUGH:
+        return None
+    t = first_float(out)
+    if t is None or t.numel() == 0:
+        return None
+    count[0] += 1
+    return count[0] - 1
