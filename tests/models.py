@@ -332,10 +332,10 @@ def first_inf_site_fp16(model: nn.Module, inputs: tuple) -> tuple[str, str] | No
     import copy
 
     from torch.utils._python_dispatch import TorchDispatchMode
-    from torch.utils._pytree import tree_flatten
+    from torch.utils._pytree import tree_flatten, tree_map
 
     half = copy.deepcopy(model).half()
-    args = tuple(a.half() if torch.is_tensor(a) and a.is_floating_point() else a for a in inputs)
+    args = tree_map(lambda a: a.half() if torch.is_tensor(a) and a.is_floating_point() else a, tuple(inputs))
     first: list[str] = []
 
     class FirstInf(TorchDispatchMode):

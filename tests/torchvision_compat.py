@@ -7,10 +7,12 @@ exist", because that module registers fake kernels for ``nms``/``qnms``
 unconditionally. The model definitions the tests need (ResNet, MobileNet, ...)
 do not use the compiled ops at all.
 
-``ensure_torchvision()`` declares the schemas of those two operators (no kernels),
-only when torchvision's own library could not be loaded, so the import succeeds.
-Calling ``torchvision.ops.nms`` afterwards still fails loudly. The fp16lens
-library never does this; only the test suite and the benchmark scripts do.
+``ensure_torchvision()`` declares the schemas of those two operators, only when
+torchvision's own library could not be loaded, so the import succeeds, and gives
+``nms`` a plain-PyTorch CPU kernel (greedy, as torchvision's own) so that detectors
+built on it (RetinaNet, FCOS, SSD) run in the tests; every other compiled op
+(``roi_align``, ...) still fails loudly. The fp16lens library never does this; only
+the test suite and the benchmark scripts do.
 """
 
 from __future__ import annotations
@@ -67,4 +69,28 @@ def ensure_torchvision():
         _LIB = torch.library.Library("torchvision", "DEF")
         for schema in _SCHEMAS.values():
             _LIB.define(schema)
-    return importlib.import_module("torchvision")
+        _LIB.impl("nms", _nms, "CPU")
+    tv = importlib.import_module("torchvision")
+    if _LIB is not None:
+        tv.extension._has_ops = lambda: True  # nms has a kernel now (see the docstring)
+    return tv
+
+
+def _nms(dets, scores, iou_threshold: float):
+    """Greedy non-maximum suppression: indices of kept boxes, by decreasing score."""
+    import torch
+
+    order = scores.argsort(descending=True)
+    x1, y1, x2, y2 = dets.unbind(1)
+    areas = (x2 - x1) * (y2 - y1)
+    suppressed = torch.zeros(len(dets), dtype=torch.bool)
+    keep = []
+    for i in order.tolist():
+        if suppressed[i]:
+            continue
+        keep.append(i)
+        w = (torch.minimum(x2[i], x2) - torch.maximum(x1[i], x1)).clamp(min=0)
+        h = (torch.minimum(y2[i], y2) - torch.maximum(y1[i], y1)).clamp(min=0)
+        inter = w * h
+        suppressed |= inter / (areas[i] + areas - inter) > iou_threshold
+    return torch.tensor(keep, dtype=torch.int64)

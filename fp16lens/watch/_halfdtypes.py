@@ -44,8 +44,45 @@ def run_half_on_meta(model: torch.nn.Module, args, kwargs) -> None:
         state[name] = _to_meta(t, torch.float32 if name in keep else torch.float16)
     margs = tree_map(_to_meta, tuple(args))
     mkwargs = tree_map(_to_meta, dict(kwargs or {}))
-    with torch.no_grad():
-        torch.func.functional_call(model, state, margs, mkwargs, tie_weights=True, strict=False)
+    saved = _snapshot(model)
+    try:
+        with torch.no_grad():
+            torch.func.functional_call(model, state, margs, mkwargs, tie_weights=True, strict=False)
+    finally:
+        _restore(saved)
+
+
+_MODULE_INTERNALS = frozenset(torch.nn.Module().__dict__)
+
+
+def _snapshot(model: torch.nn.Module) -> list:
+    """Each module's own attributes, with one level of dicts/lists/sets copied: a forward
+    that caches what it computed (anchors, masks, rotary tables) must not keep the meta
+    tensors of this run."""
+    saved = []
+    for m in model.modules():
+        attrs = {}
+        for k, v in m.__dict__.items():
+            if k not in _MODULE_INTERNALS and type(v) in (dict, list, set):
+                v = type(v)(v)
+            attrs[k] = v
+        saved.append((m, attrs))
+    return saved
+
+
+def _restore(saved: list) -> None:
+    for m, attrs in saved:
+        for k in [k for k in m.__dict__ if k not in attrs]:
+            del m.__dict__[k]
+        for k, v in attrs.items():
+            if k in _MODULE_INTERNALS:
+                continue  # parameters, buffers, hooks: restored by functional_call itself
+            if type(v) in (dict, list, set) and type(m.__dict__.get(k)) is type(v):
+                cur = m.__dict__[k]
+                cur.clear()
+                cur.update(v) if not isinstance(cur, list) else cur.extend(v)
+            else:
+                m.__dict__[k] = v
 
 
 def fp32_compute_ops(model: torch.nn.Module, args, kwargs=None) -> set[int] | None:

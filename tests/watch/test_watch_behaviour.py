@@ -318,3 +318,29 @@ def test_half_dtype_trace_leaves_the_model_untouched():
     assert all(p.dtype == torch.float32 for p in model.parameters())
     with torch.no_grad():
         assert torch.equal(out, model(*inputs))
+
+
+class CachesInForward(nn.Module):
+    """Keeps what it computed (as anchor generators and rotary tables do)."""
+
+    def __init__(self):
+        super().__init__()
+        self.cache = {}
+        self.last = None
+
+    def forward(self, x):
+        key = x.shape[-1]
+        if key not in self.cache:
+            self.cache[key] = torch.arange(key, dtype=torch.float32, device=x.device)
+        self.last = self.cache[key]
+        return x * 2 + self.cache[key]
+
+
+def test_half_dtype_trace_does_not_leave_meta_tensors_in_model_state():
+    model = CachesInForward()
+    x = torch.rand(2, 8)
+    with torch.no_grad(), watch(model) as lens:
+        out = model(x)
+    assert lens._recorder.half_fp32  # traced: x * 2 + arange (FP32) is FP32 under .half()
+    assert [t.device.type for t in model.cache.values()] == ["cpu"] and model.last.device.type == "cpu"
+    assert torch.equal(out, x * 2 + torch.arange(8.0))
