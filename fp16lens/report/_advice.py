@@ -137,4 +137,11 @@ def _note_fix(f: Finding) -> str:
             f"write the mask constant of {f.site} as torch.finfo(x.dtype).min (it follows the "
             "dtype) or -65504, so an FP16 graph holds a finite value"
         )
+    if f.kind == "fp32-upcast":
+        module = f.site.split(":")[0]
+        if not module:
+            return ("none for a .half() model; in an FP16 ONNX/TensorRT graph these ops must stay "
+                    "FP32: move them into a submodule and export(..., fp32_modules=[it])")
+        return (f"none for a .half() model; for an FP16 ONNX/TensorRT graph keep {module} in FP32: "
+                f"export(..., fp32_modules=[{module!r}])")
     return "no action needed for FP16 range; see the note"

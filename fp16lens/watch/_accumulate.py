@@ -106,6 +106,8 @@ class Accumulator:
     spans: dict[int, SpanAcc] = field(default_factory=dict)  # by start site id
     internal: dict[tuple[int, str], InternalAcc] = field(default_factory=dict)
     inputs: dict[int, InputAcc] = field(default_factory=dict)
+    # sites a .half() model computes in FP32 whose values pass the threshold: (peak, batch)
+    upcast: dict[int, tuple[float, int]] = field(default_factory=dict)
     edges: set[tuple[int, int]] = field(default_factory=set)
     batches: int = 0
     input_shapes: list[list[list[int]]] = field(default_factory=list)
@@ -141,6 +143,11 @@ class Accumulator:
                 if fw.sites[e] != INPUT_SITE:
                     maxes[e] = finite
         oor = [m > self.threshold if bad_input else not m <= self.threshold for m in maxes]
+        for e in fw.half_fp32:
+            if oor[e] and math.isfinite(maxes[e]):
+                sid = fw.sites[e]
+                if _gt(maxes[e], self.upcast.get(sid, (0.0, -1))[0]):
+                    self.upcast[sid] = (maxes[e], fw.index)
         for e in fw.fp32:
             oor[e] = False
         self._add_sites(fw, maxes, rows)

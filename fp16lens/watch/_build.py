@@ -92,6 +92,22 @@ def build_report(acc: Accumulator, infos: list[SiteInfo], params: list[Finding],
                     "constant into inf (NaN where it meets a 0); use -65504 or masked_fill"
                 ),
             ))
+    by_module: dict[str, list[int]] = {}
+    for sid in sorted(acc.upcast):
+        by_module.setdefault(infos[sid].module, []).append(sid)
+    for sids in by_module.values():
+        worst = max(sids, key=lambda s: acc.upcast[s][0])
+        peak, batch = acc.upcast[worst]
+        names = ", ".join(infos[s].name for s in sids[:4]) + (", ..." if len(sids) > 4 else "")
+        findings.append(Finding(
+            site=infos[sids[0]].name, mechanism="note", kind="fp32-upcast", peak=peak, batch=batch,
+            count=len(sids),
+            detail=(
+                f"{names}: values up to {peak:.3g} > {threshold:g}, computed in FP32 by a .half() "
+                "model (its own upcast, or an FP32 tensor made in forward), so no FP16 overflow "
+                "there; an FP16 graph converted from the FP32 export has no such upcast"
+            ),
+        ))
     for k, ia in sorted(acc.inputs.items()):
         what = "inf/NaN" if ia.nonfinite else f"values up to {ia.peak:.3g}"
         findings.append(Finding(

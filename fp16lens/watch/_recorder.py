@@ -45,7 +45,9 @@ class Forward:
     numels: list[int] = field(default_factory=list)
     shapes: list[list[int]] = field(default_factory=list)
     exact_over: dict[int, int] = field(default_factory=dict)  # event -> exact overflow count
-    fp32: set[int] = field(default_factory=set)  # events inside FP32 islands
+    fp32: set[int] = field(default_factory=set)  # events inside FP32 islands, or that a
+    # .half() model computes in FP32 (half_fp32: those of the second kind)
+    half_fp32: set[int] = field(default_factory=set)
     saturated: dict[int, tuple[float, int]] = field(default_factory=dict)  # event -> (max |v| below
     # SATURATED, count of saturated values): masking constants do not count as overflow
     finite_max: dict[int, float] = field(default_factory=dict)  # event holding NaN -> max |v|
@@ -164,8 +166,7 @@ class Recorder(TorchDispatchMode):
                 site = self._site("")
                 self.last_site = self.sites[site].name
                 eid = self._add_event(site, self._producers(args, {}), output)
-                if self.stack[-1][3] or (site, self._call_number(site)) in self.half_fp32:
-                    self.forward.fp32.add(eid)
+                self._mark_fp32(site, eid)
             self._resume()
         self.stack.pop()
         if not self.stack:
@@ -215,6 +216,17 @@ class Recorder(TorchDispatchMode):
             self.tracing = False
             self.stack.clear()
             self._resume()
+
+    def _mark_fp32(self, site: int, eid: int) -> bool:
+        """Whether the event's values are FP32 in a .half() model (an island, or the
+        model's own FP32 compute): such values cannot overflow FP16."""
+        upcast = (site, self._call_number(site)) in self.half_fp32
+        if upcast:
+            self.forward.half_fp32.add(eid)
+        if upcast or self.stack[-1][3]:
+            self.forward.fp32.add(eid)
+            return True
+        return False
 
     def _call_number(self, site: int) -> int:
         k = self.calls.get(site, 0)
@@ -429,9 +441,7 @@ class Recorder(TorchDispatchMode):
         self.last_site = self.sites[site].name
         known = self._derived(func, info, args, kwargs, first.numel()) if info.monotone else None
         eid = self._add_event(site, prods, first, known, inplace=info.mutable)
-        fp32 = self.stack[-1][3] or (site, self._call_number(site)) in self.half_fp32
-        if fp32:
-            self.forward.fp32.add(eid)
+        fp32 = self._mark_fp32(site, eid)
         if info.internal and self.options.internal and not fp32:
             found = _internal.check(info.name, func, args, kwargs, first, self._known_range,
                                     self.options.threshold)
