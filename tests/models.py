@@ -288,10 +288,8 @@ class UpcastRMSNorm(nn.Module):
         return self.weight * h.to(dtype)
 
 
-class LargeResidualStream(nn.Module):
-    """Residual stream with |x| ~ 1000 (in FP16 range) into an upcasting norm, plus a
-    position term created in forward: an FP32 tensor that promotes the sum to FP32
-    under .half(), where 70,000 is no overflow."""
+class UpcastNormNet(nn.Module):
+    """Residual-stream-like values |x| ~ 1000 (in FP16 range) into an upcasting norm."""
 
     def __init__(self, dim: int = 16):
         super().__init__()
@@ -300,8 +298,15 @@ class LargeResidualStream(nn.Module):
         self.out = nn.Linear(dim, dim)
 
     def forward(self, x):
-        h = self.proj(x) * 1000.0
-        h = self.out(self.norm(h))
+        return self.out(self.norm(self.proj(x) * 1000.0))
+
+
+class LargeResidualStream(UpcastNormNet):
+    """Plus a position term created in forward: an FP32 tensor that promotes the sum to
+    FP32 under .half(), where 105,000 is no overflow."""
+
+    def forward(self, x):
+        h = super().forward(x)
         pos = torch.arange(h.shape[-1], dtype=torch.float32, device=h.device) * 7000.0
         return h + pos  # FP32 (promoted) under .half(): up to 105,000, no inf
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch import nn
 
 pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
@@ -16,23 +15,12 @@ from fp16lens.export import export
 from fp16lens.report._advice import suggest_fix
 from fp16lens.verify import verify
 
-from models import UpcastRMSNorm
-
-
-class NormNet(nn.Module):
-    def __init__(self, dim: int = 16):
-        super().__init__()
-        self.proj = nn.Linear(dim, dim)
-        self.norm = UpcastRMSNorm(dim)
-        self.out = nn.Linear(dim, dim)
-
-    def forward(self, x):
-        return self.out(self.norm(self.proj(x) * 1000.0))
+from models import UpcastNormNet
 
 
 def test_upcast_note_names_the_module_to_keep_fp32(tmp_path):
     torch.manual_seed(3)
-    model, x = NormNet().eval(), torch.randn(2, 4, 16)
+    model, x = UpcastNormNet().eval(), torch.randn(2, 4, 16)
     with torch.no_grad():
         assert torch.isfinite(model.half()(x.half())).all()  # real FP16: the upcast holds
         model.float()
