@@ -40,13 +40,14 @@ def run_half_on_meta(model: torch.nn.Module, args, kwargs) -> None:
     (its parameters are swapped for the call only). Raises what the forward raises."""
     keep = _fp32_owned(model)
     state = {}
-    for name, t in [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]:
+    for name, t in [*model.named_parameters(), *model.named_buffers()]:  # tied: once
         state[name] = _to_meta(t, torch.float32 if name in keep else torch.float16)
     margs = tree_map(_to_meta, tuple(args))
     mkwargs = tree_map(_to_meta, dict(kwargs or {}))
     saved = _snapshot(model)
     try:
-        with torch.no_grad():
+        # tensors the forward creates without a device land on meta too
+        with torch.no_grad(), torch.device("meta"):
             torch.func.functional_call(model, state, margs, mkwargs, tie_weights=True, strict=False)
     finally:
         _restore(saved)

@@ -344,3 +344,24 @@ def test_half_dtype_trace_does_not_leave_meta_tensors_in_model_state():
     assert lens._recorder.half_fp32  # traced: x * 2 + arange (FP32) is FP32 under .half()
     assert [t.device.type for t in model.cache.values()] == ["cpu"] and model.last.device.type == "cpu"
     assert torch.equal(out, x * 2 + torch.arange(8.0))
+
+
+class TiedEmbedding(nn.Module):
+    """Input embedding and output head share one weight (as language models do)."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(10, 8)
+        self.head = nn.Linear(8, 10, bias=False)
+        self.head.weight = self.emb.weight
+
+    def forward(self, ids):
+        return self.head(self.emb(ids)) + torch.arange(10, dtype=torch.float32)
+
+
+def test_half_dtype_trace_runs_with_tied_weights():
+    model = TiedEmbedding()
+    with torch.no_grad(), watch(model) as lens:
+        model(torch.tensor([[1, 2, 3]]))
+    assert lens._recorder.half_fp32  # traced: the add with an FP32 arange is FP32
+    assert model.head.weight is model.emb.weight
