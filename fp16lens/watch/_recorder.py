@@ -151,7 +151,7 @@ class Recorder(TorchDispatchMode):
         if self.tracing:
             if self.stack:
                 if self.stack[-1][4]:
-                    if isinstance(output, torch.Tensor) and output.is_floating_point():
+                    if isinstance(output, torch.Tensor) and output.is_floating_point() and output.numel():
                         self._trace_call(self._site(""), output)
                     self._resume()
                 self.stack.pop()
@@ -358,10 +358,10 @@ class Recorder(TorchDispatchMode):
         if not info.monotone or numel < _DERIVE_MIN or not args or not isinstance(args[0], torch.Tensor):
             return None
         x = args[0]
-        ent = self._lookup(x)
-        if ent is None or ent[2] < 0 or x._version != ent[2] or not _scalar_args(args, kwargs):
+        rng = self._known_range(x)
+        if rng is None or not _scalar_args(args, kwargs):
             return None
-        pair = torch.tensor([ent[3], ent[4]], dtype=x.dtype)
+        pair = torch.tensor(rng, dtype=x.dtype)
         try:
             r = func(pair, *args[1:], **kwargs).tolist()
         except (RuntimeError, TypeError):
@@ -376,13 +376,11 @@ class Recorder(TorchDispatchMode):
         inherits the producers, and the extremes when the values are unchanged."""
         if not out.is_floating_point():
             return out
-        ent = self.known.get(id(x))
-        if ent is None or ent[0]() is not x:
+        ent = self._lookup(x)
+        if ent is None:
             return out  # a parameter or constant: nothing to inherit
-        if info.preserving and ent[2] >= 0 and x._version == ent[2]:
-            self._remember(out, ent[1], ent[3], ent[4], int(info.mutable))
-        else:
-            self.known[id(out)] = (weakref.ref(out), ent[1], -1, None, None)
+        rng = self._known_range(x) if info.preserving else None
+        self._remember(out, ent[1], *(rng or (None, None)), int(info.mutable))
         return out
 
     def _trace_op(self, func, out) -> None:
@@ -430,12 +428,10 @@ class Recorder(TorchDispatchMode):
             or first.numel() == 0
             or (not self.options.ops and not self.stack[-1][1])
         ):
-            src = self._lookup(args[0]) if info.preserving and args and isinstance(args[0], torch.Tensor) else None
+            rng = (self._known_range(args[0])
+                   if info.preserving and args and isinstance(args[0], torch.Tensor) else None)
             for t in outs:
-                if src is not None and src[2] >= 0 and args[0]._version == src[2]:
-                    self._remember(t, prods, src[3], src[4], int(info.mutable))
-                else:
-                    self._remember(t, prods)
+                self._remember(t, prods, *(rng or (None, None)), int(info.mutable))
             return out
         site = self._site(info.name)
         self.last_site = self.sites[site].name
