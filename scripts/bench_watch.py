@@ -224,7 +224,7 @@ def main(argv=None) -> int:
         table.add_row(r["model"], r["method"], "-" if r["time"] is None else f"{r['time']:.2f}x",
                       "-" if not iqr else f"{iqr[0]:.2f}-{iqr[1]:.2f}x",
                       "-" if r["memory"] is None else f"{r['memory']:.2f}x", r["note"])
-    Console().print(table)
+    Console(width=max(120, Console().width)).print(table)
     return 0
 
 
