@@ -413,6 +413,16 @@ def relu_span():
     return ReluSpan().eval(), (torch.rand(4, 16) * 2 + 1,)
 
 
+def _trained_like_bn(model: nn.Module) -> None:
+    """Batch norms with statistics and affine parameters a trained net could have."""
+    for m in model.modules():
+        if isinstance(m, nn.BatchNorm2d):
+            m.running_mean.uniform_(-1, 1)
+            m.running_var.uniform_(0.5, 2.0)
+            m.weight.uniform_(0.5, 1.5)
+            m.bias.uniform_(-0.5, 0.5)
+
+
 class RandomChain(nn.Module):
     """A chain of conv/BN/ReLU/pool blocks with residual adds, from a spec list (property
     tests): "conv", "bn", "relu", "pool", "res" (a conv-BN branch added back), then a
@@ -439,12 +449,7 @@ class RandomChain(nn.Module):
         self.head = nn.Linear(width, 2)
         index, gain = boost
         with torch.no_grad():
-            for m in self.modules():
-                if isinstance(m, nn.BatchNorm2d):
-                    m.running_mean.uniform_(-1, 1)
-                    m.running_var.uniform_(0.5, 2.0)
-                    m.weight.uniform_(0.5, 1.5)
-                    m.bias.uniform_(-0.5, 0.5)
+            _trained_like_bn(self)
             target = [m for m in self.modules() if isinstance(m, (nn.Conv2d, nn.BatchNorm2d))]
             target[index % len(target)].weight.mul_(gain)
 
@@ -554,12 +559,7 @@ class RandomGraph(nn.Module):
         self.head = nn.Linear(width, 2)
         self.heads = nn.ModuleList(nn.Linear(width, 2) for _ in range(self.extra_out))
         with torch.no_grad():
-            for m in self.modules():
-                if isinstance(m, nn.BatchNorm2d):
-                    m.running_mean.uniform_(-1, 1)
-                    m.running_var.uniform_(0.5, 2.0)
-                    m.weight.uniform_(0.5, 1.5)
-                    m.bias.uniform_(-0.5, 0.5)
+            _trained_like_bn(self)
             target = [m for m in self.modules() if isinstance(m, (nn.Conv2d, nn.Linear, nn.BatchNorm2d))]
             index, gain = boost
             target[index % len(target)].weight.mul_(gain)
