@@ -17,6 +17,8 @@ from __future__ import annotations
 import torch
 from torch.utils._pytree import tree_map
 
+from fp16lens.watch._ops import FACTORY, PASSTHROUGH, op_name
+
 
 def _fp32_owned(model: torch.nn.Module) -> set[str]:
     """Names of parameters/buffers that ``.half()`` leaves in FP32 (fp16lens islands)."""
@@ -122,8 +124,6 @@ def first_float(out):
 
 def compute_index(func, out, count: list[int]) -> int | None:
     """The running position of a compute op with a float output (``count`` is bumped)."""
-    from fp16lens.watch._ops import FACTORY, PASSTHROUGH, op_name
-
     name = op_name(func)
     if name in FACTORY or name in PASSTHROUGH:
         return None
