@@ -272,7 +272,12 @@ class Recorder(TorchDispatchMode):
         sub, sep, what = rel.partition(":")
         owner = f"{module}.{sub}" if module and sub else (sub or module)
         name = owner
-        if sep:
+        if not sep:  # a submodule: shown by its class, as when its forward runs
+            try:
+                op = type(self.root.get_submodule(owner)).__name__
+            except AttributeError:
+                pass
+        else:
             key = what if not sub else rel
             n = counts[key] = counts.get(key, 0) + 1
             name = f"{owner}:{what}#{n}" if n > 1 else f"{owner}:{what}"

@@ -105,7 +105,8 @@ def test_fused_encoder_layer_op_records_every_stored_step(norm_first, activation
     for site in ("layer.self_attn.out_proj", "layer:add", "layer:add#2", "layer.norm1",
                  "layer.norm2", "layer.linear1", f"layer:{activation}", "layer.linear2"):
         assert site in report.sites, site
-    assert report.sites["layer.linear1"].op == "Linear"
+    assert report.sites["layer.linear1"].op == "Linear"  # shown as the module it is
+    assert report.sites["layer.self_attn.out_proj"].op == "NonDynamicallyQuantizableLinear"
 
 
 def test_fused_encoder_layer_ffn_overflow_starts_at_linear1():
