@@ -6,6 +6,7 @@ to activations (producers are tracked through weak references to the tensors).
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import weakref
 from dataclasses import dataclass, field
@@ -273,10 +274,8 @@ class Recorder(TorchDispatchMode):
         owner = f"{module}.{sub}" if module and sub else (sub or module)
         name = owner
         if not sep:  # a submodule: shown by its class, as when its forward runs
-            try:
+            with contextlib.suppress(AttributeError):
                 op = type(self.root.get_submodule(owner)).__name__
-            except AttributeError:
-                pass
         else:
             key = what if not sub else rel
             n = counts[key] = counts.get(key, 0) + 1
