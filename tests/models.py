@@ -600,3 +600,94 @@ def random_graph(spec: list[tuple[str, int]], seed: int = 0,
                  boost: tuple[int, float] = (0, 1.0), extra_out: int = 0):
     _seeded(seed)
     return RandomGraph(spec, boost=boost, extra_out=extra_out).eval(), (torch.rand(1, 3, 6, 6),)
+
+
+# --------------------------------------------------------------------------------------
+# Fused attention: nn.MultiheadAttention / nn.TransformerEncoderLayer fast paths (one
+# aten op in eval under no_grad) and scaled_dot_product_attention as transformers calls it
+# --------------------------------------------------------------------------------------
+class FusedEncoderLayer(nn.TransformerEncoderLayer):
+    """Always the fused encoder-layer op, as optimum's BetterTransformer layers call it
+    (nn.TransformerEncoderLayer itself leaves its fast path once hooks are attached)."""
+
+    def forward(self, src, src_mask=None, src_key_padding_mask=None, is_causal=False):
+        a = self.self_attn
+        return torch._transformer_encoder_layer_fwd(
+            src, a.embed_dim, a.num_heads, a.in_proj_weight, a.in_proj_bias, a.out_proj.weight,
+            a.out_proj.bias, self.activation_relu_or_gelu == 2, self.norm_first, self.norm1.eps,
+            self.norm1.weight, self.norm1.bias, self.norm2.weight, self.norm2.bias,
+            self.linear1.weight, self.linear1.bias, self.linear2.weight, self.linear2.bias,
+        )
+
+
+class EncoderBlock(nn.Module):
+    """One transformer encoder layer (d=64, 4 heads, FFN 128) on (B, L, d) inputs."""
+
+    def __init__(self, layer_cls=nn.TransformerEncoderLayer, **kw):
+        super().__init__()
+        self.layer = layer_cls(64, 4, 128, batch_first=True, dropout=0.0, **kw)
+
+    def forward(self, x):
+        return self.layer(x)
+
+
+def encoder_fastpath(scale: float = 3000.0, fused_op: bool = False, **kw):
+    """The issue's repro: at scale 3000 the QK^T scores pass 65504 (real FP16: NaN)."""
+    _seeded(0)
+    model = EncoderBlock(FusedEncoderLayer if fused_op else nn.TransformerEncoderLayer, **kw)
+    return model.eval(), (torch.randn(2, 16, 64) * scale,)
+
+
+class SelfAttention(nn.Module):
+    """nn.MultiheadAttention alone, need_weights=False (its fast path), optional key padding."""
+
+    def __init__(self):
+        super().__init__()
+        self.attn = nn.MultiheadAttention(64, 4, batch_first=True)
+
+    def forward(self, x, key_padding_mask=None):
+        return self.attn(x, x, x, need_weights=False, key_padding_mask=key_padding_mask)[0]
+
+
+def mha_fastpath(scale: float = 3000.0, padded: bool = False):
+    _seeded(1)
+    x = torch.randn(2, 16, 64) * scale
+    pad = torch.zeros(2, 16, dtype=torch.bool)
+    pad[1, 10:] = True  # the second sequence is 10 tokens long
+    return SelfAttention().eval(), (x, pad) if padded else (x,)
+
+
+class SdpaAttention(nn.Module):
+    """Attention as transformers' sdpa path calls it: (B, H, L, E) heads, 2 key/value heads
+    for 4 query heads (GQA, enable_gqa), is_causal without a mask, or a 4-D additive mask."""
+
+    def __init__(self, d: int = 64, heads: int = 4, kv_heads: int = 2):
+        super().__init__()
+        self.heads, self.kv_heads, self.hd = heads, kv_heads, d // heads
+        self.q_proj = nn.Linear(d, d)
+        self.k_proj = nn.Linear(d, kv_heads * self.hd)
+        self.v_proj = nn.Linear(d, kv_heads * self.hd)
+        self.o_proj = nn.Linear(d, d)
+
+    def qkv(self, x):
+        b, n, _ = x.shape
+        q = self.q_proj(x).view(b, n, self.heads, self.hd).transpose(1, 2)
+        k = self.k_proj(x).view(b, n, self.kv_heads, self.hd).transpose(1, 2)
+        v = self.v_proj(x).view(b, n, self.kv_heads, self.hd).transpose(1, 2)
+        return q, k, v
+
+    def forward(self, x, mask=None):
+        q, k, v = self.qkv(x)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None,
+                                           enable_gqa=True)
+        return self.o_proj(y.transpose(1, 2).reshape(x.shape))
+
+
+def sdpa_attention(scale: float = 3000.0, masked: bool = False):
+    _seeded(2)
+    x = torch.randn(2, 16, 64) * scale
+    if not masked:
+        return SdpaAttention().eval(), (x,)
+    causal = torch.ones(16, 16, dtype=torch.bool).tril()
+    mask = torch.zeros(2, 1, 16, 16).masked_fill(~causal, torch.finfo(torch.float32).min)
+    return SdpaAttention().eval(), (x, mask)

@@ -14,7 +14,8 @@ import torch
 from fp16lens.watch._tensorstats import absmax
 
 
-def _bound(func, args, kwargs) -> dict:
+def bind(func, args, kwargs) -> dict:
+    """The op's arguments by schema name."""
     names = [a.name for a in func._schema.arguments]
     bound = dict(zip(names, args))
     bound.update(kwargs or {})
@@ -41,9 +42,13 @@ def _reduced_dims(x: torch.Tensor, dim) -> tuple[int, ...]:
     return tuple(d % max(x.dim(), 1) for d in dims)
 
 
-def _layer_norm(b, out):
-    x, shape = b["input"], b["normalized_shape"]
+def check_layer_norm(x: torch.Tensor, shape) -> tuple:
+    """A LayerNorm over the last ``len(shape)`` dims of ``x``, decomposed: (x-mean)^2."""
     return "norm-variance", _dev_sq(x, tuple(range(-len(shape), 0))), {"norm": "LayerNorm", "opset": 17}
+
+
+def _layer_norm(b, out):
+    return check_layer_norm(b["input"], b["normalized_shape"])
 
 
 def _group_norm(b, out):
@@ -100,13 +105,31 @@ def _vector_norm(b, out):
     return "sum-of-squares", a * a, {"op": "vector norm"}
 
 
+_SCORES_CHUNK = 1 << 22  # score elements computed at a time
+
+
+def scores_absmax(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
+    """max |q k^T| * scale (0-d, FP32), with grouped-query attention (fewer key/value
+    heads at dim -3) by broadcasting and the scores made a block of query rows at a
+    time: the full (L, S) matrix of every head is never held at once."""
+    q, k = q.detach().float(), k.detach().float()
+    if q.dim() >= 3 and k.dim() == q.dim() and k.shape[-3] != q.shape[-3]:
+        q = q.unflatten(-3, (k.shape[-3], q.shape[-3] // k.shape[-3]))  # (.., Hkv, G, L, E)
+        k = k.unsqueeze(-3)  # (.., Hkv, 1, S, E)
+    kt = k.transpose(-2, -1)
+    per_row = max(1, math.prod(torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])) * k.shape[-2])
+    rows = max(1, _SCORES_CHUNK // per_row)
+    peak = torch.zeros((), dtype=torch.float32, device=q.device)
+    for i in range(0, q.shape[-2], rows):
+        peak = torch.maximum(peak, absmax(torch.matmul(q[..., i:i + rows, :], kt)).float())
+    return peak * scale
+
+
 def _attention(b, out):
     q, k = b["query"], b["key"]
-    scale = b.get("scale") or 1.0 / math.sqrt(q.shape[-1])
-    if k.shape[-3] != q.shape[-3] and q.dim() == 4:  # grouped-query attention
-        k = k.repeat_interleave(q.shape[-3] // k.shape[-3], dim=-3)
-    scores = torch.matmul(q.detach().float(), k.detach().float().transpose(-2, -1))
-    return "attention-scores", absmax(scores) * scale, {"op": "scaled dot-product attention"}
+    scale = b.get("scale")
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    return "attention-scores", scores_absmax(q, k, scale), {"op": "scaled dot-product attention"}
 
 
 CHECKS = {
@@ -115,6 +138,7 @@ CHECKS = {
     "scaled_dot_product_flash_attention": _attention,
     "scaled_dot_product_efficient_attention": _attention,
     "scaled_dot_product_cudnn_attention": _attention,
+    "scaled_dot_product_fused_attention_overrideable": _attention,
     "layer_norm": _layer_norm,
     "group_norm": _group_norm,
     "batch_norm": _batch_norm,
@@ -183,7 +207,7 @@ def check(name: str, func, args, kwargs, out: torch.Tensor, absmax_of=None,
     if fn is None:
         return None
     try:
-        b = _bound(func, args, kwargs)
+        b = bind(func, args, kwargs)
         if absmax_of is not None and _cannot_exceed(name, b, absmax_of, threshold):
             return None
         return fn(b, out)

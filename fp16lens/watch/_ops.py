@@ -75,10 +75,12 @@ class OpInfo:
     monotone: bool
     mutable: bool
     internal: bool
+    fused: bool  # a fused kernel whose stored steps are recomputed (see _fused)
     single_source: bool  # a passthrough whose only float input is its first argument
 
     @classmethod
     def of(cls, func) -> OpInfo:
+        from fp16lens.watch._fused import FUSED
         from fp16lens.watch._internal import CHECKS
 
         name = op_name(func)
@@ -86,6 +88,7 @@ class OpInfo:
             name=name, factory=name in FACTORY, passthrough=name in PASSTHROUGH,
             preserving=name in VALUE_PRESERVING, monotone=name in MONOTONE,
             mutable=bool(func._schema.is_mutable), internal=name in CHECKS,
+            fused=name in FUSED,
             single_source=name in PASSTHROUGH and name != "copy",
         )
 

@@ -6,6 +6,7 @@ to activations (producers are tracked through weak references to the tensors).
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import weakref
 from dataclasses import dataclass, field
@@ -14,7 +15,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode
 
 from fp16lens.report._model import SATURATED
-from fp16lens.watch import _internal
+from fp16lens.watch import _fused, _internal
 from fp16lens.watch._halfdtypes import run_half_on_meta
 from fp16lens.watch._ops import BOUNDARY_MODULES, OpInfo, is_builtin_leaf
 from fp16lens.watch._options import WatchOptions
@@ -264,6 +265,46 @@ class Recorder(TorchDispatchMode):
             self.sites.append(SiteInfo(name, kind, shown, module, sid))
         return sid
 
+    def _fused_site(self, rel: str, op: str) -> int:
+        """The site of a step a fused kernel stores (see _fused.Stored): ``rel`` names an
+        op (":softmax") or a submodule ("norm1") of the running module, or an op of a
+        submodule ("self_attn:softmax"); ops are numbered as in _site."""
+        module, _, counts = self.stack[-1][:3]
+        sub, sep, what = rel.partition(":")
+        owner = f"{module}.{sub}" if module and sub else (sub or module)
+        name = owner
+        if not sep:  # a submodule: shown by its class, as when its forward runs
+            with contextlib.suppress(AttributeError):
+                op = type(self.root.get_submodule(owner)).__name__
+        else:
+            key = what if not sub else rel
+            n = counts[key] = counts.get(key, 0) + 1
+            name = f"{owner}:{what}#{n}" if n > 1 else f"{owner}:{what}"
+        sid = self.site_ids.get(name)
+        if sid is None:
+            sid = self.site_ids[name] = len(self.sites)
+            self.sites.append(SiteInfo(name, "op" if sep else "module", op, owner, sid))
+        return sid
+
+    def _record_fused(self, name: str, func, args, kwargs, prods: tuple[int, ...]):
+        """Events for the steps a fused kernel stores inside; returns the site of its
+        output and that output's producers (the op's own when it is not decomposed)."""
+        steps = _fused.stored(name, func, args, kwargs)
+        if not steps:
+            return self._site(name), prods
+        eids: list[int] = []
+        for st in steps:
+            ins = tuple(sorted({e for i in st.inputs for e in (prods if i < 0 else (eids[i],))}))
+            site = self._fused_site(st.name, st.op)
+            if st.value is None:  # the op's output, recorded by the caller
+                out = site, ins
+            else:
+                eids.append(self._add_event(site, ins, st.value))
+            fp32 = st.value is not None and self._mark_fp32(site, eids[-1])
+            if st.internal is not None and self.options.internal and not fp32 and not self.stack[-1][3]:
+                self.forward.internal.append((site, *st.internal))
+        return out
+
     def _lookup(self, t: torch.Tensor):
         """(ref, producer events, version, min, max) recorded for ``t`` in this forward."""
         ent = self.known.get(id(t))
@@ -433,7 +474,10 @@ class Recorder(TorchDispatchMode):
             for t in outs:
                 self._remember(t, prods, *(rng or (None, None)), int(info.mutable))
             return out
-        site = self._site(info.name)
+        if info.fused:  # the kernel's inner steps become events: its output is the last
+            site, prods = self._record_fused(info.name, func, args, kwargs, prods)
+        else:
+            site = self._site(info.name)
         self.last_site = self.sites[site].name
         known = self._derived(func, info, args, kwargs, first.numel()) if info.monotone else None
         eid = self._add_event(site, prods, first, known, inplace=info.mutable)
