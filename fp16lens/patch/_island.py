@@ -62,6 +62,22 @@ def _unwrap_keys(module, state_dict, prefix, local_metadata) -> None:
         meta[outer(key)] = meta.pop(key)
 
 
+def _leave(out, dtype: torch.dtype, pending: list[float]):
+    """``out`` with its float tensors cast to ``dtype``; the first one is divided by the
+    scale ``pending`` holds (a one-element list, emptied once used)."""
+    if torch.is_tensor(out):
+        if not out.is_floating_point():
+            return out
+        scale = pending.pop() if pending else 1.0
+        return (out / scale if scale != 1.0 else out).to(dtype)
+    if isinstance(out, (tuple, list)):
+        items = [_leave(o, dtype, pending) for o in out]
+        return type(out)(*items) if hasattr(out, "_fields") else type(out)(items)
+    if isinstance(out, dict):
+        return type(out)((k, _leave(v, dtype, pending)) for k, v in out.items())
+    return out
+
+
 class Fp32Island(nn.Module):
     """Runs ``module`` in FP32: ``module(x.float() * in_scale) / out_scale`` cast back to the
     dtype outside the island. The scales connect the island to rescaled regions on either
@@ -79,10 +95,12 @@ class Fp32Island(nn.Module):
     """
 
     fp16lens_fp32 = True  # watch and export may recognise an island by this attribute
+    outside_dtype = torch.float32  # set per island; this default serves older pickles
 
     def __init__(self, module: nn.Module, in_scale: float = 1.0, out_scale: float = 1.0):
         super().__init__()
-        floats = [t.dtype for t in module.state_dict().values() if t.is_floating_point()]
+        tensors = [*module.parameters(), *module.buffers()]
+        floats = [t.dtype for t in tensors if t.is_floating_point()]
         self.outside_dtype = floats[0] if floats else torch.float32
         self.module = module.float()
         self.in_scale = float(in_scale)
@@ -98,7 +116,7 @@ class Fp32Island(nn.Module):
         )
         args = tuple(self._enter(a, self.in_scale) for a in args)
         kwargs = {k: self._enter(v, 1.0) for k, v in kwargs.items()}
-        return self._leave(self.module(*args, **kwargs), dtype, [self.out_scale])
+        return _leave(self.module(*args, **kwargs), dtype, [self.out_scale])
 
     @staticmethod
     def _enter(a, scale: float):
@@ -106,22 +124,6 @@ class Fp32Island(nn.Module):
             return a
         a = a.float()
         return a * scale if scale != 1.0 else a
-
-    def _leave(self, out, dtype: torch.dtype, scale: list[float]):
-        """``out`` with float tensors cast to ``dtype``; the first one divided by ``scale``
-        (a one-element list, emptied once used)."""
-        if torch.is_tensor(out):
-            if not out.is_floating_point():
-                return out
-            if scale and scale.pop() != 1.0:
-                out = out / self.out_scale
-            return out.to(dtype)
-        if isinstance(out, (tuple, list)):
-            items = [self._leave(o, dtype, scale) for o in out]
-            return type(out)(*items) if hasattr(out, "_fields") else type(out)(items)
-        if isinstance(out, dict):
-            return type(out)((k, self._leave(v, dtype, scale)) for k, v in out.items())
-        return out
 
     def __getattr__(self, name: str):
         """Attributes the model's own code reads from the wrapped module (``block.bn3.weight``,
@@ -141,9 +143,13 @@ class Fp32Island(nn.Module):
         return super()._apply(_keep_fp32(fn), recurse)
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
-        """Keys are the wrapped module's (``prefix + "w"``): file them under ``module.``."""
+        """Keys are the wrapped module's (``prefix + "w"``): file them under ``module.``.
+        Keys already under ``module.`` (checkpoints of islands before they kept the keys)
+        stay, unless the wrapped module has a member of that name itself."""
+        own = hasattr(self.module, _INNER)
         for key in [k for k in state_dict if k.startswith(prefix)]:
-            state_dict[f"{prefix}{_INNER}.{key[len(prefix):]}"] = state_dict.pop(key)
+            if own or not key.startswith(f"{prefix}{_INNER}."):
+                state_dict[f"{prefix}{_INNER}.{key[len(prefix):]}"] = state_dict.pop(key)
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def extra_repr(self) -> str:

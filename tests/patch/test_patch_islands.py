@@ -216,8 +216,28 @@ def test_top_level_island_state_dict_is_the_wrapped_modules():
     assert list(saved) == list(bn.state_dict())
     assert saved._metadata[""]["version"] == bn.state_dict()._metadata[""]["version"]
     bn.load_state_dict(saved, strict=True)
-    with pytest.raises(RuntimeError, match=r"module\.weight"):
-        island.load_state_dict({f"module.{k}": v for k, v in bn.state_dict().items()})
+    with torch.no_grad():
+        bn.running_var.fill_(9.0)
+    island.load_state_dict({f"module.{k}": v for k, v in bn.state_dict().items()})  # old keys
+    assert torch.equal(island.module.running_var, bn.running_var)
+    holder = nn.Module()  # a wrapped module with a member named "module" of its own
+    holder.module = nn.Linear(2, 2)
+    twice = Fp32Island(_zeroed(holder))
+    assert list(twice.state_dict()) == ["module.weight", "module.bias"]
+    twice.load_state_dict(holder.state_dict(), strict=True)
+    assert torch.equal(twice.module.module.weight, holder.module.weight)
+
+
+def test_pickled_patched_model_keeps_its_islands(tmp_path):
+    model, inputs = embedding_row()
+    patched = patch(model, _report(model, inputs))
+    torch.save(patched.half(), tmp_path / "patched.pt")
+    loaded = torch.load(tmp_path / "patched.pt", weights_only=False)
+    assert loaded.emb.outside_dtype == torch.float16 and list(loaded.state_dict()) == list(
+        model.state_dict()
+    )
+    with torch.no_grad():
+        assert torch.equal(loaded(*inputs), patched(*inputs))
 
 
 @pytest.mark.parametrize("build", [gelu_span, attention_span], ids=["gelu", "attention"])
