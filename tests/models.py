@@ -691,3 +691,45 @@ def sdpa_attention(scale: float = 3000.0, masked: bool = False):
     causal = torch.ones(16, 16, dtype=torch.bool).tril()
     mask = torch.zeros(2, 1, 16, 16).masked_fill(~causal, torch.finfo(torch.float32).min)
     return SdpaAttention().eval(), (x, mask)
+class AttentionSpan(nn.Module):
+    """A post-LN TransformerEncoderLayer whose value projection (inside MultiheadAttention,
+    no module of its own) passes 65504: real FP16 gives NaN, FP32 outputs are O(1). The
+    layer's fused fast path reads the attention's weights itself."""
+
+    def __init__(self):
+        super().__init__()
+        self.inp = nn.Linear(8, 16)
+        self.layer = nn.TransformerEncoderLayer(16, 4, 32, dropout=0.0, batch_first=True)
+        self.head = nn.Linear(16, 4)
+        with torch.no_grad():
+            self.inp.weight.mul_(10.0)
+            self.layer.self_attn.in_proj_weight[32:].mul_(3.0e4)  # v: |v| ~ 4e5
+            self.layer.self_attn.out_proj.weight.div_(3.0e4)
+
+    def forward(self, x):
+        return self.head(self.layer(self.inp(x)))
+
+
+def attention_span():
+    _seeded(13)
+    return AttentionSpan().eval(), (torch.randn(2, 5, 8),)
+
+
+class EmbeddingRow(nn.Module):
+    """An embedding with one row beyond 65504 (inf as an FP16 weight), then a Linear."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(10, 8)
+        self.fc = nn.Linear(8, 4)
+        with torch.no_grad():
+            self.emb.weight[3].mul_(1.0e5)
+            self.fc.weight.div_(1.0e3)
+
+    def forward(self, ids):
+        return self.fc(self.emb(ids))
+
+
+def embedding_row():
+    _seeded(14)
+    return EmbeddingRow().eval(), (torch.tensor([[1, 3, 5, 3], [0, 2, 3, 9]]),)
