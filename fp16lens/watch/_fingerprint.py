@@ -1,0 +1,56 @@
+"""A cheap fingerprint of a model's weights, so that a report is not applied to other weights.
+
+Per floating parameter/buffer: [numel, Σv, Σ|v|, Σv·r] in float64, with r = 1 + (i mod 97)
+a position ramp (a permutation changes it). One pass per tensor, on the tensor's device, one
+host transfer at the end. Two fingerprints match when every number agrees within 1e-6 of
+the tensor's magnitude: the same weights on another device reduce in another order and
+differ in the last bits; a change smaller than that does not move any range a report holds.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+_RAMP = 97
+_TOLERANCE = 1e-6
+
+
+def _tensors(model: torch.nn.Module):
+    named = list(model.named_parameters(remove_duplicate=True)) + list(
+        model.named_buffers(remove_duplicate=True)
+    )
+    return [(n, t) for n, t in named if torch.is_tensor(t) and t.is_floating_point()]
+
+
+@torch.no_grad()
+def fingerprint(model: torch.nn.Module) -> dict[str, list[float]]:
+    """Pure: the fingerprint of ``model``'s floating parameters and buffers, by name."""
+    names, rows = [], []
+    for name, t in _tensors(model):
+        v = t.detach().reshape(-1).double()
+        ramp = torch.arange(v.numel(), device=v.device, dtype=torch.int64) % _RAMP + 1
+        rows.append(torch.stack([v.sum(), v.abs().sum(), (v * ramp).sum()]).cpu())
+        names.append((name, t.numel()))
+    values = torch.stack(rows).tolist() if rows else []
+    return {name: [float(n), *row] for (name, n), row in zip(names, values)}
+
+
+def changed(recorded: dict[str, list[float]], model: torch.nn.Module) -> list[str]:
+    """Names of the tensors whose weights differ from ``recorded`` (missing or added ones
+    included); [] when ``recorded`` is empty (a report made before fingerprints)."""
+    if not recorded:
+        return []
+    now = fingerprint(model)
+    out = [n for n in recorded if n not in now] + [n for n in now if n not in recorded]
+    for name in recorded.keys() & now.keys():
+        (n0, *a), (n1, *b) = recorded[name], now[name]
+        scale = _TOLERANCE * max(abs(a[1]), abs(b[1])) * _RAMP
+        if n0 != n1 or not all(_same(x, y, scale) for x, y in zip(a, b)):
+            out.append(name)
+    return sorted(out)
+
+
+def _same(x: float, y: float, tolerance: float) -> bool:
+    return x == y or (math.isnan(x) and math.isnan(y)) or abs(x - y) <= tolerance
