@@ -2,9 +2,10 @@
 
 Per floating parameter/buffer: [numel, Σv, Σ|v|, Σv·r] in float64, with r = 1 + (i mod 97)
 a position ramp (a permutation changes it). One pass per tensor, on the tensor's device, one
-host transfer at the end. Two fingerprints match when every number agrees within 1e-6 of
-the tensor's magnitude: the same weights on another device reduce in another order and
-differ in the last bits; a change smaller than that does not move any range a report holds.
+host transfer at the end. Two fingerprints match when every number agrees within 1e-9 of
+the tensor's magnitude Σ|v| (×97 for the ramp sum): the same weights on another device
+reduce in another order and differ in the last bits (float64: ~1e-16 per term); a change
+smaller than that cannot move a range a report holds.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import math
 import torch
 
 _RAMP = 97
-_TOLERANCE = 1e-6
+_TOLERANCE = 1e-9
 
 
 def _tensors(model: torch.nn.Module):
@@ -46,8 +47,9 @@ def changed(recorded: dict[str, list[float]], model: torch.nn.Module) -> list[st
     out = [n for n in recorded if n not in now] + [n for n in now if n not in recorded]
     for name in recorded.keys() & now.keys():
         (n0, *a), (n1, *b) = recorded[name], now[name]
-        scale = _TOLERANCE * max(abs(a[1]), abs(b[1])) * _RAMP
-        if n0 != n1 or not all(_same(x, y, scale) for x, y in zip(a, b)):
+        scale = _TOLERANCE * max(abs(a[1]), abs(b[1]))
+        tolerances = (scale, scale, scale * _RAMP)
+        if n0 != n1 or not all(_same(x, y, t) for x, y, t in zip(a, b, tolerances)):
             out.append(name)
     return sorted(out)
 

@@ -100,24 +100,20 @@ def _small(name: str, af: torch.Tensor, options: WatchOptions) -> Finding | None
     under_mass = float(torch.where(tiny, af, 0).sum()) / total
     smallest = float(torch.where(af > 0, af, torch.inf).min())
     if under and under_mass >= options.param_underflow_share:
-        return Finding(
-            site=module, mechanism="parameter", kind="param-underflow", peak=smallest,
-            tensor=tensor, count=under,
-            detail=(
-                f"{name}: {under} of {nz} non-zero values are below 2^-24 and become 0 "
-                f"in FP16 ({under_mass:.0%} of the tensor's magnitude)"
-            ),
+        kind, count, what = "param-underflow", under, (
+            f"are below 2^-24 and become 0 in FP16 ({under_mass:.0%} of the tensor's magnitude)"
         )
-    if sub and sub_mass >= options.param_subnormal_share:
-        return Finding(
-            site=module, mechanism="parameter", kind="param-subnormal", peak=smallest,
-            tensor=tensor, count=sub,
-            detail=(
-                f"{name}: {sub} of {nz} non-zero values are subnormal in FP16 (< 2^-14, "
-                f"{sub_mass:.0%} of the tensor's magnitude) and lose precision"
-            ),
+    elif sub and sub_mass >= options.param_subnormal_share:
+        kind, count, what = "param-subnormal", sub, (
+            f"are subnormal in FP16 (< 2^-14, {sub_mass:.0%} of the tensor's magnitude) and "
+            "lose precision"
         )
-    return None
+    else:
+        return None
+    return Finding(
+        site=module, mechanism="parameter", kind=kind, peak=smallest, tensor=tensor, count=count,
+        detail=f"{name}: {count} of {nz} non-zero values {what}",
+    )
 
 
 @torch.no_grad()
