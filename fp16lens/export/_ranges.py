@@ -33,7 +33,7 @@ def range_issues(array: np.ndarray) -> RangeIssues:
     zeroed = int(((a != 0) & (h == 0)).sum())
     subnormal = int(((h != 0) & (np.abs(h) < FP16_MIN_NORMAL)).sum()) + zeroed
     # ONNX keeps the output channel first (Conv, Gemm with transB) or last (MatMul): both
-    lost = flush_loss(torch.from_numpy(np.ascontiguousarray(a)), (0, -1)).rel if subnormal else 0.0
+    lost = flush_loss(torch.from_numpy(a.copy()), (0, -1)).rel if subnormal else 0.0
     return RangeIssues(float(np.abs(a).max()), int((~np.isfinite(h)).sum()), subnormal, zeroed, lost)
 
 
