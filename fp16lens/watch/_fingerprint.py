@@ -39,12 +39,13 @@ def fingerprint(model: torch.nn.Module) -> dict[str, list[float]]:
 
 
 def changed(recorded: dict[str, list[float]], model: torch.nn.Module) -> list[str]:
-    """Names of the tensors whose weights differ from ``recorded`` (missing or added ones
-    included); [] when ``recorded`` is empty (a report made before fingerprints)."""
+    """Names of the tensors that both have and whose weights differ from ``recorded``;
+    [] when ``recorded`` is empty (a report made before fingerprints). Tensors only one side
+    has mean another architecture, which patch's site check names as such."""
     if not recorded:
         return []
     now = fingerprint(model)
-    out = [n for n in recorded if n not in now] + [n for n in now if n not in recorded]
+    out = []
     for name in recorded.keys() & now.keys():
         (n0, *a), (n1, *b) = recorded[name], now[name]
         scale = _TOLERANCE * max(abs(a[1]), abs(b[1]))
