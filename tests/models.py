@@ -733,3 +733,51 @@ class EmbeddingRow(nn.Module):
 def embedding_row():
     _seeded(14)
     return EmbeddingRow().eval(), (torch.tensor([[1, 3, 5, 3], [0, 2, 3, 9]]),)
+# Parameters FP16 flushes: harmless where the values they join are large, harmful where not
+# --------------------------------------------------------------------------------------
+def mobilenet_v2_tiny_params(size: int = 64, seed: int = 0):
+    """torchvision's MobileNetV2 (width 0.5) shaped like a trained net: batch-norm statistics
+    measured on its inputs, trained-like affine parameters, and what trained ImageNet weights
+    hold: whole batch-norm biases of 1e-9..1e-8 (0 in FP16) and pointwise convs whose small
+    weights are partly subnormal in FP16. Returns (model, inputs, names of the tiny biases)."""
+    tv = ensure_torchvision()
+    _seeded(seed)
+    model = tv.models.mobilenet_v2(width_mult=0.5, num_classes=10).eval()
+    x = torch.rand(2, 3, size, size)
+    bns = [m for m in model.modules() if isinstance(m, nn.BatchNorm2d)]
+    names = {m: n for n, m in model.named_modules()}
+    pointwise = [m for m in model.modules() if isinstance(m, nn.Conv2d) and m.kernel_size == (1, 1)]
+    with torch.no_grad():
+        for conv in pointwise[3::6]:
+            conv.weight.mul_(2e-3)  # |w| ~ 1e-4: about a quarter below 2^-14
+        for bn in bns:
+            bn.weight.uniform_(0.5, 1.5)
+            bn.bias.uniform_(-0.5, 0.5)
+    calibrate_bn(model, (x,), bns)
+    tiny = bns[2::7]
+    with torch.no_grad():
+        for bn in tiny:
+            sign = torch.randint(0, 2, bn.bias.shape) * 2 - 1
+            bn.bias.copy_(sign * torch.empty(bn.bias.shape).uniform_(1e-9, 1e-8))
+    return model, (x,), [f"{names[bn]}.bias" for bn in tiny]
+
+
+class LayerScaleReadout(nn.Module):
+    """A block that adds a layer-scaled branch to a small residual: ``x + γ·proj(feats)``.
+    The branch is large (|proj| up to ~2e3, within FP16) and γ = 1e-8, so γ·proj (up to
+    ~2e-5) is far above the FP16 step of the residual ``x`` (1e-4..1.1e-3: a step of at most
+    5e-7); FP16 flushes γ to 0 and the branch vanishes."""
+
+    def __init__(self, width: int = 16, gamma: float = 1e-8):
+        super().__init__()
+        self.proj = nn.Linear(width, width)
+        self.gamma = nn.Parameter(torch.full((width,), gamma))
+
+    def forward(self, x, feats):
+        return x + self.gamma * self.proj(feats)
+
+
+def layer_scale_readout(gamma: float = 1e-8):
+    _seeded(11)
+    model = LayerScaleReadout(gamma=gamma).eval()
+    return model, (torch.rand(4, 16) * 1e-3 + 1e-4, torch.rand(4, 16) * 4e3)

@@ -5,12 +5,14 @@ from fp16lens._core.errors import (
     MissingDependencyError,
     PatchError,
     ReportError,
+    StaleReportError,
     WatchError,
 )
 from fp16lens._core.fp16 import (
     FP16_MAX,
     FP16_MIN_NORMAL,
     FP16_MIN_SUBNORMAL,
+    half_step,
     headroom_bits,
     is_power_of_two,
 )
@@ -24,7 +26,9 @@ __all__ = [
     "MissingDependencyError",
     "PatchError",
     "ReportError",
+    "StaleReportError",
     "WatchError",
+    "half_step",
     "headroom_bits",
     "import_optional",
     "is_power_of_two",

@@ -31,3 +31,7 @@ class ReportError(Fp16LensError):
 
 class PatchError(Fp16LensError):
     """patch() preconditions failed; the model was left untouched."""
+
+
+class StaleReportError(ReportError):
+    """The report was made from other weights than the model's: its ranges do not apply."""

@@ -30,3 +30,14 @@ def is_power_of_two(p: float) -> bool:
         return False
     mantissa, _ = math.frexp(p)
     return mantissa == 0.5
+
+
+def half_step(magnitude: float) -> float:
+    """Half the FP16 spacing at ``magnitude``: a change below it is lost to rounding when a
+    value of that size is stored in FP16. 2^-25 (half the smallest subnormal step) at and
+    below 2^-14; doubles with every binade above."""
+    if not magnitude > FP16_MIN_NORMAL:
+        return FP16_MIN_SUBNORMAL / 2
+    if not math.isfinite(magnitude):
+        return math.inf
+    return 2.0 ** (math.floor(math.log2(magnitude)) - 11)

@@ -20,6 +20,8 @@ from fp16lens.export._ranges import clamp_mask_constants, subnormal_summary, to_
 from fp16lens.export._typing import FLOAT, FLOAT16, NodeTyping, type_node
 
 _TAG = {FLOAT: "fp32", FLOAT16: "fp16"}
+_BIAS_SLOT = {op: 2 for op in ("Conv", "ConvTranspose", "Gemm", "BatchNormalization",
+                               "InstanceNormalization", "LayerNormalization", "GroupNormalization")}
 
 
 @dataclass
@@ -91,7 +93,7 @@ class _Rewriter:
             for t in n.input:
                 self.consumers.setdefault(t, []).append(n)
         self.shapes: dict[str, str] = {}  # new tensor -> tensor whose shape it has
-        self.converted: list = []  # (name, size, RangeIssues) of every array made FP16
+        self.converted: list = []  # (name, size, RangeIssues, additive) of every array made FP16
 
     def _origin(self, node) -> NodeOrigin:
         return self.origins.get(node.name, NodeOrigin(None))
@@ -113,7 +115,7 @@ class _Rewriter:
             array = numpy_helper.to_array(init)
             mods = self._modules_of(self.consumers.get(init.name, []))
             if primary == FLOAT16:
-                self._replace(init, self._half(init.name, array, mods))
+                self._replace(init, self._half(init.name, array, mods, self._additive(init.name)))
             self.actual[init.name] = primary
             if len(needs) == 2:
                 other = f"{init.name}__{_TAG[FLOAT]}"
@@ -127,7 +129,14 @@ class _Rewriter:
             needs.update(req[i] for i, t in enumerate(n.input) if t == name and req[i] is not None)
         return needs
 
-    def _half(self, name: str, array: np.ndarray, modules: list[str]) -> np.ndarray:
+    def _additive(self, name: str) -> bool:
+        """Whether every use of ``name`` adds it to the values it joins (a bias slot)."""
+        uses = [(n.op_type, i) for n in self.consumers.get(name, []) for i, t in enumerate(n.input)
+                if t == name]
+        return bool(uses) and all(op in ("Add", "Sub") or _BIAS_SLOT.get(op) == i for op, i in uses)
+
+    def _half(self, name: str, array: np.ndarray, modules: list[str],
+              additive: bool = False) -> np.ndarray:
         half, issues = to_fp16_checked(name, array, modules)
         label = f"{name} of {', '.join(map(repr, modules))}" if modules else name
         clamped = clamp_mask_constants(array)[1]
@@ -136,7 +145,7 @@ class _Rewriter:
                 f"{label}: {clamped} masking constant(s) of |v| >= 1e30 (finfo(float32).min) "
                 "clamped to +-65504 for FP16"
             )
-        self.converted.append((label, int(np.size(array)), issues))
+        self.converted.append((label, int(np.size(array)), issues, additive))
         return half
 
     @staticmethod

@@ -5,9 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from fp16lens._core import FP16_MIN_NORMAL
 from fp16lens.export._errors import ExportError
+from fp16lens.watch._params import REL_STEP, flush_loss
 
 
 @dataclass(frozen=True)
@@ -18,22 +20,21 @@ class RangeIssues:
     overflow: int  # becomes inf/NaN in FP16 (|v| >= 65520 after rounding, or already)
     subnormal: int  # non-zero values below 2**-14 in FP16 (precision lost), zeroed included
     zeroed: int  # non-zero values that round to 0
+    lost_rel: float = 0.0  # the most a slice (output channel) loses below 2**-14, over its sum |w|
 
 
 def range_issues(array: np.ndarray) -> RangeIssues:
     """Pure: what rounding ``array`` to FP16 does to it (judged on the rounded values)."""
-    a = np.asarray(array, dtype=np.float32).ravel()
+    a = np.asarray(array, dtype=np.float32)
     if a.size == 0:
         return RangeIssues(0.0, 0, 0, 0)
     with np.errstate(over="ignore"):
         h = a.astype(np.float16)
     zeroed = int(((a != 0) & (h == 0)).sum())
-    return RangeIssues(
-        absmax=float(np.abs(a).max()),
-        overflow=int((~np.isfinite(h)).sum()),
-        subnormal=int(((h != 0) & (np.abs(h) < FP16_MIN_NORMAL)).sum()) + zeroed,
-        zeroed=zeroed,
-    )
+    subnormal = int(((h != 0) & (np.abs(h) < FP16_MIN_NORMAL)).sum()) + zeroed
+    # ONNX keeps the output channel first (Conv, Gemm with transB) or last (MatMul): both
+    lost = flush_loss(torch.from_numpy(a.copy()), (0, -1)).rel if subnormal else 0.0
+    return RangeIssues(float(np.abs(a).max()), int((~np.isfinite(h)).sum()), subnormal, zeroed, lost)
 
 
 SATURATED = 1e30
@@ -73,17 +74,46 @@ def to_fp16_checked(
     return np.asarray(array).astype(np.float16), issues
 
 
-def subnormal_summary(entries: list[tuple[str, int, RangeIssues]], shown: int = 5) -> str | None:
-    """One warning for all weights with subnormal values: (name, size, issues), worst share first."""
-    hit = [(n, size, i) for n, size, i in entries if i.subnormal]
+def _parts(hit: list, shown: int) -> str:
+    hit = sorted(hit, key=lambda e: e[2].subnormal / max(e[1], 1), reverse=True)
+    parts = [f"{n} ({i.subnormal}/{size}, {i.zeroed} -> 0)" for n, size, i, _ in hit[:shown]]
+    return ", ".join(parts) + (f", and {len(hit) - shown} more" if len(hit) > shown else "")
+
+
+def harmless(issues: RangeIssues, additive: bool) -> bool:
+    """The rule watch applies, without the activations: a bias loses less than 2^-25 per
+    value, below half an FP16 step of any value it is added to; a weight is harmless when
+    every output channel loses at most 2^-11 of its sum |w| (FP16's rounding of the rest)."""
+    return additive or issues.lost_rel <= REL_STEP
+
+
+def subnormal_summary(entries: list[tuple[str, int, RangeIssues, bool]], shown: int = 5) -> str | None:
+    """One warning for all weights with subnormal values, (name, size, issues, additive):
+    whether their loss matters, judged by ``harmless``, and what to do where it does."""
+    hit = [e for e in entries if e[2].subnormal]
     if not hit:
         return None
-    hit.sort(key=lambda e: e[2].subnormal / max(e[1], 1), reverse=True)
-    parts = [f"{n} ({i.subnormal}/{size}, {i.zeroed} -> 0)" for n, size, i in hit[:shown]]
-    more = f", and {len(hit) - shown} more" if len(hit) > shown else ""
-    total = sum(i.subnormal for _, _, i in hit)
-    zeroed = sum(i.zeroed for _, _, i in hit)
-    return (
+    total = sum(i.subnormal for _, _, i, _ in hit)
+    zeroed = sum(i.zeroed for _, _, i, _ in hit)
+    head = (
         f"{len(hit)} weight(s) hold {total} value(s) that are subnormal in FP16 (< 2^-14, "
-        f"reduced precision; {zeroed} round to 0): {', '.join(parts)}{more}"
+        f"reduced precision; {zeroed} round to 0)"
+    )
+    matter = [e for e in hit if not harmless(e[2], e[3])]
+    if not matter:
+        return (
+            f"{head}; their loss is below the output precision of their layers (a bias loses "
+            "< 2^-25 per value; no output channel of a weight loses more than 2^-11 of its "
+            f"magnitude, FP16's own rounding): harmless: {_parts(hit, shown)}"
+        )
+    worst = max(e[2].lost_rel for e in matter)
+    rest = len(hit) - len(matter)
+    return (
+        f"{head}. In {len(matter)} of them an output channel loses up to {worst:.0%} of its "
+        f"weight magnitude, more than FP16's own rounding (2^-11), which may change the output: "
+        f"{_parts(matter, shown)}; check parity (fp16lens.verify(..., backend='onnx-fp16')) and "
+        "where it drops, scale that weight up by 2^k and the next layer down by 2^-k, or keep "
+        "its module FP32 (export(..., fp32_modules=[...]))"
+        + (f"; the other {rest} lose less than the output precision of their layers: harmless"
+           if rest else "")
     )

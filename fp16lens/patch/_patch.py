@@ -6,13 +6,14 @@ import copy
 
 from torch import nn
 
-from fp16lens._core import PatchError
+from fp16lens._core import PatchError, StaleReportError
 from fp16lens.patch._apply import apply_plan
 from fp16lens.patch._check import check_equivalent
 from fp16lens.patch._options import PatchOptions
 from fp16lens.patch._plan import Plan
 from fp16lens.patch._planner import build_plan
 from fp16lens.report import Report
+from fp16lens.watch._fingerprint import changed
 
 PLAN_ATTR = "_fp16lens_plan"
 
@@ -97,4 +98,12 @@ def _require(model: nn.Module, report: Report) -> None:
         raise PatchError(
             f"the model is in training mode ({training[0]}{' and others' if len(training) > 1 else ''}): "
             "batch-norm statistics would change after the rewrite; call model.eval() first"
+        )
+    stale = changed(report.meta.weights, model)
+    if stale:
+        more = f" and {len(stale) - 3} more" if len(stale) > 3 else ""
+        raise StaleReportError(
+            f"the report was made from other weights than this model's ({', '.join(stale[:3])}"
+            f"{more} changed since fp16lens.watch recorded it), so its ranges do not apply: "
+            "re-run fp16lens.watch (or `fp16lens scan`) on this model and patch with the new report"
         )

@@ -57,8 +57,14 @@ def _internal_fix(f: Finding) -> str:
     return f"keep {f.site} in FP32 (an FP32 island)"
 
 
+def param_name(f: Finding) -> str:
+    """``module.tensor`` of a parameter finding; the bare tensor name in the root module."""
+    return ".".join(p for p in (f.site, f.tensor) if p) or "(the model)"
+
+
 def _param_fix(report: Report, f: Finding) -> str:
-    name = f"{f.site}.{f.tensor}" if f.tensor else f.site
+    name = param_name(f)
+    owner = f.site or "the root module's own ops"
     if f.kind == "param-overflow":
         if not math.isfinite(f.peak):
             return f"reload the checkpoint: {name} holds inf/NaN already in FP32"
@@ -71,7 +77,7 @@ def _param_fix(report: Report, f: Finding) -> str:
         k = rescale_exponent(f.peak)
         return (
             f"rescale {name} by 2^-{k} and undo it by 2^{k} at the next conv/linear (exact), "
-            f"or keep {f.site} in FP32"
+            f"or keep {owner} in FP32"
         )
     step = "become 0" if f.kind == "param-underflow" else "keep fewer significant bits"
     err = (
@@ -83,9 +89,9 @@ def _param_fix(report: Report, f: Finding) -> str:
         )
     )
     return (
-        f"{f.count} values of {name} {step} in FP16{err}. Usually harmless for weights; if "
-        f"parity drops, scale {name} up by 2^k and the output down by 2^-k (exact), "
-        f"or keep {f.site} in FP32"
+        f"{f.count} values of {name} {step} in FP16{err}. The loss is visible at the FP16 "
+        f"precision of the values {name} joins: scale {name} up by 2^k and the output down "
+        f"by 2^-k (exact), or keep {owner} in FP32"
     )
 
 
@@ -144,4 +150,9 @@ def _note_fix(f: Finding) -> str:
                     "FP32: move them into a submodule and export(..., fp32_modules=[it])")
         return (f"none for a .half() model; for an FP16 ONNX/TensorRT graph keep {module} in FP32: "
                 f"export(..., fp32_modules=[{module!r}])")
+    if f.kind in ("param-underflow", "param-subnormal"):
+        return (
+            f"none: what {param_name(f)} loses in FP16 is below the FP16 precision of the values it "
+            "joins, so the output does not change"
+        )
     return "no action needed for FP16 range; see the note"

@@ -53,6 +53,8 @@ def _label(f: Finding) -> str:
         return f"[inf/NaN ×{f.count}]"
     if f.mechanism == "parameter":
         return f"[{PARAM_LABELS.get(f.kind, f.kind)} ×{f.count}]"
+    if f.mechanism == "note" and f.kind in PARAM_LABELS:
+        return f"[{PARAM_LABELS[f.kind]} ×{f.count} · harmless]"
     if f.mechanism in ("internal", "note"):
         return f"[{f.site} · {f.kind}]"
     return f"[{f.site} · {f.kind or f.mechanism}]"

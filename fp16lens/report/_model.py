@@ -15,7 +15,9 @@ from typing import Any
 
 from fp16lens._core import FP16_MAX, ReportError, headroom_bits
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+READABLE_VERSIONS = (1, 2)
+"""Version 1 has no weight fingerprint: such reports load, and patch cannot check them."""
 HIST_MIN_EXP = -26
 """``SiteStats.hist[0]`` counts non-zero |v| < 2**HIST_MIN_EXP (they round to 0 in FP16)."""
 HIST_MAX_EXP = 16
@@ -135,6 +137,9 @@ class ReportMeta:
     threshold: float = FP16_MAX
     input_shapes: list[list[list[int]]] = field(default_factory=list)  # per batch, per tensor
     schema_version: int = SCHEMA_VERSION
+    weights: dict[str, list[float]] = field(default_factory=dict)
+    # the weights the ranges were measured with: tensor name -> [numel, Σv, Σ|v|, Σv·ramp]
+    # (fp16lens.watch._fingerprint); {} for reports made by hand or before version 2
 
 
 @dataclass
@@ -195,14 +200,14 @@ class Report:
                 "fp16lens.watch(model) or `fp16lens scan` and save it with report.save()"
             )
         version = data["schema_version"]
-        if version != SCHEMA_VERSION:
+        if version not in READABLE_VERSIONS:
             raise ReportError(
                 f"report schema version {version} is not supported by this fp16lens "
-                f"(it reads version {SCHEMA_VERSION}); re-create the report with this "
-                "version's `fp16lens scan`"
+                f"(it reads versions {', '.join(map(str, READABLE_VERSIONS))}); re-create "
+                "the report with this version's `fp16lens scan`"
             )
         try:
-            meta = ReportMeta(**data["meta"])
+            meta = ReportMeta(**{**data["meta"], "schema_version": SCHEMA_VERSION})
             sites = {}
             for s in data["sites"]:
                 st = SiteStats(**s)
@@ -308,6 +313,7 @@ _TEXTS = {
     ReportMeta: ("model_class",),
 }
 _LISTS = {SiteStats: ("hist", "shape"), Span: ("sites", "ends"), ReportMeta: ("input_shapes",)}
+_DICTS = {ReportMeta: ("weights",)}
 
 
 def _check_types(obj: Any) -> None:
@@ -322,12 +328,19 @@ def _check_types(obj: Any) -> None:
     for f in _LISTS.get(cls, ()):
         if not isinstance(getattr(obj, f), list):
             raise ValueError(f"{cls.__name__}.{f} must be a list, got {getattr(obj, f)!r}")
+    for f in _DICTS.get(cls, ()):
+        if not isinstance(getattr(obj, f), dict):
+            raise ValueError(f"{cls.__name__}.{f} must be a mapping, got {getattr(obj, f)!r}")
 
 
 def _check_fields(meta, sites: dict, spans: list, findings: list, edges: list) -> None:
     """Types of every field, and spans and edges naming sites the report has."""
     for obj in (meta, *sites.values(), *spans, *findings):
         _check_types(obj)
+    for name, row in meta.weights.items():
+        if not (isinstance(row, list) and len(row) == 4 and all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) for v in row)):
+            raise ValueError(f"meta.weights[{name!r}] must be 4 numbers, got {row!r}")
     for span in spans:
         named = [span.start, span.peak_site, *span.sites, *span.ends, *([span.end] if span.end else [])]
         unknown = [n for n in named if n not in sites]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from fp16lens.report._advice import headline, suggest_fix
+from fp16lens.report._advice import headline, param_name, suggest_fix
 from fp16lens.report._fmt import value
 from fp16lens.report._model import Finding, Report, Span
 
@@ -42,7 +42,8 @@ def next_step(report: Report) -> str:
     fix = first.fix if isinstance(first, Finding) and first.fix else suggest_fix(report, first)
     if isinstance(first, Span):
         return f"{headline(fix)} — span {report.spans.index(first) + 1} below"
-    return f"{headline(fix)} — {first.site} below"
+    where = first.site or param_name(first)
+    return f"{headline(fix)} — {where} below"
 
 
 def _norm_consequence(f: Finding) -> str:

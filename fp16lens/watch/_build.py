@@ -9,6 +9,9 @@ import torch
 from fp16lens.report._model import Finding, Report, ReportMeta, SiteStats, Span
 from fp16lens.watch import _internal
 from fp16lens.watch._accumulate import Accumulator, SiteAcc, SiteCounts, SpanAcc
+from fp16lens.watch._fingerprint import fingerprint
+from fp16lens.watch._harm import judge
+from fp16lens.watch._params import ParamCheck
 from fp16lens.watch._recorder import SiteInfo
 
 LN_FP16_MAX = math.log(65504.0)
@@ -64,7 +67,7 @@ def _span_finding(span: Span, start_op: str, threshold: float) -> Finding:
                    detail=detail, batch=span.first_batch)
 
 
-def build_report(acc: Accumulator, infos: list[SiteInfo], params: list[Finding],
+def build_report(acc: Accumulator, infos: list[SiteInfo], params: list[ParamCheck],
                  model: torch.nn.Module, threshold: float) -> Report:
     from fp16lens import __version__
 
@@ -79,7 +82,8 @@ def build_report(acc: Accumulator, infos: list[SiteInfo], params: list[Finding],
             detail=_internal.describe(kind, ia.peak, ia.ctx, threshold),
             tensor=ia.ctx.get("norm") or ia.ctx.get("op", ""),
         ))
-    findings.extend(params)
+    edges = sorted((infos[a].name, infos[b].name) for a, b in acc.edges)
+    findings.extend(judge(params, sites, edges))
     for sid, a in sorted(acc.sites.items()):
         if a.saturated:
             findings.append(Finding(
@@ -119,7 +123,6 @@ def build_report(acc: Accumulator, infos: list[SiteInfo], params: list[Finding],
     meta = ReportMeta(
         model_class=type(model).__qualname__, batches=acc.batches,
         torch_version=torch.__version__, fp16lens_version=__version__, threshold=threshold,
-        input_shapes=acc.input_shapes,
+        input_shapes=acc.input_shapes, weights=fingerprint(model),
     )
-    edges = sorted((infos[a].name, infos[b].name) for a, b in acc.edges)
     return Report(sites=sites, spans=spans, findings=findings, edges=edges, meta=meta)

@@ -1,6 +1,13 @@
-"""Parameters and buffers that FP16 cannot hold: beyond 65504, subnormal, flushed to 0."""
+"""Parameters and buffers that FP16 cannot hold: beyond 65504, subnormal, flushed to 0.
+
+Overflow is always a problem (.half() makes the value inf). A value that becomes subnormal
+or 0 is judged by what its loss does to the values the parameter joins (``judge``): it is a
+problem only where the change is visible at the FP16 precision of those values, else a note.
+"""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -11,6 +18,48 @@ from fp16lens.watch._options import WatchOptions
 # Batch-norm statistics are folded into the conv in FP32 before deployment, and tiny values
 # vanish next to eps anyway: flushing them is harmless (their overflow is not, see above).
 _FOLDED_STATS = frozenset({"running_mean", "running_var"})
+REL_STEP = 2.0**-11
+"""FP16's relative rounding (half an ulp): what every normal FP16 weight already loses."""
+
+
+@dataclass(frozen=True)
+class FlushLoss:
+    """What storing a tensor in FP16 loses through its values below 2^-14 (pure numbers).
+
+    value: the largest change of one value (flushed: all of it; subnormal: the rounding).
+    slice: the largest sum of those changes over one output channel (slices along axis 0
+        in PyTorch's layout; a 1-D tensor's channels are its values).
+    rel: the largest ``slice`` divided by that slice's sum of |w|.
+    """
+
+    value: float
+    slice: float
+    rel: float
+
+
+def flush_loss(t: torch.Tensor, axes: tuple[int, ...] = (0,)) -> FlushLoss:
+    """Pure: the loss FP16 makes in ``t`` below its normal range, per value and per slice
+    (the worst over ``axes``, each taken as the output-channel axis)."""
+    x = t.detach().float().reshape(t.shape if t.dim() else (1,))
+    small = x.abs() < FP16_MIN_NORMAL
+    err = torch.where(small, (x - x.half().float()).abs(), 0.0)
+    lost, rel = 0.0, 0.0
+    for axis in axes if x.dim() > 1 else (0,):
+        other = [d for d in range(x.dim()) if d != axis % x.dim()]
+        per = err.sum(other) if other else err
+        mass = x.abs().sum(other) if other else x.abs()
+        lost = max(lost, float(per.max()))
+        rel = max(rel, float(torch.where(mass > 0, per / mass.clamp_min(1e-45), 0.0).max()))
+    return FlushLoss(float(err.max()), lost, rel)
+
+
+@dataclass(frozen=True)
+class ParamCheck:
+    """One finding about a parameter/buffer, with what its FP16 loss is for ``judge``."""
+
+    finding: Finding
+    additive: bool = False  # a bias: added to the values it joins, not multiplied
+    loss: FlushLoss | None = None  # None: overflow, always a problem
 
 
 def _owner(name: str) -> tuple[str, str]:
@@ -18,10 +67,59 @@ def _owner(name: str) -> tuple[str, str]:
     return module, tensor
 
 
+def _overflow(name: str, t: torch.Tensor, a: torch.Tensor, threshold: float) -> Finding | None:
+    peak = float(a.max())
+    if peak <= threshold:
+        return None
+    module, tensor = _owner(name)
+    over = int((a > threshold).sum()) + int(a.isnan().sum())
+    return Finding(
+        site=module, mechanism="parameter", kind="param-overflow", peak=peak,
+        tensor=tensor, count=over,
+        detail=(
+            f"{name}: {over} of {t.numel()} values beyond FP16 "
+            f"(max {peak:.3g} > {threshold:g}); .half() makes them inf"
+        ),
+    )
+
+
+def _small(name: str, af: torch.Tensor, options: WatchOptions) -> Finding | None:
+    """Values that become subnormal or 0, when they carry enough of the tensor's magnitude."""
+    total = float(af.sum())
+    if not total > 0:
+        return None
+    module, tensor = _owner(name)
+    small = af < FP16_MIN_NORMAL
+    sub_mass = float(torch.where(small, af, 0).sum()) / total
+    if sub_mass < options.param_subnormal_share and sub_mass < options.param_underflow_share:
+        return None  # the tiny values carry too little of the tensor to matter
+    nz = int(torch.count_nonzero(af))
+    sub = int(torch.count_nonzero(small & (af > 0)))
+    tiny = af < FP16_MIN_SUBNORMAL
+    under = int(torch.count_nonzero(tiny & (af > 0)))
+    under_mass = float(torch.where(tiny, af, 0).sum()) / total
+    smallest = float(torch.where(af > 0, af, torch.inf).min())
+    if under and under_mass >= options.param_underflow_share:
+        kind, count, what = "param-underflow", under, (
+            f"are below 2^-24 and become 0 in FP16 ({under_mass:.0%} of the tensor's magnitude)"
+        )
+    elif sub and sub_mass >= options.param_subnormal_share:
+        kind, count, what = "param-subnormal", sub, (
+            f"are subnormal in FP16 (< 2^-14, {sub_mass:.0%} of the tensor's magnitude) and "
+            "lose precision"
+        )
+    else:
+        return None
+    return Finding(
+        site=module, mechanism="parameter", kind=kind, peak=smallest, tensor=tensor, count=count,
+        detail=f"{name}: {count} of {nz} non-zero values {what}",
+    )
+
+
 @torch.no_grad()
-def check_parameters(model: torch.nn.Module, options: WatchOptions) -> list[Finding]:
-    """One finding per problem per parameter/buffer tensor, with counts."""
-    findings: list[Finding] = []
+def check_parameters(model: torch.nn.Module, options: WatchOptions) -> list[ParamCheck]:
+    """One check per problem per parameter/buffer tensor, with counts and FP16 loss."""
+    checks: list[ParamCheck] = []
     named = list(model.named_parameters(remove_duplicate=True)) + list(
         model.named_buffers(remove_duplicate=True)
     )
@@ -29,56 +127,12 @@ def check_parameters(model: torch.nn.Module, options: WatchOptions) -> list[Find
         if not torch.is_tensor(t) or not t.is_floating_point() or t.numel() == 0:
             continue
         a = t.detach().abs()
-        module, tensor = _owner(name)
-        peak = float(a.max())
-        if not peak <= options.threshold:
-            over = int((a > options.threshold).sum()) + int(a.isnan().sum())
-            findings.append(
-                Finding(
-                    site=module, mechanism="parameter", kind="param-overflow", peak=peak,
-                    tensor=tensor, count=over,
-                    detail=(
-                        f"{name}: {over} of {t.numel()} values beyond FP16 "
-                        f"(max {peak:.3g} > {options.threshold:g}); .half() makes them inf"
-                    ),
-                )
-            )
-        if tensor in _FOLDED_STATS:
+        over = _overflow(name, t, a, options.threshold)
+        if over is not None:
+            checks.append(ParamCheck(over))
+        if _owner(name)[1] in _FOLDED_STATS:
             continue
-        af = a.float()
-        total = float(af.sum())
-        if not total > 0:
-            continue
-        small = af < FP16_MIN_NORMAL
-        sub_mass = float(torch.where(small, af, 0).sum()) / total
-        if sub_mass < options.param_subnormal_share and sub_mass < options.param_underflow_share:
-            continue  # the tiny values carry too little of the tensor to matter
-        nz = int(torch.count_nonzero(af))
-        sub = int(torch.count_nonzero(small & (af > 0)))
-        tiny = af < FP16_MIN_SUBNORMAL
-        under = int(torch.count_nonzero(tiny & (af > 0)))
-        under_mass = float(torch.where(tiny, af, 0).sum()) / total
-        smallest = float(torch.where(af > 0, af, torch.inf).min())
-        if under and under_mass >= options.param_underflow_share:
-            findings.append(
-                Finding(
-                    site=module, mechanism="parameter", kind="param-underflow", peak=smallest,
-                    tensor=tensor, count=under,
-                    detail=(
-                        f"{name}: {under} of {nz} non-zero values are below 2^-24 and become 0 "
-                        f"in FP16 ({under_mass:.0%} of the tensor's magnitude)"
-                    ),
-                )
-            )
-        elif sub and sub_mass >= options.param_subnormal_share:
-            findings.append(
-                Finding(
-                    site=module, mechanism="parameter", kind="param-subnormal", peak=smallest,
-                    tensor=tensor, count=sub,
-                    detail=(
-                        f"{name}: {sub} of {nz} non-zero values are subnormal in FP16 (< 2^-14, "
-                        f"{sub_mass:.0%} of the tensor's magnitude) and lose precision"
-                    ),
-                )
-            )
-    return findings
+        small = _small(name, a.float(), options)
+        if small is not None:
+            checks.append(ParamCheck(small, name.endswith("bias"), flush_loss(t)))
+    return checks

@@ -1,0 +1,84 @@
+"""Whether a parameter's loss in FP16 (subnormal rounding, flush to 0) is visible.
+
+The rule, per finding, against the values the parameter joins (the outputs of its module's
+sites, at their typical magnitude m: the lower edge of the median binade of |y|):
+
+- a bias (added): harmless when the largest lost value is at most half the FP16 step at m
+  (``half_step(m)``); then FP16 stores the same output with or without it. A flushed bias
+  (|b| < 2^-25) always passes unless the values it joins are themselves 0.
+- a weight (multiplied): the output of one channel changes by at most
+  (sum of its lost |w|) × (peak |input|); harmless when that is at most ``half_step(m)``, or
+  when the lost |w| of every channel is at most 2^-11 of that channel's sum of |w| (no more
+  than the rounding FP16 applies to its other weights anyway).
+
+Anything else, or a module with no recorded values, stays a problem. Overflow always does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from fp16lens._core import half_step
+from fp16lens.report._model import Finding, SiteStats
+from fp16lens.watch._params import REL_STEP, ParamCheck
+
+
+def _joined(module: str, sites: dict[str, SiteStats]) -> list[SiteStats]:
+    """The sites whose values the module's parameters join (with values recorded)."""
+    return [s for s in sites.values() if s.module == module and s.numel > s.zeros]
+
+
+def _input_peak(joined: list[SiteStats], edges: list[tuple[str, str]],
+                sites: dict[str, SiteStats]) -> float | None:
+    names = {s.name for s in joined}
+    peaks = [sites[p].absmax for p, c in edges if c in names and p in sites]
+    return max(peaks) if peaks else None
+
+
+def _verdict(check: ParamCheck, sites: dict[str, SiteStats],
+             edges: list[tuple[str, str]]) -> tuple[bool, str]:
+    loss = check.loss
+    joined = _joined(check.finding.site, sites)
+    if check.additive:
+        if not joined:
+            return False, "not judged: no recorded values of the module it joins"
+        site = min(joined, key=lambda s: s.quantile_low(0.5))
+        m = site.quantile_low(0.5)
+        change, what = loss.value, f"a change of ≤ {loss.value:.2g} per value"
+    else:
+        if loss.rel <= REL_STEP:
+            return True, (
+                f"harmless: each output channel loses ≤ {loss.rel:.2g} of its weight "
+                f"magnitude, below the FP16 rounding of its other weights (2^-11)"
+            )
+        peak_in = _input_peak(joined, edges, sites) if joined else None
+        if peak_in is None:
+            return False, (
+                f"each output channel loses up to {loss.rel:.0%} of its weight magnitude; "
+                "the module's input was not recorded, so it cannot be judged harmless"
+            )
+        site = min(joined, key=lambda s: s.quantile_low(0.5))
+        m = site.quantile_low(0.5)
+        change = loss.slice * peak_in
+        what = f"a change of ≤ {change:.2g} per value ({loss.slice:.2g} lost × input ≤ {peak_in:.3g})"
+    step = half_step(m)
+    where = f"the values it joins at {site.name} (typical |y| ≈ {m:.2g})"
+    if change <= step:
+        return True, f"harmless: {what}, below half an FP16 step ({step:.2g}) of {where}"
+    return False, f"visible: {what}, above half an FP16 step ({step:.2g}) of {where}"
+
+
+def judge(checks: list[ParamCheck], sites: dict[str, SiteStats],
+          edges: list[tuple[str, str]]) -> list[Finding]:
+    """The findings of ``checks``: a harmless loss becomes a note, with the reason."""
+    out = []
+    for check in checks:
+        if check.loss is None:
+            out.append(check.finding)
+            continue
+        harmless, why = _verdict(check, sites, edges)
+        out.append(dataclasses.replace(
+            check.finding, mechanism="note" if harmless else "parameter",
+            detail=f"{check.finding.detail}; {why}",
+        ))
+    return out

@@ -1,0 +1,66 @@
+"""The export's subnormal warning says whether the loss matters, by the rule watch applies."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fp16lens.export._ranges import harmless, range_issues, subnormal_summary
+
+import models
+
+
+def _conv_weight(tiny_channel: bool) -> np.ndarray:
+    rng = np.random.default_rng(0)
+    w = rng.normal(0, 0.05, (8, 4, 3, 3)).astype(np.float32)
+    w[:, :, 0, 0] = 2e-6  # a few subnormal entries in every channel beside ~0.05 ones
+    if tiny_channel:
+        w[3] = 1e-8  # a whole output channel FP16 flushes to 0
+    return w
+
+
+def test_scattered_subnormal_weights_are_harmless_a_flushed_channel_is_not():
+    scattered = range_issues(_conv_weight(False))
+    assert scattered.subnormal == 32 and scattered.lost_rel <= 2.0**-11
+    assert harmless(scattered, additive=False)
+    flushed = range_issues(_conv_weight(True))
+    assert flushed.zeroed == 36 and flushed.lost_rel == pytest.approx(1.0)
+    assert not harmless(flushed, additive=False)
+    bias = range_issues(np.full(8, 1e-8, np.float32))  # all of it lost, but < 2^-25 per value
+    assert bias.zeroed == 8 and harmless(bias, additive=True)
+
+
+def test_summary_says_harmless_or_names_where_it_matters():
+    ok = [("a.weight", 288, range_issues(_conv_weight(False)), False),
+          ("a.bias", 8, range_issues(np.full(8, 1e-8, np.float32)), True)]
+    text = subnormal_summary(ok)
+    assert text.startswith("2 weight(s) hold 40 value(s) that are subnormal") and "harmless" in text
+    assert "may change the output" not in text
+    bad = [*ok, ("b.weight", 288, range_issues(_conv_weight(True)), False)]
+    text = subnormal_summary(bad)
+    assert "In 1 of them an output channel loses up to 100% of its weight magnitude" in text
+    assert "b.weight (" in text.split("In 1 of them")[1].split(";")[0]
+    assert "fp32_modules" in text and "the other 2 lose less than" in text
+    assert subnormal_summary([("c", 4, range_issues(np.ones(4, np.float32)), False)]) is None
+
+
+@pytest.mark.slow
+def test_fp16_export_judges_mobilenet_harmless_and_a_flushed_layer_scale_not(tmp_path):
+    onnx = pytest.importorskip("onnx")
+    from onnx import numpy_helper
+
+    from fp16lens.export import export
+
+    model, inputs, _ = models.mobilenet_v2_tiny_params()
+    art = export(model, inputs, tmp_path / "m.onnx", "fp16", exporter="torchscript")
+    (warning,) = [w for w in art.warnings if "subnormal" in w]
+    assert "harmless" in warning and "may change the output" not in warning
+    scaled, inputs = models.layer_scale_readout(gamma=1e-8)
+    art = export(scaled, inputs, tmp_path / "s.onnx", "fp16", exporter="torchscript")
+    (warning,) = [w for w in art.warnings if "subnormal" in w]
+    assert "may change the output: gamma" in warning
+    # ground truth: the FP16 graph holds γ as zeros (real FP16 then drops the branch,
+    # tests/watch/test_watch_params_harm.py)
+    graph = onnx.load(str(art.path)).graph
+    gamma = next(numpy_helper.to_array(i) for i in graph.initializer if i.name == "gamma")
+    assert gamma.dtype == np.float16 and not gamma.any()
