@@ -78,7 +78,7 @@ def operands(node: fx.Node, op: str | None = None) -> list:
     """The operands of an add/sub (two) or the tensors of a cat, from args or kwargs."""
     if (op or op_of(node)) == "cat":
         found = node.args[0] if node.args else node.kwargs.get("tensors", node.kwargs.get("input", ()))
-        return list(found)
+        return list(found) if isinstance(found, (list, tuple)) else []  # *args: not seen
     names = ("input", "other") if node.op == "call_function" else ("self", "other")
     args = list(node.args[:2])
     return args + [node.kwargs[k] for k in names[len(args):] if k in node.kwargs]

@@ -198,8 +198,9 @@ def _fail(graph, root, problem, reasons, demands: Demands, plan: Plan) -> None:
     # each internal finding with a module site falls back to an island of that module;
     # what no island covers (a span, a functional op) goes on below, never dropped
     for site, reason in demands.fallback.get(root, []):
-        if graph.is_module(site):
-            demands.islands[site] = f"{reason}; no region: {problem}"
+        host = site if graph.is_module(site) else _owner(graph, site)  # or its module's forward
+        if host is not None:
+            demands.islands[host] = f"{reason}; no region: {problem}"
             reasons = [r for r in reasons if r != reason]
     if not reasons:
         return
