@@ -781,3 +781,58 @@ def layer_scale_readout(gamma: float = 1e-8):
     _seeded(11)
     model = LayerScaleReadout(gamma=gamma).eval()
     return model, (torch.rand(4, 16) * 1e-3 + 1e-4, torch.rand(4, 16) * 4e3)
+# torch.fx graphs: what symbolic_trace, torch.export and onnx2torch put in node args
+# --------------------------------------------------------------------------------------
+class ShapeArgsNet(nn.Module):
+    """c1's output exceeds FP16; its residual add takes relu(input), which no scale
+    reaches (patch multiplies that operand), with shape arithmetic (an fx add on ints),
+    a None default, kwargs and constants in the forward. ``head`` brings it back."""
+
+    def __init__(self):
+        super().__init__()
+        self.c1 = nn.Conv2d(3, 3, 3, padding=1)
+        self.head = nn.Conv2d(6, 2, 1)
+        with torch.no_grad():
+            self.c1.weight.mul_(2.0e5)
+            self.c1.bias.mul_(2.0e5)
+            self.head.weight.mul_(0.05)
+
+    def forward(self, x, bias=None):
+        n = x.shape[1] + 1  # shape arithmetic: an fx add of ints, never an aten op
+        z = torch.add(self.c1(x), F.relu(x), alpha=1)
+        z = torch.cat(tensors=[z, F.max_pool2d(z, 3, stride=1, padding=1)], dim=1)
+        z = z.reshape(1, 2 * (n - 1), z.shape[-2], z.shape[-1])
+        out = self.head(F.interpolate(z, scale_factor=2.0, mode="nearest"))
+        if bias is not None:
+            out = out + bias
+        return torch.sigmoid(out)
+
+
+def shape_args():
+    _seeded(11)
+    return ShapeArgsNet().eval(), (torch.rand(1, 3, 8, 8),)
+
+
+class OnnxTiny(nn.Module):
+    """Conv, residual add, resize and a sigmoid head, as ONNX runtimes see them (the
+    batch norm folds into the conv at export); c1's output exceeds FP16."""
+
+    def __init__(self):
+        super().__init__()
+        self.c1 = nn.Conv2d(3, 8, 3, padding=1)
+        self.bn1 = nn.BatchNorm2d(8)
+        self.c2 = nn.Conv2d(8, 8, 3, padding=1)
+        self.head = nn.Conv2d(8, 1, 1)
+        with torch.no_grad():
+            self.c1.weight.mul_(1.0e6)
+            self.head.weight.mul_(0.02)
+
+    def forward(self, x):
+        y = F.relu(self.bn1(self.c1(x)))
+        z = F.relu(self.c2(y) + y)
+        return torch.sigmoid(self.head(F.interpolate(z, scale_factor=2.0, mode="nearest")))
+
+
+def onnx_tiny():
+    _seeded(12)
+    return OnnxTiny().eval(), (torch.rand(1, 3, 16, 16),)

@@ -5,7 +5,13 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from fp16lens.patch._fx import find_op, replace_module, scale_operands, trace_owner
+from fp16lens.patch._fx import (
+    find_op,
+    functional_params,
+    replace_module,
+    scale_operands,
+    trace_owner,
+)
 from fp16lens.patch._island import Fp32Island
 from fp16lens.patch._plan import Plan, Reparam
 from fp16lens.patch._rules import bn_affine, scale_bn, scale_linear, scale_norm_eps
@@ -17,7 +23,8 @@ def apply_plan(model: nn.Module, plan: Plan) -> nn.Module:
     into the model's own forward."""
     named = dict(model.named_modules())
     for r in plan.reparametrized:
-        _RULES[r.rule](named[r.module], r)
+        mod = named.get(r.module)
+        _RULES[r.rule](mod if mod is not None else functional_params(model, r.module), r)
     for island in plan.islands:
         inner = model.get_submodule(island.module)
         replace_module(model, island.module, Fp32Island(inner, island.in_scale, island.out_scale))
@@ -26,7 +33,10 @@ def apply_plan(model: nn.Module, plan: Plan) -> nn.Module:
         gm = trace_owner(model, owner)
         for m in (m for m in plan.multiplies if m.owner == owner):
             scale_operands(gm, find_op(gm, m.site), set(m.keep), owner, m.factor, set(m.cut))
-        _keep_members(model.get_submodule(owner) if owner else model, gm)
+        original = model.get_submodule(owner) if owner else model
+        if gm is original:  # a GraphModule: edited in place
+            continue
+        _keep_members(original, gm)
         if not owner:
             return gm
         replace_module(model, owner, gm)

@@ -13,7 +13,7 @@ from torch import nn
 from fp16lens._core import PatchError
 from fp16lens.patch._classes import class_problem
 from fp16lens.patch._classify import JOIN
-from fp16lens.patch._fx import find_op, producer_site, trace_owner
+from fp16lens.patch._fx import find_op, operands, producer_site, trace_owner
 from fp16lens.patch._graph import SiteGraph
 from fp16lens.patch._plan import Multiply
 from fp16lens.report import Report
@@ -49,8 +49,7 @@ def _mappable(model, report: Report, join: str, keep: list[str], traced: dict) -
         node = find_op(gm, join)
     except PatchError:
         return False
-    args = node.args[0] if isinstance(node.args[0], (list, tuple)) else node.args[:2]
-    found = [producer_site(a, owner) for a in args]
+    found = [producer_site(a, owner) for a in operands(node)]
     return all(found.count(k) == 1 for k in keep)
 
 

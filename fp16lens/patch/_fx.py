@@ -1,12 +1,16 @@
 """One scalar multiply on an operand of a functional add/sub/cat, by torch.fx.
 
 Only the module whose forward runs the op is traced (all its submodules stay leaves, so
-qualified names and state_dict keys do not change) and replaced by the GraphModule.
+qualified names and state_dict keys do not change) and replaced by the GraphModule. A
+module that already is a GraphModule (symbolic_trace, onnx2torch, torch.export) is edited
+in place: its nodes are those watch named its functional ops after (``:add_1``).
 """
 
 from __future__ import annotations
 
+import inspect
 import operator
+from dataclasses import dataclass
 
 import torch
 from torch import fx, nn
@@ -14,11 +18,14 @@ from torch import fx, nn
 from fp16lens._core import PatchError
 
 _OPS = {
-    "add": {operator.add, operator.iadd, torch.add, "add", "add_", "__add__", "__iadd__"},
+    "add": {operator.add, operator.iadd, torch.add, "add", "add_", "__add__", "__iadd__", "__radd__"},
     "sub": {operator.sub, operator.isub, torch.sub, "sub", "sub_", "__sub__", "__isub__"},
-    "cat": {torch.cat, torch.concat},
+    "cat": {torch.cat, torch.concat, torch.concatenate},
 }
+_ATEN = {"add": "add", "add_": "add", "sub": "sub", "sub_": "sub", "cat": "cat", "concat": "cat"}
 _PASS = {"view", "reshape", "flatten", "contiguous", "permute", "transpose", "clone"}
+_SHAPES = {"shape", "ndim", "dtype", "device", "size", "dim", "numel"}  # non-tensor results
+_RETRACED = "_fp16lens_retraced"  # a GraphModule this module traced (its node names are fx's)
 
 
 class _LeafTracer(fx.Tracer):
@@ -27,41 +34,170 @@ class _LeafTracer(fx.Tracer):
 
 
 def trace_owner(model: nn.Module, owner: str) -> fx.GraphModule:
-    """The owner module as a GraphModule; PatchError naming the cause when it does not trace."""
+    """The owner module as a GraphModule (itself when it is one); PatchError naming the
+    cause when it does not trace."""
     mod = model.get_submodule(owner) if owner else model
+    if isinstance(mod, fx.GraphModule):
+        return mod
     try:
-        graph = _LeafTracer().trace(mod)
+        graph = _LeafTracer().trace(mod, concrete_args=_none_defaults(mod))
     except Exception as exc:
         raise PatchError(
             f"module {owner or '(the model)'!r} does not trace with torch.fx ({type(exc).__name__}: "
             f"{exc}); keep its ops in FP32 instead: export(..., fp32_modules=[...])"
         ) from None
-    return fx.GraphModule(mod, graph, class_name=type(mod).__name__)
+    gm = fx.GraphModule(mod, graph, class_name=type(mod).__name__)
+    setattr(gm, _RETRACED, True)
+    return gm
+
+
+def _none_defaults(mod: nn.Module) -> dict[str, None] | None:
+    """Arguments of the forward that default to None, traced as None: a proxy for them
+    would take every ``if x is not None`` branch (fx then asserts they stay None)."""
+    params = inspect.signature(mod.forward).parameters.values()
+    found = {p.name: None for p in params if p.default is None and p.kind is p.POSITIONAL_OR_KEYWORD}
+    return found or None
+
+
+def op_of(node: fx.Node) -> str | None:
+    """"add", "sub" or "cat" for a node running one of them on tensors, else None."""
+    if node.op not in ("call_function", "call_method"):
+        return None
+    target = node.target
+    packet = getattr(target, "overloadpacket", None)  # aten ops (torch.export graphs)
+    if packet is not None:
+        return _ATEN.get(packet.__name__)
+    op = next((k for k, targets in _OPS.items() if target in targets), None)
+    args = operands(node, op) if op else []
+    if op == "sub" and not (args and _is_tensor(args[0])):
+        return None  # number - tensor runs aten rsub, which watch names "rsub"
+    return op if any(_is_tensor(a) for a in args) else None  # shape arithmetic is not an op
+
+
+def operands(node: fx.Node, op: str | None = None) -> list:
+    """The operands of an add/sub (two) or the tensors of a cat, from args or kwargs."""
+    if (op or op_of(node)) == "cat":
+        found = node.args[0] if node.args else node.kwargs.get("tensors", node.kwargs.get("input", ()))
+        return list(found) if isinstance(found, (list, tuple)) else []  # *args: not seen
+    names = ("input", "other") if node.op == "call_function" else ("self", "other")
+    args = list(node.args[:2])
+    return args + [node.kwargs[k] for k in names[len(args):] if k in node.kwargs]
+
+
+def _set_operands(node: fx.Node, new: list, op: str) -> None:
+    if op == "cat":
+        if node.args:
+            node.args = (new, *node.args[1:])
+        else:
+            key = "tensors" if "tensors" in node.kwargs else "input"
+            node.kwargs = {**node.kwargs, key: new}
+        return
+    n_args = min(len(node.args), 2)
+    node.args = (*new[:n_args], *node.args[n_args:])
+    names = ("input", "other") if node.op == "call_function" else ("self", "other")
+    node.kwargs = {**node.kwargs, **dict(zip(names[n_args:], new[n_args:]))}
+
+
+def _is_tensor(arg) -> bool:
+    """Whether an fx argument is a tensor (not a number, None, or a value computed from
+    shapes), from the traced value when the graph keeps it (torch.export), else by origin."""
+    if not isinstance(arg, fx.Node):
+        return False
+    if "val" in arg.meta:
+        return isinstance(arg.meta["val"], torch.Tensor)
+    if arg.op == "call_function" and arg.target is getattr:
+        return arg.args[1] not in _SHAPES
+    if arg.op == "call_method" and arg.target in _SHAPES:
+        return False
+    if arg.op == "call_function" and arg.target is operator.getitem:
+        return _is_tensor(arg.args[0])
+    if arg.op == "call_function" and getattr(arg.target, "__module__", None) == "_operator":
+        return any(_is_tensor(a) for a in arg.args)
+    return True
 
 
 def find_op(gm: fx.GraphModule, site: str) -> fx.Node:
-    """The fx node of a functional site ``owner:add#n`` (n-th add in the owner's forward)."""
-    op, _, n = site.rpartition(":")[2].partition("#")
+    """The fx node of a functional site: by its node name in a GraphModule watch named
+    (``:add_1``), else ``owner:add#n``, the n-th add the owner's forward runs on tensors."""
+    base, _, n = site.rpartition(":")[2].partition("#")
+    if not getattr(gm, _RETRACED, False):
+        node = next((nd for nd in gm.graph.nodes if nd.name == base), None)
+        if node is not None and op_of(node) is not None:
+            return node
     index = int(n) if n else 1
-    nodes = [
-        nd
-        for nd in gm.graph.nodes
-        if nd.op in ("call_function", "call_method") and nd.target in _OPS.get(op, ())
-    ]
+    nodes = [nd for nd in gm.graph.nodes if op_of(nd) == base]
     if len(nodes) < index:
         raise PatchError(
-            f"cannot find {site} in the traced forward; it runs {len(nodes)} {op} op(s)"
+            f"cannot find {site} in the traced forward; it runs {len(nodes)} {base} op(s) on tensors"
         )
     return nodes[index - 1]
 
 
-def producer_site(node: fx.Node, owner: str) -> str | None:
-    """The module site producing ``node`` (through reshapes), None for the owner's inputs."""
-    while node.op == "call_method" and node.target in _PASS:
+def producer_site(node, owner: str) -> str | None:
+    """The site producing ``node`` (through reshapes): a module, or in a GraphModule watch
+    named, a functional op; None for the owner's inputs and for numbers."""
+    while isinstance(node, fx.Node) and node.op == "call_method" and node.target in _PASS:
         node = node.args[0]
+    if not isinstance(node, fx.Node):
+        return None
     if node.op == "call_module":
         return f"{owner}.{node.target}" if owner else str(node.target)
+    if node.op in ("call_function", "call_method") and not getattr(node.graph.owning_module, _RETRACED, False):
+        return f"{owner}:{node.name}"
     return None
+
+
+_PARAM_OPS = frozenset({
+    "conv1d", "conv2d", "conv3d", "convolution", "linear",
+    "conv_transpose1d", "conv_transpose2d", "conv_transpose3d",
+})
+
+
+@dataclass
+class FunctionalParams:
+    """The weight and bias of a functional conv/linear in a GraphModule (torch.export
+    keeps a model's convs so): rewritten in place like a Conv2d module's."""
+
+    weight: torch.Tensor
+    bias: torch.Tensor | None
+
+
+def functional_params(model: nn.Module, site: str) -> FunctionalParams | None:
+    """The parameters of functional site ``owner:node`` when its owner is a GraphModule
+    and the node is a conv/linear whose weight (and bias) no other node reads."""
+    owner, sep, rest = site.partition(":")
+    mod = model.get_submodule(owner) if sep else None
+    if not isinstance(mod, fx.GraphModule):
+        return None
+    name = rest.partition("#")[0]
+    node = next((n for n in mod.graph.nodes if n.name == name), None)
+    if node is None or node.op != "call_function":
+        return None
+    packet = getattr(node.target, "overloadpacket", node.target)
+    if getattr(packet, "__name__", None) not in _PARAM_OPS:
+        return None
+    found = [_arg(node, i, key) for i, key in ((1, "weight"), (2, "bias"))]
+    if found[0] is None or not all(f is None or _private_attr(f) for f in found):
+        return None
+    weight, bias = (None if f is None else _attr(mod, f.target) for f in found)
+    return FunctionalParams(weight, bias) if isinstance(weight, torch.Tensor) else None
+
+
+def _arg(node: fx.Node, index: int, key: str):
+    return node.args[index] if len(node.args) > index else node.kwargs.get(key)
+
+
+def _private_attr(arg) -> bool:
+    """A parameter read by one get_attr node used once (rescaling it changes no other op)."""
+    if not (isinstance(arg, fx.Node) and arg.op == "get_attr" and len(arg.users) == 1):
+        return False
+    return sum(n.op == "get_attr" and n.target == arg.target for n in arg.graph.nodes) == 1
+
+
+def _attr(mod: nn.Module, target: str):
+    for part in target.split("."):
+        mod = getattr(mod, part, None)
+    return mod
 
 
 _SCALED = "fp16lens_scaled"  # fx node meta: a multiply this module inserted
@@ -75,23 +211,21 @@ def scale_operands(
     one of them), else every operand whose producer is not in ``keep``, by ``factor``;
     returns how many multiplies were inserted."""
     inserted = 0
-    operands = node.args[0] if node.target in _OPS["cat"] else node.args[:2]
-    sites = [producer_site(a, owner) if isinstance(a, fx.Node) else None for a in operands]
+    op = op_of(node)
+    args = operands(node, op)
+    sites = [producer_site(a, owner) for a in args]
     by_cut = bool(cut) and all(c in sites for c in cut)  # a functional producer shows as None
     new = []
-    for arg, site in zip(operands, sites):
+    for arg, site in zip(args, sites):
         scaled = isinstance(arg, fx.Node) and arg.meta.get(_SCALED, False)  # by an earlier Multiply
         hit = site in cut if by_cut else site not in keep
-        if isinstance(arg, fx.Node) and not scaled and hit:
+        if _is_tensor(arg) and not scaled and hit:
             with gm.graph.inserting_before(node):
                 arg = gm.graph.call_function(operator.mul, (arg, factor))
             arg.meta[_SCALED] = True
             inserted += 1
         new.append(arg)
-    if node.target in _OPS["cat"]:
-        node.args = (new, *node.args[1:])
-    else:
-        node.args = (*new, *node.args[2:])
+    _set_operands(node, new, op)
     gm.graph.lint()
     gm.recompile()
     return inserted

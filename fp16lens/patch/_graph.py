@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from torch import nn
 
 from fp16lens._core import PatchError
-from fp16lens.patch._classify import HOMOG, JOIN, module_kind, op_kind
+from fp16lens.patch._classify import HOMOG, JOIN, LINEAR, module_kind, op_kind
+from fp16lens.patch._fx import functional_params
 from fp16lens.report import Report
 
 
@@ -41,6 +42,10 @@ class SiteGraph:
         ra, rb = self.find(a), self.find(b)
         if ra != rb:
             self.parent[rb] = ra
+
+    def is_module(self, site: str) -> bool:
+        """A module site (an FP32 island can wrap it), not a functional conv/linear."""
+        return isinstance(self.modules.get(site), nn.Module)
 
     def members(self, root: str) -> list[str]:
         """Sites of one class, in the report's execution order."""
@@ -74,6 +79,9 @@ def build_graph(model: nn.Module, report: Report) -> SiteGraph:
     kinds, modules = {}, {}
     for name, st in report.sites.items():
         kinds[name], mod = _kind(named, name, st, len(producers[name]))
+        params = functional_params(model, name) if st.kind != "module" else None
+        if params is not None:  # a GraphModule's functional conv/linear absorbs like a module
+            kinds[name], mod = LINEAR, params
         if mod is not None:
             modules[name] = mod
     graph = SiteGraph(producers, consumers, kinds, modules, frozen=_in_islands(named, report),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 
-from torch import nn
+from torch import fx, nn
 
 from fp16lens._core import PatchError, StaleReportError
 from fp16lens.patch._apply import apply_plan
@@ -48,7 +48,7 @@ def patch(
     opts = _options(options, factor, option_fields)
     _require(model, report)
     the_plan = build_plan(model, report, opts)
-    if inplace and any(m.owner == "" for m in the_plan.multiplies):
+    if inplace and not isinstance(model, fx.GraphModule) and any(m.owner == "" for m in the_plan.multiplies):
         raise PatchError(
             "the fix multiplies an operand in the model's own forward, which turns the model "
             "into a torch.fx GraphModule: call patch(..., inplace=False) and use the result"
@@ -93,7 +93,7 @@ def _require(model: nn.Module, report: Report) -> None:
             f"patch needs a fp16lens Report, got {type(report).__name__}; create one with "
             "fp16lens.watch(model) or load one with fp16lens.Report.load(path)"
         )
-    training = [n or "(the model)" for n, m in model.named_modules() if m.training]
+    training = [n or "(the model)" for n, m in model.named_modules() if m.training and _has_modes(m)]
     if training:
         raise PatchError(
             f"the model is in training mode ({training[0]}{' and others' if len(training) > 1 else ''}): "
@@ -107,3 +107,11 @@ def _require(model: nn.Module, report: Report) -> None:
             f"{more} changed since fp16lens.watch recorded it), so its ranges do not apply: "
             "re-run fp16lens.watch (or `fp16lens scan`) on this model and patch with the new report"
         )
+
+
+def _has_modes(module: nn.Module) -> bool:
+    """Whether train/eval can change what the module computes: not for a GraphModule's
+    own graph (fixed when traced; torch.export's modules refuse .eval()), nor for a
+    module with no forward of its own (torch.export keeps those to hold parameters)."""
+    own_forward = type(module).forward is not nn.Module.forward
+    return own_forward and not isinstance(module, fx.GraphModule) and type(module).__name__ != "GuardsFn"

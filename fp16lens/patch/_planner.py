@@ -94,7 +94,7 @@ def _internal(graph: SiteGraph, f, d: Demands, plan: Plan) -> None:
             d.add(root, f.peak, power, reason)
             d.fallback.setdefault(root, []).append((f.site, reason))
             return
-    if f.site in graph.modules:
+    if graph.is_module(f.site):
         d.islands[f.site] = reason
     elif _owner(graph, f.site):
         d.islands[_owner(graph, f.site)] = f"{reason}: {f.site} runs in its module's forward"
@@ -121,7 +121,7 @@ def _parameter(graph: SiteGraph, f, d: Demands, plan: Plan) -> None:
     elif kind == "linear" and f.tensor in ("weight", "bias"):
         d.add(graph.find(f.site), f.peak, 1, reason)
         d.weights[f.site] = max(d.weights.get(f.site, 0.0), f.peak)
-    elif f.site in graph.modules:
+    elif graph.is_module(f.site):
         d.islands[f.site] = reason
     else:
         plan.unresolved.append(Unresolved(f.site, f"{reason}: not a module fp16lens can rewrite"))
@@ -198,8 +198,9 @@ def _fail(graph, root, problem, reasons, demands: Demands, plan: Plan) -> None:
     # each internal finding with a module site falls back to an island of that module;
     # what no island covers (a span, a functional op) goes on below, never dropped
     for site, reason in demands.fallback.get(root, []):
-        if site in graph.modules:
-            demands.islands[site] = f"{reason}; no region: {problem}"
+        host = site if graph.is_module(site) else _owner(graph, site)  # or its module's forward
+        if host is not None:
+            demands.islands[host] = f"{reason}; no region: {problem}"
             reasons = [r for r in reasons if r != reason]
     if not reasons:
         return

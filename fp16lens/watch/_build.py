@@ -10,6 +10,7 @@ from fp16lens.report._model import Finding, Report, ReportMeta, SiteStats, Span
 from fp16lens.watch import _internal
 from fp16lens.watch._accumulate import Accumulator, SiteAcc, SiteCounts, SpanAcc
 from fp16lens.watch._fingerprint import fingerprint
+from fp16lens.watch._fxnames import model_class
 from fp16lens.watch._harm import judge
 from fp16lens.watch._params import ParamCheck
 from fp16lens.watch._recorder import SiteInfo
@@ -121,7 +122,7 @@ def build_report(acc: Accumulator, infos: list[SiteInfo], params: list[ParamChec
                    "not of the model; FP16 inputs cannot carry it",
         ))
     meta = ReportMeta(
-        model_class=type(model).__qualname__, batches=acc.batches,
+        model_class=model_class(model), batches=acc.batches,
         torch_version=torch.__version__, fp16lens_version=__version__, threshold=threshold,
         input_shapes=acc.input_shapes, weights=fingerprint(model),
     )

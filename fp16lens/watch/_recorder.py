@@ -16,6 +16,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatc
 
 from fp16lens.report._model import SATURATED
 from fp16lens.watch import _fused, _internal
+from fp16lens.watch._fxnames import graph_forwards, running_node
 from fp16lens.watch._halfdtypes import run_half_on_meta
 from fp16lens.watch._ops import BOUNDARY_MODULES, OpInfo, is_builtin_leaf
 from fp16lens.watch._options import WatchOptions
@@ -96,6 +97,7 @@ class Recorder(TorchDispatchMode):
         for name, m in model.named_modules(remove_duplicate=False):
             self.names.setdefault(m, name)
         self.leaf = {m: is_builtin_leaf(m) for m in self.names}
+        self.graphs = graph_forwards(self.names)  # GraphModules: ops named by their fx node
         # name, leaf, op counts, fp32, op recording suspended inside (see _pre)
         self.stack: list[tuple[str, bool, dict[str, int], bool, bool]] = []
         self.boundary = {m for m in self.names if type(m) in BOUNDARY_MODULES}
@@ -252,8 +254,10 @@ class Recorder(TorchDispatchMode):
         if leaf:
             name = module
         else:
-            n = counts[op] = counts.get(op, 0) + 1
-            name = f"{module}:{op}#{n}" if n > 1 else f"{module}:{op}"
+            graph = self.graphs.get(module) if self.graphs else None
+            base = (running_node(graph) or op) if graph is not None else op
+            n = counts[base] = counts.get(base, 0) + 1
+            name = f"{module}:{base}#{n}" if n > 1 else f"{module}:{base}"
         sid = self.site_ids.get(name)
         if sid is None:
             if leaf:
