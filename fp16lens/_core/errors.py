@@ -31,3 +31,7 @@ class ReportError(Fp16LensError):
 
 class PatchError(Fp16LensError):
     """patch() preconditions failed; the model was left untouched."""
+
+
+class OutputPathError(Fp16LensError, OSError):
+    """An output path cannot be written; raised before any work so nothing is half-written."""
