@@ -34,16 +34,15 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    plan_fn = stage("fp16lens.patch", "plan", "patch")
+    get_plan = stage("fp16lens.patch", "get_plan", "patch")
     patch_fn = stage("fp16lens.patch", "patch", "patch")
     check_save_path(args.output)
     report = Report.load(args.report)
     loaded = load_model(args.model, parse_kwargs(args.kwargs))
     default = loaded.example_inputs or _from_report(report)
     example = batches_from_args(args, default, loaded.model)[0]
-    plan = plan_fn(loaded.model, report)
     patched = patch_fn(loaded.model, report, inplace=False, factor=args.factor)
-    plan = getattr(patched, "_fp16lens_plan", None) or plan  # what patch() did
+    plan = get_plan(patched)  # what patch() did, unresolved problems included
     saved = save_model(patched, example, args.output)
     left = unfixed(plan, patched)
     islands = fp32_modules(plan, left)
@@ -61,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     con = console()
     con.print(plan)
     con.print(f"patched model saved to {escape(str(saved))}")
-    for line in finish_lines(left, islands):
+    for line in finish_lines(left, islands, saved):
         con.print(line, markup=False, highlight=False)
     return 1 if left else 0
 
@@ -83,7 +82,7 @@ def fp32_modules(plan, left: list[dict]) -> list[str]:
     return list(dict.fromkeys(modules + [u["module"] for u in left if u["module"]]))
 
 
-def finish_lines(left: list[dict], islands: list[str]) -> list[str]:
+def finish_lines(left: list[dict], islands: list[str], saved) -> list[str]:
     """The exact export options that finish the job (plain text, no markup)."""
     lines = []
     if left:
@@ -92,7 +91,7 @@ def finish_lines(left: list[dict], islands: list[str]) -> list[str]:
     if islands:
         names = ",".join(islands)
         quoted = ", ".join(repr(m) for m in islands)
-        lines.append(f"export it with: fp16lens export PATCHED -o model.onnx --fp32-modules {names}")
+        lines.append(f"export it with: fp16lens export {saved} -o model.onnx --fp32-modules {names}")
         lines.append(f"  (Python: fp16lens.export(patched, x, path, fp32_modules=[{quoted}]))")
     opaque = [u["site"] for u in left if not u["module"]]
     if opaque:
