@@ -836,3 +836,26 @@ class OnnxTiny(nn.Module):
 def onnx_tiny():
     _seeded(12)
     return OnnxTiny().eval(), (torch.rand(1, 3, 16, 16),)
+class OutlierChannel(nn.Module):
+    """fc1's channel 0 is ~1000x its other channels and the head reads all of them: one
+    per-tensor INT8 scale for fc1's output either clips channel 0 or rounds the others to
+    a few levels, so INT8 parity fails at fc2's input (FP16 holds every value)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(16, 16)
+        self.act = nn.ReLU()
+        self.fc2 = nn.Linear(16, 4)
+        with torch.no_grad():
+            self.fc1.weight.abs_()
+            self.fc1.weight[0].mul_(1000.0)
+            self.fc1.bias.zero_()
+            self.fc2.weight[:, 0].div_(300.0)
+
+    def forward(self, x):
+        return self.fc2(self.act(self.fc1(x)))
+
+
+def int8_outlier():
+    _seeded(12)
+    return OutlierChannel().eval(), (torch.rand(8, 16),)

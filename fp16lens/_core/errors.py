@@ -35,3 +35,7 @@ class PatchError(Fp16LensError):
 
 class StaleReportError(ReportError):
     """The report was made from other weights than the model's: its ranges do not apply."""
+
+
+class OutputPathError(Fp16LensError, OSError):
+    """An output path cannot be written; raised before any work so nothing is half-written."""

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import argparse
 
+from rich.markup import escape
+
+from fp16lens._core.paths import check_writable
 from fp16lens.cli._batchfile import load_batches
 from fp16lens.cli._cmd_scan import add_model_arguments
 from fp16lens.cli._inputargs import add_input_arguments, batches_from_args
@@ -38,26 +41,34 @@ def add_parser(sub) -> None:
     )
     add_input_arguments(p)
     p.add_argument("--json", action="store_true", help="print a JSON summary")
+    p.add_argument(
+        "--verbose",
+        action="store_true",
+        help="let torch's and ONNX Runtime's own warnings and log output through",
+    )
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     export = stage("fp16lens.export", "export", "export")
+    from fp16lens.export._quiet import verbose
+    check_writable(args.output)
     loaded = load_model(args.model, parse_kwargs(args.kwargs))
-    batches = batches_from_args(args, loaded.example_inputs)
+    batches = batches_from_args(args, loaded.example_inputs, loaded.model)
     calibration = None
     if args.precision == "int8":
         calibration = load_batches(args.calibration) if args.calibration else batches
     islands = [m for m in (args.fp32_modules or "").split(",") if m]
-    artifact = export(
-        loaded.model,
-        batches[0],
-        args.output,
-        precision=args.precision,
-        calibration=calibration,
-        fp32_modules=islands or None,
-        exporter=args.exporter,
-    )
+    with verbose(args.verbose):
+        artifact = export(
+            loaded.model,
+            batches[0],
+            args.output,
+            precision=args.precision,
+            calibration=calibration,
+            fp32_modules=islands or None,
+            exporter=args.exporter,
+        )
     summary = {
         "output": str(artifact.path),
         "precision": args.precision,
@@ -70,8 +81,9 @@ def run(args: argparse.Namespace) -> int:
         return 0
     con = console()
     con.print(
-        f"{args.precision.upper()} ONNX written to {artifact.path} ({summary['nodes']} nodes)"
+        f"{args.precision.upper()} ONNX written to {escape(str(artifact.path))} "
+        f"({summary['nodes']} nodes)"
     )
     for warning in summary["warnings"]:
-        con.print(f"[yellow]warning:[/] {warning}")
+        con.print(f"[yellow]warning:[/] {escape(warning)}")
     return 0

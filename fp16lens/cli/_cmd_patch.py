@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 
+from rich.markup import escape
+
 from fp16lens.cli._cmd_scan import add_model_arguments
 from fp16lens.cli._inputargs import add_input_arguments, batches_from_args
 from fp16lens.cli._models import load_model, parse_kwargs
@@ -32,25 +34,72 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    plan_fn = stage("fp16lens.patch", "plan", "patch")
+    get_plan = stage("fp16lens.patch", "get_plan", "patch")
     patch_fn = stage("fp16lens.patch", "patch", "patch")
     check_save_path(args.output)
     report = Report.load(args.report)
     loaded = load_model(args.model, parse_kwargs(args.kwargs))
-    example = batches_from_args(args, loaded.example_inputs or _from_report(report))[0]
-    plan = plan_fn(loaded.model, report)
+    default = loaded.example_inputs or _from_report(report)
+    example = batches_from_args(args, default, loaded.model)[0]
     patched = patch_fn(loaded.model, report, inplace=False, factor=args.factor)
+    plan = get_plan(patched)  # what patch() did, unresolved problems included
     saved = save_model(patched, example, args.output)
-    islands = list(getattr(plan, "fp32_modules", None) or [])
+    left = unfixed(plan, patched)
+    islands = fp32_modules(plan, left)
     if args.json:
-        emit_json({"output": str(saved), "fp32_modules": islands, "plan": to_plain(plan)})
-        return 0
+        emit_json(
+            {
+                "output": str(saved),
+                "fixed": not left,
+                "unfixed": left,
+                "fp32_modules": islands,
+                "plan": to_plain(plan),
+            }
+        )
+        return 1 if left else 0
     con = console()
     con.print(plan)
-    con.print(f"patched model saved to {saved}")
+    con.print(f"patched model saved to {escape(str(saved))}")
+    for line in finish_lines(left, islands, saved):
+        con.print(line, markup=False, highlight=False)
+    return 1 if left else 0
+
+
+def unfixed(plan, model) -> list[dict]:
+    """What the patch left out of FP16 range: each unresolved site, its reason, and the
+    module to keep in FP32 for it (None for a functional op of the model's own forward)."""
+    names = {n for n, _ in model.named_modules() if n}
+    left = []
+    for u in getattr(plan, "unresolved", None) or []:
+        module = u.site.partition(":")[0]  # a functional op runs in its owner's forward
+        left.append({"site": u.site, "reason": u.reason, "module": module if module in names else None})
+    return left
+
+
+def fp32_modules(plan, left: list[dict]) -> list[str]:
+    """The plan's FP32 islands, then the modules that finish what the patch left."""
+    modules = list(getattr(plan, "fp32_modules", None) or [])
+    return list(dict.fromkeys(modules + [u["module"] for u in left if u["module"]]))
+
+
+def finish_lines(left: list[dict], islands: list[str], saved) -> list[str]:
+    """The exact export options that finish the job (plain text, no markup)."""
+    lines = []
+    if left:
+        lines.append(f"NOT FIXED: {len(left)} problem(s) stay out of FP16 range after the patch:")
+        lines += [f"  {u['site']}: {u['reason']}" for u in left]
     if islands:
-        con.print(f"export it with: --fp32-modules {','.join(islands)}")
-    return 0
+        names = ",".join(islands)
+        quoted = ", ".join(repr(m) for m in islands)
+        lines.append(f"export it with: fp16lens export {saved} -o model.onnx --fp32-modules {names}")
+        lines.append(f"  (Python: fp16lens.export(patched, x, path, fp32_modules=[{quoted}]))")
+    opaque = [u["site"] for u in left if not u["module"]]
+    if opaque:
+        lines.append(
+            f"no module holds {', '.join(opaque)}: move that op into its own nn.Module, then "
+            "scan and patch again (it becomes an FP32 island)"
+        )
+    return lines
 
 
 def _from_report(report: Report) -> tuple | None:

@@ -4,7 +4,10 @@ and fail a CI gate (exit 1) when `--fail-on` forbids what was found."""
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
+from fp16lens._core import ReportError
+from fp16lens._core.paths import check_writable
 from fp16lens.cli._cmd_show import print_report
 from fp16lens.cli._inputargs import add_input_arguments, batches_from_args
 from fp16lens.cli._models import MODEL_HELP, load_model, parse_kwargs
@@ -32,9 +35,14 @@ def add_parser(sub) -> None:
     p.set_defaults(run=run)
 
 
+REPORT_SUFFIXES = (".json", ".html", ".svg", ".txt")
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.save:
+        check_report_path(args.save)
     loaded = load_model(args.model, parse_kwargs(args.kwargs))
-    batches = batches_from_args(args, loaded.example_inputs)
+    batches = batches_from_args(args, loaded.example_inputs, loaded.model)
     options = {} if args.threshold is None else {"threshold": args.threshold}
     report = watch_batches(loaded.model, batches, not args.no_progress, **options)
     if args.save:
@@ -47,6 +55,17 @@ def run(args: argparse.Namespace) -> int:
         print_report(report)
         _print_gate(failed, args)
     return 1 if failed else 0
+
+
+def check_report_path(path: str) -> None:
+    """Before the watch: a suffix report.save() understands, in a place that can be written."""
+    suffix = Path(path).suffix.lower()
+    if suffix not in REPORT_SUFFIXES:
+        raise ReportError(
+            f"cannot save a report as {suffix or 'a file without suffix'!r}; "
+            f"use {', '.join(REPORT_SUFFIXES)}"
+        )
+    check_writable(path)
 
 
 def watch_batches(model, batches: list, progress: bool = True, **options) -> Report:

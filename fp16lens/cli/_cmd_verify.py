@@ -14,7 +14,15 @@ from fp16lens.cli._output import console, emit_json
 from fp16lens.cli._stages import stage
 from fp16lens.cli._summary import parity_summary
 
-BACKENDS = ("torch-fp16", "torch-emulated", "onnx-fp16", "onnx-int8", "tensorrt", "torch-tensorrt")
+BACKENDS = (
+    "auto",
+    "torch-fp16",
+    "torch-emulated",
+    "onnx-fp16",
+    "onnx-int8",
+    "tensorrt",
+    "torch-tensorrt",
+)
 
 
 def add_parser(sub) -> None:
@@ -25,7 +33,8 @@ def add_parser(sub) -> None:
         "--backend",
         choices=BACKENDS,
         default=None,
-        help="how CANDIDATE runs (default: onnx-fp16 for .onnx, else torch-fp16)",
+        help="how CANDIDATE runs (default auto: onnx-int8 for an .onnx file with "
+        "QuantizeLinear/DequantizeLinear nodes, onnx-fp16 for other .onnx files, else torch-fp16)",
     )
     p.add_argument("--tolerance", type=float, default=None, help="pass threshold (backend default)")
     add_input_arguments(p)
@@ -41,12 +50,13 @@ def run(args: argparse.Namespace) -> int:
             f"ONNX candidate {args.candidate} does not exist; write one with `fp16lens export`"
         )
     loaded = load_model(args.model, parse_kwargs(args.kwargs))
-    batches = batches_from_args(args, loaded.example_inputs)
-    backend = args.backend or ("onnx-fp16" if is_onnx else "torch-fp16")
+    batches = batches_from_args(args, loaded.example_inputs, loaded.model)
     candidate = args.candidate if is_onnx else load_model(args.candidate).model
-    result = verify(loaded.model, candidate, batches, backend=backend, tolerance=args.tolerance)
+    result = verify(
+        loaded.model, candidate, batches, backend=args.backend, tolerance=args.tolerance
+    )
     if args.json:
-        emit_json({"backend": backend, **parity_summary(result)})
+        emit_json({"backend": result.backend, **parity_summary(result)})
         return 0 if result else 1
     con = console()
     con.print(result)

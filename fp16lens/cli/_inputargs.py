@@ -3,12 +3,29 @@
 from __future__ import annotations
 
 import argparse
+import re
 from typing import TYPE_CHECKING
 
 from fp16lens._core import Fp16LensError
 
 if TYPE_CHECKING:  # torch is imported when inputs are made, not for `fp16lens --help`
     from fp16lens.cli._inputs import Batch, InputSpec
+
+
+_NEGATIVE = re.compile(r"^-(\d|\.\d|inf)", re.IGNORECASE)
+VALUE_OPTIONS = ("--range",)
+
+
+def attach_negative_values(argv: list[str]) -> list[str]:
+    """``--range -1,1`` -> ``--range=-1,1``: argparse takes a value that starts with "-"
+    (and is not a plain number) for an option."""
+    out: list[str] = []
+    for i, arg in enumerate(argv):
+        if out and out[-1] in VALUE_OPTIONS and _NEGATIVE.match(arg) and argv[i - 1] == out[-1]:
+            out[-1] = f"{out[-1]}={arg}"
+        else:
+            out.append(arg)
+    return out
 
 
 def add_input_arguments(parser: argparse.ArgumentParser, batches: bool = True) -> None:
@@ -29,7 +46,8 @@ def add_input_arguments(parser: argparse.ArgumentParser, batches: bool = True) -
         "--range",
         default=None,
         metavar="LOW,HIGH",
-        help="value range of generated inputs (default 0,1 for floats, 0,10 for integers)",
+        help="value range of generated inputs (default 0,1 for floats, 0,10 for integers); "
+        "a negative LOW works as written: --range -1,1",
     )
     group.add_argument("--seed", type=int, default=0, help="seed of generated inputs")
     group.add_argument(
@@ -48,8 +66,39 @@ def add_input_arguments(parser: argparse.ArgumentParser, batches: bool = True) -
         )
 
 
-def batches_from_args(args: argparse.Namespace, default: Batch | None = None) -> list[Batch]:
-    """The batches the options describe, or ``default`` (the model source's own inputs)."""
+def batches_from_args(
+    args: argparse.Namespace, default: Batch | None = None, model=None
+) -> list[Batch]:
+    """The batches the options describe, or ``default`` (the model source's own inputs);
+    float inputs of another dtype than ``model``'s are cast to it, with a note on stderr."""
+    batches = _batches(args, default)
+    return batches if model is None else match_model_dtype(batches, model)
+
+
+def match_model_dtype(batches: list[Batch], model) -> list[Batch]:
+    """Float tensors cast to the model's float dtype (numpy's float64 arrays for a float32
+    model would fail in the first conv); a one-line note on stderr says so."""
+    import sys
+
+    from fp16lens.watch._scan import model_float_dtype
+
+    want = model_float_dtype(model)
+    found = {t.dtype for b in batches for t in b if _is_float(t) and t.dtype != want}
+    if want is None or not found:
+        return batches
+    names = ", ".join(sorted(str(d).removeprefix("torch.") for d in found))
+    print(
+        f"fp16lens: note: {names} inputs cast to the model's {str(want).removeprefix('torch.')}",
+        file=sys.stderr,
+    )
+    return [tuple(t.to(want) if _is_float(t) else t for t in b) for b in batches]
+
+
+def _is_float(t) -> bool:
+    return hasattr(t, "is_floating_point") and t.is_floating_point()
+
+
+def _batches(args: argparse.Namespace, default: Batch | None) -> list[Batch]:
     from fp16lens.cli._batchfile import load_batches
     from fp16lens.cli._inputs import is_file_spec
 

@@ -104,7 +104,9 @@ def _load_exported(path: Path) -> tuple[nn.Module, tuple | None]:
         ) from exc
     example = program.example_inputs[0] if program.example_inputs else None
     try:  # the module hierarchy back, so that sites keep their qualified names
-        return torch.export.unflatten(program), example
+        with warnings.catch_warnings():  # torch's own deprecation notices (tree specs)
+            warnings.simplefilter("ignore", FutureWarning)
+            return torch.export.unflatten(program), example
     except Exception:  # unflatten is best effort; the flat module still runs
         return program.module(), example
 

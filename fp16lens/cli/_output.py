@@ -10,12 +10,19 @@ from typing import Any
 
 from rich.console import Console
 
+PIPE_WIDTH = 120
+"""Width when stdout is not a terminal (a CI log, a file): wide enough that every table
+column stays (rich's default of 80 would cut the hottest-sites table)."""
+
 
 def console(quiet: bool = False) -> Console:
     """stdout console; a quiet one (``--json``) records instead of printing."""
     if quiet:
         return Console(record=True, file=_Null(), width=100)
-    return Console(file=sys.stdout, soft_wrap=False)
+    con = Console(file=sys.stdout, soft_wrap=False)
+    if not con.is_terminal:
+        con.width = max(con.width, PIPE_WIDTH)
+    return con
 
 
 def err_console() -> Console:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fp16lens._core import Fp16LensError
+from fp16lens._core.paths import check_writable
 
 if TYPE_CHECKING:
     from torch import nn
@@ -14,14 +16,15 @@ SAVE_SUFFIXES = (".pt", ".pth", ".pt2")
 
 
 def check_save_path(path: str | Path) -> Path:
-    """The path, when its suffix says how to save; checked before any work is done."""
+    """The path, when its suffix says how to save and it can be written; checked before
+    any work is done (OutputPathError otherwise: nothing is written)."""
     path = Path(path)
     if path.suffix.lower() not in SAVE_SUFFIXES:
         raise Fp16LensError(
             f"cannot save a model as {path.suffix or 'a file without suffix'!r}; use .pt2 "
             "(torch.export program, recommended) or .pt (TorchScript)"
         )
-    return path
+    return check_writable(path)
 
 
 def save_model(model: nn.Module, example: tuple, path: str | Path) -> Path:
@@ -32,7 +35,8 @@ def save_model(model: nn.Module, example: tuple, path: str | Path) -> Path:
     suffix = path.suffix.lower()
     path.parent.mkdir(parents=True, exist_ok=True)
     model = model.eval()
-    with torch.no_grad():
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # torch's own deprecation notices
         if suffix == ".pt2":
             torch.export.save(torch.export.export(model, tuple(example)), str(path))
         else:

@@ -11,9 +11,11 @@ from typing import Any
 
 import torch
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from fp16lens._core import MissingDependencyError
+from fp16lens._core.paths import check_writable
 from fp16lens.demo._build import document_pages
 
 
@@ -38,7 +40,7 @@ def run_demo(out_dir: str | Path = "fp16lens-demo", console: Console | None = No
 
     stages = _stages()
     console = console or Console()
-    out = Path(out_dir)
+    out = check_writable(out_dir, folder=True)  # before the work: nothing written on failure
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     model, inputs = build_demo_model()
@@ -105,7 +107,9 @@ def _export(stages, console: Console, patched, model, inputs, out: Path):
         files["onnx_fp16"] = str(art.path)
         console.print(f"FP16 ONNX: {art.path}")
         if importlib.util.find_spec("onnxruntime") is None:
-            console.print("INT8 ONNX and ONNX parity skipped: pip install 'fp16lens[onnx]'")
+            console.print(
+                "INT8 ONNX and ONNX parity skipped: pip install 'fp16lens[onnx]'", markup=False
+            )
             return files, cosine
         result = stages["verify"](model, art.path, inputs, backend="onnx-fp16")
         console.print(result)
@@ -123,7 +127,7 @@ def _export(stages, console: Console, patched, model, inputs, out: Path):
         files["onnx_int8"] = str(art.path)
         console.print(f"INT8 ONNX: {art.path}")
     except MissingDependencyError as exc:
-        console.print(f"ONNX export skipped: {exc}")
+        console.print(f"ONNX export skipped: {escape(str(exc))}")
     return files, cosine
 
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import errno
-import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,6 +9,7 @@ from pathlib import Path
 import torch
 
 from fp16lens._core import import_optional
+from fp16lens._core.paths import check_writable
 from fp16lens.export._artifact import (
     EXPORTER_KEY,
     PRECISION_KEY,
@@ -77,19 +76,9 @@ def _check_model(model) -> None:
 
 
 def _check_writable(path: Path) -> Path:
-    """Fail before the (slow) export when ``path`` cannot be written."""
-    try:
-        if path.is_dir():
-            raise IsADirectoryError(errno.EISDIR, "it is a directory")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if not os.access(path.parent, os.W_OK):
-            raise PermissionError(errno.EACCES, "permission denied")
-    except OSError as exc:
-        raise ExportError(
-            f"cannot write {path}: {exc.strerror or exc}; choose a writable location "
-            "(a file name such as model.onnx in a folder you can write to)"
-        ) from exc
-    return path
+    """Fail before the (slow) export when ``path`` cannot be written (a probe file, not
+    permission bits: root passes those on /proc or a read-only mount)."""
+    return check_writable(path, error=ExportError)
 
 
 def retype(

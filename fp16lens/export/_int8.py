@@ -79,7 +79,7 @@ def quantize_int8(proto, calibration: Iterable, exclude: list[str], path: Path, 
     ort_q = import_optional("onnxruntime.quantization", "onnx", _PURPOSE)
     initializers = {i.name for i in proto.graph.initializer}
     names = [v.name for v in proto.graph.input if v.name not in initializers]
-    with tempfile.TemporaryDirectory() as tmp, _progress() as progress, quiet(""):
+    with tempfile.TemporaryDirectory() as tmp, _progress() as progress, quiet("", stderr=False):
         src, dst = Path(tmp) / "fp32.onnx", Path(tmp) / "int8.onnx"
         onnx.save(proto, str(src))
         ort_q.quantize_static(

@@ -9,7 +9,7 @@ import torch
 
 from fp16lens._core import import_optional
 from fp16lens.export._errors import ExportError
-from fp16lens.export._quiet import quiet
+from fp16lens.export._quiet import plain, quiet
 
 _PURPOSE = "ONNX export"
 
@@ -64,4 +64,4 @@ def _torchscript(model: torch.nn.Module, args: tuple, opset: int | None):
 
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
-    return text[0][:200] if text else ""
+    return plain(text[0])[:200] if text else ""

@@ -39,6 +39,8 @@ def render(result):
         yield Text(f"metric {name}: {value:.6g}")
     for line in result.failures():
         yield Text(f"  {line}", style="red")
+    for line in result.advice:
+        yield Text(line, style="yellow")
     for note in result.notes:
         yield Text(f"note: {note}", style="dim")
 

@@ -20,7 +20,8 @@ class ParityResult:
     ``module:op`` for a functional op, or an ONNX tensor name when its node carries no
     module) whose output departs beyond ``tolerance.site_rel`` or turns non-finite;
     ``first_divergence_tensor`` the ONNX tensor behind it for ONNX backends.
-    ``metrics``: the task metric, when one was given (name -> value).
+    ``metrics``: the task metric, when one was given (name -> value). ``advice``: for a
+    failed INT8 check, the layers whose quantization loses most and what to try.
     """
 
     backend: str
@@ -31,6 +32,7 @@ class ParityResult:
     first_divergence_tensor: str | None = None
     metrics: dict[str, float] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
+    advice: tuple[str, ...] = ()
 
     @property
     def _float_outputs(self) -> list[OutputMetrics]:
@@ -93,6 +95,7 @@ class ParityResult:
             "outputs": {k: dataclasses.asdict(v) for k, v in self.outputs.items()},
             "tolerance": dataclasses.asdict(self.tolerance),
             "failures": self.failures(),
+            "advice": list(self.advice),
         }
 
     def __repr__(self) -> str:

@@ -12,10 +12,10 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from fp16lens._core import Fp16LensError
+from fp16lens._core import Fp16LensError, import_optional
 from fp16lens.verify._batches import as_batches, cast_floats, model_device
 from fp16lens.verify._metrics import Accumulator
-from fp16lens.verify._options import Tolerance, check_backend, resolve_tolerance
+from fp16lens.verify._options import INT8_BACKENDS, Tolerance, check_backend, resolve_tolerance
 from fp16lens.verify._outputs import named_leaves
 from fp16lens.verify._result import ParityResult, output_failures
 
@@ -36,8 +36,11 @@ def verify(
 
     ``candidate``: the model itself, a patched copy, or an exported ONNX path.
     ``inputs``: a tensor, a tuple of positional tensors, or a list of those (batches).
-    ``backend``: "torch-fp16" (default for a module), "torch-emulated", "onnx-fp16"
-    (default for a path), "onnx-int8", "tensorrt", "torch-tensorrt". ``tolerance``: a
+    ``backend``: "torch-fp16", "torch-emulated", "onnx-fp16", "onnx-int8", "tensorrt",
+    "torch-tensorrt"; None or "auto" picks torch-fp16 for a module, onnx-int8 for an ONNX
+    file holding QuantizeLinear/DequantizeLinear nodes, onnx-fp16 for any other ONNX
+    file. A failed INT8 check names the layers whose quantization loses most
+    (``result.advice``). ``tolerance``: a
     Tolerance, or a number taken as the minimum cosine. ``metric(fp32_out, cand_out)``:
     a task metric, averaged over batches into ``result.metrics``. ``fusions``:
     torch-emulated keeps TensorRT-fused pre-activations unrounded.
@@ -47,7 +50,7 @@ def verify(
             f"verify needs the FP32 reference as a torch.nn.Module, got {type(model).__name__}; "
             "pass the original model object itself (not its state_dict or a path)"
         )
-    backend = check_backend(backend or _default_backend(candidate))
+    backend = check_backend(_default_backend(candidate) if backend in (None, "auto") else backend)
     tol = resolve_tolerance(tolerance, backend)
     runner = _runner(model, candidate, backend, fusions)
     with _eval(model):
@@ -58,6 +61,7 @@ def _compare(model, runner, batches, backend, tol, metric) -> ParityResult:
     accs: dict[str, Accumulator] = {}
     scores: list[float] = []
     first = (None, None)
+    failing = None  # the first batch that fails
     device = model_device(model)
     for batch in batches:
         with torch.no_grad():
@@ -66,9 +70,15 @@ def _compare(model, runner, batches, backend, tol, metric) -> ParityResult:
         failed = _accumulate(accs, named_leaves(ref_out), cand, tol)
         if metric is not None:
             scores.append(float(metric(ref_out, _restructure(ref_out, cand))))
-        if failed and first == (None, None):
+        if failed and failing is None:
+            failing = (batch, named_leaves(ref_out))
             first = runner.locate(batch, tol.site_rel)
     metrics = {getattr(metric, "__name__", "metric"): sum(scores) / len(scores)} if scores else {}
+    advice = ()
+    if failing is not None and backend in INT8_BACKENDS:
+        from fp16lens.verify._int8_advice import int8_advice
+
+        advice = int8_advice(runner, *failing, tol.min_cosine)
     return ParityResult(
         backend,
         {k: a.result() for k, a in accs.items()},
@@ -78,6 +88,7 @@ def _compare(model, runner, batches, backend, tol, metric) -> ParityResult:
         first[1],
         metrics,
         getattr(runner, "notes", ()),
+        advice,
     )
 
 
@@ -111,7 +122,20 @@ def _float(t: torch.Tensor) -> torch.Tensor:
 
 
 def _default_backend(candidate) -> str:
-    return "onnx-fp16" if isinstance(candidate, (str, Path)) else "torch-fp16"
+    if not isinstance(candidate, (str, Path)):
+        return "torch-fp16"
+    return "onnx-int8" if is_qdq(candidate) else "onnx-fp16"
+
+
+def is_qdq(path: str | Path) -> bool:
+    """Whether an ONNX file holds QuantizeLinear/DequantizeLinear nodes (an INT8 graph)."""
+    from fp16lens.verify._int8_advice import QDQ_OPS
+
+    if not Path(path).is_file():
+        return False  # the runner names the missing file
+    onnx = import_optional("onnx", "onnx", "running an ONNX candidate")
+    proto = onnx.load(str(path), load_external_data=False)
+    return any(n.op_type in QDQ_OPS for n in proto.graph.node)
 
 
 def _runner(model: nn.Module, candidate, backend: str, fusions: bool):

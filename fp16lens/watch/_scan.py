@@ -1,14 +1,23 @@
-"""scan(): watch a model over an iterable of batches, with a progress bar."""
+"""scan(): watch a model over an iterable of batches, with a progress bar.
+
+Inputs are passed as given: an input whose float dtype differs from the model's (numpy's
+float64 arrays for a float32 model) is not cast, since the model may mean it (a model
+that casts itself, a float64 model); when the forward then fails, the WatchError names
+the mismatch and the cast to write.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
 
+from fp16lens._core import WatchError
 from fp16lens.report._model import Report
 from fp16lens.watch._lens import watch
+
+_HOW = "pass a list of batches: scan(model, [x]), scan(model, [(x1, x2)]) or scan(model, loader)"
 
 
 def call_model(model: torch.nn.Module, batch: Any):
@@ -22,15 +31,74 @@ def call_model(model: torch.nn.Module, batch: Any):
 
 def scan(model: torch.nn.Module, batches: Iterable[Any], *, progress: bool = True,
          description: str = "watching", **watch_options: Any) -> Report:
-    """Run ``model`` on every batch under watch() (and torch.no_grad) and return the report."""
+    """Run ``model`` on every batch under watch() (and torch.no_grad) and return the report.
+
+    ``batches`` is an iterable of batches (a list, a DataLoader): ``[x]`` for one batch of
+    one input, ``[(x1, x2)]`` for one batch of two inputs, ``[{"x": x}]`` for keywords.
+    """
     from rich.console import Console
     from rich.progress import Progress
 
+    _check_batches(batches)
     total = len(batches) if hasattr(batches, "__len__") else None
     progress_bar = Progress(console=Console(stderr=True), transient=True, disable=not progress)
+    seen = 0
     with watch(model, **watch_options) as lens, torch.no_grad(), progress_bar as bar:
         task = bar.add_task(description, total=total)
         for batch in batches:
-            call_model(model, batch)
+            _call(model, batch)
+            seen += 1
             bar.advance(task)
+    if not seen:
+        raise WatchError(f"scan() got no batch (the iterable was empty); {_HOW}")
     return lens.report
+
+
+def _check_batches(batches: Any) -> None:
+    if torch.is_tensor(batches):
+        shape = "x".join(map(str, batches.shape)) or "scalar"
+        raise WatchError(
+            f"scan() got a bare tensor ({shape}), which it would iterate over its first "
+            f"(batch) axis; {_HOW}"
+        )
+    if isinstance(batches, Mapping):
+        raise WatchError(f"scan() got a dict: one batch of keyword inputs is scan(model, [d]); {_HOW}")
+    if not isinstance(batches, Iterable):
+        raise WatchError(f"scan() needs an iterable of batches, got {type(batches).__name__}; {_HOW}")
+    if hasattr(batches, "__len__") and len(batches) == 0:
+        raise WatchError(f"scan() got no batch (an empty {type(batches).__name__}); {_HOW}")
+
+
+def _call(model: torch.nn.Module, batch: Any) -> None:
+    try:
+        call_model(model, batch)
+    except (RuntimeError, TypeError) as exc:
+        mismatch = dtype_mismatch(model, batch)
+        if mismatch is None:
+            raise
+        raise WatchError(f"the model failed on its input ({mismatch}): {str(exc).splitlines()[0]}") from exc
+
+
+def model_float_dtype(model: torch.nn.Module) -> torch.dtype | None:
+    """The dtype of the model's first floating parameter (or buffer); None when it has none."""
+    for t in (*model.parameters(), *model.buffers()):
+        if t.is_floating_point():
+            return t.dtype
+    return None
+
+
+def dtype_mismatch(model: torch.nn.Module, batch: Any) -> str | None:
+    """A sentence naming the first float input whose dtype is not the model's, with the cast."""
+    want = model_float_dtype(model)
+    items = batch.items() if isinstance(batch, dict) else enumerate(
+        batch if isinstance(batch, (tuple, list)) else (batch,)
+    )
+    for key, t in items:
+        if want is not None and torch.is_tensor(t) and t.is_floating_point() and t.dtype != want:
+            name = str(want).removeprefix("torch.")
+            return (
+                f"input {key!r} is {str(t.dtype).removeprefix('torch.')} but the model's "
+                f"parameters are {name}: cast it with x.to(torch.{name}) (numpy arrays are "
+                "float64 by default)"
+            )
+    return None

@@ -1,0 +1,156 @@
+"""Why an INT8 (Q/DQ) graph fails parity: the activations whose quantization loses most.
+
+First the Q/DQ graph is run as written (no ONNX Runtime fusions): when it passes, the
+quantization holds and the loss is ONNX Runtime's fused INT8 kernels. Otherwise each
+activation QuantizeLinear -> DequantizeLinear pair is switched on alone (the others pass
+FP32 values): the output cosine to FP32 then says what that one quantizer costs (clipping
+beyond the calibrated range, or a range so wide, by one outlier channel, that the values
+that matter fall into a few levels). The layers reading the worst ones are named, with
+what to try.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+QDQ_OPS = frozenset({"QuantizeLinear", "DequantizeLinear"})
+TOP = 5
+MAX_PAIRS = 64  # one session per activation quantizer: bounded for large graphs
+
+
+@dataclass(frozen=True)
+class Cost:
+    """One activation quantizer: the layers on both sides of it and the output cosine to
+    FP32 with only it quantized."""
+
+    producer: str | None
+    readers: tuple[str, ...]
+    cosine: float
+
+    @property
+    def layers(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys([*([self.producer] if self.producer else []), *self.readers]))
+
+    def __str__(self) -> str:
+        return f"{self.producer or 'the input'} -> {', '.join(self.readers)} ({self.cosine:.4f})"
+
+
+def sensitivities(runner, batch: tuple, reference) -> list[Cost]:
+    """Each activation quantizer switched on alone, worst first (weights stay quantized:
+    the ONNX file holds no FP32 copy of them)."""
+    from fp16lens.verify._onnx_graph import producers
+    from fp16lens.verify._onnx_sites import site_of_node
+
+    made = producers(runner.proto)
+    costs = []
+    for x, y, readers in _activation_pairs(runner.proto.graph)[:MAX_PAIRS]:
+        cosine = _cosine(runner, _only(runner.proto, {y}), batch, reference)
+        node = made.get(x)
+        producer = (site_of_node(node, runner.model) or node.name) if node is not None else None
+        names = [site_of_node(r, runner.model) or r.name for r in readers] or ["the output"]
+        costs.append(Cost(producer, tuple(dict.fromkeys(names)), 1.0 if cosine is None else cosine))
+    return sorted(costs, key=lambda c: c.cosine)
+
+
+def int8_advice(runner, batch: tuple, reference, min_cosine: float, top: int = TOP) -> tuple[str, ...]:
+    """What to try after a failed INT8 check on ``batch`` (``reference``: the FP32 model's
+    named outputs on it): when the Q/DQ graph computed as written passes, the loss is
+    ONNX Runtime's fused INT8 kernels; else the ``top`` costliest activation quantizers,
+    and the modules to keep out of INT8 (both sides of a quantizer: a tensor stays FP32
+    only when its producer and its readers are excluded)."""
+    unfused = unfused_cosine(runner, batch, reference)
+    if unfused is not None and unfused >= min_cosine:
+        return (
+            f"the Q/DQ graph computed as written (each QuantizeLinear/DequantizeLinear on its "
+            f"own, ONNX Runtime's Q/DQ fusions off) reaches cosine {unfused:.6f} >= "
+            f"{min_cosine}: the quantization itself holds; the loss comes from ONNX Runtime's "
+            "fused CPU INT8 kernels (QLinearConv, QLinearAdd, QGemm, ...), which TensorRT does "
+            "not run; check on the target with backend 'tensorrt'",
+        )
+    ranked = [c for c in sensitivities(runner, batch, reference) if c.cosine < 1.0][:top]
+    if not ranked:
+        return ()
+    lines = [
+        f"the INT8 activations that cost most (producer -> readers, output cosine with only "
+        f"that activation quantized): {'; '.join(map(str, ranked))}",
+        "try: more and more representative calibration batches (calibration=[...] / "
+        "--calibration FILE); weights are already quantized per channel",
+    ]
+    failing = [c for c in ranked if c.cosine < min_cosine] or ranked[:1]
+    modules = {n for n, _ in runner.model.named_modules() if n} if runner.model is not None else set()
+    names = list(dict.fromkeys(m for c in failing for m in c.layers if m in modules))
+    if names:
+        lines.append(
+            f"or keep them out of INT8: fp16lens export ... --precision int8 --fp32-modules "
+            f"{','.join(names)} (Python: fp32_modules={names!r})"
+        )
+    return tuple(lines)
+
+
+def unfused_cosine(runner, batch: tuple, reference) -> float | None:
+    """Worst cosine to ``reference`` of the Q/DQ graph run without graph optimizations."""
+    return _cosine(runner, runner.proto, batch, reference)
+
+
+def _cosine(runner, proto, batch: tuple, reference) -> float | None:
+    """Worst output cosine to ``reference`` of ``proto`` run as written (no fusions)."""
+    from fp16lens.verify._metrics import Accumulator, worst
+    from fp16lens.verify._onnx import session
+
+    sess = session(proto, optimize=False)
+    names = [i.name for i in sess.get_inputs()]
+    outs = sess.run(None, runner.feed(batch, names))
+    if len(outs) != len(reference):
+        return None
+    cosines = []
+    for (_, ref), out in zip(reference, outs):
+        if ref.is_floating_point():
+            acc = Accumulator()
+            acc.update(ref.detach().cpu(), torch.from_numpy(np.asarray(out)).to(ref.dtype))
+            cosines.append(acc.result().cosine)
+    return worst(cosines)
+
+
+def _activation_pairs(graph) -> list[tuple[str, str, list]]:
+    """(tensor quantized, tensor dequantized, nodes reading the latter) per activation pair."""
+    initializers = {i.name for i in graph.initializer}
+    quantized = {n.output[0]: n for n in graph.node if n.op_type == "QuantizeLinear"}
+    readers: dict[str, list] = {}
+    for node in graph.node:
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+    pairs = []
+    outputs = {o.name for o in graph.output}
+    for node in graph.node:
+        q = quantized.get(node.input[0]) if node.op_type == "DequantizeLinear" else None
+        if q is None or q.input[0] in initializers:
+            continue
+        users = [r for r in readers.get(node.output[0], []) if r.op_type not in QDQ_OPS]
+        if users or node.output[0] in outputs:  # a quantized model output has no reader
+            pairs.append((q.input[0], node.output[0], users))
+    return pairs
+
+
+def _only(proto, keep: set[str]):
+    """A copy where every activation Q/DQ pair but those dequantizing to ``keep`` is an
+    Identity (the FP32 value passes unquantized)."""
+    from fp16lens._core import import_optional
+
+    onnx = import_optional("onnx", "onnx", "running an ONNX candidate")
+    model = onnx.ModelProto()
+    model.CopyFrom(proto)
+    g = model.graph
+    initializers = {i.name for i in g.initializer}
+    made = {n.output[0]: n for n in g.node if n.op_type == "QuantizeLinear"}
+    for node in g.node:
+        q = made.get(node.input[0]) if node.op_type == "DequantizeLinear" else None
+        if q is None or q.input[0] in initializers or node.output[0] in keep:
+            continue
+        node.op_type = "Identity"
+        del node.input[:]
+        node.input.append(q.input[0])
+        del node.attribute[:]
+    return model
