@@ -150,6 +150,7 @@ def real_row(name: str) -> dict:
     row.update({
         "shape": "x".join(map(str, run["inputs"][0].shape)),
         "cosine": f"{run['cosine']:.6f}",
+        "peak": f"{report.hottest(1)[0].absmax:.3g} at {report.hottest(1)[0].name}",
         "verdict": "clean ✓" if report.clean else f"{len(starts)} spans, {len(problems)} problems",
         "first": f"{starts[0] if starts else '-'} / {truth or '-'}",
         "agree": _agreement(report, run["cosine"], truth, starts),
@@ -177,7 +178,7 @@ def _agreement(report, cos: float, truth, starts: list) -> str:
 
 def real_table(names: list[str]) -> tuple[str, list[dict]]:
     cols = [("model", "model"), ("package", "package"), ("input", "input"), ("shape", "shape"),
-            ("cosine", "real FP16 cosine"), ("verdict", "fp16lens verdict"),
+            ("cosine", "real FP16 cosine"), ("peak", "peak |x| (FP32)"), ("verdict", "fp16lens verdict"),
             ("first", "first span / first real-FP16 inf"), ("agree", "agreement"),
             ("watch_ok", "watch bit-identical, no hooks"), ("patch", "patch")]
     rows = []

@@ -109,3 +109,13 @@ def test_mtcnn_onet_sees_the_astronauts_face_in_fp16():
     run = _case("mtcnn.onet/normalized")
     prob32, prob16 = run["ref"][2][0, 1], run["out16"][2][0, 1]
     assert prob32 > 0.99 and abs(float(prob16) - float(prob32)) < 1e-3
+
+
+def test_a_missing_package_is_a_skip_with_the_pip_line(monkeypatch):
+    monkeypatch.setattr(zoo_real, "version", lambda dist: "" if dist == "silero-vad" else "1")
+    zoo_real._silero_vad.cache_clear()
+    try:
+        with pytest.raises(zoo_real.Missing, match=r"pip install --no-deps silero-vad==6\.2\.3"):
+            zoo_real.CASES["silero_vad/speech"].build()
+    finally:
+        zoo_real._silero_vad.cache_clear()

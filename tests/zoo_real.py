@@ -84,14 +84,15 @@ def _submodule(package: str, name: str):
 # ---- real inputs --------------------------------------------------------------------
 
 def image(name: str, size: tuple[int, int]) -> torch.Tensor:
-    """A scikit-image sample (bundled in its wheel) as 1x3xHxW float pixels 0-255."""
+    """A scikit-image sample (``skimage/data/<name>.png``, in its wheel) as 1x3xHxW float
+    pixels 0-255, read with Pillow: scikit-image itself is not imported (--no-deps works)."""
     _need("scikit-image")
-    import skimage.data
+    from PIL import Image
 
-    arr = torch.from_numpy(getattr(skimage.data, name)()).float()
-    arr = arr[..., None].expand(*arr.shape, 3) if arr.dim() == 2 else arr[..., :3]
-    x = arr.permute(2, 0, 1)[None]
-    x = nn.functional.interpolate(x, size=size, mode="bilinear", antialias=True, align_corners=False)
+    path = os.path.join(importlib.util.find_spec("skimage").submodule_search_locations[0], "data", f"{name}.png")
+    arr = torch.from_numpy(np.asarray(Image.open(path).convert("RGB"), dtype=np.float32).copy())
+    x = nn.functional.interpolate(arr.permute(2, 0, 1)[None], size=size, mode="bilinear",
+                                  antialias=True, align_corners=False)
     return x.clamp(0, 255).round()
 
 
