@@ -3,8 +3,10 @@ inputs (tests/zoo_real.py; the CI subset: small images, one second of speech, on
 full set runs in ``python scripts/sweep_zoo.py --real``).
 Ground truth: a real FP16 run on the CPU (``.half()`` on a copy), never fp16lens.
 
-Findings this records: trained CRAFT, MTCNN and the OCR recognizer keep FP16 parity
-even on raw 0-255 pixels (no span, no problem, as in real FP16); Silero VAD on raw int16
+Findings this records: trained CRAFT, MTCNN, EfficientNet-Lite0 and the OCR recognizer
+keep FP16 parity even on raw 0-255 pixels (no span, no problem, as in real FP16; Lite0's
+batch-norm biases down to 9.8e-7 are FP16 subnormals, not zeros, and raise no alarm);
+Silero VAD on raw int16
 samples (normalization forgotten) overflows in its STFT magnitude, x² of the second
 512-sample chunk first."""
 
@@ -103,6 +105,11 @@ def test_ocr_reads_the_rendered_word_in_fp32_and_fp16():
     run = _case("english_g2/words")
     assert zoo_real.ctc_greedy(run["ref"]) == zoo_real.SHORT
     assert zoo_real.ctc_greedy(run["out16"]) == zoo_real.SHORT
+
+
+def test_efficientnet_lite0_keeps_its_top1_class_in_fp16():
+    run = _case("efficientnet_lite0/raw")
+    assert int(run["out16"].argmax()) == int(run["ref"].argmax())
 
 
 def test_mtcnn_onet_sees_the_astronauts_face_in_fp16():

