@@ -18,6 +18,8 @@ import pytest
 import torch
 import zoo_real
 
+import fp16lens
+
 PARITY = 0.999
 
 
@@ -99,6 +101,15 @@ def test_silero_eager_module_is_the_wheels_model():
     probs = torch.cat([jit(x[:, i:i + 512], 16000) for i in range(0, x.shape[1], 512)], 1)
     assert torch.equal(probs, run["ref"])
     assert run["ref"].max() > 0.99 and run["ref"][0, 0] < 0.1  # speech after a short silence
+
+
+def test_the_wheels_torchscript_model_is_refused_with_the_fix_named():
+    try:
+        jit = zoo_real.silero_jit()
+    except zoo_real.Missing as exc:
+        pytest.skip(str(exc))
+    with pytest.raises(fp16lens.Fp16LensError, match=r"TorchScript.*Python definition"), fp16lens.watch(jit):
+        pass
 
 
 def test_ocr_reads_the_rendered_word_in_fp32_and_fp16():
