@@ -65,9 +65,6 @@ def test_overflow_in_real_fp16_is_found_where_it_starts(name):
     assert run["first_inf"] in [s.start for s in run["report"].spans]
 
 
-@pytest.mark.xfail(strict=True, reason="issue #15 (real-weights zoo): spans are ordered by the first call of "
-                   "their start site, not by when they first overflow; in a loop (Silero VAD's chunks) "
-                   "stft_conv overflows first in chunk 4 but comes first, real FP16's first inf is :pow#3")
 @pytest.mark.parametrize("name", BREAKS)
 def test_first_span_is_the_first_overflow_in_time(name):
     run = _case(name)

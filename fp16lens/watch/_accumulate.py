@@ -81,6 +81,7 @@ class SpanAcc:
     first_batch: int = -1
     fused: bool = True
     seq: dict[int, int] = field(default_factory=dict)  # site -> first event index seen
+    first_seen: tuple[int, int] = (-1, -1)  # (forward, event index) of its first start: time order
 
 
 @dataclass
@@ -212,11 +213,13 @@ class Accumulator:
     def _add_spans(self, fw: Forward, maxes, oor) -> None:
         is_input = [s == INPUT_SITE for s in fw.sites]
         for fs in find_spans(oor, fw.inputs, is_input, fw.outputs):
-            start = fw.sites[min(fs.starts)] if fs.starts else fw.sites[fs.members[0]]
+            first = min(fs.starts) if fs.starts else fs.members[0]
+            start = fw.sites[first]
             acc = self.spans.setdefault(start, SpanAcc(start=start))
             acc.batches += 1
             if acc.first_batch < 0:
                 acc.first_batch = fw.index
+                acc.first_seen = (fw.index, first)
             acc.sites.update(fw.sites[m] for m in fs.members)
             acc.ends.update(fw.sites[e] for e in fs.ends)
             for e in (*fs.members, *fs.ends):

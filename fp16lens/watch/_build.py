@@ -74,9 +74,11 @@ def build_report(acc: Accumulator, infos: list[SiteInfo], params: list[ParamChec
 
     counts = acc.counts()
     sites = {infos[s].name: _site_stats(infos[s], a, counts[s]) for s, a in sorted(acc.sites.items())}
-    spans = [_span(a, infos) for _, a in sorted(acc.spans.items())]
+    # in the order they first overflowed: a module reused in a loop may overflow late
+    in_time = sorted(acc.spans.values(), key=lambda a: (a.first_seen, a.start))
+    spans = [_span(a, infos) for a in in_time]
     findings = [_span_finding(s, infos[a.start].op, threshold)
-                for s, a in zip(spans, [a for _, a in sorted(acc.spans.items())])]
+                for s, a in zip(spans, in_time)]
     for (sid, kind), ia in sorted(acc.internal.items()):
         findings.append(Finding(
             site=infos[sid].name, mechanism="internal", kind=kind, peak=ia.peak, batch=ia.batch,
