@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fp16lens.patch._classify import ABSORB_IN, ABSORB_OUT, HOMOG, JOIN, NORM, norm_has_affine
+from fp16lens._core.algebra import ABSORB_IN, ABSORB_OUT, PASSES, Kind, norm_has_affine
 from fp16lens.patch._graph import SiteGraph
 
 
@@ -10,9 +10,9 @@ def class_problem(graph: SiteGraph, root: str) -> str | None:
     """Why the class cannot carry a scale, or None when it can."""
     for m in graph.members(root):
         kind = graph.kinds[m]
-        if kind in (HOMOG, JOIN) and not graph.producers[m]:
+        if kind in PASSES and not graph.producers[m]:
             return f"{m} takes a model input, which carries no scale"
-        if kind not in (HOMOG, JOIN) and not _absorbs_out(graph, m):
+        if kind not in PASSES and not _absorbs_out(graph, m):
             return f"{m} ({kind}) cannot take 1/p in its parameters"
         if not graph.consumers[m]:
             return f"{m} reaches the model output"
@@ -26,6 +26,6 @@ def class_problem(graph: SiteGraph, root: str) -> str | None:
 
 def _absorbs_out(graph: SiteGraph, site: str) -> bool:
     kind = graph.kinds[site]
-    if kind == NORM:
+    if kind == Kind.NORM:
         return norm_has_affine(graph.modules[site])
     return kind in ABSORB_OUT

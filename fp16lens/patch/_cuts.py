@@ -11,8 +11,8 @@ from __future__ import annotations
 from torch import nn
 
 from fp16lens._core import PatchError
+from fp16lens._core.algebra import Kind
 from fp16lens.patch._classes import class_problem
-from fp16lens.patch._classify import JOIN
 from fp16lens.patch._fx import find_op, operands, producer_site, trace_owner
 from fp16lens.patch._graph import SiteGraph
 from fp16lens.patch._plan import Multiply
@@ -33,7 +33,7 @@ def choose_cuts(model: nn.Module, graph: SiteGraph, report: Report, demands, ext
     for root in demands.values:
         if extend and class_problem(graph, root) is None:
             continue
-        for join in (m for m in graph.members(root) if graph.kinds[m] == JOIN):
+        for join in (m for m in graph.members(root) if graph.kinds[m] == Kind.JOIN):
             keep = [p for p in graph.producers[join] if p in over]
             cut = [p for p in graph.producers[join] if p not in keep]
             if cut and _mappable(model, report, join, keep, traced):

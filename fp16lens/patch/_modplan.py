@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from fp16lens.patch._classify import BLOCK, BN, HOMOG, LINEAR, NORM
+from fp16lens._core.algebra import Kind
 from fp16lens.patch._graph import SiteGraph
 from fp16lens.patch._plan import Island, Reparam
 from fp16lens.patch._rules import fp16_safe, scale_bn
@@ -21,16 +21,16 @@ def module_changes(
         s_in = scales.get(root_in, 1.0) if root_in is not None else 1.0
         s_out = scales.get(graph.find(site), 1.0)
         kind = graph.kinds[site]
-        if site in islands or (kind == BLOCK and (s_in != 1 or s_out != 1)):
+        if site in islands or (kind == Kind.BLOCK and (s_in != 1 or s_out != 1)):
             why = islands.get(site) or f"{type(mod).__name__} does not commute with scaling"
             out_islands.append(Island(site, s_in, s_out, why))
-        elif kind == LINEAR and (s_in != 1 or s_out != 1):
+        elif kind == Kind.LINEAR and (s_in != 1 or s_out != 1):
             reparams.append(Reparam(site, "linear", s_in, s_out, _detail(s_in, s_out, "W", "b")))
-        elif kind == BN and (s_in != 1 or s_out != 1 or site in affine):
+        elif kind == Kind.BN and (s_in != 1 or s_out != 1 or site in affine):
             reparams.append(_bn(site, mod, s_in, s_out, site in affine))
-        elif kind == NORM and (s_in != 1 or s_out != 1):
+        elif kind == Kind.NORM and (s_in != 1 or s_out != 1):
             reparams.append(Reparam(site, "norm", s_in, s_out, _norm_detail(s_in, s_out)))
-        elif kind == HOMOG and s_in != s_out:
+        elif kind == Kind.HOMOG and s_in != s_out:
             raise AssertionError(f"homogeneous {site} between scales {s_in} and {s_out}")
     for owner, why in islands.items():  # modules hosting functional ops no scale passes
         if owner not in graph.modules:

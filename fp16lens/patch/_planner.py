@@ -9,15 +9,10 @@ import torch
 from torch import nn
 
 from fp16lens._core import FP16_MAX
+from fp16lens._core.algebra import PASSES, Kind, choose_factor, pow2_ceil
+from fp16lens._core.sites import FindingKind, Mechanism
 from fp16lens.patch._classes import class_problem
-from fp16lens.patch._classify import (
-    HOMOG,
-    JOIN,
-    LINEAR,
-    NORM,
-)
 from fp16lens.patch._cuts import choose_cuts, join_multiplies
-from fp16lens.patch._factor import choose_factor, pow2_ceil
 from fp16lens.patch._graph import SiteGraph, build_graph
 from fp16lens.patch._modplan import module_changes
 from fp16lens.patch._options import PatchOptions
@@ -25,13 +20,19 @@ from fp16lens.patch._plan import Plan, Region, Unresolved
 from fp16lens.patch._rules import bn_affine
 from fp16lens.report import Report
 
-_SQUARE = frozenset({"norm-variance", "rms-square"})
+_SQUARE = frozenset({FindingKind.NORM_VARIANCE, FindingKind.RMS_SQUARE})
 
 
 @dataclass
 class Demands:
-    """What each scale class must hold: (value, power) pairs and the reasons."""
+    """What each scale class must hold: (value, power) pairs and the reasons.
 
+    A demand is recorded on a site (``anchors``) and grouped by the site's scale class in
+    ``resolve``, so that one collection serves the graph before and after its cuts.
+    """
+
+    anchors: list[tuple[str, float, int, str]] = field(default_factory=list)  # (site, v, power, why)
+    fallback_at: list[tuple[str, str, str]] = field(default_factory=list)  # (anchor, site, why)
     values: dict[str, list[tuple[float, int]]] = field(default_factory=dict)
     reasons: dict[str, list[str]] = field(default_factory=dict)
     affine: set[str] = field(default_factory=set)  # batch norms to rewrite in affine form
@@ -39,19 +40,29 @@ class Demands:
     fallback: dict[str, list[tuple[str, str]]] = field(default_factory=dict)  # class -> (site, reason)s
     weights: dict[str, float] = field(default_factory=dict)  # module -> |parameter| beyond FP16
 
-    def add(self, root: str, value: float, power: int, reason: str) -> None:
-        self.values.setdefault(root, []).append((value, power))
-        if reason not in self.reasons.setdefault(root, []):
-            self.reasons[root].append(reason)
+    def add(self, anchor: str, value: float, power: int, reason: str) -> None:
+        self.anchors.append((anchor, value, power, reason))
+
+    def resolve(self, graph: SiteGraph) -> Demands:
+        """Group the demands by the current scale classes of ``graph``."""
+        self.values, self.reasons, self.fallback = {}, {}, {}
+        for anchor, value, power, reason in self.anchors:
+            root = graph.find(anchor)
+            self.values.setdefault(root, []).append((value, power))
+            if reason not in self.reasons.setdefault(root, []):
+                self.reasons[root].append(reason)
+        for anchor, site, reason in self.fallback_at:
+            self.fallback.setdefault(graph.find(anchor), []).append((site, reason))
+        return self
 
 
 def build_plan(model: nn.Module, report: Report, options: PatchOptions) -> Plan:
-    graph = build_graph(model, report)
-    plan, demands = Plan(), collect_demands(graph, report, Plan())
+    graph, plan = build_graph(model, report), Plan()
+    demands = collect_demands(graph, report, plan).resolve(graph)
     cuts = choose_cuts(model, graph, report, demands, options.extend)
     if cuts:
         graph.recut(cuts)
-    demands = collect_demands(graph, report, plan)
+        demands.resolve(graph)
     scales = _scale_classes(graph, report, demands, options, plan)
     plan.reparametrized, plan.islands = module_changes(
         graph, scales, demands.affine, demands.islands
@@ -60,26 +71,27 @@ def build_plan(model: nn.Module, report: Report, options: PatchOptions) -> Plan:
     if options.factor is None:
         return plan
     for r in plan.regions:
-        over = [s for s in r.sites if report.sites[s].absmax / r.factor > 65504]
+        over = [s for s in r.sites if report.sites[s].absmax / r.factor > FP16_MAX]
         if over:
-            plan.notes.append(f"factor {r.factor:g} leaves {', '.join(over)} beyond 65504")
+            plan.notes.append(f"factor {r.factor:g} leaves {', '.join(over)} beyond {FP16_MAX:g}")
     return plan
 
 
 # ---- demands ------------------------------------------------------------------------
 def collect_demands(graph: SiteGraph, report: Report, plan: Plan) -> Demands:
+    """Every demand on a site, unresolved ones into ``plan``; ``resolve`` groups them."""
     d = Demands()
     for span in report.spans:
         reason = f"span {span.start} -> {span.end or 'output'}"
         for s in span.sites:
             if s not in span.ends and s in report.sites and s not in graph.frozen:
-                d.add(graph.find(s), report.sites[s].absmax, 1, reason)
+                d.add(s, report.sites[s].absmax, 1, reason)
     for f in report.findings:
         if f.site in graph.frozen:
             continue
-        if f.mechanism == "internal":
+        if f.mechanism == Mechanism.INTERNAL:
             _internal(graph, f, d, plan)
-        elif f.mechanism == "parameter" and f.kind == "param-overflow":
+        elif f.mechanism == Mechanism.PARAMETER and f.kind == FindingKind.PARAM_OVERFLOW:
             _parameter(graph, f, d, plan)
     return d
 
@@ -88,11 +100,13 @@ def _internal(graph: SiteGraph, f, d: Demands, plan: Plan) -> None:
     kind = graph.kinds.get(f.site)
     reason = f"{f.kind} in {f.site} ({f.peak:.3g})"
     power = 2 if f.kind in _SQUARE else 1
-    if (kind == NORM and f.kind in _SQUARE) or (kind == HOMOG and f.kind == "sum-before-mean"):
-        root = graph.input_class(f.site) if kind == NORM else graph.find(f.site)
-        if root is not None:
-            d.add(root, f.peak, power, reason)
-            d.fallback.setdefault(root, []).append((f.site, reason))
+    norm = kind == Kind.NORM and f.kind in _SQUARE
+    if norm or (kind == Kind.HOMOG and f.kind == FindingKind.SUM_BEFORE_MEAN):
+        prods = graph.producers.get(f.site, [])
+        anchor = (prods[0] if prods else None) if norm else f.site  # a norm: its input's class
+        if anchor is not None:
+            d.add(anchor, f.peak, power, reason)
+            d.fallback_at.append((anchor, f.site, reason))
             return
     if graph.is_module(f.site):
         d.islands[f.site] = reason
@@ -112,14 +126,14 @@ def _owner(graph: SiteGraph, site: str) -> str | None:
 def _parameter(graph: SiteGraph, f, d: Demands, plan: Plan) -> None:
     kind = graph.kinds.get(f.site)
     reason = f"{f.site}.{f.tensor} beyond FP16 ({f.peak:.3g})"
-    if kind == "bn":
+    if kind == Kind.BN:
         d.affine.add(f.site)
         peak = _affine_peak(graph.modules.get(f.site))
         if peak > FP16_MAX:  # the affine form itself overflows: its output class is scaled
-            d.add(graph.find(f.site), peak, 1, reason)
+            d.add(f.site, peak, 1, reason)
             d.weights[f.site] = max(d.weights.get(f.site, 0.0), peak)
-    elif kind == "linear" and f.tensor in ("weight", "bias"):
-        d.add(graph.find(f.site), f.peak, 1, reason)
+    elif kind == Kind.LINEAR and f.tensor in ("weight", "bias"):
+        d.add(f.site, f.peak, 1, reason)
         d.weights[f.site] = max(d.weights.get(f.site, 0.0), f.peak)
     elif graph.is_module(f.site):
         d.islands[f.site] = reason
@@ -169,7 +183,7 @@ def _fit_weights(graph, demands: Demands, scales: dict[str, float], target: floa
     weights = dict(demands.weights)
     for site, mod in graph.modules.items():
         w = getattr(mod, "weight", None)
-        if graph.kinds[site] == LINEAR and graph.input_class(site) in scales and torch.is_tensor(w):
+        if graph.kinds[site] == Kind.LINEAR and graph.input_class(site) in scales and torch.is_tensor(w):
             weights[site] = max(weights.get(site, 0.0), float(w.detach().abs().max()))
     for _ in range(len(weights) + 1):
         changed = False
@@ -214,7 +228,7 @@ def _fail(graph, root, problem, reasons, demands: Demands, plan: Plan) -> None:
 
 
 def _region(graph, report, root, members, p, reasons) -> Region:
-    entries = [m for m in members if graph.kinds[m] not in (HOMOG, JOIN)]
+    entries = [m for m in members if graph.kinds[m] not in PASSES]
     exits = []
     for m in members:
         exits += [

@@ -10,26 +10,16 @@ the user places (a module, or fp32_modules at export).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
+from fp16lens._core.algebra import rescale_exponent, site_class
 from fp16lens.report import _opclass as oc
 from fp16lens.report._fmt import collapse, value
 from fp16lens.report._model import Report, Span
 
-TARGET_EXP = 13  # a rescaled peak lands near 2^13: 3 binades below 65504
+__all__ = ["SpanPlan", "plan_span", "rescale_exponent", "side_inputs", "span_fix"]
+
 PATH_KEEP = 7
-
-
-def rescale_exponent(peak: float, power: int = 1) -> int | None:
-    """k = ceil(log2(peak / 2^13) / power), at least 1; None for inf/NaN peaks.
-
-    ``power`` is 2 when the quantity is a square of the input ((x-mean)^2, x^2): a
-    2^-k input scale divides it by 4^k.
-    """
-    if not math.isfinite(peak) or peak <= 0:
-        return None
-    return max(1, math.ceil((math.log2(peak) - TARGET_EXP) / power))
 
 
 def _op(report: Report, site: str) -> str:
@@ -38,12 +28,12 @@ def _op(report: Report, site: str) -> str:
 
 
 def _cls(report: Report, site: str) -> str:
-    """The op class, with patch's refinement: a join fed by one tensor adds a constant."""
-    op = _op(report, site)
-    cls = oc.op_class(op)
-    if oc.is_join(op) and report.edges and len(set(report.producers(site))) < 2:
+    """The site's class as patch treats it (a join fed by one tensor adds a constant)."""
+    stats = report.sites.get(site)
+    if stats is None:
         return oc.BLOCKING
-    return cls
+    producers = len(set(report.producers(site))) if report.edges else None
+    return site_class(stats.op, module=stats.kind == "module", producers=producers)
 
 
 def _is_island(report: Report, site: str) -> bool:

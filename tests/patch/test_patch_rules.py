@@ -12,8 +12,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from fp16lens._core import FP16_MAX, FP16_MIN_NORMAL
+from fp16lens._core.algebra import choose_factor
 from fp16lens.patch import bn_affine, scale_bn, scale_linear, scale_norm_eps
-from fp16lens.patch._factor import choose_factor
 
 P_VALUES = [2.0, 8.0, 64.0, 4096.0]
 

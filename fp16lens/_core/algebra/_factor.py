@@ -1,10 +1,24 @@
-"""Choosing a region's factor: pure arithmetic on the report's ranges."""
+"""Choosing a scale: pure arithmetic on a region's ranges, shared by advice and patch."""
 
 from __future__ import annotations
 
 import math
 
-from fp16lens._core import FP16_MAX, FP16_MIN_NORMAL
+from fp16lens._core.fp16 import FP16_MAX, FP16_MIN_NORMAL
+
+TARGET_EXP = 13
+"""A rescaled peak lands near 2^13: 3 binades below 65504 (PatchOptions.target's default)."""
+
+
+def rescale_exponent(peak: float, power: int = 1) -> int | None:
+    """k = ceil(log2(peak / 2^13) / power), at least 1; None for inf/NaN peaks.
+
+    ``power`` is 2 when the quantity is a square of the input ((x-mean)^2, x^2): a
+    2^-k input scale divides it by 4^k.
+    """
+    if not math.isfinite(peak) or peak <= 0:
+        return None
+    return max(1, math.ceil((math.log2(peak) - TARGET_EXP) / power))
 
 
 def pow2_ceil(x: float) -> float:

@@ -1,0 +1,64 @@
+"""The rescaling algebra (docs/DESIGN.md): how each op commutes with a scale p = 2^k, and
+how p is chosen. One home for the rules that the report's advice (``report/_spanfix.py``)
+and patch's plan (``patch/_graph.py``, ``_classes.py``, ``_planner.py``) both read.
+
+An op is classified by its aten name (a functional site), by its module (isinstance, for
+patch) or by its module's class name (what a report records), and by ONNX op type.
+"""
+
+from __future__ import annotations
+
+from fp16lens._core.algebra._aten import JOINS, aten_class, is_join, op_kind
+from fp16lens._core.algebra._classes import (
+    ABSORB_IN,
+    ABSORB_OUT,
+    KIND_CLASS,
+    PASSES,
+    Kind,
+    OpClass,
+)
+from fp16lens._core.algebra._factor import (
+    TARGET_EXP,
+    choose_factor,
+    needed,
+    pow2_ceil,
+    pow2_floor,
+    rescale_exponent,
+)
+from fp16lens._core.algebra._modules import (
+    module_kind,
+    module_name_kind,
+    norm_has_affine,
+    type_kind,
+)
+from fp16lens._core.algebra._onnx import ONNX_JOINS, onnx_class
+
+__all__ = [
+    "ABSORB_IN", "ABSORB_OUT", "JOINS", "KIND_CLASS", "ONNX_JOINS", "PASSES", "TARGET_EXP",
+    "Kind", "OpClass", "aten_class", "choose_factor", "is_join", "module_kind",
+    "module_name_kind", "needed", "norm_has_affine", "onnx_class", "op_class", "op_kind",
+    "pow2_ceil", "pow2_floor", "rescale_exponent", "site_class", "type_kind",
+]  # fmt: skip
+
+
+def op_class(name: str) -> OpClass:
+    """The class of a torch.nn module class name (``Conv2d``) or an aten op (``add``)."""
+    kind = module_name_kind(name)
+    if kind is not None:
+        return KIND_CLASS[kind]
+    return aten_class(name) or OpClass.BLOCKING
+
+
+def site_class(op: str, *, module: bool, producers: int | None) -> OpClass:
+    """The class of a report's site as patch will treat it, from what a report records.
+
+    A module site by its class name; a functional site by its aten name, where a join fed
+    by one tensor blocks (``producers`` None: unknown, taken as a join) and a functional
+    norm blocks (its eps cannot change). A functional conv/linear is taken to absorb:
+    patch finds its parameters in a GraphModule (torch.fx, torch.export, onnx2torch) and
+    otherwise makes its owner an FP32 island.
+    """
+    if module:
+        kind = module_name_kind(op)
+        return KIND_CLASS[kind] if kind is not None else OpClass.BLOCKING
+    return KIND_CLASS[op_kind(op, 2 if producers is None else producers, params=True)]

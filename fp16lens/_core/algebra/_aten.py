@@ -1,0 +1,60 @@
+"""Functional ops by their aten name, as watch names them (``add``, ``convolution``)."""
+
+from __future__ import annotations
+
+from fp16lens._core.algebra._classes import Kind, OpClass
+
+_ABSORBING = frozenset({
+    "convolution", "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d",
+    "conv_transpose3d", "linear", "addmm", "mm", "bmm", "matmul", "baddbmm", "batch_norm",
+})  # fmt: skip
+_INVARIANT = frozenset({"layer_norm", "group_norm", "instance_norm", "rms_norm"})
+_HOMOGENEOUS = frozenset({
+    "relu", "leaky_relu", "prelu", "_prelu_kernel", "prelu_kernel", "identity", "dropout",
+    "native_dropout", "feature_dropout", "alpha_dropout", "max_pool1d", "max_pool2d",
+    "max_pool3d", "max_pool2d_with_indices", "max_pool3d_with_indices", "avg_pool1d",
+    "avg_pool2d", "avg_pool3d", "adaptive_avg_pool1d", "adaptive_avg_pool2d",
+    "adaptive_avg_pool3d", "adaptive_max_pool1d", "adaptive_max_pool2d",
+    "adaptive_max_pool3d", "upsample", "interpolate", "flatten", "unflatten", "neg",
+    "pixel_shuffle", "pixel_unshuffle", "mean", "sum", "amax", "amin", "max", "min",
+})  # fmt: skip
+JOINS = frozenset({"add", "sub", "cat", "concat", "stack", "maximum", "minimum"})
+"""Ops that combine several tensors elementwise or by concatenation: equal scales in."""
+
+
+def _key(op: str) -> str:
+    return op.lower().removesuffix("_")  # "relu_" (in place) is "relu"
+
+
+def is_join(op: str) -> bool:
+    return _key(op) in JOINS
+
+
+def aten_class(op: str) -> OpClass | None:
+    """The class of an aten op name; None when the name is not one the algebra knows."""
+    key = _key(op)
+    if key in _ABSORBING:
+        return OpClass.ABSORBING
+    if key in _INVARIANT:
+        return OpClass.INVARIANT
+    if key in _HOMOGENEOUS or key in JOINS or key.startswith("upsample_"):
+        return OpClass.HOMOGENEOUS
+    return None
+
+
+def op_kind(op: str, producers: int, params: bool = False) -> Kind:
+    """What patch can do at functional op ``op`` with ``producers`` tensor producers.
+
+    A join fed by one tensor adds a constant (or the tensor to itself): no scale passes.
+    An absorbing op absorbs only where its weight is a parameter patch can reach
+    (``params``: a GraphModule's conv/linear); a functional norm's eps cannot be changed.
+    Everything else that is not homogeneous (mul, div, unknown ops) is opaque.
+    """
+    if is_join(op):
+        return Kind.JOIN if producers >= 2 else Kind.OPAQUE
+    cls = aten_class(op)
+    if cls is OpClass.HOMOGENEOUS:
+        return Kind.HOMOG
+    if cls is OpClass.ABSORBING and params:
+        return Kind.LINEAR
+    return Kind.OPAQUE
