@@ -7,7 +7,7 @@ from collections.abc import Iterable
 
 import torch
 
-from fp16lens.export._errors import ExportError
+from fp16lens._core import ExportError
 
 
 def resolve_fp32_modules(model: torch.nn.Module, extra: Iterable[str] | None) -> tuple[str, ...]:

@@ -7,8 +7,7 @@ from typing import Any
 
 import torch
 
-from fp16lens._core import import_optional
-from fp16lens.export._errors import ExportError
+from fp16lens._core import ExportError, import_optional
 from fp16lens.export._quiet import plain, quiet
 
 _PURPOSE = "ONNX export"

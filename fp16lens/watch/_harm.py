@@ -19,7 +19,8 @@ from __future__ import annotations
 import dataclasses
 
 from fp16lens._core import half_step
-from fp16lens.report._model import Finding, SiteStats
+from fp16lens._core.sites import Mechanism
+from fp16lens.report import Finding, SiteStats
 from fp16lens.watch._params import REL_STEP, ParamCheck
 
 
@@ -78,7 +79,7 @@ def judge(checks: list[ParamCheck], sites: dict[str, SiteStats],
             continue
         harmless, why = _verdict(check, sites, edges)
         out.append(dataclasses.replace(
-            check.finding, mechanism="note" if harmless else "parameter",
+            check.finding, mechanism=Mechanism.NOTE if harmless else Mechanism.PARAMETER,
             detail=f"{check.finding.detail}; {why}",
         ))
     return out

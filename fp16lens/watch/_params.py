@@ -12,7 +12,8 @@ from dataclasses import dataclass
 import torch
 
 from fp16lens._core import FP16_MIN_NORMAL, FP16_MIN_SUBNORMAL
-from fp16lens.report._model import Finding
+from fp16lens._core.sites import FindingKind, Mechanism
+from fp16lens.report import Finding
 from fp16lens.watch._options import WatchOptions
 
 # Batch-norm statistics are folded into the conv in FP32 before deployment, and tiny values
@@ -74,7 +75,7 @@ def _overflow(name: str, t: torch.Tensor, a: torch.Tensor, threshold: float) -> 
     module, tensor = _owner(name)
     over = int((a > threshold).sum()) + int(a.isnan().sum())
     return Finding(
-        site=module, mechanism="parameter", kind="param-overflow", peak=peak,
+        site=module, mechanism=Mechanism.PARAMETER, kind=FindingKind.PARAM_OVERFLOW, peak=peak,
         tensor=tensor, count=over,
         detail=(
             f"{name}: {over} of {t.numel()} values beyond FP16 "
@@ -100,18 +101,18 @@ def _small(name: str, af: torch.Tensor, options: WatchOptions) -> Finding | None
     under_mass = float(torch.where(tiny, af, 0).sum()) / total
     smallest = float(torch.where(af > 0, af, torch.inf).min())
     if under and under_mass >= options.param_underflow_share:
-        kind, count, what = "param-underflow", under, (
+        kind, count, what = FindingKind.PARAM_UNDERFLOW, under, (
             f"are below 2^-24 and become 0 in FP16 ({under_mass:.0%} of the tensor's magnitude)"
         )
     elif sub and sub_mass >= options.param_subnormal_share:
-        kind, count, what = "param-subnormal", sub, (
+        kind, count, what = FindingKind.PARAM_SUBNORMAL, sub, (
             f"are subnormal in FP16 (< 2^-14, {sub_mass:.0%} of the tensor's magnitude) and "
             "lose precision"
         )
     else:
         return None
     return Finding(
-        site=module, mechanism="parameter", kind=kind, peak=smallest, tensor=tensor, count=count,
+        site=module, mechanism=Mechanism.PARAMETER, kind=kind, peak=smallest, tensor=tensor, count=count,
         detail=f"{name}: {count} of {nz} non-zero values {what}",
     )
 

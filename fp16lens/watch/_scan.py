@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from fp16lens._core import WatchError
-from fp16lens.report._model import Report
+from fp16lens.report import Report
 from fp16lens.watch._lens import watch
 
 _HOW = "pass a list of batches: scan(model, [x]), scan(model, [(x1, x2)]) or scan(model, loader)"
