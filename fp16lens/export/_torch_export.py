@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from fp16lens._core import ExportError, import_optional
-from fp16lens.export._quiet import plain, quiet
+from fp16lens._core.quiet import plain, quiet
 
 _PURPOSE = "ONNX export"
 

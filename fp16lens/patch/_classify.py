@@ -1,4 +1,4 @@
-"""How each site commutes with a scale p (see DESIGN.md, "The rescaling algebra").
+"""How each site commutes with a scale p (see docs/DESIGN.md, "The rescaling algebra").
 
 Kinds:
 - "linear": conv / linear module (parameters absorb 1/p at an entry, p at an exit);

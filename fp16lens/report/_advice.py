@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-from fp16lens._core.sites import FindingKind, Mechanism
+from fp16lens._core.sites import FindingKind, Mechanism, site_module
 from fp16lens.report._fmt import value
 from fp16lens.report._model import Finding, Report, Span
 from fp16lens.report._opclass import is_batch_norm
@@ -145,7 +145,7 @@ def _note_fix(f: Finding) -> str:
             "dtype) or -65504, so an FP16 graph holds a finite value"
         )
     if f.kind == FindingKind.FP32_UPCAST:
-        module = f.site.split(":")[0]
+        module = site_module(f.site)
         if not module:
             return ("none for a .half() model; in an FP16 ONNX/TensorRT graph these ops must stay "
                     "FP32: move them into a submodule and export(..., fp32_modules=[it])")

@@ -141,7 +141,7 @@ class ReportMeta:
     schema_version: int = SCHEMA_VERSION
     weights: dict[str, list[float]] = field(default_factory=dict)
     # the weights the ranges were measured with: tensor name -> [numel, Σv, Σ|v|, Σv·ramp]
-    # (fp16lens.watch._fingerprint); {} for reports made by hand or before version 2
+    # (fp16lens._core.fingerprint); {} for reports made by hand or before version 2
 
 
 @dataclass

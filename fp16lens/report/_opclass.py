@@ -1,4 +1,4 @@
-"""How a site's op commutes with a power-of-two scale (DESIGN.md, the rescaling algebra).
+"""How a site's op commutes with a power-of-two scale (docs/DESIGN.md, the rescaling algebra).
 
 ``SiteStats.op`` is a module class ("Conv2d", "ReLU") or an aten op ("add", "gelu").
 Pure lookups; the advice and the patch stage read the same classes, so what the report

@@ -19,9 +19,10 @@ from __future__ import annotations
 import dataclasses
 
 from fp16lens._core import half_step
+from fp16lens._core.flush import REL_STEP
 from fp16lens._core.sites import Mechanism
 from fp16lens.report import Finding, SiteStats
-from fp16lens.watch._params import REL_STEP, ParamCheck
+from fp16lens.watch._params import ParamCheck
 
 
 def _joined(module: str, sites: dict[str, SiteStats]) -> list[SiteStats]:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from fp16lens._core import FP16_MIN_NORMAL, FP16_MIN_SUBNORMAL
+from fp16lens._core.flush import FlushLoss, flush_loss
 from fp16lens._core.sites import FindingKind, Mechanism
 from fp16lens.report import Finding
 from fp16lens.watch._options import WatchOptions
@@ -19,41 +20,6 @@ from fp16lens.watch._options import WatchOptions
 # Batch-norm statistics are folded into the conv in FP32 before deployment, and tiny values
 # vanish next to eps anyway: flushing them is harmless (their overflow is not, see above).
 _FOLDED_STATS = frozenset({"running_mean", "running_var"})
-REL_STEP = 2.0**-11
-"""FP16's relative rounding (half an ulp): what every normal FP16 weight already loses."""
-
-
-@dataclass(frozen=True)
-class FlushLoss:
-    """What storing a tensor in FP16 loses through its values below 2^-14 (pure numbers).
-
-    value: the largest change of one value (flushed: all of it; subnormal: the rounding).
-    slice: the largest sum of those changes over one output channel (slices along axis 0
-        in PyTorch's layout; a 1-D tensor's channels are its values).
-    rel: the largest ``slice`` divided by that slice's sum of |w|.
-    """
-
-    value: float
-    slice: float
-    rel: float
-
-
-def flush_loss(t: torch.Tensor, axes: tuple[int, ...] = (0,)) -> FlushLoss:
-    """Pure: the loss FP16 makes in ``t`` below its normal range, per value and per slice
-    (the worst over ``axes``, each taken as the output-channel axis)."""
-    x = t.detach().float().reshape(t.shape if t.dim() else (1,))
-    small = x.abs() < FP16_MIN_NORMAL
-    err = torch.where(small, (x - x.half().float()).abs(), 0.0)
-    lost, rel = 0.0, 0.0
-    for axis in axes if x.dim() > 1 else (0,):
-        other = [d for d in range(x.dim()) if d != axis % x.dim()]
-        per = err.sum(other) if other else err
-        mass = x.abs().sum(other) if other else x.abs()
-        lost = max(lost, float(per.max()))
-        rel = max(rel, float(torch.where(mass > 0, per / mass.clamp_min(1e-45), 0.0).max()))
-    return FlushLoss(float(err.max()), lost, rel)
-
-
 @dataclass(frozen=True)
 class ParamCheck:
     """One finding about a parameter/buffer, with what its FP16 loss is for ``judge``."""
