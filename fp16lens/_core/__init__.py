@@ -1,11 +1,14 @@
-"""Bottom layer: FP16 facts, errors and optional imports. Imports nothing else of fp16lens."""
+"""Bottom layer: FP16 facts, errors, optional imports and the site contract. Imports nothing else of fp16lens."""
 
 from fp16lens._core.errors import (
+    ExportError,
     Fp16LensError,
     MissingDependencyError,
+    OutputPathError,
     PatchError,
     ReportError,
     StaleReportError,
+    VerifyError,
     WatchError,
 )
 from fp16lens._core.fp16 import (
@@ -22,11 +25,14 @@ __all__ = [
     "FP16_MAX",
     "FP16_MIN_NORMAL",
     "FP16_MIN_SUBNORMAL",
+    "ExportError",
     "Fp16LensError",
     "MissingDependencyError",
+    "OutputPathError",
     "PatchError",
     "ReportError",
     "StaleReportError",
+    "VerifyError",
     "WatchError",
     "half_step",
     "headroom_bits",

@@ -33,6 +33,15 @@ class PatchError(Fp16LensError):
     """patch() preconditions failed; the model was left untouched."""
 
 
+class ExportError(Fp16LensError):
+    """The model cannot be exported as asked; the message names the tensor or module and the fix."""
+
+
+class VerifyError(Fp16LensError):
+    """verify() was given a reference, candidate or inputs it cannot compare; the message says
+    what to pass instead."""
+
+
 class StaleReportError(ReportError):
     """The report was made from other weights than the model's: its ranges do not apply."""
 

@@ -8,6 +8,7 @@ import argparse
 from rich.markup import escape
 
 from fp16lens._core.paths import check_writable
+from fp16lens._core.quiet import verbose
 from fp16lens.cli._batchfile import load_batches
 from fp16lens.cli._cmd_scan import add_model_arguments
 from fp16lens.cli._inputargs import add_input_arguments, batches_from_args
@@ -51,7 +52,6 @@ def add_parser(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     export = stage("fp16lens.export", "export", "export")
-    from fp16lens.export._quiet import verbose
     check_writable(args.output)
     loaded = load_model(args.model, parse_kwargs(args.kwargs))
     batches = batches_from_args(args, loaded.example_inputs, loaded.model)

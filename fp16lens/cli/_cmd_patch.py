@@ -7,6 +7,7 @@ import argparse
 
 from rich.markup import escape
 
+from fp16lens._core.sites import site_module
 from fp16lens.cli._cmd_scan import add_model_arguments
 from fp16lens.cli._inputargs import add_input_arguments, batches_from_args
 from fp16lens.cli._models import load_model, parse_kwargs
@@ -71,7 +72,7 @@ def unfixed(plan, model) -> list[dict]:
     names = {n for n, _ in model.named_modules() if n}
     left = []
     for u in getattr(plan, "unresolved", None) or []:
-        module = u.site.partition(":")[0]  # a functional op runs in its owner's forward
+        module = site_module(u.site)  # a functional op runs in its owner's forward
         left.append({"site": u.site, "reason": u.reason, "module": module if module in names else None})
     return left
 

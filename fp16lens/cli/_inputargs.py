@@ -80,7 +80,7 @@ def match_model_dtype(batches: list[Batch], model) -> list[Batch]:
     model would fail in the first conv); a one-line note on stderr says so."""
     import sys
 
-    from fp16lens.watch._scan import model_float_dtype
+    from fp16lens._core.model_dtype import model_float_dtype
 
     want = model_float_dtype(model)
     found = {t.dtype for b in batches for t in b if _is_float(t) and t.dtype != want}

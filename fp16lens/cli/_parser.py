@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from fp16lens._core.version import __version__
 from fp16lens.cli import _cmd_demo, _cmd_export, _cmd_patch, _cmd_scan, _cmd_show, _cmd_verify
 
 COMMANDS = (_cmd_demo, _cmd_scan, _cmd_show, _cmd_patch, _cmd_export, _cmd_verify)
@@ -14,8 +15,6 @@ start with:  fp16lens demo"""
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from fp16lens import __version__
-
     parser = argparse.ArgumentParser(
         prog="fp16lens",
         description="Find, explain and fix FP16 overflow in PyTorch models before TensorRT.",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from fp16lens._core.sites import Mechanism
 from fp16lens.report import Report
 
 POLICIES = ("overflow", "internal", "parameter", "any")
@@ -29,16 +30,16 @@ def _check(report: Report, policy: str) -> list[str]:
             end = span.end or "the model output"
             lines.append(f"span {span.start} -> {end} (peak {span.peak:.4g})")
     wanted = {
-        "overflow": ("output", "input"),
-        "internal": ("internal",),
-        "parameter": ("parameter",),
-        "any": ("output", "input", "internal", "parameter"),
+        "overflow": (Mechanism.OUTPUT, Mechanism.INPUT),
+        "internal": (Mechanism.INTERNAL,),
+        "parameter": (Mechanism.PARAMETER,),
+        "any": (Mechanism.OUTPUT, Mechanism.INPUT, Mechanism.INTERNAL, Mechanism.PARAMETER),
     }[policy]
     in_spans = {site for span in report.spans for site in span.sites}
     for f in report.findings:
-        if f.mechanism == "output" and f.site in in_spans:
+        if f.mechanism == Mechanism.OUTPUT and f.site in in_spans:
             continue  # the span above already says it
         if f.mechanism in wanted:
-            what = f"{f.site}.{f.tensor}" if f.tensor and f.mechanism == "parameter" else f.site
+            what = f"{f.site}.{f.tensor}" if f.tensor and f.mechanism == Mechanism.PARAMETER else f.site
             lines.append(f"{f.mechanism} {f.kind or 'finding'} at {what} (peak {f.peak:.4g})")
     return lines

@@ -6,11 +6,11 @@ extra); ``compile_torch_tensorrt`` compiles with torch-tensorrt (the ``torchtrt`
 Nothing here imports onnx, ONNX Runtime or TensorRT until a function needs it.
 """
 
+from fp16lens._core import ExportError
 from fp16lens._core.callable_module import make_callable
 from fp16lens.export._artifact import ExportArtifact
 from fp16lens.export._calib_cache import read_calibration_cache, write_calibration_cache
 from fp16lens.export._engine_config import EngineConfig, engine_config
-from fp16lens.export._errors import ExportError
 from fp16lens.export._export import export, retype
 from fp16lens.export._options import ExportOptions
 from fp16lens.export._torchtrt import compile_torch_tensorrt, half_with_islands

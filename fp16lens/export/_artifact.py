@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fp16lens._core import import_optional
+from fp16lens._core.sites import parse_site
 from fp16lens.export._naming import NodeOrigin, origin_of
 
 PRECISION_KEY = "fp16lens.precision"
@@ -62,13 +63,11 @@ class ExportArtifact:
         functional site (``layer4.1:add#2``) the output of the n-th such aten op in that
         module. A conv whose batch norm was folded into it has no tensor of its own (None).
         """
-        module, _, op = site.partition(":")
-        if not op:
-            return _last_output([n for n in self.nodes if _within(n.origin.module, module)])
-        op, _, nth = op.partition("#")
-        groups = _op_groups(self.nodes, module, op)
-        index = int(nth or 1) - 1
-        return _last_output(groups[index]) if 0 <= index < len(groups) else None
+        name = parse_site(site)
+        if not name.is_op:
+            return _last_output([n for n in self.nodes if _within(n.origin.module, name.module)])
+        groups = _op_groups(self.nodes, name.module, name.op)
+        return _last_output(groups[name.nth - 1]) if 0 < name.nth <= len(groups) else None
 
     @classmethod
     def load(cls, path: str | Path) -> ExportArtifact:

@@ -13,7 +13,7 @@ import re
 import struct
 from pathlib import Path
 
-from fp16lens.export._errors import ExportError
+from fp16lens._core import ExportError
 
 DEFAULT_TRT_VERSION = "10.0.0"
 _HEADER = re.compile(r"^TRT-(\d+)-(\w+)$")

@@ -12,8 +12,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from fp16lens._core import ExportError
 from fp16lens.export._calib_cache import parse_version
-from fp16lens.export._errors import ExportError
 
 STRONGLY_TYPED_SINCE = (10, 12)
 FLAGS_REMOVED_IN = 11

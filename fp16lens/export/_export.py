@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from fp16lens._core import import_optional
+from fp16lens._core import ExportError, import_optional
 from fp16lens._core.paths import check_writable
 from fp16lens.export._artifact import (
     EXPORTER_KEY,
@@ -17,7 +17,6 @@ from fp16lens.export._artifact import (
     default_opset,
     records,
 )
-from fp16lens.export._errors import ExportError
 from fp16lens.export._islands import resolve_fp32_modules
 from fp16lens.export._naming import map_nodes, stamp
 from fp16lens.export._onnx_meta import ISLANDS_KEY, in_islands

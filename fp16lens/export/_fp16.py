@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from onnx import helper, numpy_helper, shape_inference
 
+from fp16lens._core import ExportError
 from fp16lens.export._artifact import default_opset
-from fp16lens.export._errors import ExportError
 from fp16lens.export._naming import NodeOrigin, stamp
 from fp16lens.export._ranges import clamp_mask_constants, subnormal_summary, to_fp16_checked
 from fp16lens.export._typing import FLOAT, FLOAT16, NodeTyping, type_node

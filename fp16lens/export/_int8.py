@@ -14,10 +14,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fp16lens._core import import_optional
+from fp16lens._core import ExportError, import_optional
+from fp16lens._core.quiet import quiet
 from fp16lens.export._calib_cache import write_calibration_cache
-from fp16lens.export._errors import ExportError
-from fp16lens.export._quiet import quiet
 
 _PURPOSE = "INT8 quantization"
 TRT_QDQ_OPTIONS = {

@@ -7,9 +7,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from fp16lens._core import FP16_MIN_NORMAL
-from fp16lens.export._errors import ExportError
-from fp16lens.watch._params import REL_STEP, flush_loss
+from fp16lens._core import FP16_MIN_NORMAL, ExportError
+from fp16lens._core.flush import REL_STEP, flush_loss
 
 
 @dataclass(frozen=True)

@@ -7,9 +7,8 @@ from typing import Any
 
 import torch
 
-from fp16lens._core import import_optional
-from fp16lens.export._errors import ExportError
-from fp16lens.export._quiet import plain, quiet
+from fp16lens._core import ExportError, import_optional
+from fp16lens._core.quiet import plain, quiet
 
 _PURPOSE = "ONNX export"
 

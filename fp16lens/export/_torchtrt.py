@@ -13,8 +13,7 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from fp16lens._core import import_optional
-from fp16lens.export._errors import ExportError
+from fp16lens._core import ExportError, import_optional
 from fp16lens.export._islands import resolve_fp32_modules
 
 _PURPOSE = "compiling with torch-tensorrt"

@@ -16,6 +16,7 @@ import torch
 from torch import fx, nn
 
 from fp16lens._core import PatchError
+from fp16lens._core.sites import parse_site, site_name
 
 _OPS = {
     "add": {operator.add, operator.iadd, torch.add, "add", "add_", "__add__", "__iadd__", "__radd__"},
@@ -119,18 +120,17 @@ def _is_tensor(arg) -> bool:
 def find_op(gm: fx.GraphModule, site: str) -> fx.Node:
     """The fx node of a functional site: by its node name in a GraphModule watch named
     (``:add_1``), else ``owner:add#n``, the n-th add the owner's forward runs on tensors."""
-    base, _, n = site.rpartition(":")[2].partition("#")
+    name = parse_site(site)
     if not getattr(gm, _RETRACED, False):
-        node = next((nd for nd in gm.graph.nodes if nd.name == base), None)
+        node = next((nd for nd in gm.graph.nodes if nd.name == name.op), None)
         if node is not None and op_of(node) is not None:
             return node
-    index = int(n) if n else 1
-    nodes = [nd for nd in gm.graph.nodes if op_of(nd) == base]
-    if len(nodes) < index:
+    nodes = [nd for nd in gm.graph.nodes if op_of(nd) == name.op]
+    if not 0 < name.nth <= len(nodes):
         raise PatchError(
-            f"cannot find {site} in the traced forward; it runs {len(nodes)} {base} op(s) on tensors"
+            f"cannot find {site} in the traced forward; it runs {len(nodes)} {name.op} op(s) on tensors"
         )
-    return nodes[index - 1]
+    return nodes[name.nth - 1]
 
 
 def producer_site(node, owner: str) -> str | None:
@@ -143,7 +143,7 @@ def producer_site(node, owner: str) -> str | None:
     if node.op == "call_module":
         return f"{owner}.{node.target}" if owner else str(node.target)
     if node.op in ("call_function", "call_method") and not getattr(node.graph.owning_module, _RETRACED, False):
-        return f"{owner}:{node.name}"
+        return site_name(owner, node.name)
     return None
 
 
@@ -165,12 +165,11 @@ class FunctionalParams:
 def functional_params(model: nn.Module, site: str) -> FunctionalParams | None:
     """The parameters of functional site ``owner:node`` when its owner is a GraphModule
     and the node is a conv/linear whose weight (and bias) no other node reads."""
-    owner, sep, rest = site.partition(":")
-    mod = model.get_submodule(owner) if sep else None
+    name = parse_site(site)
+    mod = model.get_submodule(name.module) if name.is_op else None
     if not isinstance(mod, fx.GraphModule):
         return None
-    name = rest.partition("#")[0]
-    node = next((n for n in mod.graph.nodes if n.name == name), None)
+    node = next((n for n in mod.graph.nodes if n.name == name.op), None)
     if node is None or node.op != "call_function":
         return None
     packet = getattr(node.target, "overloadpacket", node.target)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from torch import nn
 
 from fp16lens._core import PatchError
+from fp16lens._core.sites import is_island
 from fp16lens.patch._classify import HOMOG, JOIN, LINEAR, module_kind, op_kind
 from fp16lens.patch._fx import functional_params
 from fp16lens.report import Report
@@ -92,7 +93,7 @@ def build_graph(model: nn.Module, report: Report) -> SiteGraph:
 
 def _in_islands(named: dict, report: Report) -> set[str]:
     """Sites that run inside an FP32 island (their values may exceed FP16 by design)."""
-    prefixes = [n for n, m in named.items() if getattr(m, "fp16lens_fp32", False)]
+    prefixes = [n for n, m in named.items() if is_island(m)]
 
     def inside(name: str) -> bool:
         return any(name == p or name.startswith(p + ".") for p in prefixes)

@@ -11,6 +11,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from fp16lens._core.sites import ISLAND_ATTR
+
 _INNER = "module"  # the wrapped module's attribute name, removed from state_dict keys
 
 
@@ -94,7 +96,6 @@ class Fp32Island(nn.Module):
     the original model, under the original keys.
     """
 
-    fp16lens_fp32 = True  # watch and export may recognise an island by this attribute
     outside_dtype = torch.float32  # set per island; this default serves older pickles
 
     def __init__(self, module: nn.Module, in_scale: float = 1.0, out_scale: float = 1.0):
@@ -154,3 +155,6 @@ class Fp32Island(nn.Module):
 
     def extra_repr(self) -> str:
         return f"in_scale={self.in_scale:g}, out_scale={self.out_scale:g}"
+
+
+setattr(Fp32Island, ISLAND_ATTR, True)  # the marker watch, verify and export recognise (is_island)

@@ -7,15 +7,14 @@ import copy
 from torch import fx, nn
 
 from fp16lens._core import PatchError, StaleReportError
+from fp16lens._core.fingerprint import changed
+from fp16lens._core.sites import PLAN_ATTR
 from fp16lens.patch._apply import apply_plan
 from fp16lens.patch._check import check_equivalent
 from fp16lens.patch._options import PatchOptions
 from fp16lens.patch._plan import Plan
 from fp16lens.patch._planner import build_plan
 from fp16lens.report import Report
-from fp16lens.watch._fingerprint import changed
-
-PLAN_ATTR = "_fp16lens_plan"
 
 
 def plan(

@@ -1,6 +1,11 @@
 """The report: plain data (JSON round trip) and its rich rendering."""
 
+from fp16lens.report._merge import merge_reports
 from fp16lens.report._model import (
+    HIST_BINS,
+    HIST_MIN_EXP,
+    MECHANISMS,
+    SATURATED,
     SCHEMA_VERSION,
     Finding,
     Report,
@@ -9,4 +14,16 @@ from fp16lens.report._model import (
     Span,
 )
 
-__all__ = ["SCHEMA_VERSION", "Finding", "Report", "ReportMeta", "SiteStats", "Span"]
+__all__ = [
+    "HIST_BINS",
+    "HIST_MIN_EXP",
+    "MECHANISMS",
+    "SATURATED",
+    "SCHEMA_VERSION",
+    "Finding",
+    "Report",
+    "ReportMeta",
+    "SiteStats",
+    "Span",
+    "merge_reports",
+]

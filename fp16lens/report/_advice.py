@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 
+from fp16lens._core.sites import FindingKind, Mechanism, site_module
 from fp16lens.report._fmt import value
 from fp16lens.report._model import Finding, Report, Span
 from fp16lens.report._opclass import is_batch_norm
@@ -32,27 +33,27 @@ def _norm_fix(f: Finding) -> str:
 
 
 def _internal_fix(f: Finding) -> str:
-    if f.kind == "norm-variance":
+    if f.kind == FindingKind.NORM_VARIANCE:
         return _norm_fix(f)
-    if f.kind == "rms-square":
+    if f.kind == FindingKind.RMS_SQUARE:
         k = rescale_exponent(f.peak, power=2)
         return (
             f"keep RMSNorm as one node (opset ≥ 23) or rescale its input by 2^-{k} "
             "(norms are scale-invariant)"
         )
-    if f.kind == "attention-scores":
+    if f.kind == FindingKind.ATTENTION_SCORES:
         return (
             "keep the attention fused (one kernel that holds the scores in FP32: export "
             "scaled_dot_product_attention whole) or run QK^T and the softmax as an FP32 "
             "island; rescaling Q or K would change the softmax, so it is not exact"
         )
     k = rescale_exponent(f.peak)
-    if f.kind == "sum-before-mean":
+    if f.kind == FindingKind.SUM_BEFORE_MEAN:
         return (
             f"rescale the input by 2^-{k} (the mean scales with it, undone by 2^{k} at the "
             f"next conv/linear) or keep the pool in FP32"
         )
-    if f.kind == "sum-of-squares":
+    if f.kind == FindingKind.SUM_OF_SQUARES:
         return f"rescale the input by 2^-{k} and the norm back by 2^{k}, or keep it in FP32"
     return f"keep {f.site} in FP32 (an FP32 island)"
 
@@ -65,7 +66,7 @@ def param_name(f: Finding) -> str:
 def _param_fix(report: Report, f: Finding) -> str:
     name = param_name(f)
     owner = f.site or "the root module's own ops"
-    if f.kind == "param-overflow":
+    if f.kind == FindingKind.PARAM_OVERFLOW:
         if not math.isfinite(f.peak):
             return f"reload the checkpoint: {name} holds inf/NaN already in FP32"
         if is_batch_norm(_op(report, f.site)) or f.tensor.startswith("running_"):
@@ -79,10 +80,10 @@ def _param_fix(report: Report, f: Finding) -> str:
             f"rescale {name} by 2^-{k} and undo it by 2^{k} at the next conv/linear (exact), "
             f"or keep {owner} in FP32"
         )
-    step = "become 0" if f.kind == "param-underflow" else "keep fewer significant bits"
+    step = "become 0" if f.kind == FindingKind.PARAM_UNDERFLOW else "keep fewer significant bits"
     err = (
         f"; the smallest ({value(f.peak)}) is lost"
-        if f.kind == "param-underflow"
+        if f.kind == FindingKind.PARAM_UNDERFLOW
         else (
             f"; the smallest ({value(f.peak)}) is rounded to a step of 2^-24 "
             f"(relative error up to {value(2.0**-25 / f.peak) if f.peak > 0 else 'inf'})"
@@ -96,18 +97,18 @@ def _param_fix(report: Report, f: Finding) -> str:
 
 
 def _output_fix(report: Report, f: Finding) -> str:
-    if f.kind == "softmax-exp":
+    if f.kind == FindingKind.SOFTMAX_EXP:
         return f"subtract the row max before exp (torch.softmax does), or keep {f.site} in FP32"
     span = next((s for s in report.spans if s.start == f.site), None)
     if span is not None:
         return span_fix(report, span)
-    if f.kind == "nonfinite" or not math.isfinite(f.peak):
+    if f.kind == FindingKind.NONFINITE or not math.isfinite(f.peak):
         return f"fix the model at {f.site} first: it produces inf/NaN already in FP32"
     return f"keep {f.site} in FP32 (an FP32 island)"
 
 
 def _input_fix(f: Finding) -> str:
-    if f.kind == "nonfinite" or not math.isfinite(f.peak):
+    if f.kind == FindingKind.NONFINITE or not math.isfinite(f.peak):
         batch = f" (batch {f.batch})" if f.batch >= 0 else ""
         return (
             f"drop or repair the samples holding inf/NaN{batch}: the data is broken, not the model"
@@ -126,31 +127,31 @@ def suggest_fix(report: Report, item: Span | Finding) -> str:
     """One sentence: what to do about ``item``, matching what fp16lens.patch does."""
     if isinstance(item, Span):
         return span_fix(report, item)
-    if item.mechanism == "internal":
+    if item.mechanism == Mechanism.INTERNAL:
         return _internal_fix(item)
-    if item.mechanism == "parameter":
+    if item.mechanism == Mechanism.PARAMETER:
         return _param_fix(report, item)
-    if item.mechanism == "input":
+    if item.mechanism == Mechanism.INPUT:
         return _input_fix(item)
-    if item.mechanism == "note":
+    if item.mechanism == Mechanism.NOTE:
         return _note_fix(item)
     return _output_fix(report, item)
 
 
 def _note_fix(f: Finding) -> str:
-    if f.kind == "mask-constant":
+    if f.kind == FindingKind.MASK_CONSTANT:
         return (
             f"write the mask constant of {f.site} as torch.finfo(x.dtype).min (it follows the "
             "dtype) or -65504, so an FP16 graph holds a finite value"
         )
-    if f.kind == "fp32-upcast":
-        module = f.site.split(":")[0]
+    if f.kind == FindingKind.FP32_UPCAST:
+        module = site_module(f.site)
         if not module:
             return ("none for a .half() model; in an FP16 ONNX/TensorRT graph these ops must stay "
                     "FP32: move them into a submodule and export(..., fp32_modules=[it])")
         return (f"none for a .half() model; for an FP16 ONNX/TensorRT graph keep {module} in FP32: "
                 f"export(..., fp32_modules=[{module!r}])")
-    if f.kind in ("param-underflow", "param-subnormal"):
+    if f.kind in (FindingKind.PARAM_UNDERFLOW, FindingKind.PARAM_SUBNORMAL):
         return (
             f"none: what {param_name(f)} loses in FP16 is below the FP16 precision of the values it "
             "joins, so the output does not change"

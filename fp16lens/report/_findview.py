@@ -7,14 +7,15 @@ import math
 from rich.console import RenderableType
 from rich.text import Text
 
+from fp16lens._core.sites import FindingKind, Mechanism
 from fp16lens.report._blocks import ViewOptions, fix_line, heading, indent, more, peak_key
 from fp16lens.report._model import Finding, Report
 from fp16lens.report._triage import trt_consequence
 
 PARAM_LABELS = {
-    "param-overflow": "beyond 65504",
-    "param-subnormal": "subnormal",
-    "param-underflow": "flushed to zero",
+    FindingKind.PARAM_OVERFLOW: "beyond 65504",
+    FindingKind.PARAM_SUBNORMAL: "subnormal",
+    FindingKind.PARAM_UNDERFLOW: "flushed to zero",
 }
 
 
@@ -49,13 +50,13 @@ _TITLES = {
 
 
 def _label(f: Finding) -> str:
-    if f.mechanism == "parameter" and not math.isfinite(f.peak):
+    if f.mechanism == Mechanism.PARAMETER and not math.isfinite(f.peak):
         return f"[inf/NaN ×{f.count}]"
-    if f.mechanism == "parameter":
+    if f.mechanism == Mechanism.PARAMETER:
         return f"[{PARAM_LABELS.get(f.kind, f.kind)} ×{f.count}]"
-    if f.mechanism == "note" and f.kind in PARAM_LABELS:
+    if f.mechanism == Mechanism.NOTE and f.kind in PARAM_LABELS:
         return f"[{PARAM_LABELS[f.kind]} ×{f.count} · harmless]"
-    if f.mechanism in ("internal", "note"):
+    if f.mechanism in (Mechanism.INTERNAL, Mechanism.NOTE):
         return f"[{f.site} · {f.kind}]"
     return f"[{f.site} · {f.kind or f.mechanism}]"
 
@@ -63,7 +64,7 @@ def _label(f: Finding) -> str:
 def orphan_outputs(report: Report, view: ViewOptions) -> list[RenderableType]:
     """Output findings that no span stands for (softmax-exp without a span, ...)."""
     starts = {s.start for s in report.spans}
-    orphans = [f for f in report.findings_by("output") if f.site not in starts]
+    orphans = [f for f in report.findings_by(Mechanism.OUTPUT) if f.site not in starts]
     if not orphans:
         return []
     sub = Report(sites=report.sites, findings=orphans, spans=report.spans, meta=report.meta)

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from fp16lens._core import FP16_MAX, ReportError, headroom_bits
+from fp16lens._core.sites import Mechanism
 
 SCHEMA_VERSION = 2
 READABLE_VERSIONS = (1, 2)
@@ -25,7 +26,7 @@ HIST_MAX_EXP = 16
 HIST_BINS = HIST_MAX_EXP - HIST_MIN_EXP + 2
 """Bins: [<2^-26], [2^-26, 2^-25), ..., [2^15, 2^16), [>=2^16]: one per binade."""
 
-MECHANISMS = ("output", "internal", "parameter", "input", "note")
+MECHANISMS = tuple(Mechanism)
 """"note" findings are advice (e.g. FP32 masking constants) and do not make a report unclean."""
 SATURATED = 1e30
 """|v| at or above this (or inf) is a saturating constant (masks), not an activation."""
@@ -114,14 +115,15 @@ class Span:
 
 @dataclass
 class Finding:
-    """One problem: ``mechanism`` is "output", "internal", "parameter" or "input"."""
+    """One problem: ``mechanism`` is a ``Mechanism`` ("output", "internal", "parameter",
+    "input", "note"), ``kind`` a ``FindingKind`` ("overflow", "norm-variance", ...); both
+    are their strings, so a report read back from JSON compares equal."""
 
     site: str
     mechanism: str
     peak: float
     detail: str
-    kind: str = ""  # finer: "overflow", "norm-variance", "sum-before-mean", "softmax-exp",
-    # "rms-square", "param-overflow", "param-subnormal", "param-underflow", "nonfinite"
+    kind: str = ""  # finer than the mechanism: a FindingKind
     batch: int = -1
     tensor: str = ""  # for parameters/buffers: "running_var"; for internal: what overflows
     count: int = 0
@@ -139,7 +141,7 @@ class ReportMeta:
     schema_version: int = SCHEMA_VERSION
     weights: dict[str, list[float]] = field(default_factory=dict)
     # the weights the ranges were measured with: tensor name -> [numel, Σv, Σ|v|, Σv·ramp]
-    # (fp16lens.watch._fingerprint); {} for reports made by hand or before version 2
+    # (fp16lens._core.fingerprint); {} for reports made by hand or before version 2
 
 
 @dataclass
@@ -163,7 +165,7 @@ class Report:
     # ---- queries -------------------------------------------------------------------
     @property
     def clean(self) -> bool:
-        return not self.spans and all(f.mechanism == "note" for f in self.findings)
+        return not self.spans and all(f.mechanism == Mechanism.NOTE for f in self.findings)
 
     def findings_by(self, mechanism: str) -> list[Finding]:
         return [f for f in self.findings if f.mechanism == mechanism]

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fp16lens._core import ReportError, import_optional
+from fp16lens._core.sites import Mechanism
 from fp16lens.report._fmt import LOG2_MAX, LOG2_MIN_NORMAL, log2_abs
 from fp16lens.report._model import Report
 
@@ -140,7 +141,7 @@ def _draw_spans(ax, report: Report, pos: dict[str, int], opts: PlotOptions) -> N
 def _draw_internal(ax, report: Report, pos: dict[str, int], top: float) -> None:
     points = [
         (pos[f.site], min(log2_abs(f.peak), top))
-        for f in report.findings_by("internal")
+        for f in report.findings_by(Mechanism.INTERNAL)
         if f.site in pos
     ]
     if points:

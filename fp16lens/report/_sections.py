@@ -7,6 +7,7 @@ import math
 from rich.console import Group, RenderableType
 from rich.text import Text
 
+from fp16lens._core.sites import Mechanism
 from fp16lens.report import _fmt
 from fp16lens.report._blocks import ViewOptions, fix_line, heading, indent, more, peak_key
 from fp16lens.report._model import Report, SiteStats, Span
@@ -20,13 +21,13 @@ def _worst_site(report: Report) -> SiteStats | None:
 def _verdict_counts(report: Report) -> str:
     parts = [
         _fmt.plural(len(report.spans), "overflow span"),
-        _fmt.plural(len(report.findings_by("internal")), "internal risk"),
-        _fmt.plural(len(report.findings_by("parameter")), "parameter problem"),
+        _fmt.plural(len(report.findings_by(Mechanism.INTERNAL)), "internal risk"),
+        _fmt.plural(len(report.findings_by(Mechanism.PARAMETER)), "parameter problem"),
     ]
-    inputs = report.findings_by("input")
+    inputs = report.findings_by(Mechanism.INPUT)
     if inputs:
         parts.append(_fmt.plural(len(inputs), "input problem"))
-    notes = report.findings_by("note")
+    notes = report.findings_by(Mechanism.NOTE)
     if notes:
         parts.append(_fmt.plural(len(notes), "note"))
     return ", ".join(parts)
@@ -41,7 +42,7 @@ def verdict(report: Report) -> RenderableType:
         return Text(f"? {name}: no sites recorded; run the model inside fp16lens.watch(model)")
     where = f"worst headroom {_fmt.bits(worst.headroom)} bits at {worst.name}"
     if report.clean:
-        notes = report.findings_by("note")
+        notes = report.findings_by(Mechanism.NOTE)
         return Text.assemble(
             ("✓ ", "bold green"),
             f"{name} is FP16-safe: {len(report.sites)} sites in range over {batches}; "

@@ -1,6 +1,6 @@
 """The fix for an overflow span, as fp16lens.patch plans it, in words.
 
-A span is rescaled when a region exists (DESIGN.md, the rescaling algebra): absorbing
+A span is rescaled when a region exists (docs/DESIGN.md, the rescaling algebra): absorbing
 entries (conv/linear/BN, or the producers of a homogeneous start), homogeneous or
 absorbing ops inside, absorbing or scale-invariant exits. A blocking *module* inside
 (GELU, Sigmoid) becomes a scaled FP32 island; a blocking *functional* op cannot be

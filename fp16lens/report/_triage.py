@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import math
 
+from fp16lens._core.sites import FindingKind, Mechanism
 from fp16lens.report._advice import headline, param_name, suggest_fix
 from fp16lens.report._fmt import value
 from fp16lens.report._model import Finding, Report, Span
 
-_PARAM_RANK = {"param-overflow": 3, "param-underflow": 5, "param-subnormal": 6}
+_PARAM_RANK = {FindingKind.PARAM_OVERFLOW: 3, FindingKind.PARAM_UNDERFLOW: 5, FindingKind.PARAM_SUBNORMAL: 6}
 
 
 def _rank(item: Span | Finding) -> tuple[int, float]:
@@ -16,11 +17,11 @@ def _rank(item: Span | Finding) -> tuple[int, float]:
     peak = item.peak if math.isfinite(item.peak) else math.inf
     if isinstance(item, Span):
         return (1 if math.isinf(peak) else 2 + item.fused * 2, -peak)
-    if item.mechanism == "input":
+    if item.mechanism == Mechanism.INPUT:
         return (0, -peak)
-    if item.mechanism == "parameter":
+    if item.mechanism == Mechanism.PARAMETER:
         return (_PARAM_RANK.get(item.kind, 3), -peak)
-    if item.mechanism == "note":
+    if item.mechanism == Mechanism.NOTE:
         return (7, -peak)
     return (4, -peak)
 
@@ -29,13 +30,13 @@ def problems(report: Report) -> list[Span | Finding]:
     """Spans and the findings a span does not already stand for, most important first."""
     starts = {s.start for s in report.spans}
     items: list[Span | Finding] = list(report.spans)
-    items += [f for f in report.findings if not (f.mechanism == "output" and f.site in starts)]
+    items += [f for f in report.findings if not (f.mechanism == Mechanism.OUTPUT and f.site in starts)]
     return sorted(items, key=_rank)
 
 
 def next_step(report: Report) -> str:
     """The single most important thing to do, or "" for a clean report."""
-    items = [i for i in problems(report) if not (isinstance(i, Finding) and i.mechanism == "note")]
+    items = [i for i in problems(report) if not (isinstance(i, Finding) and i.mechanism == Mechanism.NOTE)]
     if not items:
         return ""
     first = items[0]
@@ -61,28 +62,28 @@ def _norm_consequence(f: Finding) -> str:
 
 def trt_consequence(f: Finding) -> str:
     """One sentence on what an internal risk does in a TensorRT FP16 engine ("" if none)."""
-    if f.mechanism != "internal":
+    if f.mechanism != Mechanism.INTERNAL:
         return ""
-    if f.kind == "norm-variance":
+    if f.kind == FindingKind.NORM_VARIANCE:
         return _norm_consequence(f)
-    if f.kind == "rms-square":
+    if f.kind == FindingKind.RMS_SQUARE:
         return (
             f"On TensorRT: a decomposed RMSNorm (Pow, ReduceMean, Sqrt) stores x^2 up to "
             f"{value(f.peak)} in FP16: inf, and the output becomes 0"
         )
-    if f.kind == "sum-before-mean":
+    if f.kind == FindingKind.SUM_BEFORE_MEAN:
         return (
             f"On TensorRT: where the reduction accumulates in FP16 (a ReduceSum before the "
             f"division, an FP16 pooling kernel), the sum reaches {value(f.peak)}: inf, and "
             "so is the mean"
         )
-    if f.kind == "attention-scores":
+    if f.kind == FindingKind.ATTENTION_SCORES:
         return (
             f"On TensorRT: an unfused attention (MatMul, Softmax) stores the scores "
             f"({value(f.peak)}) in FP16: inf, and the softmax turns them into NaN; a fused "
             "attention kernel keeps them in FP32"
         )
-    if f.kind == "sum-of-squares":
+    if f.kind == FindingKind.SUM_OF_SQUARES:
         return (
             f"On TensorRT: ReduceL2/ReduceSumSquare in FP16 stores the sum of squares "
             f"({value(f.peak)}): inf"

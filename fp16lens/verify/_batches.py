@@ -6,7 +6,7 @@ from collections.abc import Iterable
 
 import torch
 
-from fp16lens._core import Fp16LensError
+from fp16lens._core import VerifyError
 
 
 def as_batches(inputs) -> list[tuple]:
@@ -21,12 +21,12 @@ def as_batches(inputs) -> list[tuple]:
     elif isinstance(inputs, Iterable) and not isinstance(inputs, (str, bytes, dict)):
         batches = list(inputs)
     else:
-        raise Fp16LensError(
+        raise VerifyError(
             f"inputs must be a tensor, a tuple of positional tensors, or an iterable of "
             f"those (one per batch); got {type(inputs).__name__}"
         )
     if not batches:
-        raise Fp16LensError("inputs holds no batch; pass at least one representative input")
+        raise VerifyError("inputs holds no batch; pass at least one representative input")
     return [b if isinstance(b, tuple) else (b,) for b in batches]
 
 

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
+from fp16lens._core import VerifyError
+
 
 @dataclass(frozen=True)
 class OutputMetrics:
@@ -61,8 +63,9 @@ class Accumulator:
 
     def update(self, ref: torch.Tensor, cand: torch.Tensor) -> None:
         if ref.shape != cand.shape:
-            raise ValueError(
-                f"output shapes differ: reference {tuple(ref.shape)}, candidate {tuple(cand.shape)}"
+            raise VerifyError(
+                f"output shapes differ: reference {tuple(ref.shape)}, candidate {tuple(cand.shape)}; "
+                "verify a candidate exported from (or patched from) this model, on the same inputs"
             )
         if not ref.is_floating_point():
             self.is_float = False

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from fp16lens._core import Fp16LensError, import_optional
+from fp16lens._core import VerifyError, import_optional
 from fp16lens.verify._align import first_departure
 from fp16lens.verify._onnx_graph import float_tensors, fp32_compute, producers, tensor_types
 from fp16lens.verify._onnx_sites import site_of_node
@@ -38,7 +38,7 @@ def load(path: str | Path):
     onnx = import_optional("onnx", "onnx", "running an ONNX candidate")
     path = Path(path)
     if not path.is_file():
-        raise Fp16LensError(
+        raise VerifyError(
             f"ONNX candidate {path} does not exist; export one with fp16lens.export(...)"
         )
     return onnx.load(str(path))
@@ -66,7 +66,7 @@ class OnnxRunner:
     def feed(self, batch: tuple, names: list[str]) -> dict[str, np.ndarray]:
         tensors = [a for a in batch if torch.is_tensor(a)]
         if len(tensors) != len(names):
-            raise Fp16LensError(
+            raise VerifyError(
                 f"{self.path.name} takes {len(names)} input(s) ({', '.join(names)}) but the batch "
                 f"holds {len(tensors)} tensor(s); pass the inputs the model was exported with"
             )

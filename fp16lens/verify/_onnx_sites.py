@@ -13,6 +13,7 @@ import ast
 
 from torch import nn
 
+from fp16lens._core.sites import site_name
 from fp16lens.watch._ops import is_builtin_leaf
 
 _MODULE, _OP = "fp16lens.module", "fp16lens.op"
@@ -41,4 +42,4 @@ def site_of_node(node, model: nn.Module | None) -> str | None:
     owner = modules.get(module)
     if (owner is not None and is_builtin_leaf(owner)) or not op:
         return module
-    return f"{module}:{op}"
+    return site_name(module, op)

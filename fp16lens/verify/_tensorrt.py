@@ -17,14 +17,14 @@ import numpy as np
 import torch
 from torch import nn
 
-from fp16lens._core import Fp16LensError, import_optional
+from fp16lens._core import VerifyError, import_optional
 from fp16lens.verify._onnx import OnnxRunner
 from fp16lens.verify._torch import TorchFp16, tensor_leaves
 
 
 def _require_cuda(backend: str) -> None:
     if not torch.cuda.is_available():
-        raise Fp16LensError(
+        raise VerifyError(
             f"backend {backend!r} needs a CUDA GPU; on a CPU use 'onnx-fp16' or 'torch-emulated'"
         )
 

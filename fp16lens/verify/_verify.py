@@ -12,7 +12,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from fp16lens._core import Fp16LensError, import_optional
+from fp16lens._core import VerifyError, import_optional
 from fp16lens.verify._batches import as_batches, cast_floats, model_device
 from fp16lens.verify._metrics import Accumulator
 from fp16lens.verify._options import INT8_BACKENDS, Tolerance, check_backend, resolve_tolerance
@@ -46,7 +46,7 @@ def verify(
     torch-emulated keeps TensorRT-fused pre-activations unrounded.
     """
     if not isinstance(model, nn.Module):
-        raise Fp16LensError(
+        raise VerifyError(
             f"verify needs the FP32 reference as a torch.nn.Module, got {type(model).__name__}; "
             "pass the original model object itself (not its state_dict or a path)"
         )
@@ -95,7 +95,7 @@ def _compare(model, runner, batches, backend, tol, metric) -> ParityResult:
 def _accumulate(accs, ref_leaves, cand: list[torch.Tensor], tol: Tolerance) -> bool:
     """Add one batch to the running metrics; whether this batch alone fails."""
     if len(ref_leaves) != len(cand):
-        raise Fp16LensError(
+        raise VerifyError(
             f"the candidate returns {len(cand)} tensor(s), the model {len(ref_leaves)}; "
             "verify a candidate exported from (or patched from) this model"
         )
@@ -143,7 +143,7 @@ def _runner(model: nn.Module, candidate, backend: str, fusions: bool):
     wants_path = backend in ("onnx-fp16", "onnx-int8", "tensorrt")
     if is_path != wants_path or not (is_path or isinstance(candidate, nn.Module)):
         need = "an ONNX file path" if wants_path else "an nn.Module"
-        raise Fp16LensError(
+        raise VerifyError(
             f"backend {backend!r} needs {need} as candidate, got {type(candidate).__name__}; "
             "pass a model (or a patched copy) with backend 'torch-fp16'/'torch-emulated', "
             "or an exported ONNX path with 'onnx-fp16'/'onnx-int8'/'tensorrt'"

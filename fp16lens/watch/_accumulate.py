@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from fp16lens.report._model import HIST_BINS, HIST_MIN_EXP
+from fp16lens.report import HIST_BINS, HIST_MIN_EXP
 from fp16lens.watch._ops import MATMUL_LIKE
 from fp16lens.watch._recorder import INPUT_SITE, Forward, SiteInfo
 from fp16lens.watch._spans import find_spans

@@ -6,10 +6,12 @@ import math
 
 import torch
 
-from fp16lens.report._model import Finding, Report, ReportMeta, SiteStats, Span
+from fp16lens._core.fingerprint import fingerprint
+from fp16lens._core.sites import FindingKind, Mechanism
+from fp16lens._core.version import __version__
+from fp16lens.report import Finding, Report, ReportMeta, SiteStats, Span
 from fp16lens.watch import _internal
 from fp16lens.watch._accumulate import Accumulator, SiteAcc, SiteCounts, SpanAcc
-from fp16lens.watch._fingerprint import fingerprint
 from fp16lens.watch._fxnames import model_class
 from fp16lens.watch._harm import judge
 from fp16lens.watch._params import ParamCheck
@@ -46,16 +48,16 @@ def _span(acc: SpanAcc, infos: list[SiteInfo]) -> Span:
 def _span_finding(span: Span, start_op: str, threshold: float) -> Finding:
     where = "the model output" if span.end is None else ", ".join(span.ends[:3])
     if (not math.isfinite(span.peak) and not math.isinf(span.peak)) or math.isinf(span.peak):
-        kind, detail = "nonfinite", (
+        kind, detail = FindingKind.NONFINITE, (
             f"{span.start} produces inf/NaN already in FP32; the model itself is broken there"
         )
     elif start_op == "exp":
-        kind, detail = "softmax-exp", (
+        kind, detail = FindingKind.SOFTMAX_EXP, (
             f"exp overflows FP16 for arguments above {LN_FP16_MAX:.2f} (peak {span.peak:.3g}); "
             "subtract the row max first: torch.softmax does, and TensorRT's Softmax is stable"
         )
     else:
-        kind, detail = "overflow", (
+        kind, detail = FindingKind.OVERFLOW, (
             f"values leave FP16 range at {span.start} (peak {span.peak:.3g} at "
             f"{span.peak_site}, {span.peak / threshold:.1f}x the limit) and return at {where}"
         )
@@ -64,14 +66,12 @@ def _span_finding(span: Span, start_op: str, threshold: float) -> Finding:
             "; TensorRT fuses this conv/linear with the op that brings it back, so the "
             "value is stored in FP16 only where that fusion does not happen"
         )
-    return Finding(site=span.start, mechanism="output", kind=kind, peak=span.peak,
+    return Finding(site=span.start, mechanism=Mechanism.OUTPUT, kind=kind, peak=span.peak,
                    detail=detail, batch=span.first_batch)
 
 
 def build_report(acc: Accumulator, infos: list[SiteInfo], params: list[ParamCheck],
                  model: torch.nn.Module, threshold: float) -> Report:
-    from fp16lens import __version__
-
     counts = acc.counts()
     sites = {infos[s].name: _site_stats(infos[s], a, counts[s]) for s, a in sorted(acc.sites.items())}
     # in the order they first overflowed: a module reused in a loop may overflow late
@@ -81,7 +81,7 @@ def build_report(acc: Accumulator, infos: list[SiteInfo], params: list[ParamChec
                 for s, a in zip(spans, in_time)]
     for (sid, kind), ia in sorted(acc.internal.items()):
         findings.append(Finding(
-            site=infos[sid].name, mechanism="internal", kind=kind, peak=ia.peak, batch=ia.batch,
+            site=infos[sid].name, mechanism=Mechanism.INTERNAL, kind=kind, peak=ia.peak, batch=ia.batch,
             detail=_internal.describe(kind, ia.peak, ia.ctx, threshold),
             tensor=ia.ctx.get("norm") or ia.ctx.get("op", ""),
         ))
@@ -90,7 +90,7 @@ def build_report(acc: Accumulator, infos: list[SiteInfo], params: list[ParamChec
     for sid, a in sorted(acc.sites.items()):
         if a.saturated:
             findings.append(Finding(
-                site=infos[sid].name, mechanism="note", kind="mask-constant", peak=math.inf,
+                site=infos[sid].name, mechanism=Mechanism.NOTE, kind=FindingKind.MASK_CONSTANT, peak=math.inf,
                 count=a.saturated,
                 detail=(
                     f"{a.saturated} values at |v| >= 1e30 (a masking constant such as "
@@ -107,7 +107,7 @@ def build_report(acc: Accumulator, infos: list[SiteInfo], params: list[ParamChec
         peak, batch = acc.upcast[worst]
         names = ", ".join(infos[s].name for s in sids[:4]) + (", ..." if len(sids) > 4 else "")
         findings.append(Finding(
-            site=infos[sids[0]].name, mechanism="note", kind="fp32-upcast", peak=peak, batch=batch,
+            site=infos[sids[0]].name, mechanism=Mechanism.NOTE, kind=FindingKind.FP32_UPCAST, peak=peak, batch=batch,
             count=len(sids),
             detail=(
                 f"{names}: values up to {peak:.3g} > {threshold:g}, computed in FP32 by a .half() "
@@ -118,7 +118,7 @@ def build_report(acc: Accumulator, infos: list[SiteInfo], params: list[ParamChec
     for k, ia in sorted(acc.inputs.items()):
         what = "inf/NaN" if ia.nonfinite else f"values up to {ia.peak:.3g}"
         findings.append(Finding(
-            site=f"input[{k}]", mechanism="input", kind="nonfinite" if ia.nonfinite else "overflow",
+            site=f"input[{k}]", mechanism=Mechanism.INPUT, kind=FindingKind.NONFINITE if ia.nonfinite else FindingKind.OVERFLOW,
             peak=ia.peak, batch=ia.batch, count=ia.nonfinite,
             detail=f"model input {k} holds {what} (batch {ia.batch}): a problem of the data, "
                    "not of the model; FP16 inputs cannot carry it",

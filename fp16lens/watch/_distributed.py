@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from fp16lens.report._merge import merge_reports
-from fp16lens.report._model import Report
+from fp16lens.report import Report, merge_reports
 
 
 def enabled(setting: bool | str) -> bool:

@@ -19,8 +19,10 @@ from __future__ import annotations
 import dataclasses
 
 from fp16lens._core import half_step
-from fp16lens.report._model import Finding, SiteStats
-from fp16lens.watch._params import REL_STEP, ParamCheck
+from fp16lens._core.flush import REL_STEP
+from fp16lens._core.sites import Mechanism
+from fp16lens.report import Finding, SiteStats
+from fp16lens.watch._params import ParamCheck
 
 
 def _joined(module: str, sites: dict[str, SiteStats]) -> list[SiteStats]:
@@ -78,7 +80,7 @@ def judge(checks: list[ParamCheck], sites: dict[str, SiteStats],
             continue
         harmless, why = _verdict(check, sites, edges)
         out.append(dataclasses.replace(
-            check.finding, mechanism="note" if harmless else "parameter",
+            check.finding, mechanism=Mechanism.NOTE if harmless else Mechanism.PARAMETER,
             detail=f"{check.finding.detail}; {why}",
         ))
     return out

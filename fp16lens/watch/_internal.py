@@ -11,6 +11,7 @@ import math
 
 import torch
 
+from fp16lens._core.sites import FindingKind
 from fp16lens.watch._tensorstats import absmax
 
 
@@ -44,7 +45,7 @@ def _reduced_dims(x: torch.Tensor, dim) -> tuple[int, ...]:
 
 def check_layer_norm(x: torch.Tensor, shape) -> tuple:
     """A LayerNorm over the last ``len(shape)`` dims of ``x``, decomposed: (x-mean)^2."""
-    return "norm-variance", _dev_sq(x, tuple(range(-len(shape), 0))), {"norm": "LayerNorm", "opset": 17}
+    return FindingKind.NORM_VARIANCE, _dev_sq(x, tuple(range(-len(shape), 0))), {"norm": "LayerNorm", "opset": 17}
 
 
 def _layer_norm(b, out):
@@ -54,7 +55,7 @@ def _layer_norm(b, out):
 def _group_norm(b, out):
     x = b["input"]
     xr = x.reshape(b["N"], b["group"], -1)
-    return "norm-variance", _dev_sq(xr, (-1,)), {"norm": "GroupNorm", "opset": 18}
+    return FindingKind.NORM_VARIANCE, _dev_sq(xr, (-1,)), {"norm": "GroupNorm", "opset": 18}
 
 
 def _batch_norm(b, out):
@@ -62,31 +63,31 @@ def _batch_norm(b, out):
         return None  # eval batch norm uses running statistics: a single affine op
     x = b["input"]
     dims = (0, *range(2, x.dim()))
-    return "norm-variance", _dev_sq(x, dims), {"norm": "InstanceNorm/BatchNorm (batch statistics)", "opset": None}
+    return FindingKind.NORM_VARIANCE, _dev_sq(x, dims), {"norm": "InstanceNorm/BatchNorm (batch statistics)", "opset": None}
 
 
 def _rms_norm(b, out):
     x = b["input"]
     a = absmax(x)
-    return "rms-square", a * a, {"norm": "RMSNorm"}
+    return FindingKind.RMS_SQUARE, a * a, {"norm": "RMSNorm"}
 
 
 def _var(b, out):
     x = b["input"] if "input" in b else b["self"]
     dims = _reduced_dims(x, b.get("dim"))
-    return "norm-variance", _dev_sq(x, dims), {"norm": "var/std", "opset": None}
+    return FindingKind.NORM_VARIANCE, _dev_sq(x, dims), {"norm": "var/std", "opset": None}
 
 
 def _mean(b, out):
     x = b["self"]
     n = math.prod(x.shape[d] for d in _reduced_dims(x, b.get("dim")))
-    return "sum-before-mean", absmax(out) * n, {"op": "mean", "n": n}
+    return FindingKind.SUM_BEFORE_MEAN, absmax(out) * n, {"op": "mean", "n": n}
 
 
 def _avg_pool(b, out):
     k = b["kernel_size"]
     n = b.get("divisor_override") or math.prod(k if isinstance(k, (list, tuple)) else [k])
-    return "sum-before-mean", absmax(out) * n, {"op": "average pooling", "n": n}
+    return FindingKind.SUM_BEFORE_MEAN, absmax(out) * n, {"op": "average pooling", "n": n}
 
 
 def _adaptive_avg_pool(b, out):
@@ -95,14 +96,14 @@ def _adaptive_avg_pool(b, out):
     n = math.prod(
         math.ceil(x.shape[-spatial + i] / max(out.shape[-spatial + i], 1)) for i in range(spatial)
     )
-    return "sum-before-mean", absmax(out) * n, {"op": "adaptive average pooling", "n": n}
+    return FindingKind.SUM_BEFORE_MEAN, absmax(out) * n, {"op": "adaptive average pooling", "n": n}
 
 
 def _vector_norm(b, out):
     if b.get("ord", 2) not in (2, 2.0, None):
         return None
     a = absmax(out)
-    return "sum-of-squares", a * a, {"op": "vector norm"}
+    return FindingKind.SUM_OF_SQUARES, a * a, {"op": "vector norm"}
 
 
 _SCORES_CHUNK = 1 << 22  # score elements computed at a time
@@ -129,7 +130,7 @@ def _attention(b, out):
     q, k = b["query"], b["key"]
     scale = b.get("scale")
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    return "attention-scores", scores_absmax(q, k, scale), {"op": "scaled dot-product attention"}
+    return FindingKind.ATTENTION_SCORES, scores_absmax(q, k, scale), {"op": "scaled dot-product attention"}
 
 
 CHECKS = {
@@ -217,26 +218,26 @@ def check(name: str, func, args, kwargs, out: torch.Tensor, absmax_of=None,
 
 def describe(kind: str, peak: float, ctx: dict, threshold: float) -> str:
     """One sentence: what overflows inside the op, and by how much."""
-    if kind == "norm-variance":
+    if kind == FindingKind.NORM_VARIANCE:
         opset = f" exported below opset {ctx['opset']}" if ctx.get("opset") else ""
         return (
             f"{ctx['norm']}{opset} computes (x-mean)^2 in FP16 when decomposed: "
             f"{peak:.3g} > {threshold:g} (|x-mean| up to {math.sqrt(peak):.3g}); "
             "the fused op's output stays in range"
         )
-    if kind == "rms-square":
+    if kind == FindingKind.RMS_SQUARE:
         return f"RMSNorm squares its input: x^2 up to {peak:.3g} > {threshold:g}"
-    if kind == "sum-before-mean":
+    if kind == FindingKind.SUM_BEFORE_MEAN:
         return (
             f"{ctx['op']} sums {ctx['n']} values before dividing: |sum| up to {peak:.3g} "
             f"> {threshold:g}, though the mean ({peak / ctx['n']:.3g}) fits"
         )
-    if kind == "sum-of-squares":
+    if kind == FindingKind.SUM_OF_SQUARES:
         return (
             f"the vector norm sums x^2 before the square root: up to {peak:.3g} > "
             f"{threshold:g}, though the norm ({math.sqrt(peak):.3g}) fits"
         )
-    if kind == "attention-scores":
+    if kind == FindingKind.ATTENTION_SCORES:
         return (
             f"attention scores QK^T*scale reach {peak:.3g} > {threshold:g}: a fused kernel keeps "
             "them in FP32, but an unfused graph (ONNX MatMul, Softmax) stores them in FP16"

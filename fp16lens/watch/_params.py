@@ -12,47 +12,14 @@ from dataclasses import dataclass
 import torch
 
 from fp16lens._core import FP16_MIN_NORMAL, FP16_MIN_SUBNORMAL
-from fp16lens.report._model import Finding
+from fp16lens._core.flush import FlushLoss, flush_loss
+from fp16lens._core.sites import FindingKind, Mechanism
+from fp16lens.report import Finding
 from fp16lens.watch._options import WatchOptions
 
 # Batch-norm statistics are folded into the conv in FP32 before deployment, and tiny values
 # vanish next to eps anyway: flushing them is harmless (their overflow is not, see above).
 _FOLDED_STATS = frozenset({"running_mean", "running_var"})
-REL_STEP = 2.0**-11
-"""FP16's relative rounding (half an ulp): what every normal FP16 weight already loses."""
-
-
-@dataclass(frozen=True)
-class FlushLoss:
-    """What storing a tensor in FP16 loses through its values below 2^-14 (pure numbers).
-
-    value: the largest change of one value (flushed: all of it; subnormal: the rounding).
-    slice: the largest sum of those changes over one output channel (slices along axis 0
-        in PyTorch's layout; a 1-D tensor's channels are its values).
-    rel: the largest ``slice`` divided by that slice's sum of |w|.
-    """
-
-    value: float
-    slice: float
-    rel: float
-
-
-def flush_loss(t: torch.Tensor, axes: tuple[int, ...] = (0,)) -> FlushLoss:
-    """Pure: the loss FP16 makes in ``t`` below its normal range, per value and per slice
-    (the worst over ``axes``, each taken as the output-channel axis)."""
-    x = t.detach().float().reshape(t.shape if t.dim() else (1,))
-    small = x.abs() < FP16_MIN_NORMAL
-    err = torch.where(small, (x - x.half().float()).abs(), 0.0)
-    lost, rel = 0.0, 0.0
-    for axis in axes if x.dim() > 1 else (0,):
-        other = [d for d in range(x.dim()) if d != axis % x.dim()]
-        per = err.sum(other) if other else err
-        mass = x.abs().sum(other) if other else x.abs()
-        lost = max(lost, float(per.max()))
-        rel = max(rel, float(torch.where(mass > 0, per / mass.clamp_min(1e-45), 0.0).max()))
-    return FlushLoss(float(err.max()), lost, rel)
-
-
 @dataclass(frozen=True)
 class ParamCheck:
     """One finding about a parameter/buffer, with what its FP16 loss is for ``judge``."""
@@ -74,7 +41,7 @@ def _overflow(name: str, t: torch.Tensor, a: torch.Tensor, threshold: float) -> 
     module, tensor = _owner(name)
     over = int((a > threshold).sum()) + int(a.isnan().sum())
     return Finding(
-        site=module, mechanism="parameter", kind="param-overflow", peak=peak,
+        site=module, mechanism=Mechanism.PARAMETER, kind=FindingKind.PARAM_OVERFLOW, peak=peak,
         tensor=tensor, count=over,
         detail=(
             f"{name}: {over} of {t.numel()} values beyond FP16 "
@@ -100,18 +67,18 @@ def _small(name: str, af: torch.Tensor, options: WatchOptions) -> Finding | None
     under_mass = float(torch.where(tiny, af, 0).sum()) / total
     smallest = float(torch.where(af > 0, af, torch.inf).min())
     if under and under_mass >= options.param_underflow_share:
-        kind, count, what = "param-underflow", under, (
+        kind, count, what = FindingKind.PARAM_UNDERFLOW, under, (
             f"are below 2^-24 and become 0 in FP16 ({under_mass:.0%} of the tensor's magnitude)"
         )
     elif sub and sub_mass >= options.param_subnormal_share:
-        kind, count, what = "param-subnormal", sub, (
+        kind, count, what = FindingKind.PARAM_SUBNORMAL, sub, (
             f"are subnormal in FP16 (< 2^-14, {sub_mass:.0%} of the tensor's magnitude) and "
             "lose precision"
         )
     else:
         return None
     return Finding(
-        site=module, mechanism="parameter", kind=kind, peak=smallest, tensor=tensor, count=count,
+        site=module, mechanism=Mechanism.PARAMETER, kind=kind, peak=smallest, tensor=tensor, count=count,
         detail=f"{name}: {count} of {nz} non-zero values {what}",
     )
 

@@ -14,7 +14,8 @@ from typing import Any
 import torch
 
 from fp16lens._core import WatchError
-from fp16lens.report._model import Report
+from fp16lens._core.model_dtype import model_float_dtype
+from fp16lens.report import Report
 from fp16lens.watch._lens import watch
 
 _HOW = "pass a list of batches: scan(model, [x]), scan(model, [(x1, x2)]) or scan(model, loader)"
@@ -77,14 +78,6 @@ def _call(model: torch.nn.Module, batch: Any) -> None:
         if mismatch is None:
             raise
         raise WatchError(f"the model failed on its input ({mismatch}): {str(exc).splitlines()[0]}") from exc
-
-
-def model_float_dtype(model: torch.nn.Module) -> torch.dtype | None:
-    """The dtype of the model's first floating parameter (or buffer); None when it has none."""
-    for t in (*model.parameters(), *model.buffers()):
-        if t.is_floating_point():
-            return t.dtype
-    return None
 
 
 def dtype_mismatch(model: torch.nn.Module, batch: Any) -> str | None:

@@ -9,8 +9,8 @@ import torch
 
 from fp16lens import patch, watch
 from fp16lens._core import ReportError, StaleReportError
+from fp16lens._core.fingerprint import changed, fingerprint
 from fp16lens.report import Report
-from fp16lens.watch._fingerprint import changed, fingerprint
 
 import models
 

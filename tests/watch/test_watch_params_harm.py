@@ -16,7 +16,7 @@ from rich.console import Console
 
 from fp16lens import watch
 from fp16lens._core import half_step
-from fp16lens.watch._params import REL_STEP, flush_loss
+from fp16lens._core.flush import REL_STEP, flush_loss
 
 import models
 
