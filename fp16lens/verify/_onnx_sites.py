@@ -13,7 +13,7 @@ import ast
 
 from torch import nn
 
-from fp16lens.watch._ops import is_builtin_leaf
+from fp16lens.watch import is_builtin_leaf
 
 _MODULE, _OP = "fp16lens.module", "fp16lens.op"
 _SCOPES = "pkg.torch.onnx.name_scopes"
