@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from fp16lens.report import Report
 from fp16lens.report._merge import merge_reports
-from fp16lens.report._model import Report
 
 
 def enabled(setting: bool | str) -> bool:

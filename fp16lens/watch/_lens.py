@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from fp16lens._core import WatchError
-from fp16lens.report._model import Report
+from fp16lens.report import Report
 from fp16lens.watch import _distributed
 from fp16lens.watch._accumulate import Accumulator
 from fp16lens.watch._build import build_report
