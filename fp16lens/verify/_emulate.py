@@ -20,9 +20,9 @@ import torch
 from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakIdKeyDictionary
 
-from fp16lens.verify._trace import SiteTracer, Trace, is_fp32_island
-from fp16lens.watch._halfdtypes import compute_index
-from fp16lens.watch._ops import op_name
+from fp16lens._core.sites import is_island as is_fp32_island
+from fp16lens.verify._trace import SiteTracer, Trace
+from fp16lens.watch import compute_index, op_name
 
 _STORED = (torch.float32, torch.float64)
 # chain stage -> ops that may continue a fused chain from it

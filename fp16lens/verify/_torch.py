@@ -13,7 +13,7 @@ from fp16lens.verify._align import first_departure
 from fp16lens.verify._batches import cast_floats, model_device
 from fp16lens.verify._emulate import StorageRounding, round_module_
 from fp16lens.verify._trace import SiteTracer, Trace, traced
-from fp16lens.watch._halfdtypes import fp32_compute_ops
+from fp16lens.watch import fp32_compute_ops
 
 
 def tensor_leaves(output) -> list[torch.Tensor]:

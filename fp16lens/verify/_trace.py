@@ -3,8 +3,8 @@
 A site is a module's qualified name (as ``named_modules()`` gives it) for a torch.nn
 leaf module, or ``module:op`` (``#k`` for the k-th in one call) for a functional op run
 in a module's own forward -- the names watch() uses. Module attribution follows the
-forward (pre-)hooks, as in PyTorch's ``ModuleTracker``; every hook is removed in
-``finally``. The tracer also notes the first op whose float output is non-finite.
+forward (pre-)hooks of watch's ``ModuleTracker`` (as in PyTorch's own); every hook is
+removed on exit. The tracer also notes the first op whose float output is non-finite.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from fp16lens.watch._ops import FACTORY, PASSTHROUGH, is_builtin_leaf, op_name
+from fp16lens.watch import FACTORY, PASSTHROUGH, Frame, ModuleTracker, op_name
 
 
 @dataclass
@@ -35,23 +35,14 @@ class Trace:
             self.records.append((site, tensor.detach().float().clone()))
 
 
-class _Frame:
-    def __init__(self, name: str, leaf: bool, island: bool = False):
-        self.name, self.leaf, self.island, self.counts = name, leaf, island, {}
-
-    def functional_site(self, op: str) -> str:
-        self.counts[op] = self.counts.get(op, 0) + 1
-        k = self.counts[op]
-        return f"{self.name}:{op}" if k == 1 else f"{self.name}:{op}#{k}"
-
-
 class SiteTracer(TorchDispatchMode):
-    """Records per-site outputs; subclasses may transform each op's outputs (``store``)."""
+    """Records per-site outputs; subclasses may transform each op's outputs (``store``).
+    The running module comes from ``tracker`` (set by ``traced``)."""
 
     def __init__(self, trace: Trace):
         super().__init__()
         self.trace = trace
-        self.stack: list[_Frame] = []
+        self.tracker: ModuleTracker | None = None
 
     def store(self, func, outputs: list[torch.Tensor]) -> None:
         """Hook for subclasses: what storing the op's outputs does (nothing here)."""
@@ -70,13 +61,15 @@ class SiteTracer(TorchDispatchMode):
         return out
 
     def _note(self, func, floats: list[torch.Tensor]) -> None:
-        frame = self.stack[-1] if self.stack else _Frame("", False)
+        frame = self.tracker.top if self.tracker is not None else None
+        if frame is None:  # outside the model's modules: named as in its root
+            frame = Frame("", None, False, False, False)
         name = op_name(func)
         if name in FACTORY:
             return
         site = frame.name if frame.leaf else None
         if site is None and name not in PASSTHROUGH:
-            site = frame.functional_site(name)
+            site = frame.op_site(name)
             self.trace.add(site, floats[0])
         if not self.trace.find_nonfinite or self.trace.first_nonfinite is not None:
             return
@@ -84,20 +77,16 @@ class SiteTracer(TorchDispatchMode):
             self.trace.first_nonfinite = site or frame.name
             self.trace.first_nonfinite_op = (frame.name, func.overloadpacket.__name__)
 
-    def push(self, name: str, module: nn.Module) -> None:
-        island = is_fp32_island(module)
-        self.stack.append(_Frame(name, is_builtin_leaf(module), island))
-
     @property
     def in_island(self) -> bool:
         """Inside a module that keeps itself FP32 under ``.half()`` (patch's Fp32Island)."""
-        return any(f.island for f in self.stack)
+        return self.tracker is not None and self.tracker.in_island
 
-    def leave(self, frame: _Frame, output) -> None:
+    def leave(self, frame: Frame, output) -> None:
         """Hook for subclasses: a module's forward returned ``output``."""
 
-    def pop(self, output) -> None:
-        frame = self.stack.pop()
+    def left(self, frame: Frame, args, output) -> None:
+        """The tracker's callback: ``frame`` was popped."""
         self.leave(frame, output)
         if frame.leaf:
             leaves = [
@@ -107,23 +96,13 @@ class SiteTracer(TorchDispatchMode):
                 self.trace.add(frame.name, leaves[0])
 
 
-def is_fp32_island(module: nn.Module) -> bool:
-    """A module that marks itself as computing in FP32 (``fp16lens_fp32 = True``)."""
-    return bool(getattr(module, "fp16lens_fp32", False))
-
-
 @contextlib.contextmanager
 def traced(model: nn.Module, tracer: SiteTracer):
     """Run ``model`` under ``tracer`` with module hooks; everything undone on exit."""
-    handles = []
+    tracker = ModuleTracker(model, on_leave=tracer.left)
+    tracer.tracker = tracker
     try:
-        for name, module in model.named_modules():
-            handles.append(module.register_forward_pre_hook(lambda m, a, n=name: tracer.push(n, m)))
-            handles.append(
-                module.register_forward_hook(lambda m, a, o: tracer.pop(o), always_call=True)
-            )
-        with tracer:
+        with tracker, tracer:
             yield tracer.trace
     finally:
-        for h in handles:
-            h.remove()
+        tracer.tracker = None

@@ -15,16 +15,19 @@ on ``meta``: then nothing is known and every op counts as FP16, as before.
 from __future__ import annotations
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map
 
-from fp16lens.watch._ops import FACTORY, PASSTHROUGH, op_name
+from fp16lens._core.sites import is_island
+from fp16lens.watch._ops import FACTORY, PASSTHROUGH, OpInfo, op_name
+from fp16lens.watch._tracker import pause_at_boundary
 
 
 def _fp32_owned(model: torch.nn.Module) -> set[str]:
     """Names of parameters/buffers that ``.half()`` leaves in FP32 (fp16lens islands)."""
     keep: set[str] = set()
     for prefix, m in model.named_modules(remove_duplicate=False):
-        if getattr(m, "fp16lens_fp32", False):
+        if is_island(m):
             dot = f"{prefix}." if prefix else ""
             keep.update(dot + n for n, _ in m.named_parameters(remove_duplicate=False))
             keep.update(dot + n for n, _ in m.named_buffers(remove_duplicate=False))
@@ -93,8 +96,6 @@ def fp32_compute_ops(model: torch.nn.Module, args, kwargs=None) -> set[int] | No
     or factories) of the ops a ``.half()`` model runs in FP32; None when the forward
     cannot run on meta. An FP32 run of the same code dispatches the same compute ops
     in the same order (a cast to float32 is not dispatched there, and not counted here)."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
     found: set[int] = set()
     count = [0]
 
@@ -132,3 +133,57 @@ def compute_index(func, out, count: list[int]) -> int | None:
         return None
     count[0] += 1
     return count[0] - 1
+
+
+class HalfTrace(TorchDispatchMode):
+    """The meta FP16 run of a watched model (``with HalfTrace(...): run_half_on_meta(...)``):
+    the (site, call number) pairs whose output is FP32 there, sites named by the
+    recorder's table from the tracker's frames. A ``nn.Linear`` is seen at its boundary,
+    as the recorder sees it (``enter``/``leave``, called by the recorder's hooks)."""
+
+    def __init__(self, tracker, table, ops: dict, all_ops: bool):
+        super().__init__()
+        self.tracker, self.table, self.ops, self.all_ops = tracker, table, ops, all_ops
+        self.base = len(tracker.stack)  # frames below are the real forward's
+        self.found: set[tuple[int, int]] = set()
+        self.calls: dict[int, int] = {}
+        self.paused = None  # (frame, exit stack) of the Linear whose ops are not seen
+
+    def note(self, site: int, out: torch.Tensor) -> None:
+        k = self.calls.get(site, 0)
+        self.calls[site] = k + 1
+        if out.dtype != torch.float16:
+            self.found.add((site, k))
+
+    def enter(self, frame) -> None:
+        if self.paused is None:
+            self.paused = pause_at_boundary(self, frame)
+
+    def leave(self, frame, output) -> None:
+        if self.paused is not None and self.paused[0] is frame:
+            if isinstance(output, torch.Tensor) and output.is_floating_point() and output.numel():
+                self.note(self.table.site(frame, ""), output)
+            self.unpause()
+
+    def unpause(self) -> None:
+        if self.paused is not None:
+            self.paused[1].close()
+            self.paused = None
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **kwargs) if kwargs else func(*args)
+        if len(self.tracker.stack) <= self.base:
+            return out
+        info = self.ops.get(func)
+        if info is None:
+            info = self.ops[func] = OpInfo.of(func)
+        if info.factory or info.passthrough:
+            return out
+        first = first_float(out)
+        if first is None or first.numel() == 0:
+            return out
+        frame = self.tracker.stack[-1]
+        if self.all_ops or frame.leaf:
+            self.note(self.table.site(frame, info.name), first)
+        return out
+

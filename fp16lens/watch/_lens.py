@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import weakref
 from typing import Any
 
 import torch
 
 from fp16lens._core import WatchError
-from fp16lens.report._model import Report
+from fp16lens.report import Report
 from fp16lens.watch import _distributed
 from fp16lens.watch._accumulate import Accumulator
 from fp16lens.watch._build import build_report
@@ -54,6 +55,7 @@ class Lens:
         self._acc: Accumulator | None = None
         self._params: list = []
         self._report: Report | None = None
+        self._entered = contextlib.ExitStack()
 
     def __enter__(self) -> Lens:
         _check_model(self.model)
@@ -62,11 +64,12 @@ class Lens:
         self._acc = Accumulator(self.options.threshold, rec.sites)
         self._recorder = rec
         _ACTIVE.add(self.model)
+        self._entered = contextlib.ExitStack()
         try:
-            rec.attach()
-            rec.__enter__()
+            self._entered.enter_context(rec.tracker)  # module hooks
+            self._entered.enter_context(rec)  # the dispatch mode
         except BaseException:
-            rec.detach()
+            self._entered.close()
             _ACTIVE.discard(self.model)
             raise
         return self
@@ -80,9 +83,8 @@ class Lens:
             rec.abort_forward()
         finally:
             try:
-                rec.__exit__(None, None, None)
+                self._entered.close()  # the mode left, then the hooks removed
             finally:
-                rec.detach()
                 _ACTIVE.discard(self.model)
         if exc is not None:
             if rec.last_site and hasattr(exc, "add_note"):

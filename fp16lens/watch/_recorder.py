@@ -6,33 +6,25 @@ to activations (producers are tracked through weak references to the tensors).
 
 from __future__ import annotations
 
-import contextlib
 import sys
 import weakref
 from dataclasses import dataclass, field
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode
+from torch.utils._python_dispatch import TorchDispatchMode
 
-from fp16lens.report._model import SATURATED
+from fp16lens._core.compat import dispatch_mode_paused
+from fp16lens.report import SATURATED
 from fp16lens.watch import _fused, _internal
-from fp16lens.watch._fxnames import graph_forwards, running_node
-from fp16lens.watch._halfdtypes import run_half_on_meta
-from fp16lens.watch._ops import BOUNDARY_MODULES, OpInfo, is_builtin_leaf
+from fp16lens.watch._halfdtypes import HalfTrace, run_half_on_meta
+from fp16lens.watch._ops import OpInfo
 from fp16lens.watch._options import WatchOptions
+from fp16lens.watch._sitetable import SiteInfo, SiteTable
 from fp16lens.watch._tensorstats import extremes, flat_view, take_sample
+from fp16lens.watch._tracker import Frame, ModuleTracker, pause_at_boundary
 
 INPUT_SITE = -1
 _DERIVE_MIN = 1 << 19  # below this many elements a pass costs less than deriving
-
-
-@dataclass
-class SiteInfo:
-    name: str
-    kind: str
-    op: str
-    module: str
-    order: int
 
 
 @dataclass
@@ -87,28 +79,22 @@ def _scalar_args(args, kwargs) -> bool:
 
 
 class Recorder(TorchDispatchMode):
-    """Records every op run inside the watched model's forward."""
+    """Records every op run inside the watched model's forward, attributed to the running
+    module by a ModuleTracker. Enter it as a dispatch mode while its tracker is attached."""
 
     def __init__(self, model: torch.nn.Module, options: WatchOptions, on_forward_end):
         super().__init__()
         self.options = options
-        self.root = model
-        self.names: dict[torch.nn.Module, str] = {}
-        for name, m in model.named_modules(remove_duplicate=False):
-            self.names.setdefault(m, name)
-        self.leaf = {m: is_builtin_leaf(m) for m in self.names}
-        self.graphs = graph_forwards(self.names)  # GraphModules: ops named by their fx node
-        # name, leaf, op counts, fp32, op recording suspended inside (see _pre)
-        self.stack: list[tuple[str, bool, dict[str, int], bool, bool]] = []
-        self.boundary = {m for m in self.names if type(m) in BOUNDARY_MODULES}
-        self.suspended = False
+        self.tracker = ModuleTracker(model, self._enter, self._leave)
+        self.stack = self.tracker.stack  # the running modules, innermost last
+        self.table = SiteTable(model, self.tracker.names)
+        self.sites: list[SiteInfo] = self.table.sites
         # (site id, call number within a forward) that a .half() model computes in FP32
         # (see _halfdtypes); None until traced, on the first forward call
         self.half_fp32: set[tuple[int, int]] | None = None if options.half_dtypes else set()
-        self.tracing = False  # running the model on meta in FP16 for half_fp32
+        self.trace: HalfTrace | None = None  # the meta FP16 run, while it runs
+        self.paused = None  # (frame, exit stack): the Linear recorded at its boundary
         self.calls: dict[int, int] = {}  # site id -> calls so far in this forward
-        self.sites: list[SiteInfo] = []
-        self.site_ids: dict[str, int] = {}
         # id(tensor) -> (weak ref, producer events, version counter, min, max) for the
         # tensors of the running forward call; the extremes are exact while the version
         # counter is unchanged (-1: not known). Cleared when the call ends.
@@ -119,72 +105,48 @@ class Recorder(TorchDispatchMode):
         self.last_site = ""
         self.raised_in = ""  # the innermost module whose forward raised
         self.on_forward_end = on_forward_end
-        self.handles: list = []
 
-    # ---- module hooks ------------------------------------------------------------
-    def attach(self) -> None:
-        for m in self.names:
-            self.handles.append(m.register_forward_pre_hook(self._pre, with_kwargs=True))
-            self.handles.append(m.register_forward_hook(self._post, always_call=True))
+    # ---- module boundaries (the tracker's callbacks) -------------------------------
+    def _enter(self, frame: Frame, args, kwargs) -> None:
+        if self.trace is not None:
+            self.trace.enter(frame)
+            return
+        if not self.stack:  # the model, or one of its modules called on its own
+            self._begin_forward(frame, args, kwargs)
+        # a Linear runs several aten ops (t, addmm, views) for one output: its output
+        # is recorded at the module boundary, with this mode paused inside
+        if self.paused is None:
+            self.paused = pause_at_boundary(self, frame)
 
-    def detach(self) -> None:
-        for h in self.handles:
-            h.remove()
-        self.handles.clear()
-        self.stack.clear()
-
-    def _pre(self, module, args, kwargs):
-        if not self.stack and not self.tracing:  # the model, or one of its modules called on its own
-            self._begin_forward(module, args, kwargs)
-        if self.forward is not None or self.tracing:
-            # modules that keep themselves in FP32 under .half() (fp16lens.patch's islands)
-            # store FP32 values inside: they are recorded but never out of FP16 range
-            fp32 = bool(getattr(module, "fp16lens_fp32", False)) or bool(self.stack and self.stack[-1][3])
-            # a Linear runs several aten ops (t, addmm, views) for one output: its output
-            # is recorded here at the module boundary, with op recording suspended inside
-            suspend = (module in self.boundary and not self.suspended
-                       and _get_current_dispatch_mode() is self)
-            self.stack.append((self.names.get(module, "?"), self.leaf.get(module, False), {}, fp32, suspend))
-            if suspend:
-                TorchDispatchMode.__exit__(self, None, None, None)
-                self.suspended = True
-        return None
-
-    def _post(self, module, args, output):
-        if self.tracing:
-            if self.stack:
-                if self.stack[-1][4]:
-                    if isinstance(output, torch.Tensor) and output.is_floating_point() and output.numel():
-                        self._trace_call(self._site(""), output)
-                    self._resume()
-                self.stack.pop()
-            return None
-        if self.forward is None or not self.stack:
-            return None
+    def _leave(self, frame: Frame, args, output) -> None:
+        if self.trace is not None:
+            self.trace.leave(frame, output)
+            return
+        if self.forward is None:
+            return
         raised = sys.exc_info()[1] is not None  # always_call hooks also run after a raise
         if not self.raised_in and raised:
-            self.raised_in = self.stack[-1][0]
-        if self.stack[-1][4]:  # still suspended: the stats ops below are not the model's
+            self.raised_in = frame.name
+        if self.paused is not None and self.paused[0] is frame:
+            # still paused: the stats ops below are not the model's
             if not raised and isinstance(output, torch.Tensor) and output.is_floating_point() and output.numel():
-                site = self._site("")
+                site = self.table.site(frame, "")
                 self.last_site = self.sites[site].name
                 eid = self._add_event(site, self._producers(args, {}), output)
-                self._mark_fp32(site, eid)
+                self._mark_fp32(site, eid, frame.fp32)
             self._resume()
-        self.stack.pop()
         if not self.stack:
             self._end_forward(output)
-        return None
 
     def _resume(self) -> None:
-        if self.suspended:
-            self.suspended = False
-            TorchDispatchMode.__enter__(self)
+        if self.paused is not None:
+            self.paused[1].close()
+            self.paused = None
 
     # ---- forward boundaries ------------------------------------------------------
-    def _begin_forward(self, module, args, kwargs) -> None:
+    def _begin_forward(self, frame: Frame, args, kwargs) -> None:
         if self.half_fp32 is None:
-            self._trace_half_dtypes(module, args, kwargs)
+            self._trace_half_dtypes(frame.module, args, kwargs)
         self.calls = {}
         fw = self.forward = Forward(index=self.forwards)
         self.raised_in = ""
@@ -207,26 +169,32 @@ class Recorder(TorchDispatchMode):
         self.on_forward_end(fw)
 
     def _trace_half_dtypes(self, module, args, kwargs) -> None:
-        """Run ``module`` in FP16 on meta once, recording which site calls come out FP32."""
+        """Run ``module`` in FP16 on meta once, recording which site calls come out FP32;
+        this mode is paused meanwhile, the trace's own mode sees the ops."""
         self.half_fp32 = set()
-        self.calls = {}
-        self.tracing = True
+        depth = len(self.stack)
+        self.trace = trace = HalfTrace(self.tracker, self.table, self.ops, self.options.ops)
         try:
-            run_half_on_meta(module, args, kwargs)
+            with dispatch_mode_paused(self), trace:
+                try:
+                    run_half_on_meta(module, args, kwargs)
+                finally:
+                    trace.unpause()
+            self.half_fp32 = trace.found
         except Exception:  # needs real values (or mixes devices): nothing known
             self.half_fp32 = set()
         finally:
-            self.tracing = False
-            self.stack.clear()
-            self._resume()
+            self.trace = None
+            del self.stack[depth:]
 
-    def _mark_fp32(self, site: int, eid: int) -> bool:
+    def _mark_fp32(self, site: int, eid: int, island: bool) -> bool:
         """Whether the event's values are FP32 in a .half() model (an island, or the
-        model's own FP32 compute): such values cannot overflow FP16."""
+        model's own FP32 compute; ``island``: run inside an FP32 island): such values
+        cannot overflow FP16."""
         upcast = (site, self._call_number(site)) in self.half_fp32
         if upcast:
             self.forward.half_fp32.add(eid)
-        if upcast or self.stack[-1][3]:
+        if upcast or island:
             self.forward.fp32.add(eid)
             return True
         return False
@@ -236,11 +204,6 @@ class Recorder(TorchDispatchMode):
         self.calls[site] = k + 1
         return k
 
-    def _trace_call(self, site: int, out: torch.Tensor) -> None:
-        k = self._call_number(site)
-        if out.dtype != torch.float16:
-            self.half_fp32.add((site, k))
-
     def abort_forward(self) -> None:
         """The forward raised: reduce what ran so far, with no outputs."""
         self._resume()
@@ -249,63 +212,22 @@ class Recorder(TorchDispatchMode):
             self._end_forward(None)
 
     # ---- events --------------------------------------------------------------------
-    def _site(self, op: str) -> int:
-        module, leaf, counts = self.stack[-1][:3]
-        if leaf:
-            name = module
-        else:
-            graph = self.graphs.get(module) if self.graphs else None
-            base = (running_node(graph) or op) if graph is not None else op
-            n = counts[base] = counts.get(base, 0) + 1
-            name = f"{module}:{base}#{n}" if n > 1 else f"{module}:{base}"
-        sid = self.site_ids.get(name)
-        if sid is None:
-            if leaf:
-                mod_obj = next((m for m, nm in self.names.items() if nm == module), None)
-                shown, kind = (type(mod_obj).__name__ if mod_obj is not None else op), "module"
-            else:
-                shown, kind = op, "op"
-            sid = self.site_ids[name] = len(self.sites)
-            self.sites.append(SiteInfo(name, kind, shown, module, sid))
-        return sid
-
-    def _fused_site(self, rel: str, op: str) -> int:
-        """The site of a step a fused kernel stores (see _fused.Stored): ``rel`` names an
-        op (":softmax") or a submodule ("norm1") of the running module, or an op of a
-        submodule ("self_attn:softmax"); ops are numbered as in _site."""
-        module, _, counts = self.stack[-1][:3]
-        sub, sep, what = rel.partition(":")
-        owner = f"{module}.{sub}" if module and sub else (sub or module)
-        name = owner
-        if not sep:  # a submodule: shown by its class, as when its forward runs
-            with contextlib.suppress(AttributeError):
-                op = type(self.root.get_submodule(owner)).__name__
-        else:
-            key = what if not sub else rel
-            n = counts[key] = counts.get(key, 0) + 1
-            name = f"{owner}:{what}#{n}" if n > 1 else f"{owner}:{what}"
-        sid = self.site_ids.get(name)
-        if sid is None:
-            sid = self.site_ids[name] = len(self.sites)
-            self.sites.append(SiteInfo(name, "op" if sep else "module", op, owner, sid))
-        return sid
-
     def _record_fused(self, name: str, func, args, kwargs, prods: tuple[int, ...]):
         """Events for the steps a fused kernel stores inside; returns the site of its
         output and that output's producers (the op's own when it is not decomposed)."""
         steps = _fused.stored(name, func, args, kwargs)
         if not steps:
-            return self._site(name), prods
+            return self.table.site(self.stack[-1], name), prods
         eids: list[int] = []
         for st in steps:
             ins = tuple(sorted({e for i in st.inputs for e in (prods if i < 0 else (eids[i],))}))
-            site = self._fused_site(st.name, st.op)
+            site = self.table.fused_site(self.stack[-1], st.name, st.op)
             if st.value is None:  # the op's output, recorded by the caller
                 out = site, ins
             else:
                 eids.append(self._add_event(site, ins, st.value))
-            fp32 = st.value is not None and self._mark_fp32(site, eids[-1])
-            if st.internal is not None and self.options.internal and not fp32 and not self.stack[-1][3]:
+            fp32 = st.value is not None and self._mark_fp32(site, eids[-1], self.stack[-1].fp32)
+            if st.internal is not None and self.options.internal and not fp32 and not self.stack[-1].fp32:
                 self.forward.internal.append((site, *st.internal))
         return out
 
@@ -428,27 +350,11 @@ class Recorder(TorchDispatchMode):
         self._remember(out, ent[1], *(rng or (None, None)), int(info.mutable))
         return out
 
-    def _trace_op(self, func, out) -> None:
-        """The meta FP16 run: the same site naming as a recorded forward, dtypes only."""
-        info = self.ops.get(func)
-        if info is None:
-            info = self.ops[func] = OpInfo.of(func)
-        if info.factory or info.passthrough:
-            return
-        first = out if isinstance(out, torch.Tensor) else next(iter(_float_tensors(out, [])), None)
-        if first is None or not first.is_floating_point() or first.numel() == 0:
-            return
-        if not self.options.ops and not self.stack[-1][1]:
-            return
-        self._trace_call(self._site(info.name), first)
-
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **kwargs) if kwargs else func(*args)
         if not self.stack:
             return out
         if self.forward is None:
-            if self.tracing:
-                self._trace_op(func, out)
             return out
         info = self.ops.get(func)
         if info is None:
@@ -471,7 +377,7 @@ class Recorder(TorchDispatchMode):
         if (
             info.passthrough
             or first.numel() == 0
-            or (not self.options.ops and not self.stack[-1][1])
+            or (not self.options.ops and not self.stack[-1].leaf)
         ):
             rng = (self._known_range(args[0])
                    if info.preserving and args and isinstance(args[0], torch.Tensor) else None)
@@ -481,11 +387,11 @@ class Recorder(TorchDispatchMode):
         if info.fused:  # the kernel's inner steps become events: its output is the last
             site, prods = self._record_fused(info.name, func, args, kwargs, prods)
         else:
-            site = self._site(info.name)
+            site = self.table.site(self.stack[-1], info.name)
         self.last_site = self.sites[site].name
         known = self._derived(func, info, args, kwargs, first.numel()) if info.monotone else None
         eid = self._add_event(site, prods, first, known, inplace=info.mutable)
-        fp32 = self._mark_fp32(site, eid)
+        fp32 = self._mark_fp32(site, eid, self.stack[-1].fp32)
         if info.internal and self.options.internal and not fp32:
             found = _internal.check(info.name, func, args, kwargs, first, self._known_range,
                                     self.options.threshold)

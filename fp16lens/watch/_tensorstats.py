@@ -12,7 +12,7 @@ import math
 
 import torch
 
-from fp16lens.report._model import HIST_BINS, HIST_MIN_EXP
+from fp16lens.report import HIST_BINS, HIST_MIN_EXP
 
 # layout of a per-event row returned by reduce_samples():
 # HIST_BINS binade counts of non-zero finite values, then zeros, nonfinite, over threshold

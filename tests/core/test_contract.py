@@ -22,16 +22,7 @@ import models
 PACKAGE = Path(fp16lens.__file__).parent
 STAGES = ("report", "watch", "patch", "export", "verify", "cli", "demo")
 # Private imports across stages still to go, in modules other refactors own (issue #17).
-KNOWN_PRIVATE = {
-    ("watch/_tensorstats.py", "fp16lens.report._model"),
-    ("watch/_recorder.py", "fp16lens.report._model"),
-    ("watch/_lens.py", "fp16lens.report._model"),
-    ("verify/_torch.py", "fp16lens.watch._halfdtypes"),
-    ("verify/_emulate.py", "fp16lens.watch._halfdtypes"),
-    ("verify/_emulate.py", "fp16lens.watch._ops"),
-    ("verify/_onnx_sites.py", "fp16lens.watch._ops"),
-    ("verify/_trace.py", "fp16lens.watch._ops"),
-}
+KNOWN_PRIVATE: set[tuple[str, str]] = set()  # every stage uses the others' public names only
 
 
 def _imports(path: Path):
