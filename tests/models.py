@@ -859,3 +859,99 @@ class OutlierChannel(nn.Module):
 def int8_outlier():
     _seeded(12)
     return OutlierChannel().eval(), (torch.rand(8, 16),)
+
+
+class FusedNorms(nn.Module):
+    """Norm modules that are not torch.nn leaves, so watch records their functional ops:
+    timm's BatchNormAct2d (a BatchNorm2d subclass running F.batch_norm, then its own
+    activation module) and torchvision's FrozenBatchNorm2d (buffers, x * scale + shift)."""
+
+    def __init__(self):
+        super().__init__()
+        from torchvision_compat import ensure_torchvision
+
+        ensure_torchvision()
+        from timm.layers import BatchNormAct2d
+        from torchvision.ops.misc import FrozenBatchNorm2d
+
+        self.c1 = nn.Conv2d(3, 8, 3, padding=1)
+        self.bn1 = BatchNormAct2d(8, act_layer=nn.SiLU)
+        self.c2 = nn.Conv2d(8, 8, 3, padding=1)
+        self.fb = FrozenBatchNorm2d(8)
+        self.c3 = nn.Conv2d(8, 8, 3, padding=1)
+        self.bn3 = BatchNormAct2d(8, act_layer=nn.ReLU)
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x):
+        y = self.c2(self.bn1(self.c1(x)))
+        y = self.bn3(self.c3(torch.relu(self.fb(y))))
+        return self.fc(self.pool(y).flatten(1))
+
+
+@torch.no_grad()
+def peak_of(model, inputs, module) -> float:
+    """Largest |output| of ``module`` over one forward of ``model``."""
+    seen = []
+    h = module.register_forward_hook(lambda m, a, o: seen.append(float(o.abs().max())))
+    try:
+        model(*inputs)
+    finally:
+        h.remove()
+    return max(seen) if seen else 0.0
+
+
+@torch.no_grad()
+def fused_norms(plant: str = "frozen"):
+    """``plant``: "frozen" scales the FrozenBatchNorm2d's affine part so its output is
+    ~4x65504; "stats" makes c3's output ~1e5 and lets bn3 learn statistics beyond FP16."""
+    _seeded(13)
+    model, inputs = FusedNorms(), (torch.rand(2, 3, 12, 12),)
+    for bn in (model.bn1, model.bn3):  # statistics of the net's own activations
+        bn.momentum = None
+    model.train()(*inputs)
+    model.fb.running_mean.copy_(torch.randn(8) * 0.1)
+    model.fb.running_var.copy_(torch.rand(8) + 0.5)
+    model.fb.weight.copy_(torch.rand(8) + 0.5)
+    model.eval()
+    if plant == "frozen":
+        k = 4 * 65504.0 / peak_of(model, inputs, model.fb)
+        model.fb.weight.mul_(k)
+        model.fb.bias.mul_(k)
+    else:
+        model.c3.weight.mul_(2e5 / peak_of(model, inputs, model.c3))
+    model.bn3.reset_running_stats()  # bn3 normalizes what it now sees, as training would
+    model.train()(*inputs)
+    return model.eval(), inputs
+
+
+class RMSNormHead(nn.Module):
+    """fc1 -> an HF RMS norm (T5LayerNorm / LlamaRMSNorm: weight * x * rsqrt(mean(x^2) + eps),
+    computed in FP32 even in a half model) -> fc2; fc1's output planted at ~4x65504."""
+
+    def __init__(self, norm: nn.Module):
+        super().__init__()
+        self.fc1 = nn.Linear(16, 32)
+        self.norm = norm
+        self.fc2 = nn.Linear(32, 8)
+
+    def forward(self, x):
+        return self.fc2(self.norm(self.fc1(x)))
+
+
+@torch.no_grad()
+def rms_norm_head(kind: str = "t5"):
+    from torchvision_compat import ensure_torchvision
+
+    ensure_torchvision()
+    if kind == "t5":
+        from transformers.models.t5.modeling_t5 import T5LayerNorm as Norm
+    else:
+        from transformers.models.llama.modeling_llama import LlamaRMSNorm as Norm
+    _seeded(14)
+    model, inputs = RMSNormHead(Norm(32, eps=1e-6)).eval(), (torch.rand(4, 16),)
+    model.norm.weight.copy_(torch.rand(32) + 0.5)
+    k = 4 * 65504.0 / peak_of(model, inputs, model.fc1)
+    model.fc1.weight.mul_(k)
+    model.fc1.bias.mul_(k)
+    return model, inputs

@@ -8,20 +8,14 @@ from __future__ import annotations
 import copy
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
+import fp16lens
+
+from models import peak_of
+
 _BN = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
-
-
-@torch.no_grad()
-def _absmax_out(model, inputs, module) -> float:
-    seen = []
-    h = module.register_forward_hook(lambda m, a, o: seen.append(float(o.abs().max())))
-    try:
-        model(*inputs)
-    finally:
-        h.remove()
-    return max(seen) if seen else 0.0
 
 
 @torch.no_grad()
@@ -31,7 +25,7 @@ def plant_overflow(model: nn.Module, inputs: tuple, target: float = 4 * 65504.0)
     bns = [mod for mod in m.modules() if isinstance(mod, _BN) and mod.affine]
     if bns:
         bn = bns[int(len(bns) * 0.6)]
-        peak = _absmax_out(m, inputs, bn)
+        peak = peak_of(m, inputs, bn)
         if peak <= 0:
             return None
         bn.weight.mul_(target / peak)
@@ -52,7 +46,7 @@ def plant_overflow(model: nn.Module, inputs: tuple, target: float = 4 * 65504.0)
         mod = mods[name]
         nxt = [mods[n] for n in names[names.index(name) + 1: names.index(name) + 4]]
         if isinstance(mod, nn.Linear) and any(isinstance(x, nn.LayerNorm) for x in nxt):
-            peak = _absmax_out(m, inputs, mod)
+            peak = peak_of(m, inputs, mod)
             if peak <= 0:
                 continue
             mod.weight.mul_(target / peak)
@@ -60,3 +54,21 @@ def plant_overflow(model: nn.Module, inputs: tuple, target: float = 4 * 65504.0)
                 mod.bias.mul_(target / peak)
             return m
     return None
+
+
+def watch_report(model: nn.Module, inputs: tuple):
+    """fp16lens's report of one FP32 forward."""
+    with fp16lens.watch(model) as lens, torch.no_grad():
+        model(*inputs)
+    return lens.report
+
+
+@torch.no_grad()
+def run_half(model: nn.Module, inputs: tuple) -> torch.Tensor:
+    """Ground truth: the model in real FP16 on a copy (``.half()``), float inputs halved."""
+    args = tuple(a.half() if a.is_floating_point() else a for a in inputs)
+    return copy.deepcopy(model).half()(*args).float()
+
+
+def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float(F.cosine_similarity(a.flatten().double(), b.flatten().double(), dim=0))

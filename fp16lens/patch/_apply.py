@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from fp16lens._core.algebra import eps_name
 from fp16lens.patch._fx import (
     find_op,
     functional_params,
@@ -97,8 +98,9 @@ def _bn_affine(mod: nn.Module, r: Reparam) -> None:
 
 def _norm(mod: nn.Module, r: Reparam) -> None:
     if r.s_in != 1:
-        eps = mod.eps if mod.eps is not None else torch.finfo(torch.float32).eps
-        mod.eps = scale_norm_eps(eps, r.s_in)
+        name = eps_name(mod) or "eps"  # HF's RMS norms: variance_epsilon
+        eps = getattr(mod, name) if getattr(mod, name) is not None else torch.finfo(torch.float32).eps
+        setattr(mod, name, scale_norm_eps(eps, r.s_in))
     if r.s_out != 1:
         _set(mod.weight, mod.weight.double().div(r.s_out).to(mod.weight.dtype))
         bias = getattr(mod, "bias", None)

@@ -13,6 +13,7 @@ from fp16lens._core.algebra import PASSES, Kind, choose_factor, pow2_ceil
 from fp16lens._core.sites import FindingKind, Mechanism
 from fp16lens.patch._classes import class_problem
 from fp16lens.patch._cuts import choose_cuts, join_multiplies
+from fp16lens.patch._fused import contract
 from fp16lens.patch._graph import SiteGraph, build_graph
 from fp16lens.patch._modplan import module_changes
 from fp16lens.patch._options import PatchOptions
@@ -57,6 +58,7 @@ class Demands:
 
 
 def build_plan(model: nn.Module, report: Report, options: PatchOptions) -> Plan:
+    report = contract(model, report)  # fused norm modules: one site each
     graph, plan = build_graph(model, report), Plan()
     demands = collect_demands(graph, report, plan).resolve(graph)
     cuts = choose_cuts(model, graph, report, demands, options.extend)
@@ -172,14 +174,15 @@ def _scale_classes(graph, report, demands: Demands, options, plan: Plan) -> dict
         scales[root] = float(p)
         plan.regions.append(_region(graph, report, root, members, float(p), reasons))
     if options.factor is None:
-        _fit_weights(graph, demands, scales, options.target, plan)
+        _fit_weights(graph, report, demands, scales, options.target, plan)
     return scales
 
 
-def _fit_weights(graph, demands: Demands, scales: dict[str, float], target: float, plan: Plan) -> None:
+def _fit_weights(graph, report, demands: Demands, scales, target: float, plan: Plan) -> None:
     """A module's weights become W s_in / s_out: where its input class is scaled too (an
     exit, or a weight beyond FP16 between two regions), its output class needs a factor
-    large enough for the weights to fit (raised until they do)."""
+    large enough for the weights to fit (raised until they do; an output class without a
+    region gets one where it can carry a scale: an exit conv after a large factor)."""
     weights = dict(demands.weights)
     for site, mod in graph.modules.items():
         w = getattr(mod, "weight", None)
@@ -198,6 +201,10 @@ def _fit_weights(graph, demands: Demands, scales: dict[str, float], target: floa
                     dataclasses.replace(r, factor=need) if r.sites == members else r
                     for r in plan.regions
                 ]
+            elif root_out not in scales and need > 1 and class_problem(graph, root_out) is None:
+                scales[root_out], changed = need, True
+                why = f"{site} weights x {s_in:g} beyond FP16"
+                plan.regions.append(_region(graph, report, root_out, graph.members(root_out), need, [why]))
         if not changed:
             return
 

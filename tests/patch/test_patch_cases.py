@@ -9,29 +9,14 @@ from collections import Counter
 
 import pytest
 import torch
-import torch.nn.functional as F
 
-import fp16lens
 from fp16lens._core import PatchError
 from fp16lens.patch import Fp32Island, get_plan, patch, plan, relative_error
 
 from models import avgpool_sum, bn_huge_var, gated_sum, gelu_span, layernorm_variance, seed_case
-
-
-def _report(model, inputs):
-    with fp16lens.watch(model) as lens, torch.no_grad():
-        model(*inputs)
-    return lens.report
-
-
-@torch.no_grad()
-def _half(model, inputs):
-    args = tuple(a.half() if a.is_floating_point() else a for a in inputs)
-    return copy.deepcopy(model).half()(*args).float()
-
-
-def _cosine(a, b) -> float:
-    return float(F.cosine_similarity(a.flatten().double(), b.flatten().double(), dim=0))
+from plant import cosine as _cosine
+from plant import run_half as _half
+from plant import watch_report as _report
 
 
 @pytest.fixture(scope="module")

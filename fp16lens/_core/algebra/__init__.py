@@ -26,6 +26,8 @@ from fp16lens._core.algebra._factor import (
     rescale_exponent,
 )
 from fp16lens._core.algebra._modules import (
+    eps_name,
+    fused_kind,
     module_kind,
     module_name_kind,
     norm_has_affine,
@@ -35,7 +37,7 @@ from fp16lens._core.algebra._onnx import ONNX_JOINS, onnx_class
 
 __all__ = [
     "ABSORB_IN", "ABSORB_OUT", "JOINS", "KIND_CLASS", "ONNX_JOINS", "PASSES", "TARGET_EXP",
-    "Kind", "OpClass", "aten_class", "choose_factor", "is_join", "module_kind",
+    "Kind", "OpClass", "aten_class", "choose_factor", "eps_name", "fused_kind", "is_join", "module_kind",
     "module_name_kind", "needed", "norm_has_affine", "onnx_class", "op_class", "op_kind",
     "pow2_ceil", "pow2_floor", "rescale_exponent", "site_class", "type_kind",
 ]  # fmt: skip

@@ -10,8 +10,11 @@ and a ConstantPad (its value unknown) is blocking.
 
 from __future__ import annotations
 
+import copy
 import functools
+import weakref
 
+import torch
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.modules.conv import _ConvNd
@@ -46,7 +49,12 @@ def type_kind(cls: type) -> Kind:
 
 
 def module_kind(module: nn.Module) -> Kind:
-    """The kind of a built-in leaf module (watch names those sites after the module)."""
+    """The kind of a built-in leaf module (watch names those sites after the module), or of
+    a module recognized by what it computes (``fused_kind``)."""
+    if not type(module).__module__.startswith("torch.nn."):
+        fused = fused_kind(module)
+        if fused is not None:
+            return fused
     kind = type_kind(type(module))
     if kind is Kind.BN and (module.running_mean is None or module.running_var is None):
         return Kind.BLOCK  # batch statistics: no fixed affine form
@@ -80,3 +88,104 @@ def module_name_kind(name: str) -> Kind | None:
 def norm_has_affine(module: nn.Module) -> bool:
     """A norm whose output is multiplied by a weight (and shifted) can absorb an output 1/p."""
     return getattr(module, "weight", None) is not None
+
+
+# ---- modules recognized by what they compute ------------------------------------------
+# timm's BatchNormAct2d and FrozenBatchNorm2d, torchvision's FrozenBatchNorm2d, HF's
+# T5LayerNorm / LlamaRMSNorm, timm's LayerNorm2d: not built-in leaves, so watch records
+# their functional ops. A numeric probe on a float64 copy (its child modules made
+# identities: BatchNormAct's activation) decides whether the module is a batch norm from
+# its own buffers, or a norm that is scale invariant once eps -> eps/p^2, and whether
+# patch's rules on its parameters do what they do on the built-ins.
+_EPS_NAMES = ("eps", "variance_epsilon")
+_SHAPES = ((2, -1, 3, 3), (2, -1, 5), (4, -1), (2, 3, -1))
+
+
+def eps_name(module: nn.Module) -> str | None:
+    """The attribute holding a norm's epsilon (``eps``, HF's ``variance_epsilon``)."""
+    return next((n for n in _EPS_NAMES if isinstance(getattr(module, n, None), float)), None)
+
+
+_PROBED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # module -> kind or None
+
+
+def _probe(module: nn.Module) -> Kind | None:
+    if module not in _PROBED:
+        _PROBED[module] = _probe_kind(module)
+    return _PROBED[module]
+
+
+def _probe_kind(module: nn.Module) -> Kind | None:
+    try:
+        if _is_bn_like(module):
+            return Kind.BN
+        if _is_invariant_norm(module):
+            return Kind.NORM
+    except Exception:  # a forward that refuses the probe's inputs: not recognized
+        return None
+    return None
+
+
+def fused_kind(module: nn.Module) -> Kind | None:
+    """BN for a module computing an eval batch norm from its own buffers (running_mean,
+    running_var, weight, bias, eps), NORM for an affine norm invariant to its input's scale
+    with eps/p^2; None otherwise. Decided by a numeric probe on a float64 copy."""
+    if eps_name(module) is None or not torch.is_tensor(getattr(module, "weight", None)):
+        return None
+    return _probe(module)
+
+
+def _stripped(module: nn.Module) -> nn.Module:
+    m = copy.deepcopy(module).double().eval()
+    for name, _ in list(m.named_children()):
+        setattr(m, name, nn.Identity())
+    return m
+
+
+def _inputs(n: int):
+    g = torch.Generator().manual_seed(0)
+    for shape in _SHAPES:
+        yield torch.randn([n if d < 0 else d for d in shape], generator=g, dtype=torch.float64) * 3 + 1
+
+
+def _same(a, b) -> bool:
+    return torch.is_tensor(a) and a.shape == b.shape and torch.allclose(a, b, rtol=1e-6, atol=1e-9)
+
+
+@torch.no_grad()
+def _is_bn_like(module: nn.Module) -> bool:
+    mean, var = getattr(module, "running_mean", None), getattr(module, "running_var", None)
+    if not (torch.is_tensor(mean) and torch.is_tensor(var) and mean.dim() == 1):
+        return False
+    m = _stripped(module)
+    x = next(x for x in _inputs(mean.numel()) if x.dim() > 1)
+    view = [1, -1] + [1] * (x.dim() - 2)
+    bias = m.bias if torch.is_tensor(getattr(m, "bias", None)) else torch.zeros_like(m.running_mean)
+    want = (x - m.running_mean.view(view)) / torch.sqrt(m.running_var.view(view) + m.eps)
+    want = want * m.weight.view(view) + bias.view(view)
+    if not _same(m(x), want):
+        return False
+    for t in (m.running_mean, m.weight, bias):  # the rule's scales: the input / 2, the output / 4
+        t.mul_(0.5 if t is m.running_mean else 0.25)
+    m.running_var.mul_(0.25)
+    m.eps = m.eps * 0.25
+    return _same(m(x / 2), want / 4)
+
+
+@torch.no_grad()
+def _is_invariant_norm(module: nn.Module) -> bool:
+    m, name = _stripped(module), eps_name(module)
+    for x in _inputs(m.weight.numel()):
+        try:
+            y = m(x)
+        except RuntimeError:
+            continue
+        if not (_same(y, y) and torch.isfinite(y).all()) or _same(y, torch.zeros_like(y)):
+            return False
+        setattr(m, name, getattr(m, name) / 16)
+        scaled = _same(m(x / 4), y)
+        for t in (m.weight, getattr(m, "bias", None)):
+            if torch.is_tensor(t):
+                t.div_(4)
+        return scaled and _same(m(x / 4), y / 4)
+    return False
