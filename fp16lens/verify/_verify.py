@@ -31,6 +31,7 @@ def verify(
     metric: Metric | None = None,
     *,
     fusions: bool = False,
+    device: str | torch.device | None = None,
 ) -> ParityResult:
     """Parity of ``candidate`` run on ``backend`` against ``model`` in FP32.
 
@@ -40,7 +41,9 @@ def verify(
     (default for a path), "onnx-int8", "tensorrt", "torch-tensorrt". ``tolerance``: a
     Tolerance, or a number taken as the minimum cosine. ``metric(fp32_out, cand_out)``:
     a task metric, averaged over batches into ``result.metrics``. ``fusions``:
-    torch-emulated keeps TensorRT-fused pre-activations unrounded.
+    torch-emulated keeps TensorRT-fused pre-activations unrounded. ``device``: where the
+    torch backends run their copy of the candidate (default: the candidate's device; the
+    FP32 reference always runs where ``model`` is).
     """
     if not isinstance(model, nn.Module):
         raise Fp16LensError(
@@ -49,7 +52,7 @@ def verify(
         )
     backend = check_backend(backend or _default_backend(candidate))
     tol = resolve_tolerance(tolerance, backend)
-    runner = _runner(model, candidate, backend, fusions)
+    runner = _runner(model, candidate, backend, fusions, device)
     with _eval(model):
         return _compare(model, runner, as_batches(inputs), backend, tol, metric)
 
@@ -114,7 +117,7 @@ def _default_backend(candidate) -> str:
     return "onnx-fp16" if isinstance(candidate, (str, Path)) else "torch-fp16"
 
 
-def _runner(model: nn.Module, candidate, backend: str, fusions: bool):
+def _runner(model: nn.Module, candidate, backend: str, fusions: bool, device=None):
     is_path = isinstance(candidate, (str, Path))
     wants_path = backend in ("onnx-fp16", "onnx-int8", "tensorrt")
     if is_path != wants_path or not (is_path or isinstance(candidate, nn.Module)):
@@ -127,11 +130,11 @@ def _runner(model: nn.Module, candidate, backend: str, fusions: bool):
     if backend == "torch-fp16":
         from fp16lens.verify._torch import TorchFp16
 
-        return TorchFp16(candidate)
+        return TorchFp16(candidate, device)
     if backend == "torch-emulated":
         from fp16lens.verify._torch import TorchEmulated
 
-        return TorchEmulated(candidate, fusions=fusions)
+        return TorchEmulated(candidate, fusions=fusions, device=device)
     if backend in ("onnx-fp16", "onnx-int8"):
         from fp16lens.verify._onnx import OnnxInt8, OnnxRunner
 
