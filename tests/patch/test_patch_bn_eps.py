@@ -74,7 +74,8 @@ def test_new_form_equals_eps_zero_form_in_fp32():
     x = patched.act(patched.conv(*inputs))
     new = patched.bn(x)
     old = _bn_eps_zero(patched.bn, x)
-    assert (new - old).abs().max().item() <= 1e-7 * old.abs().max().item()
+    # bit-identical through the kernel; the explicit map may differ by one rounding
+    assert (new - old).abs().max() <= torch.finfo(torch.float32).eps * old.abs().max()
 
 
 @torch.no_grad()
@@ -95,22 +96,33 @@ def test_new_form_equals_eps_zero_form_in_real_fp16():
 
 @torch.no_grad()
 def test_new_form_equals_eps_zero_form_in_fp16_onnx(tmp_path):
+    onnx = pytest.importorskip("onnx")
     pytest.importorskip("onnxruntime")
+    from onnx import numpy_helper
+
     from fp16lens.verify._onnx import OnnxRunner, session
 
     _, patched, inputs = _patched_bn(after_relu=True)  # BN after relu: not folded into conv
+    new = tmp_path / "new.onnx"
+    fp16lens.export(patched, inputs, new, precision="fp16", exporter="torchscript")
+    # the old form: the same FP16 graph with epsilon 0 and var 1 (torch 2.10/2.11 cannot
+    # export it from a module any more)
+    proto = onnx.load(str(new))
+    (bn,) = [n for n in proto.graph.node if n.op_type == "BatchNormalization"]
+    (eps,) = [a for a in bn.attribute if a.name == "epsilon"]
+    assert eps.f == BN_AFFINE_EPS
+    eps.f = 0.0
+    (var,) = [t for t in proto.graph.initializer if t.name == bn.input[4]]
+    assert (numpy_helper.to_array(var) == BN_AFFINE_VAR).all()
+    var.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(var) * 0 + 1, var.name))
+    old = tmp_path / "old.onnx"
+    onnx.save(proto, str(old))
     outs = {}
-    for name, form in (("new", patched), ("old", _eps_zero_form(patched))):
-        path = tmp_path / f"{name}.onnx"
-        fp16lens.export(form, inputs, path, precision="fp16", exporter="torchscript")
+    for path in (new, old):
         runner = OnnxRunner(path)
-        bns = [n for n in runner.proto.graph.node if n.op_type == "BatchNormalization"]
-        assert len(bns) == 1
-        eps = [a.f for a in bns[0].attribute if a.name == "epsilon"]
-        assert eps == [BN_AFFINE_EPS if name == "new" else 0.0]
         sess = session(runner.proto)
         plain = sess.run(None, runner.feed(inputs, [i.name for i in sess.get_inputs()]))[0]
-        outs[name] = (runner.run(inputs)[0], torch.from_numpy(plain))
+        outs[path.stem] = (runner.run(inputs)[0], torch.from_numpy(plain))
     assert torch.isfinite(outs["new"][0]).all()
     # forced FP16 storage (the onnx-fp16 backend), and ONNX Runtime's own FP16 kernels
     assert torch.equal(outs["new"][0], outs["old"][0])
