@@ -5,10 +5,17 @@ range of per-repetition ratios, each repetition timing every method back to back
 fp16lens's op-level watch, the seed article's module hooks
 (FInspect + fp16_check: module outputs only) and transformers' DebugUnderflowOverflow
 (when transformers is installed), and the peak resident memory of each relative to a
-plain forward (each measured in a fresh subprocess).
+plain forward (each measured in a fresh subprocess). Besides the steady state (forwards
+inside an open context), a one-batch ratio times the whole ``with watch(m): m(x)`` block
+(entering, one forward, leaving) against one plain forward.
 
-    python scripts/bench_watch.py            # ResNet-50 (4x3x224x224) and a BERT-base-sized encoder
-    python scripts/bench_watch.py --quick    # small inputs, for CI
+On CUDA (``--device cuda``) every timing is bracketed by ``torch.cuda.synchronize()`` and
+memory is the peak CUDA memory (``torch.cuda.max_memory_allocated``) relative to a plain
+forward, measured in the same process after resetting the peak.
+
+    python scripts/bench_watch.py                  # ResNet-50 (4x3x224x224) and a BERT-base-sized encoder
+    python scripts/bench_watch.py --quick          # small inputs, for CI
+    python scripts/bench_watch.py --device cuda    # the same ratios on a GPU
 """
 
 from __future__ import annotations
@@ -138,23 +145,47 @@ def available(method: str) -> str | None:
     return None
 
 
-def time_ratio_spread(model, inputs, methods: Sequence[str], reps: int,
-                      calls: int = 2) -> dict[str, tuple[float, float, float]]:
+def _sync(device: torch.device) -> None:
+    """Wait for queued kernels, so a timer reads the work and not its launch."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _steady(model, inputs, method: str, calls: int, device: torch.device) -> float:
+    """``calls`` forwards inside an open context, after one warm-up forward there."""
+    with METHODS[method](model):
+        model(*inputs)
+        _sync(device)
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            model(*inputs)
+        _sync(device)
+        return time.perf_counter() - t0
+
+
+def _one_batch(model, inputs, method: str, calls: int, device: torch.device) -> float:
+    """The whole ``with method(model): model(x)`` block: enter, one forward, leave."""
+    _sync(device)
+    t0 = time.perf_counter()
+    with METHODS[method](model):
+        model(*inputs)
+    _sync(device)
+    return time.perf_counter() - t0
+
+
+def time_ratio_spread(model, inputs, methods: Sequence[str], reps: int, calls: int = 2,
+                      device: torch.device | None = None, timer=_steady,
+                      ) -> dict[str, tuple[float, float, float]]:
     """Per method: (lower quartile, median, upper quartile) over repetitions of
-    (method time / plain time). Each repetition times every method back to back
-    (``calls`` forwards after one warm-up inside the method's context), so a ratio
+    (method time / plain time). Each repetition times every method back to back (by
+    default ``calls`` forwards after one warm-up inside the method's context), so a ratio
     compares runs seconds apart: this machine's speed drifts by 10-20% over a minute."""
+    device = device or torch.device("cpu")
     per_rep: dict[str, list[float]] = {m: [] for m in methods}
     with torch.no_grad():
+        model(*inputs)  # warm-up outside any context (CUDA kernels, allocator)
         for _ in range(reps):
-            times = {}
-            for m in methods:
-                with METHODS[m](model):
-                    model(*inputs)  # warm-up inside the context
-                    t0 = time.perf_counter()
-                    for _ in range(calls):
-                        model(*inputs)
-                    times[m] = time.perf_counter() - t0
+            times = {m: timer(model, inputs, m, calls, device) for m in methods}
             for m in methods:
                 per_rep[m].append(times[m] / times["plain"])
     out = {}
@@ -167,6 +198,19 @@ def time_ratio_spread(model, inputs, methods: Sequence[str], reps: int,
 def time_ratios(model, inputs, methods: Sequence[str], reps: int) -> dict[str, float]:
     """Median of (method time / plain time) over interleaved repetitions."""
     return {m: s[1] for m, s in time_ratio_spread(model, inputs, methods, reps).items()}
+
+
+def peak_cuda_mb(model, inputs, method: str, device: torch.device) -> float:
+    """Peak CUDA memory of 2 forwards with the method (allocated tensors, this process)."""
+    with torch.no_grad():
+        _sync(device)
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+        with METHODS[method](model):
+            model(*inputs)
+            model(*inputs)
+        _sync(device)
+    return torch.cuda.max_memory_allocated(device) / 2**20
 
 
 def peak_rss_mb(model_name: str, method: str, quick: bool) -> float:
@@ -189,43 +233,67 @@ def main(argv=None) -> int:
     parser.add_argument("--models", nargs="*", default=list(MODELS))
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--reps", type=int, default=None, help="interleaved repetitions (default 15, quick 3)")
-    parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")
+    parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory measurements")
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                        help="where the models and inputs live (cuda: synchronized timings, "
+                        "peak CUDA memory)")
     args = parser.parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda needs a CUDA GPU (torch.cuda.is_available() is False)")
+    device = torch.device(args.device)
     reps = args.reps or (3 if args.quick else 15)
     rows = []
     for name in args.models:
         model, inputs = MODELS[name](args.quick)
-        methods = [m for m in METHODS if available(m) is None]
-        spread = time_ratio_spread(model, inputs, methods, reps)
-        ratios = {m: s[1] for m, s in spread.items()}
-        base_rss = None if args.no_memory else peak_rss_mb(name, "plain", args.quick)
-        for m in METHODS:
-            why = available(m)
-            if why:
-                rows.append({"model": name, "method": m, "time": None, "memory": None, "note": why})
-                continue
-            rss = base_rss if m == "plain" or base_rss is None else peak_rss_mb(name, m, args.quick)
-            memory = None if base_rss is None else rss / base_rss
-            lo, _, hi = spread[m]
-            rows.append({"model": name, "method": m, "time": ratios[m], "time_iqr": [lo, hi],
-                         "memory": memory, "note": ""})
-            print(f"# {name} {m}: time {ratios[m]:.2f}x (IQR {lo:.2f}-{hi:.2f})", file=sys.stderr, flush=True)
+        model, inputs = model.to(device), tuple(x.to(device) for x in inputs)
+        rows += _bench_model(name, model, inputs, reps, device, args)
     if args.json:
         print(json.dumps(rows, indent=1))
         return 0
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"watch overhead vs a plain forward ({'quick' if args.quick else 'full'} mode, {torch.get_num_threads()} threads)")
-    for col in ("model", "method", "time / plain (median)", "interquartile range", "peak memory / plain", "note"):
+    where = f"{torch.get_num_threads()} threads" if device.type == "cpu" else torch.cuda.get_device_name()
+    table = Table(title=f"watch overhead vs a plain forward ({'quick' if args.quick else 'full'} mode, {where})")
+    memory = "peak CUDA memory / plain" if device.type == "cuda" else "peak memory / plain"
+    for col in ("model", "method", "time / plain (median)", "interquartile range",
+                "one batch / plain", memory, "note"):
         table.add_column(col)
     for r in rows:
         iqr = r.get("time_iqr")
-        table.add_row(r["model"], r["method"], "-" if r["time"] is None else f"{r['time']:.2f}x",
+        table.add_row(r["model"], r["method"], _x(r["time"]),
                       "-" if not iqr else f"{iqr[0]:.2f}-{iqr[1]:.2f}x",
-                      "-" if r["memory"] is None else f"{r['memory']:.2f}x", r["note"])
+                      _x(r.get("one_batch")), _x(r["memory"]), r["note"])
     Console(width=max(120, Console().width)).print(table)
     return 0
+
+
+def _x(ratio: float | None) -> str:
+    return "-" if ratio is None else f"{ratio:.2f}x"
+
+
+def _bench_model(name: str, model, inputs, reps: int, device: torch.device, args) -> list[dict]:
+    methods = [m for m in METHODS if available(m) is None]
+    spread = time_ratio_spread(model, inputs, methods, reps, device=device)
+    one = time_ratio_spread(model, inputs, methods, reps, device=device, timer=_one_batch)
+    memory = {}
+    if not args.no_memory:
+        for m in methods:
+            memory[m] = (peak_cuda_mb(model, inputs, m, device) if device.type == "cuda"
+                         else peak_rss_mb(name, m, args.quick))
+    rows = []
+    for m in METHODS:
+        why = available(m)
+        if why:
+            rows.append({"model": name, "method": m, "time": None, "memory": None, "note": why})
+            continue
+        lo, mid, hi = spread[m]
+        rows.append({"model": name, "method": m, "device": device.type, "time": mid,
+                     "time_iqr": [lo, hi], "one_batch": one[m][1],
+                     "memory": memory[m] / memory["plain"] if memory else None, "note": ""})
+        print(f"# {name} {m} ({device.type}): time {mid:.2f}x (IQR {lo:.2f}-{hi:.2f}), "
+              f"one batch {one[m][1]:.2f}x", file=sys.stderr, flush=True)
+    return rows
 
 
 if __name__ == "__main__":

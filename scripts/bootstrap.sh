@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Set up (or reuse) the local virtual environment .venv, then run one of:
 #   demo  - the main job: the end-to-end demo on the built-in model
-#   test  - lint and the whole test suite
+#   test  - lint and the whole test suite, then (without pytest arguments) the torch
+#           matrix: the focused part of the suite on other torch releases
+#           (scripts/torch_matrix.sh; FP16LENS_TORCH_MATRIX="" skips it)
 #
 # Torch: when the environment has no torch, install torch==2.13.0 (a CPU build on this
 # project's machines; an unpinned torch would pull several GB of CUDA packages). When
@@ -47,6 +49,9 @@ case "$what" in
   demo) exec fp16lens demo "$@" ;;
   test)
     ruff check .
-    exec python -m pytest "$@"
+    python -m pytest "$@"
+    if [ $# -eq 0 ] && [ -n "${FP16LENS_TORCH_MATRIX-default}" ]; then
+      PYTHON="$PY" bash scripts/torch_matrix.sh
+    fi
     ;;
 esac

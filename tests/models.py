@@ -29,6 +29,10 @@ class ResNetBackbone(nn.Module):
     def __init__(self):
         super().__init__()
         tv = ensure_torchvision()
+        if tv is None:  # e.g. a torch release with no torchvision yet (the torch matrix)
+            import pytest
+
+            pytest.skip("needs torchvision (pip install 'fp16lens[vision]')")
         r = tv.models.resnet18(weights=None)
         self.conv1, self.bn1, self.relu, self.maxpool = r.conv1, r.bn1, r.relu, r.maxpool
         self.layer1, self.layer2, self.layer3, self.layer4 = r.layer1, r.layer2, r.layer3, r.layer4
@@ -955,3 +959,16 @@ def rms_norm_head(kind: str = "t5"):
     model.fc1.weight.mul_(k)
     model.fc1.bias.mul_(k)
     return model, inputs
+class MaskedSoftmax(nn.Module):
+    """An HF-style additive attention mask: finfo(float32).min where masked. The huge
+    constant is a mask, not overflow (a .half() model uses finfo(float16).min)."""
+
+    def forward(self, x, mask):
+        return torch.softmax(x + (1.0 - mask) * torch.finfo(x.dtype).min, -1)
+
+
+def masked_softmax():
+    _seeded(7)
+    x, mask = torch.randn(2, 8), torch.ones(2, 8)
+    mask[1, 4:] = 0
+    return MaskedSoftmax().eval(), (x, mask)

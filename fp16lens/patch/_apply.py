@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from fp16lens._core.algebra import eps_name
+from fp16lens._core.compat import BN_AFFINE_EPS, BN_AFFINE_VAR
 from fp16lens.patch._fx import (
     find_op,
     functional_params,
@@ -92,8 +93,8 @@ def _bn_affine(mod: nn.Module, r: Reparam) -> None:
     _set(mod.weight, scale)
     _set(mod.bias, shift)
     mod.running_mean.zero_()
-    mod.running_var.fill_(1.0)
-    mod.eps = 0.0
+    mod.running_var.fill_(BN_AFFINE_VAR)
+    mod.eps = BN_AFFINE_EPS
 
 
 def _norm(mod: nn.Module, r: Reparam) -> None:

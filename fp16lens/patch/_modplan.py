@@ -5,6 +5,7 @@ from __future__ import annotations
 from torch import nn
 
 from fp16lens._core.algebra import Kind
+from fp16lens._core.compat import BN_AFFINE_EPS, BN_AFFINE_VAR
 from fp16lens.patch._graph import SiteGraph
 from fp16lens.patch._plan import Island, Reparam
 from fp16lens.patch._rules import fp16_safe, scale_bn
@@ -67,4 +68,5 @@ def _bn(site: str, mod: nn.Module, s_in: float, s_out: float, affine: bool) -> R
     detail = "exact affine form: weight = gamma/sqrt(var+eps)"
     detail += f" x {s_in / s_out:g}" if s_in != s_out else ""
     detail += ", bias = beta - mean*scale" + (f" / {s_out:g}" if s_out != 1 else "")
-    return Reparam(site, "bn-affine", s_in, s_out, detail + "; mean 0, var 1, eps 0")
+    detail += f"; mean 0, var {BN_AFFINE_VAR:g}, eps {BN_AFFINE_EPS:g}"
+    return Reparam(site, "bn-affine", s_in, s_out, detail)

@@ -20,14 +20,21 @@ def tensor_leaves(output) -> list[torch.Tensor]:
     return [t for t in tree_flatten(output)[0] if torch.is_tensor(t)]
 
 
+def _device(candidate: nn.Module, device) -> torch.device:
+    """Where a backend runs: ``device`` when given (``"cuda"``, ``"cuda:1"``), else the
+    candidate's own device."""
+    return model_device(candidate) if device is None else torch.device(device)
+
+
 class TorchFp16:
     """``copy.deepcopy(candidate).half()`` with half inputs: real FP16 storage between ops.
-    Modules that keep themselves FP32 under ``.half()`` (FP32 islands) are honoured as is."""
+    Modules that keep themselves FP32 under ``.half()`` (FP32 islands) are honoured as is.
+    It runs on ``device`` (default: the candidate's); the candidate itself is not moved."""
 
-    def __init__(self, candidate: nn.Module):
+    def __init__(self, candidate: nn.Module, device=None):
         self.reference = candidate
-        self.device = model_device(candidate)
-        self.model = copy.deepcopy(candidate).eval().half()
+        self.device = _device(candidate, device)
+        self.model = copy.deepcopy(candidate).eval().half().to(self.device)
 
     def run(self, batch: tuple) -> list[torch.Tensor]:
         with torch.no_grad():
@@ -50,7 +57,7 @@ class TorchFp16:
         self.reference.eval()
         try:
             with torch.no_grad(), traced(self.reference, SiteTracer(reference)):
-                self.reference(*cast_floats(batch, torch.float32, self.device))
+                self.reference(*cast_floats(batch, torch.float32, model_device(self.reference)))
         finally:
             self.reference.train(was_training)
         return first_departure(reference.records, self._traced(batch).records, site_rel), None
@@ -59,11 +66,11 @@ class TorchFp16:
 class TorchEmulated(TorchFp16):
     """FP32 compute, every stored tensor (parameters, inputs, op outputs) rounded to FP16."""
 
-    def __init__(self, candidate: nn.Module, fusions: bool = False):
+    def __init__(self, candidate: nn.Module, fusions: bool = False, device=None):
         self.reference = candidate
-        self.device = model_device(candidate)
+        self.device = _device(candidate, device)
         self.fusions = fusions
-        self.model = copy.deepcopy(candidate).eval().float()
+        self.model = copy.deepcopy(candidate).eval().float().to(self.device)
         round_module_(self.model)
         self.fp32_ops: set[int] | None = None  # found on the first batch (see _halfdtypes)
 

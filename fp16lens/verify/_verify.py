@@ -31,6 +31,7 @@ def verify(
     metric: Metric | None = None,
     *,
     fusions: bool = False,
+    device: str | torch.device | None = None,
 ) -> ParityResult:
     """Parity of ``candidate`` run on ``backend`` against ``model`` in FP32.
 
@@ -43,7 +44,9 @@ def verify(
     (``result.advice``). ``tolerance``: a
     Tolerance, or a number taken as the minimum cosine. ``metric(fp32_out, cand_out)``:
     a task metric, averaged over batches into ``result.metrics``. ``fusions``:
-    torch-emulated keeps TensorRT-fused pre-activations unrounded.
+    torch-emulated keeps TensorRT-fused pre-activations unrounded. ``device``: where the
+    torch backends run their copy of the candidate (default: the candidate's device; the
+    FP32 reference always runs where ``model`` is).
     """
     if not isinstance(model, nn.Module):
         raise VerifyError(
@@ -52,7 +55,7 @@ def verify(
         )
     backend = check_backend(_default_backend(candidate) if backend in (None, "auto") else backend)
     tol = resolve_tolerance(tolerance, backend)
-    runner = _runner(model, candidate, backend, fusions)
+    runner = _runner(model, candidate, backend, fusions, device)
     with _eval(model):
         return _compare(model, runner, as_batches(inputs), backend, tol, metric)
 
@@ -138,7 +141,7 @@ def is_qdq(path: str | Path) -> bool:
     return any(n.op_type in QDQ_OPS for n in proto.graph.node)
 
 
-def _runner(model: nn.Module, candidate, backend: str, fusions: bool):
+def _runner(model: nn.Module, candidate, backend: str, fusions: bool, device=None):
     is_path = isinstance(candidate, (str, Path))
     wants_path = backend in ("onnx-fp16", "onnx-int8", "tensorrt")
     if is_path != wants_path or not (is_path or isinstance(candidate, nn.Module)):
@@ -151,11 +154,11 @@ def _runner(model: nn.Module, candidate, backend: str, fusions: bool):
     if backend == "torch-fp16":
         from fp16lens.verify._torch import TorchFp16
 
-        return TorchFp16(candidate)
+        return TorchFp16(candidate, device)
     if backend == "torch-emulated":
         from fp16lens.verify._torch import TorchEmulated
 
-        return TorchEmulated(candidate, fusions=fusions)
+        return TorchEmulated(candidate, fusions=fusions, device=device)
     if backend in ("onnx-fp16", "onnx-int8"):
         from fp16lens.verify._onnx import OnnxInt8, OnnxRunner
 

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fp16lens import watch
+from fp16lens._core.compat import TORCH_VERSION
 
 import models
 
@@ -130,7 +131,9 @@ def test_attention_scores_overflow_inside_fused_attention():
     s = 16**-0.25
     scores = torch.matmul(q.half() * s, (k.half() * s).transpose(-2, -1))
     assert torch.isinf(scores).any()
-    assert torch.isfinite(F.scaled_dot_product_attention(q.half(), k.half(), v.half())).all()
+    fused = F.scaled_dot_product_attention(q.half(), k.half(), v.half())
+    # torch 2.4's CPU kernel stores the FP16 scores (NaN here); later releases do not
+    assert torch.isfinite(fused).all() or TORCH_VERSION < (2, 5)
     assert f.peak == pytest.approx(float((q @ k.transpose(-2, -1)).abs().max() / 4), rel=1e-4)
 
 

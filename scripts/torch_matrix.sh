@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# The torch matrix: the focused part of the suite (watch, report, patch, the torch verify
+# backends, the demo journey) on torch releases other than the pinned one in .venv.
+#
+#   bash scripts/torch_matrix.sh                 # every release below
+#   FP16LENS_TORCH_MATRIX="2.4.1" bash scripts/torch_matrix.sh   # just one
+#   bash scripts/torch_matrix.sh -k bn_eps       # extra arguments go to pytest
+#
+# Each release gets its own virtual environment, cached between runs and clones under
+# ${FP16LENS_CACHE:-$HOME/.cache/fp16lens}/torch-X.Y.Z and reinstalled only when
+# setup.cfg, pyproject.toml or this script change. PyPI's builds of these releases are
+# CUDA builds (~5 GB with the NVIDIA libraries); they run on the CPU. torchvision 0.N+15
+# goes with torch 2.N; where no such release exists the tests that need it skip.
+# fp16lens itself is not installed there: the checkout runs from PYTHONPATH.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+repo=$PWD
+releases="${FP16LENS_TORCH_MATRIX:-2.4.1 2.11.0 2.15.0}"
+cache="${FP16LENS_CACHE:-$HOME/.cache/fp16lens}"
+PY="${PYTHON:-python3}"
+
+# The focused part: what depends on torch internals (dispatch modes, meta tensors, fx,
+# batch-norm kernels, the ONNX exporters the demo uses).
+tests=(
+  tests/watch
+  tests/report
+  tests/patch
+  tests/verify/test_verify_emulation.py
+  tests/verify/test_verify_parity.py
+  tests/cli/test_cli_demo.py
+  tests/cli/test_demo_model.py
+  # its real-FP16 ground truth needs FP16 nms: torchvision's own CPU kernel has none (the
+  # main suite's CPU torch runs it with the plain-PyTorch nms of tests/torchvision_compat)
+  --ignore=tests/watch/test_watch_detector.py
+)
+
+# Runtime requirements and the onnx and plot extras from setup.cfg, torch left out
+# (pinned per release), plus the test runner's own packages.
+requirements() {
+  "$PY" - <<'EOF'
+import configparser
+cfg = configparser.ConfigParser()
+cfg.read("setup.cfg")
+opt, extras = cfg["options"], cfg["options.extras_require"]
+wanted = opt["install_requires"].split() + extras["onnx"].split() + extras["plot"].split()
+wanted += [r for r in extras["test"].split() if r.split(">")[0] in ("pytest", "hypothesis")]
+print("\n".join(r for r in wanted if not r.startswith("torch")))
+EOF
+}
+
+install() {  # $1 = release, $2 = environment
+  local v=$1 env=$2 minor
+  minor=$(echo "$v" | cut -d. -f2)
+  [ -x "$env/bin/python" ] || "$PY" -m venv "$env"  # kept: pip skips what is there
+  printf 'torch==%s\n' "$v" > "$env/constraints.txt"
+  # Our constraints replace any pip-wide ones (a machine may cap torch below this release).
+  export PIP_CONSTRAINT="$env/constraints.txt"
+  "$env/bin/python" -m pip install --quiet --upgrade pip
+  "$env/bin/python" -m pip install --quiet "torch==$v"
+  "$env/bin/python" -m pip install --quiet "torchvision==0.$((minor + 15)).*" \
+    || echo "torch $v: no torchvision 0.$((minor + 15)) to install; tests that need it skip"
+  # shellcheck disable=SC2046
+  "$env/bin/python" -m pip install --quiet $(requirements)
+  unset PIP_CONSTRAINT
+}
+
+key="$(cat setup.cfg pyproject.toml "$0" | sha256sum | cut -d' ' -f1)"
+failed=()
+summary=()
+for v in $releases; do
+  env="$cache/torch-$v"
+  t0=$SECONDS
+  if [ ! -f "$env/fp16lens-matrix.stamp" ] || [ "$(cat "$env/fp16lens-matrix.stamp")" != "$key" ]; then
+    echo "== torch $v: installing into $env"
+    install "$v" "$env"
+    echo "$key" > "$env/fp16lens-matrix.stamp"
+  fi
+  t1=$SECONDS
+  echo "== torch $v: $("$env/bin/python" -c 'import torch; print(torch.__version__)')"
+  if PYTHONPATH="$repo" "$env/bin/python" -m pytest -q "${tests[@]}" "$@"; then
+    result=passed
+  else
+    result=FAILED
+    failed+=("$v")
+  fi
+  summary+=("torch $v: $result (install $((t1 - t0)) s, tests $((SECONDS - t1)) s)")
+done
+printf '%s\n' "== torch matrix" "${summary[@]}"
+[ ${#failed[@]} -eq 0 ] || { echo "torch matrix failed on: ${failed[*]}" >&2; exit 1; }
