@@ -55,9 +55,18 @@ fi
 case "$what" in
   demo) exec fp16lens demo "$@" ;;
   test)
+    matrix=""
+    if [ $# -eq 0 ] && [ -n "${FP16LENS_TORCH_MATRIX-default}" ]; then
+      matrix=yes
+      # the release environments download while the main suite runs (see torch_matrix.sh)
+      mkdir -p .venv
+      PYTHON="$PY" bash scripts/torch_matrix.sh --install-only > .venv/torch-matrix-install.log 2>&1 &
+      installer=$!
+    fi
     ruff check .
     python -m pytest "$@"
-    if [ $# -eq 0 ] && [ -n "${FP16LENS_TORCH_MATRIX-default}" ]; then
+    if [ -n "$matrix" ]; then
+      wait "$installer" || { cat .venv/torch-matrix-install.log >&2; exit 1; }
       PYTHON="$PY" bash scripts/torch_matrix.sh
     fi
     ;;

@@ -5,6 +5,11 @@
 #   bash scripts/torch_matrix.sh                 # every release below
 #   FP16LENS_TORCH_MATRIX="2.4.1" bash scripts/torch_matrix.sh   # just one
 #   bash scripts/torch_matrix.sh -k bn_eps       # extra arguments go to pytest
+#   bash scripts/torch_matrix.sh --install-only  # only make the environments ready
+#
+# The test command (scripts/bootstrap.sh test) starts --install-only in the background
+# before the main suite: the downloads are network-bound and the suite is CPU-bound, so a
+# machine with no cached environment still finishes within the CI budget.
 #
 # Each release gets its own virtual environment, cached between runs and clones under
 # ${FP16LENS_CACHE:-$HOME/.cache/fp16lens}/torch-X.Y.Z and reinstalled only when
@@ -65,16 +70,24 @@ install() {  # $1 = release, $2 = environment
 }
 
 key="$(cat setup.cfg pyproject.toml "$0" | sha256sum | cut -d' ' -f1)"
-failed=()
-summary=()
-for v in $releases; do
-  env="$cache/torch-$v"
-  t0=$SECONDS
+ready() {  # $1 = release: its environment installed for this key (installed now if not)
+  local v=$1 env="$cache/torch-$1"
   if [ ! -f "$env/fp16lens-matrix.stamp" ] || [ "$(cat "$env/fp16lens-matrix.stamp")" != "$key" ]; then
     echo "== torch $v: installing into $env"
     install "$v" "$env"
     echo "$key" > "$env/fp16lens-matrix.stamp"
   fi
+}
+if [ "${1-}" = --install-only ]; then
+  for v in $releases; do ready "$v"; done
+  exit 0
+fi
+failed=()
+summary=()
+for v in $releases; do
+  env="$cache/torch-$v"
+  t0=$SECONDS
+  ready "$v"
   t1=$SECONDS
   echo "== torch $v: $("$env/bin/python" -c 'import torch; print(torch.__version__)')"
   if PYTHONPATH="$repo" "$env/bin/python" -m pytest -q "${tests[@]}" "$@"; then
