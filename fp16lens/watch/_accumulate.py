@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from fp16lens.report import HIST_BINS, HIST_MIN_EXP
+from fp16lens.report import HIST_BINS, HIST_MIN_EXP, SATURATED
 from fp16lens.watch._ops import MATMUL_LIKE
 from fp16lens.watch._recorder import INPUT_SITE, Forward, SiteInfo
 from fp16lens.watch._spans import find_spans
@@ -36,6 +36,21 @@ def _maxes(extremes: list) -> list[float]:
         lo, hi = next(flat) if torch.is_tensor(e) else e
         out.append(hi if hi >= -lo else -lo)  # NaN stays NaN
     return out
+
+
+def _saturated_from_samples(fw: Forward, maxes: list[float]) -> None:
+    """Off the CPU an op's extremes are reduced without a host sync, so no exact pass finds
+    masking constants (|v| >= SATURATED, such as finfo(float32).min) beside its values.
+    Where such an event's peak is saturated, its sample tells the values beside them
+    (their largest, and the share of constants), as the CPU path's exact pass would."""
+    for e, ext in enumerate(fw.extremes):
+        if not (torch.is_tensor(ext) and maxes[e] >= SATURATED) or e in fw.saturated:
+            continue  # (a NaN peak is not saturated)
+        a = fw.samples[e].abs()
+        huge = a >= SATURATED
+        below = float(torch.where(huge, 0, a).max()) if a.numel() else 0.0
+        share = float(huge.float().mean()) if a.numel() else 1.0
+        fw.saturated[e] = (below, max(1, round(share * fw.numels[e])))
 
 
 @dataclass
@@ -129,6 +144,7 @@ class Accumulator:
         if not fw.sites:
             return
         maxes = _maxes(fw.extremes)
+        _saturated_from_samples(fw, maxes)
         for e, (below, _) in fw.saturated.items():
             if fw.sites[e] != INPUT_SITE:  # an inf input is bad data, not a masking constant
                 maxes[e] = below
