@@ -70,7 +70,14 @@ def run_batch(graph: OnnxGraph, sess, batch: Any, index: int, threshold: float,
     values = feed(graph, batch)
     names = [t for _, t in graph.events]
     order = [o.name for o in sess.get_outputs()]
-    got = dict(zip(order, sess.run(order, values)))
+    try:
+        got = dict(zip(order, sess.run(order, values)))
+    except Exception as exc:  # onnxruntime's Fail/InvalidArgument: shapes, dtypes
+        shapes = ", ".join(f"{n} {tuple(v.shape)} {v.dtype}" for n, v in values.items())
+        raise WatchError(
+            f"ONNX Runtime failed on batch {index} ({shapes}): {str(exc).splitlines()[0][:300]}; "
+            "give inputs of the shapes and dtypes the model was exported for"
+        ) from exc
     fw = Forward(index=index)
     event_of: dict[str, int] = {}
     for n in graph.inputs:
