@@ -254,3 +254,22 @@ def test_ppocr_det_verdict_matches_real_fp16(normalized):
     text = ref > 0.3
     assert text.mean() > 0.01  # FP32 finds the word
     assert (half > 0.3).mean() < 0.1 * text.mean()  # real FP16 loses it
+
+
+def test_cli_scans_an_onnx_file_with_named_npz(seed, tmp_path, capsys):
+    from fp16lens.cli import main
+
+    _, x, path = seed
+    name = onnx.load(path).graph.input[0].name
+    np.savez(tmp_path / "in.npz", **{name: x.numpy()})
+    rc = main(["scan", path, "--input", str(tmp_path / "in.npz"), "--save",
+               str(tmp_path / "r.json"), "--no-progress"])
+    assert rc == 0
+    saved = Report.load(tmp_path / "r.json")
+    assert saved == fp16lens.scan(path, [x], progress=False)
+    assert saved.spans[0].start.endswith("bn2/BatchNormalization")
+    assert main(["scan", path, "--input", str(tmp_path / "in.npz"), "--fail-on", "overflow",
+                 "--no-progress"]) == 1
+    capsys.readouterr()
+    assert main(["patch", path, "--report", str(tmp_path / "r.json"), "-o", str(tmp_path / "p.pt")]) == 2
+    assert "patching ONNX graphs is not supported yet" in capsys.readouterr().err
