@@ -93,6 +93,8 @@ def test_seed_report_round_trips_and_renders(seed, tmp_path):
     assert again == report and again.spans[0].start == report.spans[0].start
     text = report.save(tmp_path / "r.txt").read_text()
     assert "BatchNormalization" in text
+    # the advice reads ONNX op types: BN absorbs the scale, no FP32 island needed
+    assert "rescale by 2^-6 folded into /backbone/layer4/layer4.1/bn2/BatchNormalization" in " ".join(text.split())
 
 
 def test_folded_export_starts_at_the_conv_that_holds_the_bn(tmp_path):
