@@ -204,8 +204,9 @@ def _det_model() -> str:
     return found[0]
 
 
-def _real_fp16(proto, x: np.ndarray) -> np.ndarray:
-    """Every float constant and every stored tensor rounded to FP16."""
+def _real_fp16(proto, x: np.ndarray, keep: str = "") -> np.ndarray:
+    """Every float constant and every stored tensor rounded to FP16 (all but ``keep``, a
+    Constant node's output: neither its value nor its storage is rounded)."""
     from onnx import numpy_helper
 
     from fp16lens.verify._onnx import session
@@ -216,14 +217,14 @@ def _real_fp16(proto, x: np.ndarray) -> np.ndarray:
     m.CopyFrom(proto)
     for node in m.graph.node:
         for a in node.attribute:
-            if a.HasField("t") and a.t.data_type == 1:
+            if a.HasField("t") and a.t.data_type == 1 and node.output[0] != keep:
                 with np.errstate(over="ignore"):
                     half = numpy_helper.to_array(a.t).astype(np.float16).astype(np.float32)
                 a.t.CopyFrom(numpy_helper.from_array(half, a.t.name))
     nodes = []
     for node in m.graph.node:
         nodes.append(node)
-        nodes.extend(_round_outputs(node, types))
+        nodes.extend(_round_outputs(node, {k: v for k, v in types.items() if k != keep}))
     del m.graph.node[:]
     m.graph.node.extend(nodes)
     return session(m).run(None, {"x": x.astype(np.float16).astype(np.float32)})[0]
@@ -256,6 +257,10 @@ def test_ppocr_det_verdict_matches_real_fp16(normalized):
     text = ref > 0.3
     assert text.mean() > 0.01  # FP32 finds the word
     assert (half > 0.3).mean() < 0.1 * text.mean()  # real FP16 loses it
+    # that constant kept in range, real FP16 finds the word again: it was the cause
+    if normalized:  # raw 0-255 pixels break real FP16 elsewhere too (not yet explained)
+        fixed = _real_fp16(proto, x, keep="batch_norm_0.w_2") > 0.3
+        assert (fixed == text).all()
 
 
 def test_cli_scans_an_onnx_file_with_named_npz(seed, tmp_path, capsys):
