@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from fp16lens._core import WatchError, import_optional
-from fp16lens.report._model import SATURATED
+from fp16lens.report import SATURATED
 from fp16lens.watch._recorder import INPUT_SITE, Forward
 from fp16lens.watch._tensorstats import take_sample
 from fp16lens.watch.onnx._checks import internal_checks
