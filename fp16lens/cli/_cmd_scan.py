@@ -10,7 +10,7 @@ from fp16lens._core import ReportError
 from fp16lens._core.paths import check_writable
 from fp16lens.cli._cmd_show import print_report
 from fp16lens.cli._inputargs import add_input_arguments, batches_from_args
-from fp16lens.cli._models import MODEL_HELP, load_model, parse_kwargs
+from fp16lens.cli._models import MODEL_HELP, is_onnx_file, load_model, parse_kwargs
 from fp16lens.cli._output import console, emit_json, err_console
 from fp16lens.cli._policy import POLICIES, POLICY_HELP, violations
 from fp16lens.cli._stages import stage
@@ -41,10 +41,13 @@ REPORT_SUFFIXES = (".json", ".html", ".svg", ".txt")
 def run(args: argparse.Namespace) -> int:
     if args.save:
         check_report_path(args.save)
-    loaded = load_model(args.model, parse_kwargs(args.kwargs))
-    batches = batches_from_args(args, loaded.example_inputs, loaded.model)
     options = {} if args.threshold is None else {"threshold": args.threshold}
-    report = watch_batches(loaded.model, batches, not args.no_progress, **options)
+    if is_onnx_file(args.model):
+        report = _scan_onnx(args, options)
+    else:
+        loaded = load_model(args.model, parse_kwargs(args.kwargs))
+        batches = batches_from_args(args, loaded.example_inputs, loaded.model)
+        report = watch_batches(loaded.model, batches, not args.no_progress, **options)
     if args.save:
         report.save(args.save)
     failed = violations(report, args.fail_on)
@@ -55,6 +58,32 @@ def run(args: argparse.Namespace) -> int:
         print_report(report)
         _print_gate(failed, args)
     return 1 if failed else 0
+
+
+def _scan_onnx(args: argparse.Namespace, options: dict) -> Report:
+    """An .onnx MODEL in ONNX Runtime; one .npz --input is matched to the graph's inputs
+    by array name (``numpy.savez(path, x=array)``), else by position."""
+    import numpy as np
+
+    scan = stage("fp16lens.watch", "scan", "scan")
+    if args.kwargs:
+        raise ReportError("--kwargs applies to a module:callable MODEL, not to an .onnx file")
+    specs = args.input or []
+    if len(specs) == 1 and specs[0].lower().endswith(".npz") and args.batch_size is None:
+        batches = [_npz_batch(Path(specs[0]), np)]
+    else:
+        batches = batches_from_args(args, None)
+    return scan(args.model, batches, progress=not args.no_progress, **options)
+
+
+def _npz_batch(path: Path, np) -> dict | tuple:
+    from fp16lens.cli._batchfile import load_batches
+
+    with np.load(path) as data:
+        named = {k: data[k] for k in data.files}
+    if all(k.startswith("arr_") for k in named):  # numpy.savez(path, a, b): positional
+        return load_batches(path)[0]
+    return named
 
 
 def check_report_path(path: str) -> None:

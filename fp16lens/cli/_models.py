@@ -24,8 +24,12 @@ if TYPE_CHECKING:  # torch is imported when a model loads, not for `fp16lens --h
 
 MODEL_HELP = (
     "demo, package.module:callable, path/to/file.py:callable, "
-    "a TorchScript file (.pt) or a torch.export program (.pt2)"
+    "a TorchScript file (.pt), a torch.export program (.pt2), or for `scan` an ONNX file (.onnx)"
 )
+
+
+def is_onnx_file(spec: str) -> bool:
+    return Path(spec).suffix.lower() == ".onnx"
 
 
 @dataclass(frozen=True)
@@ -75,6 +79,12 @@ def _load_file(path: Path) -> tuple[nn.Module, tuple | None]:
         return _load_exported(path)
     if path.suffix.lower() in (".pt", ".pth"):
         return _load_torchscript(path), None
+    if path.suffix.lower() == ".onnx":
+        raise Fp16LensError(
+            f"{path.name} is an ONNX file: `fp16lens scan {path}` reads it, but patch, export and "
+            "verify need the PyTorch model (patching ONNX graphs is not supported yet); give "
+            "the model as package.module:callable, .pt or .pt2"
+        )
     raise Fp16LensError(f"cannot load a model from a {path.suffix} file; give {MODEL_HELP}")
 
 

@@ -71,7 +71,10 @@ def _span_finding(span: Span, start_op: str, threshold: float) -> Finding:
 
 
 def build_report(acc: Accumulator, infos: list[SiteInfo], params: list[ParamCheck],
-                 model: torch.nn.Module, threshold: float) -> Report:
+                 model: torch.nn.Module | None, threshold: float, *,
+                 source: tuple[str, dict[str, list[float]]] | None = None) -> Report:
+    """The report; ``source`` (model class, weight fingerprint) stands in for ``model``
+    when there is no torch module (an ONNX graph)."""
     counts = acc.counts()
     sites = {infos[s].name: _site_stats(infos[s], a, counts[s]) for s, a in sorted(acc.sites.items())}
     # in the order they first overflowed: a module reused in a loop may overflow late
@@ -123,9 +126,10 @@ def build_report(acc: Accumulator, infos: list[SiteInfo], params: list[ParamChec
             detail=f"model input {k} holds {what} (batch {ia.batch}): a problem of the data, "
                    "not of the model; FP16 inputs cannot carry it",
         ))
+    name, weights = source if source is not None else (model_class(model), fingerprint(model))
     meta = ReportMeta(
-        model_class=model_class(model), batches=acc.batches,
+        model_class=name, batches=acc.batches,
         torch_version=torch.__version__, fp16lens_version=__version__, threshold=threshold,
-        input_shapes=acc.input_shapes, weights=fingerprint(model),
+        input_shapes=acc.input_shapes, weights=weights,
     )
     return Report(sites=sites, spans=spans, findings=findings, edges=edges, meta=meta)

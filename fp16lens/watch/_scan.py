@@ -36,7 +36,15 @@ def scan(model: torch.nn.Module, batches: Iterable[Any], *, progress: bool = Tru
 
     ``batches`` is an iterable of batches (a list, a DataLoader): ``[x]`` for one batch of
     one input, ``[(x1, x2)]`` for one batch of two inputs, ``[{"x": x}]`` for keywords.
+    ``model`` may also be an ONNX file (``"model.onnx"``) or an ``onnx.ModelProto``: it
+    then runs in ONNX Runtime, with dict batches keyed by graph input name
+    (``base_dir=`` names the folder of a proto's external data).
     """
+    from fp16lens.watch.onnx import is_onnx_model, scan_onnx
+
+    if is_onnx_model(model):
+        _check_batches(batches)
+        return scan_onnx(model, batches, progress=progress, description=description, **watch_options)
     from rich.console import Console
     from rich.progress import Progress
 

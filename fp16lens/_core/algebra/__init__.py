@@ -58,9 +58,10 @@ def site_class(op: str, *, module: bool, producers: int | None) -> OpClass:
     by one tensor blocks (``producers`` None: unknown, taken as a join) and a functional
     norm blocks (its eps cannot change). A functional conv/linear is taken to absorb:
     patch finds its parameters in a GraphModule (torch.fx, torch.export, onnx2torch) and
-    otherwise makes its owner an FP32 island.
+    otherwise makes its owner an FP32 island. An ONNX report's sites are modules named by
+    op type (``Conv``): classified by ``onnx_class`` (unknown names block there too).
     """
-    if module:
+    if module:  # a module class name, else an ONNX node's op type (a scanned .onnx)
         kind = module_name_kind(op)
-        return KIND_CLASS[kind] if kind is not None else OpClass.BLOCKING
+        return KIND_CLASS[kind] if kind is not None else onnx_class(op)
     return KIND_CLASS[op_kind(op, 2 if producers is None else producers, params=True)]

@@ -1,0 +1,141 @@
+"""An ONNX graph as watch sees it: one site per node with a float output, the float
+constants (initializers and Constant nodes) as its parameters, and a copy of the graph
+that returns every float intermediate as an output.
+
+A site is named by its node's name, or by its first output when the exporter left the
+name empty (PaddlePaddle's paddle2onnx does: ``batch_norm_0.tmp_3``); its ``op`` is the
+op type and its ``module`` the site itself (an ONNX node is its own unit).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from fp16lens._core import WatchError, import_optional
+from fp16lens.watch._recorder import SiteInfo
+
+FLOATS = {1: np.float32, 10: np.float16, 11: np.float64, 16: np.float32}  # 16: bfloat16
+_PURPOSE = "scanning an ONNX model"
+
+
+def onnx_module():
+    return import_optional("onnx", "onnx", _PURPOSE)
+
+
+@dataclass
+class OnnxGraph:
+    proto: object  # the model as loaded (external data inline)
+    name: str
+    sites: list[SiteInfo] = field(default_factory=list)
+    nodes: list = field(default_factory=list)  # the node of each site
+    events: list[tuple[int, str]] = field(default_factory=list)  # (site, tensor) in graph order
+    inputs: list[str] = field(default_factory=list)  # graph inputs (not initializers)
+    elem: dict[str, int] = field(default_factory=dict)
+    consts: dict[str, np.ndarray] = field(default_factory=dict)  # float constants by name
+    consumers: dict[str, list[int]] = field(default_factory=dict)  # tensor -> site ids
+    outputs: list[str] = field(default_factory=list)
+
+    def exposed(self):
+        """A copy returning every event tensor (graph outputs first, as the graph has them)."""
+        onnx = onnx_module()
+        model = onnx.ModelProto()
+        model.CopyFrom(self.proto)
+        present = {o.name for o in model.graph.output}
+        for _, t in self.events:
+            if t not in present:
+                model.graph.output.append(onnx.helper.make_tensor_value_info(t, self.elem[t], None))
+                present.add(t)
+        return model
+
+
+def load(model, base_dir: str | Path | None = None):
+    """A ModelProto from a path or a proto, with its external data read in."""
+    onnx = onnx_module()
+    if isinstance(model, (str, Path)):
+        path = Path(model)
+        if not path.is_file():
+            raise WatchError(f"ONNX model {path} does not exist; check the path")
+        try:
+            return onnx.load(str(path), load_external_data=True), path.stem
+        except Exception as exc:  # protobuf decode errors, missing external data files
+            raise WatchError(
+                f"cannot read {path} as ONNX ({type(exc).__name__}: {str(exc).splitlines()[0]}); "
+                "check that it is an .onnx file and that its external data files lie beside it"
+            ) from exc
+    external = [t.name for t in _tensors_of(model.graph) if t.data_location == 1]
+    if external:
+        if base_dir is None:
+            raise WatchError(
+                f"the ONNX model keeps {len(external)} tensor(s) in external data files "
+                f"({external[0]}, ...); pass base_dir= the folder that holds them, or the path"
+            )
+        from onnx.external_data_helper import load_external_data_for_model
+
+        copy = onnx.ModelProto()
+        copy.CopyFrom(model)
+        load_external_data_for_model(copy, str(base_dir))
+        model = copy
+    return model, model.graph.name or "onnx"
+
+
+def _tensors_of(graph):
+    yield from graph.initializer
+    for node in graph.node:
+        for a in node.attribute:
+            if a.HasField("t"):
+                yield a.t
+
+
+def _elem_types(proto) -> dict[str, int]:
+    onnx = onnx_module()
+    try:
+        g = onnx.shape_inference.infer_shapes(proto).graph
+    except Exception:  # unknown custom ops: declared types only
+        g = proto.graph
+    elem = {t.name: t.data_type for t in g.initializer}
+    for vi in (*g.input, *g.value_info, *g.output):
+        if vi.type.HasField("tensor_type"):
+            elem[vi.name] = vi.type.tensor_type.elem_type
+    return elem
+
+
+def constants(graph) -> dict[str, np.ndarray]:
+    """Float initializers and Constant-node values, by tensor name."""
+    numpy_helper = onnx_module().numpy_helper
+    out = {}
+    for init in graph.initializer:
+        if init.data_type in FLOATS:
+            out[init.name] = numpy_helper.to_array(init)
+    for node in graph.node:
+        if node.op_type == "Constant":
+            for a in node.attribute:
+                if a.name == "value" and a.t.data_type in FLOATS:
+                    out[node.output[0]] = numpy_helper.to_array(a.t)
+    return out
+
+
+def analyse(model, base_dir: str | Path | None = None) -> OnnxGraph:
+    proto, name = load(model, base_dir)
+    g = proto.graph
+    inits = {i.name for i in g.initializer}
+    graph = OnnxGraph(proto, name, elem=_elem_types(proto), consts=constants(g))
+    graph.inputs = [i.name for i in g.input if i.name not in inits]
+    graph.outputs = [o.name for o in g.output]
+    taken: dict[str, int] = {}
+    for node in g.node:
+        floats = [o for o in node.output if o and graph.elem.get(o) in FLOATS]
+        if node.op_type == "Constant" or not floats:
+            continue
+        base = node.name or node.output[0]
+        taken[base] = taken.get(base, 0) + 1
+        sid = len(graph.sites)
+        name = base if taken[base] == 1 else f"{base}#{taken[base]}"
+        graph.sites.append(SiteInfo(name=name, kind="module", op=node.op_type, module=name, order=sid))
+        graph.nodes.append(node)
+        graph.events.extend((sid, o) for o in floats)
+        for t in node.input:
+            graph.consumers.setdefault(t, []).append(sid)
+    return graph

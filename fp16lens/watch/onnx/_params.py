@@ -1,0 +1,47 @@
+"""Float constants of an ONNX graph that FP16 cannot hold, by the rules ``watch._params``
+applies to a module's parameters. A finding's site is the first node that reads the
+constant (its values join that node's output, which ``judge`` weighs the loss against);
+``tensor`` is the constant's own name."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from fp16lens._core.flush import flush_loss
+from fp16lens.watch._options import WatchOptions
+from fp16lens.watch._params import ParamCheck, _overflow, _small
+
+_BIAS_SLOT = {"Conv": 2, "ConvTranspose": 2, "Gemm": 2, "BatchNormalization": 2,
+              "InstanceNormalization": 2, "LayerNormalization": 2, "GroupNormalization": 2}
+_BN_STATS = (3, 4)  # running mean and variance: folded in FP32 before deployment
+
+
+def _uses(graph, name: str) -> list[tuple[object, int]]:
+    return [(graph.nodes[s], i) for s in dict.fromkeys(graph.consumers.get(name, []))
+            for i, t in enumerate(graph.nodes[s].input) if t == name]
+
+
+def check_constants(graph, options: WatchOptions) -> list[ParamCheck]:
+    checks = []
+    site_of = {id(n): graph.sites[s].name for s, n in enumerate(graph.nodes)}
+    for name, array in graph.consts.items():
+        uses = _uses(graph, name)
+        if not uses or array.size == 0:
+            continue  # read by no float node (shapes, scales of a non-float op)
+        site = site_of[id(uses[0][0])]
+        t = torch.from_numpy(array.astype("float32"))
+        a = t.abs()
+        over = _overflow(name, t, a, options.threshold)
+        if over is not None:
+            checks.append(ParamCheck(dataclasses.replace(over, site=site, tensor=name)))
+        if all(n.op_type == "BatchNormalization" and i in _BN_STATS for n, i in uses):
+            continue
+        small = _small(name, a, options)
+        if small is not None:
+            additive = all(n.op_type in ("Add", "Sub") or _BIAS_SLOT.get(n.op_type) == i
+                           for n, i in uses)
+            checks.append(ParamCheck(dataclasses.replace(small, site=site, tensor=name),
+                                     additive, flush_loss(t)))
+    return checks

@@ -1,0 +1,130 @@
+"""One batch through ONNX Runtime (CPU, graph optimizations off so every node and name
+survives) with every float intermediate returned, reduced into a ``Forward`` at once:
+only one batch of intermediates is ever held."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+from fp16lens._core import WatchError, import_optional
+from fp16lens.report import SATURATED
+from fp16lens.watch._recorder import INPUT_SITE, Forward
+from fp16lens.watch._tensorstats import take_sample
+from fp16lens.watch.onnx._checks import internal_checks
+from fp16lens.watch.onnx._graph import FLOATS, OnnxGraph
+
+
+def session(graph: OnnxGraph):
+    ort = import_optional("onnxruntime", "onnx", "scanning an ONNX model")
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.log_severity_level = 3
+    try:
+        return ort.InferenceSession(graph.exposed().SerializeToString(), options,
+                                    providers=["CPUExecutionProvider"])
+    except Exception as exc:  # opset/IR versions this ONNX Runtime lacks, unknown ops
+        raise WatchError(
+            f"ONNX Runtime cannot load {graph.name} ({str(exc).splitlines()[0]}); upgrade "
+            "onnxruntime, or re-export the model at an opset it supports"
+        ) from exc
+
+
+def feed(graph: OnnxGraph, batch: Any) -> dict[str, np.ndarray]:
+    """A batch (an array, a tuple of arrays in graph-input order, or a dict by input name)
+    as ONNX Runtime's feed; float arrays are cast to the graph input's float type."""
+    names = graph.inputs
+    if isinstance(batch, Mapping):
+        missing = [n for n in names if n not in batch]
+        if missing:
+            raise WatchError(
+                f"the batch has no array for graph input(s) {', '.join(missing)} (it has "
+                f"{', '.join(map(str, batch)) or 'none'}); name the arrays as the graph's inputs"
+            )
+        items = [(n, batch[n]) for n in names]
+    else:
+        arrays = list(batch) if isinstance(batch, (tuple, list)) else [batch]
+        if len(arrays) != len(names):
+            raise WatchError(
+                f"{graph.name} takes {len(names)} input(s) ({', '.join(names)}) but the batch "
+                f"holds {len(arrays)}; pass a tuple in that order or a dict by name"
+            )
+        items = list(zip(names, arrays))
+    return {n: _array(a, graph.elem.get(n)) for n, a in items}
+
+
+def _array(a: Any, elem: int | None) -> np.ndarray:
+    if torch.is_tensor(a):
+        a = a.detach().cpu().numpy()
+    a = np.asarray(a)
+    if a.dtype.kind == "f" and elem in FLOATS:
+        a = a.astype(FLOATS[elem], copy=False)
+    return a
+
+
+def run_batch(graph: OnnxGraph, sess, batch: Any, index: int, threshold: float,
+              sample_size: int) -> Forward:
+    values = feed(graph, batch)
+    names = [t for _, t in graph.events]
+    order = [o.name for o in sess.get_outputs()]
+    try:
+        got = dict(zip(order, sess.run(order, values)))
+    except Exception as exc:  # onnxruntime's Fail/InvalidArgument: shapes, dtypes
+        shapes = ", ".join(f"{n} {tuple(v.shape)} {v.dtype}" for n, v in values.items())
+        raise WatchError(
+            f"ONNX Runtime failed on batch {index} ({shapes}): {str(exc).splitlines()[0][:300]}; "
+            "give inputs of the shapes and dtypes the model was exported for"
+        ) from exc
+    fw = Forward(index=index)
+    event_of: dict[str, int] = {}
+    for n in graph.inputs:
+        v = values[n]
+        fw.input_shapes.append(list(v.shape))
+        if v.dtype.kind == "f":
+            event_of[n] = _event(fw, INPUT_SITE, v, (), threshold, sample_size)
+    for sid, t in graph.events:
+        node = graph.nodes[sid]
+        producers = tuple(event_of[i] for i in node.input if i in event_of)
+        event_of[t] = _event(fw, sid, got[t], producers, threshold, sample_size)
+    fw.outputs = tuple(event_of[o] for o in graph.outputs if o in event_of)
+    maxes = {t: _absmax(fw.extremes[e]) for t, e in event_of.items()}
+    fw.internal = internal_checks(graph, {**values, **got}, maxes, threshold)
+    del got, names
+    return fw
+
+
+def _absmax(lo_hi: tuple[float, float]) -> float:
+    lo, hi = lo_hi
+    return hi if hi >= -lo else -lo
+
+
+def _event(fw: Forward, sid: int, v: np.ndarray, producers: tuple[int, ...], threshold: float,
+           sample_size: int) -> int:
+    e = len(fw.sites)
+    flat = np.ascontiguousarray(v, dtype=np.float32).reshape(-1)
+    fw.sites.append(sid)
+    fw.inputs.append(producers)
+    fw.numels.append(flat.size)
+    fw.shapes.append(list(v.shape))
+    if flat.size == 0:
+        fw.extremes.append((0.0, 0.0))
+        fw.samples.append(torch.zeros(0))
+        return e
+    lo, hi = float(flat.min()), float(flat.max())
+    fw.extremes.append((lo, hi))
+    fw.samples.append(take_sample(torch.from_numpy(flat), sample_size))
+    if not (max(-lo, hi) <= threshold):  # exact counts, as the recorder takes on the CPU
+        a = np.abs(flat)
+        nan = np.isnan(a)
+        if nan.any():
+            fw.finite_max[e] = float(np.where(np.isfinite(a), a, 0).max())
+        huge = a >= SATURATED
+        if huge.any():
+            rest = np.where(huge | nan, 0, a)
+            fw.saturated[e] = (float(rest.max()), int(huge.sum()))
+            a = np.where(huge, 0, a)
+        fw.exact_over[e] = int(np.count_nonzero(a > threshold)) + int(nan.sum())
+    return e
