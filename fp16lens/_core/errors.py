@@ -48,3 +48,7 @@ class StaleReportError(ReportError):
 
 class OutputPathError(Fp16LensError, OSError):
     """An output path cannot be written; raised before any work so nothing is half-written."""
+
+
+class UnknownBackendError(VerifyError, ValueError):
+    """verify() was asked for a backend no one registered; the message lists the known ones."""

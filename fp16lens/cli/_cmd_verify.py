@@ -7,6 +7,7 @@ import argparse
 from pathlib import Path
 
 from fp16lens._core import Fp16LensError
+from fp16lens._core.sites import Backend
 from fp16lens.cli._cmd_scan import add_model_arguments
 from fp16lens.cli._inputargs import add_input_arguments, batches_from_args
 from fp16lens.cli._models import MODEL_HELP, load_model, parse_kwargs
@@ -14,15 +15,25 @@ from fp16lens.cli._output import console, emit_json
 from fp16lens.cli._stages import stage
 from fp16lens.cli._summary import parity_summary
 
-BACKENDS = (
-    "auto",
-    "torch-fp16",
-    "torch-emulated",
-    "onnx-fp16",
-    "onnx-int8",
-    "tensorrt",
-    "torch-tensorrt",
-)
+
+class BackendChoices:
+    """``--backend`` choices: "auto" and the names registered with fp16lens.verify, read when
+    the command line is parsed or its help shown (the stage is not imported to build the
+    parser). Without a verify stage any name passes and the command says what is missing."""
+
+    def _names(self) -> tuple[str, ...]:
+        try:
+            found = stage("fp16lens.verify", "backends", "verify")()
+        except Fp16LensError:
+            return ()
+        return ("auto", *(str(name) for name in found))
+
+    def __iter__(self):
+        return iter(self._names())
+
+    def __contains__(self, name: object) -> bool:
+        names = self._names()
+        return not names or name in names
 
 
 def add_parser(sub) -> None:
@@ -31,10 +42,11 @@ def add_parser(sub) -> None:
     p.add_argument("candidate", metavar="CANDIDATE", help=f"an .onnx file, or {MODEL_HELP}")
     p.add_argument(
         "--backend",
-        choices=BACKENDS,
+        choices=BackendChoices(),
         default=None,
-        help="how CANDIDATE runs (default auto: onnx-int8 for an .onnx file with "
-        "QuantizeLinear/DequantizeLinear nodes, onnx-fp16 for other .onnx files, else torch-fp16)",
+        help=f"how CANDIDATE runs (default auto: {Backend.ONNX_INT8} for an .onnx file with "
+        f"QuantizeLinear/DequantizeLinear nodes, {Backend.ONNX_FP16} for other .onnx files, "
+        f"else {Backend.TORCH_FP16})",
     )
     p.add_argument("--tolerance", type=float, default=None, help="pass threshold (backend default)")
     add_input_arguments(p)

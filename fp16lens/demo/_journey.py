@@ -16,6 +16,7 @@ from rich.table import Table
 
 from fp16lens._core import MissingDependencyError
 from fp16lens._core.paths import check_writable
+from fp16lens._core.sites import Backend
 from fp16lens.demo._build import document_pages
 
 
@@ -71,8 +72,8 @@ def _intro(console: Console, inputs) -> None:
 
 
 def _parity(stages, console: Console, model, candidate, inputs, when: str):
-    console.rule(f"parity {when}: FP32 vs real FP16 (torch-fp16)")
-    result = stages["verify"](model, candidate, inputs, backend="torch-fp16")
+    console.rule(f"parity {when}: FP32 vs real FP16 ({Backend.TORCH_FP16})")
+    result = stages["verify"](model, candidate, inputs, backend=Backend.TORCH_FP16)
     console.print(result)
     return result
 
@@ -111,7 +112,7 @@ def _export(stages, console: Console, patched, model, inputs, out: Path):
                 "INT8 ONNX and ONNX parity skipped: pip install 'fp16lens[onnx]'", markup=False
             )
             return files, cosine
-        result = stages["verify"](model, art.path, inputs, backend="onnx-fp16")
+        result = stages["verify"](model, art.path, inputs, backend=Backend.ONNX_FP16)
         console.print(result)
         cosine = result.cosine
         pages = document_pages(4, inputs[0].shape[-1], seed=7)

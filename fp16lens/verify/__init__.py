@@ -1,12 +1,37 @@
 """Accuracy parity of an FP16 (or INT8) candidate against the FP32 model, with the first
-diverging site named. ``result = verify(model, candidate, inputs)``; ``bool(result)``."""
+diverging site named. ``result = verify(model, candidate, inputs)``; ``bool(result)``.
+
+Backends are looked up by name in a registry (``backends()``); a new one is a ``Runner``
+subclass registered with ``register_backend(BackendSpec(name, "module" or "path",
+factory))``."""
 
 from fp16lens.verify._metrics import OutputMetrics
-from fp16lens.verify._options import BACKENDS, Tolerance
+from fp16lens.verify._options import Tolerance
+from fp16lens.verify._registry import (
+    BACKENDS,
+    BackendSpec,
+    backend_spec,
+    backends,
+    register_backend,
+    unregister_backend,
+)
 from fp16lens.verify._result import ParityResult
+from fp16lens.verify._runner import Runner
 from fp16lens.verify._verify import verify
 
-__all__ = ["BACKENDS", "OutputMetrics", "ParityResult", "Tolerance", "verify"]
+__all__ = [
+    "BACKENDS",
+    "BackendSpec",
+    "OutputMetrics",
+    "ParityResult",
+    "Runner",
+    "Tolerance",
+    "backend_spec",
+    "backends",
+    "register_backend",
+    "unregister_backend",
+    "verify",
+]
 
 from fp16lens._core.callable_module import make_callable
 

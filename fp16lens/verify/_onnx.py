@@ -11,9 +11,11 @@ import torch
 from torch import nn
 
 from fp16lens._core import VerifyError, import_optional
+from fp16lens._core.sites import Backend
 from fp16lens.verify._align import first_departure
 from fp16lens.verify._onnx_graph import float_tensors, fp32_compute, producers, tensor_types
 from fp16lens.verify._onnx_sites import site_of_node
+from fp16lens.verify._runner import Runner
 
 _F16 = 10
 
@@ -44,8 +46,10 @@ def load(path: str | Path):
     return onnx.load(str(path))
 
 
-class OnnxRunner:
+class OnnxRunner(Runner):
     """Feeds torch batches to a graph and returns its outputs as FP32 torch tensors."""
+
+    name = Backend.ONNX_FP16
 
     def __init__(self, path: str | Path, model: nn.Module | None = None):
         self.path = Path(path)
@@ -123,6 +127,8 @@ class OnnxInt8(OnnxRunner):
     computes it (int8 products, exact int32 sums); ONNX Runtime's fused CPU INT8 kernels
     (QLinearConv, QGemm) saturate u8·s8 pairs on CPUs without VNNI and lose accuracy that
     the target never loses (the clean test model: cosine 0.946 fused, 0.999996 as written)."""
+
+    name = Backend.ONNX_INT8
 
     def _notes(self) -> tuple[str, ...]:
         if any(n.op_type == "QuantizeLinear" for n in self.proto.graph.node):

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
-
-BACKENDS = ("torch-fp16", "torch-emulated", "onnx-fp16", "onnx-int8", "tensorrt", "torch-tensorrt")
-INT8_BACKENDS = frozenset({"onnx-int8"})
 
 
 @dataclass(frozen=True)
@@ -39,32 +37,19 @@ class Tolerance:
             raise ValueError(f"site_rel must be a finite number > 0, got {self.site_rel!r}")
 
 
-def default_tolerance(backend: str) -> Tolerance:
-    """FP16 backends: cosine >= 0.999; INT8: cosine >= 0.99 (quantization noise is larger)."""
-    if backend in INT8_BACKENDS:
-        return Tolerance(min_cosine=0.99, site_rel=0.2)
-    return Tolerance()
-
-
-def resolve_tolerance(tolerance: Tolerance | float | None, backend: str) -> Tolerance:
-    """A Tolerance, the backend's default for None, or a bare number taken as min_cosine."""
+def resolve_tolerance(tolerance: Tolerance | float | None, default: Tolerance) -> Tolerance:
+    """A Tolerance, the backend's ``default`` for None, or a bare number taken as min_cosine
+    (the rest from ``default``)."""
     if tolerance is None:
-        return default_tolerance(backend)
+        return default
     if isinstance(tolerance, Tolerance):
         return tolerance
     if isinstance(tolerance, (int, float)) and not isinstance(tolerance, bool):
-        base = default_tolerance(backend)
-        return Tolerance(float(tolerance), base.max_rel, base.min_sqnr_db, base.site_rel)
+        return dataclasses.replace(default, min_cosine=float(tolerance))
     raise TypeError(
         f"tolerance must be a fp16lens.verify.Tolerance, a number (min cosine) or None, "
         f"got {type(tolerance).__name__}"
     )
-
-
-def check_backend(backend: str) -> str:
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {', '.join(BACKENDS)}; got {backend!r}")
-    return backend
 
 
 def _finite(x) -> bool:

@@ -24,7 +24,7 @@ class ParityResult:
     failed INT8 check, the layers whose quantization loses most and what to try.
     """
 
-    backend: str
+    backend: str  # a Backend member for the built-in backends (equal to its string)
     outputs: dict[str, OutputMetrics]
     tolerance: Tolerance
     batches: int
@@ -80,7 +80,7 @@ class ParityResult:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "backend": self.backend,
+            "backend": str(self.backend),
             "passed": self.passed,
             "cosine": self.cosine,
             "max_abs": self.max_abs,
@@ -102,7 +102,7 @@ class ParityResult:
         verdict = "PASSED" if self.passed else "FAILED"
         where = f", first_divergence={self.first_divergence!r}" if self.first_divergence else ""
         return (
-            f"ParityResult({verdict}, backend={self.backend!r}, cosine={_short(self.cosine)}, "
+            f"ParityResult({verdict}, backend={str(self.backend)!r}, cosine={_short(self.cosine)}, "
             f"max_rel={_short(self.max_rel)}, nonfinite={self.nonfinite}{where}, "
             f"outputs={len(self.outputs)}, batches={self.batches})"
         )

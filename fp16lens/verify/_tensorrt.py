@@ -18,26 +18,29 @@ import torch
 from torch import nn
 
 from fp16lens._core import VerifyError, import_optional
+from fp16lens._core.sites import Backend
 from fp16lens.verify._onnx import OnnxRunner
 from fp16lens.verify._torch import TorchFp16, tensor_leaves
 
 
-def _require_cuda(backend: str) -> None:
+def _require_cuda(backend: Backend) -> None:
     if not torch.cuda.is_available():
         raise VerifyError(
-            f"backend {backend!r} needs a CUDA GPU; on a CPU use 'onnx-fp16' or 'torch-emulated'"
+            f"backend {str(backend)!r} needs a CUDA GPU; on a CPU use "
+            f"{str(Backend.ONNX_FP16)!r} or {str(Backend.TORCH_EMULATED)!r}"
         )
 
 
 class TensorRTRunner(OnnxRunner):
     """Builds a strongly typed engine from the ONNX file and runs it with Polygraphy."""
 
+    name = Backend.TENSORRT
     notes = ("localized with the onnx-fp16 storage emulation of the same artifact",)
 
     def __init__(self, path: str | Path, model: nn.Module | None = None):
         import_optional("tensorrt", "trt", "the tensorrt backend")
         import_optional("polygraphy", "trt", "the tensorrt backend")
-        _require_cuda("tensorrt")
+        _require_cuda(self.name)
         super().__init__(path, model)
         from polygraphy.backend.trt import (
             CreateConfig,
@@ -70,11 +73,12 @@ class TorchTensorRTRunner(TorchFp16):
     """``torch_tensorrt.compile`` of the half-precision candidate on the GPU; a failing
     run is localized with the torch-fp16 backend on the same device."""
 
+    name = Backend.TORCH_TENSORRT
     notes = ("localized with the torch-fp16 backend",)
 
     def __init__(self, candidate: nn.Module):
         self.torch_trt = import_optional("torch_tensorrt", "torchtrt", "the torch-tensorrt backend")
-        _require_cuda("torch-tensorrt")
+        _require_cuda(self.name)
         super().__init__(copy.deepcopy(candidate).cuda())
         self.compiled = None
 

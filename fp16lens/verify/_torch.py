@@ -9,9 +9,11 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten
 
+from fp16lens._core.sites import Backend
 from fp16lens.verify._align import first_departure
 from fp16lens.verify._batches import cast_floats, model_device
 from fp16lens.verify._emulate import StorageRounding, round_module_
+from fp16lens.verify._runner import Runner
 from fp16lens.verify._trace import SiteTracer, Trace, traced
 from fp16lens.watch import fp32_compute_ops
 
@@ -26,10 +28,12 @@ def _device(candidate: nn.Module, device) -> torch.device:
     return model_device(candidate) if device is None else torch.device(device)
 
 
-class TorchFp16:
+class TorchFp16(Runner):
     """``copy.deepcopy(candidate).half()`` with half inputs: real FP16 storage between ops.
     Modules that keep themselves FP32 under ``.half()`` (FP32 islands) are honoured as is.
     It runs on ``device`` (default: the candidate's); the candidate itself is not moved."""
+
+    name = Backend.TORCH_FP16
 
     def __init__(self, candidate: nn.Module, device=None):
         self.reference = candidate
@@ -65,6 +69,8 @@ class TorchFp16:
 
 class TorchEmulated(TorchFp16):
     """FP32 compute, every stored tensor (parameters, inputs, op outputs) rounded to FP16."""
+
+    name = Backend.TORCH_EMULATED
 
     def __init__(self, candidate: nn.Module, fusions: bool = False, device=None):
         self.reference = candidate

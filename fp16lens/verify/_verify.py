@@ -12,12 +12,14 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from fp16lens._core import VerifyError, import_optional
+from fp16lens._core import VerifyError
 from fp16lens.verify._batches import as_batches, cast_floats, model_device
 from fp16lens.verify._metrics import Accumulator
-from fp16lens.verify._options import INT8_BACKENDS, Tolerance, check_backend, resolve_tolerance
+from fp16lens.verify._options import Tolerance, resolve_tolerance
 from fp16lens.verify._outputs import named_leaves
+from fp16lens.verify._registry import BackendSpec, pick_backend
 from fp16lens.verify._result import ParityResult, output_failures
+from fp16lens.verify._runner import Runner
 
 Metric = Callable[[Any, Any], float]
 
@@ -37,8 +39,9 @@ def verify(
 
     ``candidate``: the model itself, a patched copy, or an exported ONNX path.
     ``inputs``: a tensor, a tuple of positional tensors, or a list of those (batches).
-    ``backend``: "torch-fp16", "torch-emulated", "onnx-fp16", "onnx-int8", "tensorrt",
-    "torch-tensorrt"; None or "auto" picks torch-fp16 for a module, onnx-int8 for an ONNX
+    ``backend``: a registered backend (``fp16lens.verify.backends()``: torch-fp16,
+    torch-emulated, onnx-fp16, onnx-int8, tensorrt, torch-tensorrt, and any added with
+    ``register_backend``); None or "auto" picks torch-fp16 for a module, onnx-int8 for an ONNX
     file holding QuantizeLinear/DequantizeLinear nodes, onnx-fp16 for any other ONNX
     file. A failed INT8 check names the layers whose quantization loses most
     (``result.advice``). ``tolerance``: a
@@ -53,14 +56,16 @@ def verify(
             f"verify needs the FP32 reference as a torch.nn.Module, got {type(model).__name__}; "
             "pass the original model object itself (not its state_dict or a path)"
         )
-    backend = check_backend(_default_backend(candidate) if backend in (None, "auto") else backend)
-    tol = resolve_tolerance(tolerance, backend)
-    runner = _runner(model, candidate, backend, fusions, device)
+    spec = pick_backend(candidate, backend)
+    tol = resolve_tolerance(tolerance, spec.tolerance)
+    runner = spec.runner(candidate, model, fusions=fusions, device=device)
     with _eval(model):
-        return _compare(model, runner, as_batches(inputs), backend, tol, metric)
+        return _compare(model, runner, as_batches(inputs), spec, tol, metric)
 
 
-def _compare(model, runner, batches, backend, tol, metric) -> ParityResult:
+def _compare(
+    model: nn.Module, runner: Runner, batches, spec: BackendSpec, tol: Tolerance, metric
+) -> ParityResult:
     accs: dict[str, Accumulator] = {}
     scores: list[float] = []
     first = (None, None)
@@ -78,20 +83,20 @@ def _compare(model, runner, batches, backend, tol, metric) -> ParityResult:
             first = runner.locate(batch, tol.site_rel)
     metrics = {getattr(metric, "__name__", "metric"): sum(scores) / len(scores)} if scores else {}
     advice = ()
-    if failing is not None and backend in INT8_BACKENDS:
+    if failing is not None and spec.int8:
         from fp16lens.verify._int8_advice import int8_advice
 
         advice = int8_advice(runner, *failing, tol.min_cosine)
     return ParityResult(
-        backend,
-        {k: a.result() for k, a in accs.items()},
-        tol,
-        len(batches),
-        first[0],
-        first[1],
-        metrics,
-        getattr(runner, "notes", ()),
-        advice,
+        backend=spec.name,
+        outputs={k: a.result() for k, a in accs.items()},
+        tolerance=tol,
+        batches=len(batches),
+        first_divergence=first[0],
+        first_divergence_tensor=first[1],
+        metrics=metrics,
+        notes=tuple(runner.notes),
+        advice=advice,
     )
 
 
@@ -122,54 +127,6 @@ def _restructure(ref_out, cand: list[torch.Tensor]):
 
 def _float(t: torch.Tensor) -> torch.Tensor:
     return t.float() if t.is_floating_point() else t
-
-
-def _default_backend(candidate) -> str:
-    if not isinstance(candidate, (str, Path)):
-        return "torch-fp16"
-    return "onnx-int8" if is_qdq(candidate) else "onnx-fp16"
-
-
-def is_qdq(path: str | Path) -> bool:
-    """Whether an ONNX file holds QuantizeLinear/DequantizeLinear nodes (an INT8 graph)."""
-    from fp16lens.verify._int8_advice import QDQ_OPS
-
-    if not Path(path).is_file():
-        return False  # the runner names the missing file
-    onnx = import_optional("onnx", "onnx", "running an ONNX candidate")
-    proto = onnx.load(str(path), load_external_data=False)
-    return any(n.op_type in QDQ_OPS for n in proto.graph.node)
-
-
-def _runner(model: nn.Module, candidate, backend: str, fusions: bool, device=None):
-    is_path = isinstance(candidate, (str, Path))
-    wants_path = backend in ("onnx-fp16", "onnx-int8", "tensorrt")
-    if is_path != wants_path or not (is_path or isinstance(candidate, nn.Module)):
-        need = "an ONNX file path" if wants_path else "an nn.Module"
-        raise VerifyError(
-            f"backend {backend!r} needs {need} as candidate, got {type(candidate).__name__}; "
-            "pass a model (or a patched copy) with backend 'torch-fp16'/'torch-emulated', "
-            "or an exported ONNX path with 'onnx-fp16'/'onnx-int8'/'tensorrt'"
-        )
-    if backend == "torch-fp16":
-        from fp16lens.verify._torch import TorchFp16
-
-        return TorchFp16(candidate, device)
-    if backend == "torch-emulated":
-        from fp16lens.verify._torch import TorchEmulated
-
-        return TorchEmulated(candidate, fusions=fusions, device=device)
-    if backend in ("onnx-fp16", "onnx-int8"):
-        from fp16lens.verify._onnx import OnnxInt8, OnnxRunner
-
-        return (OnnxRunner if backend == "onnx-fp16" else OnnxInt8)(candidate, model)
-    from fp16lens.verify._tensorrt import TensorRTRunner, TorchTensorRTRunner
-
-    return (
-        TensorRTRunner(candidate, model)
-        if backend == "tensorrt"
-        else TorchTensorRTRunner(candidate)
-    )
 
 
 @contextlib.contextmanager
