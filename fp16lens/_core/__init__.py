@@ -8,6 +8,7 @@ from fp16lens._core.errors import (
     PatchError,
     ReportError,
     StaleReportError,
+    UnknownBackendError,
     VerifyError,
     WatchError,
 )
@@ -32,6 +33,7 @@ __all__ = [
     "PatchError",
     "ReportError",
     "StaleReportError",
+    "UnknownBackendError",
     "VerifyError",
     "WatchError",
     "half_step",

@@ -35,7 +35,10 @@ class TensorRTRunner(OnnxRunner):
     """Builds a strongly typed engine from the ONNX file and runs it with Polygraphy."""
 
     name = Backend.TENSORRT
-    notes = ("localized with the onnx-fp16 storage emulation of the same artifact",)
+    LOCALIZED = "localized with the onnx-fp16 storage emulation of the same artifact"
+
+    def _notes(self) -> tuple[str, ...]:  # the artifact's own notes, and how divergence is found
+        return (*super()._notes(), self.LOCALIZED)
 
     def __init__(self, path: str | Path, model: nn.Module | None = None):
         import_optional("tensorrt", "trt", "the tensorrt backend")

@@ -69,3 +69,17 @@ def test_torch_tensorrt_fails_on_the_seed_case_and_passes_clean():
         model.cuda(), model.cuda(), tuple(x.cuda() for x in inputs), backend="torch-tensorrt"
     )
     assert torch.cuda.is_available()
+
+
+def test_tensorrt_result_says_how_divergence_is_localized():
+    """The TensorRT runner's own note survives the ONNX runner's artifact notes (built
+    without TensorRT: only the notes are asked for)."""
+    from pathlib import Path
+
+    from fp16lens.verify._tensorrt import TensorRTRunner
+
+    runner = TensorRTRunner.__new__(TensorRTRunner)
+    runner.path, runner.types = Path("m.onnx"), {}  # an artifact with no FP16 tensor
+    notes = runner._notes()
+    assert notes[-1] == TensorRTRunner.LOCALIZED
+    assert any("holds no FP16 tensor" in n for n in notes)
