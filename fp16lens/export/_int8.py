@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from fp16lens._core import ExportError, import_optional
+from fp16lens._core.feeds import feed_items
 from fp16lens._core.quiet import quiet
 from fp16lens.export._calib_cache import write_calibration_cache
 
@@ -28,16 +29,8 @@ TRT_QDQ_OPTIONS = {
 
 def batch_feed(batch, names: list[str]) -> dict[str, np.ndarray]:
     """One calibration item (tensor, tuple of tensors, or dict by input name) as an ORT feed."""
-    if isinstance(batch, dict):
-        items = [batch[n] for n in names]
-    else:
-        items = list(batch) if isinstance(batch, (tuple, list)) else [batch]
-    if len(items) != len(names):
-        raise ExportError(
-            f"a calibration batch has {len(items)} tensor(s) but the model takes {len(names)} "
-            f"input(s) ({', '.join(names)}); yield one tuple of inputs per batch"
-        )
-    return {n: _numpy(t) for n, t in zip(names, items)}
+    items = feed_items(batch, names, ExportError, "the model (calibration)")
+    return {n: _numpy(t) for n, t in items}
 
 
 def _numpy(t) -> np.ndarray:

@@ -157,7 +157,7 @@ def test_inputs_by_name_position_and_errors(seed, tmp_path):
     name = onnx.load(path).graph.input[0].name
     by_name = fp16lens.scan(path, [{name: x}], progress=False)
     assert by_pos.spans[0].peak == by_name.spans[0].peak
-    with pytest.raises(WatchError, match="no array for graph input"):
+    with pytest.raises(WatchError, match="no array for input"):
         fp16lens.scan(path, [{"nope": x}], progress=False)
     with pytest.raises(WatchError, match="bare array"):
         fp16lens.scan(path, x.numpy(), progress=False)

@@ -4,13 +4,13 @@ only one batch of intermediates is ever held."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 import torch
 
 from fp16lens._core import WatchError, import_optional
+from fp16lens._core.feeds import feed_items
 from fp16lens.report import SATURATED
 from fp16lens.watch._recorder import INPUT_SITE, Forward
 from fp16lens.watch._tensorstats import take_sample
@@ -36,23 +36,7 @@ def session(graph: OnnxGraph):
 def feed(graph: OnnxGraph, batch: Any) -> dict[str, np.ndarray]:
     """A batch (an array, a tuple of arrays in graph-input order, or a dict by input name)
     as ONNX Runtime's feed; float arrays are cast to the graph input's float type."""
-    names = graph.inputs
-    if isinstance(batch, Mapping):
-        missing = [n for n in names if n not in batch]
-        if missing:
-            raise WatchError(
-                f"the batch has no array for graph input(s) {', '.join(missing)} (it has "
-                f"{', '.join(map(str, batch)) or 'none'}); name the arrays as the graph's inputs"
-            )
-        items = [(n, batch[n]) for n in names]
-    else:
-        arrays = list(batch) if isinstance(batch, (tuple, list)) else [batch]
-        if len(arrays) != len(names):
-            raise WatchError(
-                f"{graph.name} takes {len(names)} input(s) ({', '.join(names)}) but the batch "
-                f"holds {len(arrays)}; pass a tuple in that order or a dict by name"
-            )
-        items = list(zip(names, arrays))
+    items = feed_items(batch, graph.inputs, WatchError, graph.name)
     return {n: _array(a, graph.elem.get(n)) for n, a in items}
 
 
