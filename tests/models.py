@@ -972,3 +972,43 @@ def masked_softmax():
     x, mask = torch.randn(2, 8), torch.ones(2, 8)
     mask[1, 4:] = 0
     return MaskedSoftmax().eval(), (x, mask)
+
+
+class Magnitude(nn.Module):
+    """conv -> sqrt(a² + b²) -> conv (an STFT magnitude, as in Silero VAD), with ``inner``
+    between the two halves: ``"pow"`` (a ** 2), ``"square"``, ``"exp"`` (opaque) or
+    ``"tensor"`` (a ** t, t from the model: opaque)."""
+
+    def __init__(self, inner: str = "pow"):
+        super().__init__()
+        self.inner = inner
+        self.stft = nn.Conv1d(1, 16, 8, stride=4, bias=False)
+        self.head = nn.Conv1d(8, 4, 3, padding=1)
+        self.expo = nn.Conv1d(1, 8, 8, stride=4)
+
+    def forward(self, x):
+        y = self.stft(x)
+        a, b = y[:, :8], y[:, 8:]
+        if self.inner == "exp":
+            m = (a.exp() + b.exp()).sqrt()
+        elif self.inner == "tensor":
+            t = torch.sigmoid(self.expo(x)) + 1.5
+            m = (a.abs() ** t + b.abs() ** t).sqrt()
+        elif self.inner == "square":
+            m = (torch.square(a) + torch.square(b)).sqrt()
+        else:
+            m = (a**2 + b**2).sqrt()
+        return self.head(m)
+
+
+def magnitude(inner: str = "pow", peak: float = 3e3):
+    """A Magnitude whose squares reach peak² (3e3 -> ~9e6: beyond FP16 at the squares only),
+    its input at peak/|W| scale."""
+    torch.manual_seed(0)
+    m = Magnitude(inner).eval()
+    with torch.no_grad():
+        m.stft.weight.mul_(4.0)
+    x = torch.randn(2, 1, 256)
+    with torch.no_grad():
+        scale = peak / float(m.stft(x).abs().max())
+    return m, (x * scale,)

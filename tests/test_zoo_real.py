@@ -72,15 +72,12 @@ def test_first_span_is_the_first_overflow_in_time(name):
 
 
 @pytest.mark.parametrize("name", BREAKS)
-def test_patch_stays_fp32_equivalent_and_names_what_it_cannot_fix(name):
+def test_patch_stays_fp32_equivalent_and_resolves_every_span(name):
     result = zoo_real.patch_case(_case(name))
     assert result["fp32_rel"] <= 1e-5
-    assert any(u.site == "stft_conv" and ":pow" in u.reason for u in result["unresolved"])
+    assert result["unresolved"] == []  # the STFT magnitude's x**2 and sqrt pass the scale
 
 
-@pytest.mark.xfail(strict=True, reason="issue #15 (real-weights zoo): the STFT magnitude sqrt(a²+b²) is "
-                   "homogeneous of degree 1 but patch treats pow/sqrt as opaque (unresolved), and the "
-                   "lstm_cell FP32 island meets FP16 final_conv under .half() (part: FP32 islands under .half())")
 @pytest.mark.parametrize("name", BREAKS)
 def test_patch_restores_fp16_parity(name):
     assert float(zoo_real.patch_case(_case(name))["fp16_cosine"]) >= PARITY

@@ -8,6 +8,8 @@ from fp16lens.patch._graph import SiteGraph
 
 def class_problem(graph: SiteGraph, root: str) -> str | None:
     """Why the class cannot carry a scale, or None when it can."""
+    if root in graph.conflicts:
+        return f"{root}'s class meets one tensor at two powers of the scale (a join of x and x**2)"
     for m in graph.members(root):
         kind = graph.kinds[m]
         if kind in PASSES and not graph.producers[m]:

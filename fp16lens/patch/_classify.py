@@ -14,7 +14,7 @@ from fp16lens._core.algebra import (
 )
 
 LINEAR, BN, NORM, HOMOG = Kind.LINEAR, Kind.BN, Kind.NORM, Kind.HOMOG
-JOIN, BLOCK, OPAQUE = Kind.JOIN, Kind.BLOCK, Kind.OPAQUE
+JOIN, BLOCK, OPAQUE, POWER = Kind.JOIN, Kind.BLOCK, Kind.OPAQUE, Kind.POWER
 
 __all__ = ["ABSORB_IN", "ABSORB_OUT", "BLOCK", "BN", "HOMOG", "JOIN", "LINEAR", "NORM",
-           "OPAQUE", "PASSES", "module_kind", "norm_has_affine", "op_kind"]  # fmt: skip
+           "OPAQUE", "PASSES", "POWER", "module_kind", "norm_has_affine", "op_kind"]  # fmt: skip

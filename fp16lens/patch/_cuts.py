@@ -59,10 +59,10 @@ def join_multiplies(graph: SiteGraph, report: Report, scales: dict[str, float]) 
         cut = [p for p in graph.producers[join] if (p, join) in graph.cuts]
         if not cut:
             continue
-        s_join = scales.get(graph.find(join), 1.0)
+        s_join = graph.scale(join, scales)
         groups: dict[float, list[str]] = {}  # operands from different regions: one each
         for p in cut:
-            groups.setdefault(scales.get(graph.find(p), 1.0) / s_join, []).append(p)
+            groups.setdefault(graph.scale(p, scales) / s_join, []).append(p)
         for ratio, group in groups.items():
             if ratio == 1.0:
                 continue

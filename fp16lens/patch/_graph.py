@@ -5,17 +5,24 @@ op carries its input's scale, a join needs equal scales on all operands, and a m
 called on several inputs (a reused conv) needs them equally scaled too. Classes are found
 with union-find over the report's (site-level) edges. A site reused in several places
 merges its callers' classes: conservative, still exact.
+
+A power (``x ** 2``, ``sqrt``) joins its input's class with a degree: the union-find is
+weighted, each site's scale being the class's p raised to the site's exponent (``weight``):
+stft -> x**2 -> add -> sqrt carries p, p^2, p^2, p. A join whose operands arrive with
+different exponents (x + x**2) is a conflict: its class carries no scale.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from fractions import Fraction
 
 from torch import nn
 
 from fp16lens._core import PatchError
+from fp16lens._core.algebra import degree
 from fp16lens._core.sites import is_island
-from fp16lens.patch._classify import HOMOG, JOIN, LINEAR, module_kind, op_kind
+from fp16lens.patch._classify import HOMOG, JOIN, LINEAR, POWER, module_kind, op_kind
 from fp16lens.patch._fx import functional_params
 from fp16lens.report import Report
 
@@ -30,19 +37,42 @@ class SiteGraph:
     cuts: set[tuple[str, str]] = field(default_factory=set)  # (producer, join): a multiply
     parent: dict[str, str] = field(default_factory=dict)  # union-find
     owners: set[str] = field(default_factory=set)  # every module name: hosts of functional ops
+    ops: dict[str, str] = field(default_factory=dict)  # functional sites: aten name (degrees)
+    rel: dict[str, Fraction] = field(default_factory=dict)  # exponent relative to the parent
+    conflicts: set[str] = field(default_factory=set)  # sites whose class got two exponents
 
     def find(self, site: str) -> str:
-        root = site
-        while self.parent.get(root, root) != root:
-            root = self.parent[root]
-        while site != root:  # path compression
-            site, self.parent[site] = self.parent.get(site, site), root
-        return root
+        return self._find(site)[0]
 
-    def union(self, a: str, b: str) -> None:
-        ra, rb = self.find(a), self.find(b)
+    def weight(self, site: str) -> Fraction:
+        """The exponent of ``site``'s scale: its class's p raised to it (1 at the root)."""
+        return self._find(site)[1]
+
+    def scale(self, site: str | None, scales: dict[str, float]) -> float:
+        """The scale ``site``'s output carries under ``scales`` (class root -> p)."""
+        if site is None:
+            return 1.0
+        root, w = self._find(site)
+        return float(scales.get(root, 1.0) ** w)
+
+    def _find(self, site: str) -> tuple[str, Fraction]:
+        path, node = [], site
+        while self.parent.get(node, node) != node:
+            path.append(node)
+            node = self.parent[node]
+        w = Fraction(1)
+        for n in reversed(path):  # path compression, exponents multiplied down the path
+            w *= self.rel.get(n, Fraction(1))
+            self.parent[n], self.rel[n] = node, w
+        return node, self.rel.get(site, Fraction(1)) if site != node else Fraction(1)
+
+    def union(self, a: str, b: str, k: Fraction = Fraction(1)) -> None:
+        """Join the classes so that ``b``'s exponent is ``k`` times ``a``'s."""
+        (ra, wa), (rb, wb) = self._find(a), self._find(b)
         if ra != rb:
-            self.parent[rb] = ra
+            self.parent[rb], self.rel[rb] = ra, k * wa / wb
+        elif wb != k * wa:
+            self.conflicts.add(ra)
 
     def is_module(self, site: str) -> bool:
         """A module site (an FP32 island can wrap it), not a functional conv/linear."""
@@ -51,6 +81,11 @@ class SiteGraph:
     def members(self, root: str) -> list[str]:
         """Sites of one class, in the report's execution order."""
         return [s for s in self.kinds if self.find(s) == root]
+
+    def input_site(self, site: str) -> str | None:
+        """A producer of ``site`` (its producers share one scale), None for model inputs."""
+        prods = self.producers.get(site, [])
+        return prods[0] if prods else None
 
     def input_class(self, site: str) -> str | None:
         """The class of a site's input (its producers share one class), None for model inputs."""
@@ -61,7 +96,7 @@ class SiteGraph:
         """Recompute the classes with the join operands in ``cuts`` left out (each gets a
         scalar multiply instead of sharing the join's scale)."""
         self.cuts = set(cuts)
-        self.parent = {}
+        self.parent, self.rel, self.conflicts = {}, {}, set()
         _unite(self)
 
 
@@ -86,7 +121,8 @@ def build_graph(model: nn.Module, report: Report) -> SiteGraph:
         if mod is not None:
             modules[name] = mod
     graph = SiteGraph(producers, consumers, kinds, modules, frozen=_in_islands(named, report),
-                      owners={n for n in named if n})
+                      owners={n for n in named if n},
+                      ops={n: st.op for n, st in report.sites.items() if st.kind != "module"})
     _unite(graph)
     return graph
 
@@ -131,10 +167,11 @@ def _kind(named: dict, name: str, st, n_producers: int) -> tuple[str, nn.Module 
 def _unite(graph: SiteGraph) -> None:
     for site, kind in graph.kinds.items():
         prods = graph.producers[site]
-        if kind in (HOMOG, JOIN):
+        if kind in (HOMOG, JOIN, POWER):
+            k = 1 / degree(graph.ops.get(site, '')) if kind == POWER else Fraction(1)
             for p in prods:
                 if (p, site) not in graph.cuts:
-                    graph.union(site, p)
+                    graph.union(site, p, k)
         elif site in graph.modules:  # one module, one set of parameters: one input scale
             for p in prods[1:]:
                 graph.union(prods[0], p)

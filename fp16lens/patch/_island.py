@@ -86,7 +86,8 @@ class Fp32Island(nn.Module):
     side (the values inside may exceed FP16; the island's output is in range).
 
     Positional float tensors are the activations: cast to FP32 and multiplied by
-    ``in_scale``. Keyword float tensors (attention masks) are only cast. Of the output,
+    ``in_scale``; those inside a positional tuple or list (a recurrent state) are only
+    cast. Keyword float tensors (attention masks) are only cast. Of the output,
     the first float tensor (a tensor, or element 0 of ``MultiheadAttention``'s tuple) is
     divided by ``out_scale``; every float tensor goes back to the outside dtype: the
     input's float dtype, else (integer inputs: an embedding) the dtype the model was last
@@ -121,6 +122,8 @@ class Fp32Island(nn.Module):
 
     @staticmethod
     def _enter(a, scale: float):
+        if isinstance(a, (tuple, list)):  # a recurrent state (LSTMCell's (h, c)): only cast
+            return type(a)(Fp32Island._enter(t, 1.0) for t in a)
         if not (torch.is_tensor(a) and a.is_floating_point()):
             return a
         a = a.float()

@@ -18,9 +18,8 @@ def module_changes(
     for site, mod in graph.modules.items():
         if site in graph.frozen:
             continue
-        root_in = graph.input_class(site)
-        s_in = scales.get(root_in, 1.0) if root_in is not None else 1.0
-        s_out = scales.get(graph.find(site), 1.0)
+        s_in = graph.scale(graph.input_site(site), scales)
+        s_out = graph.scale(site, scales)
         kind = graph.kinds[site]
         if site in islands or (kind == Kind.BLOCK and (s_in != 1 or s_out != 1)):
             why = islands.get(site) or f"{type(mod).__name__} does not commute with scaling"

@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from fp16lens._core import FP16_MAX
-from fp16lens._core.algebra import PASSES, Kind, choose_factor, pow2_ceil
+from fp16lens._core import FP16_MAX, FP16_MIN_NORMAL
+from fp16lens._core.algebra import PASSES, Kind, choose_factor, exact_powers, pow2_ceil
 from fp16lens._core.sites import FindingKind, Mechanism
 from fp16lens.patch._classes import class_problem
 from fp16lens.patch._cuts import choose_cuts, join_multiplies
@@ -48,8 +48,8 @@ class Demands:
         """Group the demands by the current scale classes of ``graph``."""
         self.values, self.reasons, self.fallback = {}, {}, {}
         for anchor, value, power, reason in self.anchors:
-            root = graph.find(anchor)
-            self.values.setdefault(root, []).append((value, power))
+            root = graph.find(anchor)  # a site at exponent w of the class: p^w divides it
+            self.values.setdefault(root, []).append((value, power * graph.weight(anchor)))
             if reason not in self.reasons.setdefault(root, []):
                 self.reasons[root].append(reason)
         for anchor, site, reason in self.fallback_at:
@@ -73,7 +73,7 @@ def build_plan(model: nn.Module, report: Report, options: PatchOptions) -> Plan:
     if options.factor is None:
         return plan
     for r in plan.regions:
-        over = [s for s in r.sites if report.sites[s].absmax / r.factor > FP16_MAX]
+        over = [s for s in r.sites if report.sites[s].absmax / graph.scale(s, {graph.find(s): r.factor}) > FP16_MAX]
         if over:
             plan.notes.append(f"factor {r.factor:g} leaves {', '.join(over)} beyond {FP16_MAX:g}")
     return plan
@@ -169,8 +169,11 @@ def _scale_classes(graph, report, demands: Demands, options, plan: Plan) -> dict
             _fail(graph, root, problem, reasons, demands, plan)
             continue
         members = graph.members(root)
-        low = min((_low(report, s, options.low_share) for s in members), default=0.0)
+        low = min((_low(report, s, options.low_share, graph.weight(s)) for s in members), default=0.0)
         p = options.factor or choose_factor(values, low, options.target)
+        exps = [graph.weight(s) for s in members]
+        if any(w != 1 for w in exps):  # powers in the class: every p^w a power of two
+            p = exact_powers(p, exps)
         scales[root] = float(p)
         plan.regions.append(_region(graph, report, root, members, float(p), reasons))
     if options.factor is None:
@@ -191,28 +194,33 @@ def _fit_weights(graph, report, demands: Demands, scales, target: float, plan: P
     for _ in range(len(weights) + 1):
         changed = False
         for site, peak in weights.items():
-            root_out, root_in = graph.find(site), graph.input_class(site)
-            s_in = scales.get(root_in, 1.0) if root_in is not None else 1.0
-            need = pow2_ceil(peak * s_in / target)
+            root_out, s_in = graph.find(site), graph.scale(graph.input_site(site), scales)
+            w = graph.weight(site)
+            if w <= 0:  # a scale that grows as p shrinks: left as it is
+                continue
+            members = graph.members(root_out)  # the class's p: need at the site's exponent w
+            need = exact_powers(pow2_ceil(peak * s_in / target) ** (1 / float(w)), [graph.weight(m) for m in members])
             if root_out in scales and need > scales[root_out]:
                 scales[root_out], changed = need, True
-                members = tuple(graph.members(root_out))
                 plan.regions = [
-                    dataclasses.replace(r, factor=need) if r.sites == members else r
+                    dataclasses.replace(r, factor=need) if r.sites == tuple(members) else r
                     for r in plan.regions
                 ]
             elif root_out not in scales and need > 1 and class_problem(graph, root_out) is None:
                 scales[root_out], changed = need, True
                 why = f"{site} weights x {s_in:g} beyond FP16"
-                plan.regions.append(_region(graph, report, root_out, graph.members(root_out), need, [why]))
+                plan.regions.append(_region(graph, report, root_out, members, need, [why]))
         if not changed:
             return
 
 
-def _low(report: Report, site: str, share: float) -> float:
+def _low(report: Report, site: str, share: float, w=1) -> float:
+    """The site's small significant values as a degree-1 low: p^w may divide them."""
     st = report.sites.get(site)
     q = st.quantile_low(share) if st is not None else 0.0
-    return q if q > 0 else float("inf")
+    if not q > 0 or w <= 0:
+        return float("inf")
+    return FP16_MIN_NORMAL * (q / FP16_MIN_NORMAL) ** (1 / float(w)) if w != 1 else q
 
 
 def _fail(graph, root, problem, reasons, demands: Demands, plan: Plan) -> None:

@@ -50,7 +50,7 @@ def _finding(report, site, kind):
         ("SiLU", BLOCKING),
         ("exp", BLOCKING),
         ("softmax", BLOCKING),
-        ("pow", BLOCKING),
+        ("pow", HOMOGENEOUS),
         ("ReLU6", BLOCKING),
         ("hardtanh", BLOCKING),
         ("mul", BLOCKING),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from fractions import Fraction
+
 from fp16lens._core.algebra._classes import Kind, OpClass
 
 _ABSORBING = frozenset({
@@ -16,10 +18,20 @@ _HOMOGENEOUS = frozenset({
     "avg_pool2d", "avg_pool3d", "adaptive_avg_pool1d", "adaptive_avg_pool2d",
     "adaptive_avg_pool3d", "adaptive_max_pool1d", "adaptive_max_pool2d",
     "adaptive_max_pool3d", "upsample", "interpolate", "flatten", "unflatten", "neg",
-    "pixel_shuffle", "pixel_unshuffle", "mean", "sum", "amax", "amin", "max", "min",
+    "pixel_shuffle", "pixel_unshuffle", "mean", "sum", "amax", "amin", "max", "min", "abs",
 })  # fmt: skip
+DEGREES = {"pow": Fraction(2), "square": Fraction(2), "sqrt": Fraction(1, 2), "rsqrt": Fraction(-1, 2)}
+"""Ops homogeneous of a degree other than 1: f(px) = p^d f(x). ``pow`` with one tensor
+producer is ``x ** k`` for a number k; a report names the op, not k, so it is taken as the
+square (``x ** 2``, ``torch.square``, ``x.pow(2)``: what magnitudes and variances use) and
+patch's FP32 check on the rewritten model rejects any other exponent."""
 JOINS = frozenset({"add", "sub", "cat", "concat", "stack", "maximum", "minimum"})
 """Ops that combine several tensors elementwise or by concatenation: equal scales in."""
+
+
+def degree(op: str) -> Fraction:
+    """The degree d of a homogeneous op: f(px) = p^d f(x) (1 unless in ``DEGREES``)."""
+    return DEGREES.get(_key(op), Fraction(1))
 
 
 def _key(op: str) -> str:
@@ -37,7 +49,7 @@ def aten_class(op: str) -> OpClass | None:
         return OpClass.ABSORBING
     if key in _INVARIANT:
         return OpClass.INVARIANT
-    if key in _HOMOGENEOUS or key in JOINS or key.startswith("upsample_"):
+    if key in _HOMOGENEOUS or key in JOINS or key in DEGREES or key.startswith("upsample_"):
         return OpClass.HOMOGENEOUS
     return None
 
@@ -48,10 +60,14 @@ def op_kind(op: str, producers: int, params: bool = False) -> Kind:
     A join fed by one tensor adds a constant (or the tensor to itself): no scale passes.
     An absorbing op absorbs only where its weight is a parameter patch can reach
     (``params``: a GraphModule's conv/linear); a functional norm's eps cannot be changed.
+    A power (``DEGREES``) passes a scale p as p^d when one tensor feeds it (``pow(x, t)``
+    with a tensor exponent t from the model is opaque).
     Everything else that is not homogeneous (mul, div, unknown ops) is opaque.
     """
     if is_join(op):
         return Kind.JOIN if producers >= 2 else Kind.OPAQUE
+    if _key(op) in DEGREES:
+        return Kind.POWER if producers == 1 else Kind.OPAQUE
     cls = aten_class(op)
     if cls is OpClass.HOMOGENEOUS:
         return Kind.HOMOG

@@ -16,7 +16,7 @@ class OpClass(_Names):
     ABSORBING = "absorbing"  # conv, linear, batch norm (eval): W/p, b/p at an entry, pW at an exit
     HOMOGENEOUS = "homogeneous"  # f(px) = p f(x): a scale passes through
     INVARIANT = "invariant"  # f(px) = f(x) with eps/p^2: layer/group/instance/RMS norm
-    BLOCKING = "blocking"  # sigmoid, tanh, gelu, silu, exp, softmax, pow, unknown
+    BLOCKING = "blocking"  # sigmoid, tanh, gelu, silu, exp, softmax, pow(x, tensor), unknown
 
 
 class Kind(_Names):
@@ -27,6 +27,7 @@ class Kind(_Names):
     NORM = "norm"  # layer/group/instance/RMS norm module: eps / p^2; affine ones absorb out
     HOMOG = "homog"  # one scale flows through
     JOIN = "join"  # several operands that must carry the same scale (add, sub, cat, max)
+    POWER = "power"  # homogeneous of a degree d != 1 (x**2, sqrt, rsqrt): scale p -> p^d
     BLOCK = "block"  # a module no scale passes: a scaled FP32 island
     OPAQUE = "opaque"  # a functional op no scale passes and no module wraps
 
@@ -37,6 +38,7 @@ KIND_CLASS = {
     Kind.NORM: OpClass.INVARIANT,
     Kind.HOMOG: OpClass.HOMOGENEOUS,
     Kind.JOIN: OpClass.HOMOGENEOUS,
+    Kind.POWER: OpClass.HOMOGENEOUS,
     Kind.BLOCK: OpClass.BLOCKING,
     Kind.OPAQUE: OpClass.BLOCKING,
 }
@@ -46,5 +48,5 @@ ABSORB_OUT = frozenset({Kind.LINEAR, Kind.BN, Kind.BLOCK})
 """Kinds whose output scale can be chosen freely (BLOCK as a scaled FP32 island)."""
 ABSORB_IN = frozenset({Kind.LINEAR, Kind.BN, Kind.NORM, Kind.BLOCK})
 """Kinds whose input scale can be absorbed (exits of a region)."""
-PASSES = frozenset({Kind.HOMOG, Kind.JOIN})
+PASSES = frozenset({Kind.HOMOG, Kind.JOIN, Kind.POWER})
 """Kinds a scale passes through: members of a region that are neither entries nor exits."""

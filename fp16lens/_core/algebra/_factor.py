@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 from fp16lens._core.fp16 import FP16_MAX, FP16_MIN_NORMAL
 
@@ -45,3 +46,11 @@ def choose_factor(demands: list[tuple[float, int]], low: float, target: float) -
     p_low = pow2_floor(low / FP16_MIN_NORMAL) if 0 < low < math.inf else math.inf
     p = p_target if p_target <= p_low else max(p_safe, p_low)
     return max(p, 2.0)
+
+
+def exact_powers(p: float, exponents: list[Fraction]) -> float:
+    """The smallest power of two 2^k >= ``p`` whose powers p^w for every exponent w of a
+    class stay exact powers of two (k w an integer: sqrt's input an even power of two)."""
+    step = math.lcm(1, *(Fraction(w).denominator for w in exponents))
+    k = math.ceil(math.log2(pow2_ceil(p)) / step) * step
+    return 2.0**k
