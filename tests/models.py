@@ -976,8 +976,9 @@ def masked_softmax():
 
 class Magnitude(nn.Module):
     """conv -> sqrt(a² + b²) -> conv (an STFT magnitude, as in Silero VAD), with ``inner``
-    between the two halves: ``"pow"`` (a ** 2), ``"square"``, ``"exp"`` (opaque) or
-    ``"tensor"`` (a ** t, t from the model: opaque)."""
+    between the two halves: ``"pow"`` (a ** 2), ``"square"``, ``"exp"`` (opaque),
+    ``"tensor"`` (a ** t, t from the model: opaque) or ``"cube"`` (|a| ** 3: a pow whose
+    exponent the report does not name)."""
 
     def __init__(self, inner: str = "pow"):
         super().__init__()
@@ -996,6 +997,8 @@ class Magnitude(nn.Module):
             m = (a.abs() ** t + b.abs() ** t).sqrt()
         elif self.inner == "square":
             m = (torch.square(a) + torch.square(b)).sqrt()
+        elif self.inner == "cube":
+            m = (a.abs() ** 3 + b.abs() ** 3).sqrt()
         else:
             m = (a**2 + b**2).sqrt()
         return self.head(m)

@@ -52,9 +52,16 @@ def patch(
             "the fix multiplies an operand in the model's own forward, which turns the model "
             "into a torch.fx GraphModule: call patch(..., inplace=False) and use the result"
         )
-    patched = apply_plan(copy.deepcopy(model), the_plan)
-    if opts.check and the_plan.changes:
-        the_plan.notes.extend(check_equivalent(model, patched, report))
+    try:
+        patched = _apply_checked(model, report, the_plan, opts)
+    except PatchError:
+        if not _powers(report):
+            raise
+        # a report names an op, not its exponent: x ** 3 taken as the square fails the check;
+        # plan again with every pow opaque (the rest of the plan is unchanged)
+        report = _pow_opaque(report)
+        the_plan = build_plan(model, report, opts)
+        patched = _apply_checked(model, report, the_plan, opts)
     previous = get_plan(model)
     if previous is not None:
         the_plan.kept = [*previous.kept, *previous.islands]
@@ -62,6 +69,27 @@ def patch(
         patched = apply_plan(model, the_plan)
     object.__setattr__(patched, PLAN_ATTR, the_plan)
     return patched
+
+
+def _apply_checked(model: nn.Module, report: Report, the_plan: Plan, opts: PatchOptions) -> nn.Module:
+    """The plan applied to a copy, checked for FP32 equivalence (PatchError if it differs)."""
+    patched = apply_plan(copy.deepcopy(model), the_plan)
+    if opts.check and the_plan.changes:
+        the_plan.notes.extend(check_equivalent(model, patched, report))
+    return patched
+
+
+def _powers(report: Report) -> list[str]:
+    """Functional ``pow`` sites: their exponent is taken as 2 by the planner."""
+    return [n for n, st in report.sites.items() if st.kind != "module" and st.op == "pow"]
+
+
+def _pow_opaque(report: Report) -> Report:
+    """A copy of ``report`` whose ``pow`` sites no rescaling passes (exponent unknown)."""
+    out = copy.deepcopy(report)
+    for name in _powers(out):
+        out.sites[name].op = "pow (exponent unknown)"
+    return out
 
 
 def get_plan(model: nn.Module) -> Plan | None:

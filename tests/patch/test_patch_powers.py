@@ -63,3 +63,16 @@ def test_degrees_and_exact_powers():
     assert op_kind("pow", 2) == Kind.OPAQUE and op_kind("exp", 1) == Kind.OPAQUE
     assert exact_powers(5.0, [Fraction(1), Fraction(1, 2)]) == 16.0  # sqrt: an even power
     assert exact_powers(5.0, [Fraction(1), Fraction(2)]) == 8.0
+
+
+def test_a_pow_of_another_exponent_falls_back_and_stays_exact():
+    """The report names ``pow``, not its exponent: taken as the square, |a| ** 3 fails the
+    FP32 check, and patch plans again with every pow opaque instead of raising."""
+    model, inputs = magnitude("cube", peak=60.0)  # |a|³ ≈ 2e5: beyond FP16 at the cubes
+    report = _report(model, inputs)
+    assert report.spans and not torch.isfinite(_fp16(model, inputs)).all()
+    patched = patch(model, report)
+    with torch.no_grad():
+        assert relative_error(model(*inputs), patched(*inputs)) <= 1e-5
+    the_plan = get_plan(patched)
+    assert the_plan.unresolved or the_plan.islands  # the cubes are not rescaled as squares
