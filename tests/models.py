@@ -12,6 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fp16lens._core.compat import TORCH_VERSION
+
 from torchvision_compat import ensure_torchvision
 
 
@@ -682,8 +684,12 @@ class SdpaAttention(nn.Module):
 
     def forward(self, x, mask=None):
         q, k, v = self.qkv(x)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None,
-                                           enable_gqa=True)
+        if TORCH_VERSION >= (2, 5):
+            gqa = {"enable_gqa": True}
+        else:  # enable_gqa arrived in torch 2.5: the same attention with repeated k/v heads
+            gqa, rep = {}, self.heads // self.kv_heads
+            k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, **gqa)
         return self.o_proj(y.transpose(1, 2).reshape(x.shape))
 
 
@@ -875,7 +881,9 @@ class FusedNorms(nn.Module):
         from torchvision_compat import ensure_torchvision
 
         ensure_torchvision()
-        from timm.layers import BatchNormAct2d
+        import pytest
+
+        BatchNormAct2d = pytest.importorskip("timm.layers").BatchNormAct2d
         from torchvision.ops.misc import FrozenBatchNorm2d
 
         self.c1 = nn.Conv2d(3, 8, 3, padding=1)
@@ -948,10 +956,12 @@ def rms_norm_head(kind: str = "t5"):
     from torchvision_compat import ensure_torchvision
 
     ensure_torchvision()
+    import pytest
+
     if kind == "t5":
-        from transformers.models.t5.modeling_t5 import T5LayerNorm as Norm
+        Norm = pytest.importorskip("transformers.models.t5.modeling_t5").T5LayerNorm
     else:
-        from transformers.models.llama.modeling_llama import LlamaRMSNorm as Norm
+        Norm = pytest.importorskip("transformers.models.llama.modeling_llama").LlamaRMSNorm
     _seeded(14)
     model, inputs = RMSNormHead(Norm(32, eps=1e-6)).eval(), (torch.rand(4, 16),)
     model.norm.weight.copy_(torch.rand(32) + 0.5)

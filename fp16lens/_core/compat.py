@@ -37,3 +37,11 @@ def dispatch_mode_paused(mode: TorchDispatchMode) -> Iterator[bool]:
         return
     with _pop_mode_temporarily():
         yield True
+
+
+def register_state_dict_post_hook(module: torch.nn.Module, hook) -> object:
+    """``module.register_state_dict_post_hook(hook)``, public from torch 2.5; before it the
+    private ``_register_state_dict_hook``, which calls ``hook(module, state_dict, prefix,
+    local_metadata)`` the same way."""
+    register = getattr(module, "register_state_dict_post_hook", None)
+    return (register or module._register_state_dict_hook)(hook)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from fp16lens._core.compat import register_state_dict_post_hook
 from fp16lens._core.sites import ISLAND_ATTR
 
 _INNER = "module"  # the wrapped module's attribute name, removed from state_dict keys
@@ -109,13 +110,19 @@ class Fp32Island(nn.Module):
         self.out_scale = float(out_scale)
         self.train(module.training)
         self.register_forward_pre_hook(_no_fused_path)
-        self.register_state_dict_post_hook(_unwrap_keys)
+        if isinstance(module, nn.MultiheadAttention):
+            # an enclosing TransformerEncoderLayer takes its fused kernel (reading these
+            # weights directly) only when self_attn._qkv_same_embed_dim; torch < 2.5 ignores
+            # the hook above, so the island answers False (the wrapped module reads its own)
+            self._qkv_same_embed_dim = False
+        register_state_dict_post_hook(self, _unwrap_keys)
 
     def forward(self, *args, **kwargs):
-        dtype = next(
-            (a.dtype for a in args if torch.is_tensor(a) and a.is_floating_point()),
-            self.outside_dtype,
-        )
+        dtype = self.outside_dtype  # the first float input's, else the model's (a loop:
+        for a in args:  # torch.export of torch 2.4 cannot trace next() over a generator)
+            if torch.is_tensor(a) and a.is_floating_point():
+                dtype = a.dtype
+                break
         args = tuple(self._enter(a, self.in_scale) for a in args)
         kwargs = {k: self._enter(v, 1.0) for k, v in kwargs.items()}
         return _leave(self.module(*args, **kwargs), dtype, [self.out_scale])

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import fp16lens
+from fp16lens._core.compat import TORCH_VERSION
 from fp16lens.patch import Fp32Island, get_plan, patch, relative_error
 
 from models import attention_span, bn_huge_var, embedding_row, gelu_span
@@ -117,6 +118,15 @@ def test_verify_passes_the_patched_model_and_fails_the_original(case):
     assert fp16lens.verify(model, patched, batches, backend="torch-emulated")
 
 
+# torch 2.4's exporters: torch.export checks each parameter against the state_dict by its
+# module path (an island keeps the wrapped module's keys), and the ONNX exporters cannot
+# export the fused attention kernel that eval-mode attention runs
+NEEDS_TORCH_2_5 = pytest.mark.skipif(
+    TORCH_VERSION < (2, 5), reason="exporting a patched model with FP32 islands needs torch >= 2.5"
+)
+
+
+@NEEDS_TORCH_2_5
 @pytest.mark.parametrize("half", [False, True], ids=["fp32", "fp16"])
 def test_torch_export_program_runs_matches_and_saves(case, half, tmp_path):
     _, patched, inputs, _ = case
@@ -240,6 +250,7 @@ def test_pickled_patched_model_keeps_its_islands(tmp_path):
         assert torch.equal(loaded(*inputs), patched(*inputs))
 
 
+@NEEDS_TORCH_2_5
 @pytest.mark.parametrize("build", [gelu_span, attention_span], ids=["gelu", "attention"])
 def test_fp16_onnx_export_keeps_patched_islands_fp32(build, tmp_path):
     pytest.importorskip("onnxscript")

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from fp16lens import watch
+from fp16lens._core.compat import TORCH_VERSION
 from fp16lens.watch import _fused, _internal
 
 import models
@@ -153,7 +154,8 @@ def test_decomposition_reproduces_the_kernels_fp32_output():
 def test_sdpa_scores_are_an_internal_risk(masked):
     model, inputs = models.sdpa_attention(masked=masked)
     # real FP16 on CPU: the fused kernel keeps the scores in FP32, the output is finite
-    assert torch.isfinite(_real_fp16(model, inputs)).all()
+    # (torch 2.4's CPU kernel stored them in FP16; TensorRT and flash attention do not)
+    assert torch.isfinite(_real_fp16(model, inputs)).all() or TORCH_VERSION < (2, 5)
     # an explicit FP16 decomposition (MatMul, Softmax as in an unfused graph) overflows
     half = copy.deepcopy(model).half()
     with torch.no_grad():

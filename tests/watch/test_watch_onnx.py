@@ -9,6 +9,7 @@ graph run with every constant and every stored tensor rounded to FP16 (verify's
 from __future__ import annotations
 
 import copy
+import functools
 import glob
 import os
 import warnings
@@ -35,7 +36,12 @@ def _export(model, inputs, path, opset, **kw):
     return str(path)
 
 
-SEED_MODULES = {n for n, _ in models.TextDetector().named_modules()}
+
+
+@functools.cache
+def seed_modules() -> frozenset[str]:
+    """The seed model's module names (built on first use: it needs torchvision)."""
+    return frozenset(n for n, _ in models.TextDetector().named_modules())
 
 
 def _module(site: str) -> str:
@@ -43,7 +49,7 @@ def _module(site: str) -> str:
     exporter's scoping, read back by fp16lens.export's naming)."""
     from fp16lens.export._naming import module_from_scoped_name
 
-    return module_from_scoped_name(site, SEED_MODULES)
+    return module_from_scoped_name(site, seed_modules())
 
 
 def _torch_modules(report: Report, names: list[str]) -> list[str]:
