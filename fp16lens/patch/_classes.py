@@ -16,6 +16,10 @@ def class_problem(graph: SiteGraph, root: str) -> str | None:
             return f"{m} ({kind}) cannot take 1/p in its parameters"
         if not graph.consumers[m]:
             return f"{m} reaches the model output"
+        if m in graph.carries and any(
+            p != graph.carries[m] and graph.find(p) == root for p in graph.producers[m]
+        ):
+            return f"{m} multiplies two operands of one scale (x * f(x) with f homogeneous: scale squared)"
         for c in graph.consumers[m]:
             if (m, c) in graph.cuts:
                 continue  # the join multiplies this operand

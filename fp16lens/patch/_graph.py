@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from torch import nn
 
 from fp16lens._core import PatchError
+from fp16lens._core.algebra import is_product, product_carrier
 from fp16lens._core.sites import is_island
 from fp16lens.patch._classify import HOMOG, JOIN, LINEAR, module_kind, op_kind
 from fp16lens.patch._fx import functional_params
@@ -30,6 +31,7 @@ class SiteGraph:
     cuts: set[tuple[str, str]] = field(default_factory=set)  # (producer, join): a multiply
     parent: dict[str, str] = field(default_factory=dict)  # union-find
     owners: set[str] = field(default_factory=set)  # every module name: hosts of functional ops
+    carries: dict[str, str] = field(default_factory=dict)  # product x * g(x) -> x (its scale)
 
     def find(self, site: str) -> str:
         root = site
@@ -85,8 +87,11 @@ def build_graph(model: nn.Module, report: Report) -> SiteGraph:
             kinds[name], mod = LINEAR, params
         if mod is not None:
             modules[name] = mod
+    carries = {s: c for s, st in report.sites.items() if st.kind != "module" and is_product(st.op)
+               and (c := product_carrier(s, producers)) is not None}
+    kinds.update(dict.fromkeys(carries, HOMOG))  # the scale of x passes; g must be unscaled
     graph = SiteGraph(producers, consumers, kinds, modules, frozen=_in_islands(named, report),
-                      owners={n for n in named if n})
+                      owners={n for n in named if n}, carries=carries)
     _unite(graph)
     return graph
 
@@ -131,7 +136,9 @@ def _kind(named: dict, name: str, st, n_producers: int) -> tuple[str, nn.Module 
 def _unite(graph: SiteGraph) -> None:
     for site, kind in graph.kinds.items():
         prods = graph.producers[site]
-        if kind in (HOMOG, JOIN):
+        if site in graph.carries:
+            graph.union(site, graph.carries[site])
+        elif kind in (HOMOG, JOIN):
             for p in prods:
                 if (p, site) not in graph.cuts:
                     graph.union(site, p)

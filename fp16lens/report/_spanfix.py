@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fp16lens._core.algebra import rescale_exponent, site_class
+from fp16lens._core.algebra import is_product, product_carrier, rescale_exponent, site_class
 from fp16lens.report import _opclass as oc
 from fp16lens.report._fmt import collapse, value
 from fp16lens.report._model import Report, Span
@@ -33,6 +33,12 @@ def _cls(report: Report, site: str) -> str:
     if stats is None:
         return oc.BLOCKING
     producers = len(set(report.producers(site))) if report.edges else None
+    if stats.kind != "module" and producers == 2 and is_product(stats.op):  # x * g(x)
+        graph: dict[str, list[str]] = {}
+        for p, c in report.edges:
+            graph.setdefault(c, []).append(p)
+        if product_carrier(site, graph) is not None:
+            return oc.HOMOGENEOUS
     return site_class(stats.op, module=stats.kind == "module", producers=producers)
 
 

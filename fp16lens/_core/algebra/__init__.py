@@ -8,7 +8,15 @@ patch) or by its module's class name (what a report records), and by ONNX op typ
 
 from __future__ import annotations
 
-from fp16lens._core.algebra._aten import JOINS, aten_class, is_join, op_kind
+from fp16lens._core.algebra._aten import (
+    JOINS,
+    PRODUCTS,
+    aten_class,
+    is_join,
+    is_product,
+    op_kind,
+    product_carrier,
+)
 from fp16lens._core.algebra._classes import (
     ABSORB_IN,
     ABSORB_OUT,
@@ -36,10 +44,10 @@ from fp16lens._core.algebra._modules import (
 from fp16lens._core.algebra._onnx import ONNX_JOINS, onnx_class
 
 __all__ = [
-    "ABSORB_IN", "ABSORB_OUT", "JOINS", "KIND_CLASS", "ONNX_JOINS", "PASSES", "TARGET_EXP",
-    "Kind", "OpClass", "aten_class", "choose_factor", "eps_name", "fused_kind", "is_join", "module_kind",
+    "ABSORB_IN", "ABSORB_OUT", "JOINS", "KIND_CLASS", "ONNX_JOINS", "PASSES", "PRODUCTS", "TARGET_EXP",
+    "Kind", "OpClass", "aten_class", "choose_factor", "eps_name", "fused_kind", "is_join", "is_product", "module_kind",
     "module_name_kind", "needed", "norm_has_affine", "onnx_class", "op_class", "op_kind",
-    "pow2_ceil", "pow2_floor", "rescale_exponent", "site_class", "type_kind",
+    "pow2_ceil", "pow2_floor", "product_carrier", "rescale_exponent", "site_class", "type_kind",
 ]  # fmt: skip
 
 
