@@ -28,6 +28,17 @@ def class_problem(graph: SiteGraph, root: str) -> str | None:
     return None
 
 
+def settle_products(graph: SiteGraph) -> None:
+    """A product x * g(x) passes x's scale only where x's class can carry one; elsewhere it
+    stays opaque (as any product), so its own fallback (an island on its module) applies."""
+    bad = [m for m in graph.carries if class_problem(graph, graph.find(m)) is not None]
+    for m in bad:
+        del graph.carries[m]
+        graph.kinds[m] = Kind.OPAQUE
+    if bad:
+        graph.recut(graph.cuts)
+
+
 def _absorbs_out(graph: SiteGraph, site: str) -> bool:
     kind = graph.kinds[site]
     if kind == Kind.NORM:
