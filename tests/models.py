@@ -1025,3 +1025,88 @@ def magnitude(inner: str = "pow", peak: float = 3e3):
     with torch.no_grad():
         scale = peak / float(m.stft(x).abs().max())
     return m, (x * scale,)
+# --------------------------------------------------------------------------------------
+# Squeeze-excitation: x * gate(pool(x)) (torchvision SqueezeExcitation, MobileNetV3)
+# --------------------------------------------------------------------------------------
+class SqueezeExciteNet(nn.Module):
+    """conv -> bn -> relu -> torchvision SqueezeExcitation -> conv; the bn's output is
+    planted beyond FP16 (the span runs through the SE product into the last conv)."""
+
+    def __init__(self, se_layer: nn.Module, width: int = 8):
+        super().__init__()
+        self.conv = nn.Conv2d(3, width, 3, padding=1)
+        self.bn = nn.BatchNorm2d(width)
+        self.act = nn.ReLU()
+        self.se = se_layer
+        self.out = nn.Conv2d(width, 4, 1)
+
+    def forward(self, x):
+        return self.out(self.se(self.act(self.bn(self.conv(x)))))
+
+
+class MobileNetV3Shaped(nn.Module):
+    """stem conv -> bn -> hardswish, a torchvision MobileNetV3 inverted residual with SE
+    (relu, hardsigmoid gate, residual add: the "RE" SE blocks of mobilenet_v3_large), a
+    second one with hardswish ("HS"), pool, linear. The first block's depthwise batch norm
+    is planted beyond FP16 (the projection's weights divided by as much): the span runs
+    through its SE product into the projection."""
+
+    def __init__(self):
+        super().__init__()
+        from torchvision.models.mobilenetv3 import InvertedResidual, InvertedResidualConfig
+
+        self.stem = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.Hardswish())
+        self.re = InvertedResidual(InvertedResidualConfig(8, 3, 24, 8, True, "RE", 1, 1, 1.0), nn.BatchNorm2d)
+        self.hs = InvertedResidual(InvertedResidualConfig(8, 3, 24, 8, True, "HS", 1, 1, 1.0), nn.BatchNorm2d)
+        self.head = nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.head(self.hs(self.re(self.stem(x))).mean((2, 3)))
+
+
+def _plant_bn(model: nn.Module, inputs: tuple, bn: nn.BatchNorm2d, back: nn.Module | None = None,
+              target: float = 4 * 65504.0) -> None:
+    """Scale ``bn``'s affine part so its output peaks near ``target``; ``back``, a later
+    conv, divides its weight by as much (it brings the values back to their range)."""
+    k = target / peak_of(model, inputs, bn)
+    bn.weight.mul_(k)
+    bn.bias.mul_(k)
+    if back is not None:
+        back.weight.div_(k)
+
+
+def _randomize_bns(model: nn.Module) -> None:
+    for b in (m for m in model.modules() if isinstance(m, nn.BatchNorm2d)):
+        b.weight.uniform_(0.5, 1.5)
+        b.bias.uniform_(-0.2, 0.2)
+
+
+@torch.no_grad()
+def squeeze_excite(gate: str = "sigmoid"):
+    """SqueezeExciteNet with torchvision's SE (sigmoid, or MobileNetV3's hardsigmoid gate)."""
+    from torchvision_compat import ensure_torchvision
+
+    ensure_torchvision()
+    from torchvision.ops.misc import SqueezeExcitation
+
+    _seeded(15)
+    scale = nn.Hardsigmoid if gate == "hardsigmoid" else nn.Sigmoid
+    model = SqueezeExciteNet(SqueezeExcitation(8, 4, scale_activation=scale)).eval()
+    _randomize_bns(model)
+    inputs = (torch.rand(2, 3, 8, 8),)
+    _plant_bn(model, inputs, model.bn)
+    return model, inputs
+
+
+@torch.no_grad()
+def mobilenet_v3_shaped():
+    from torchvision_compat import ensure_torchvision
+
+    ensure_torchvision()
+    _seeded(16)
+    model = MobileNetV3Shaped().eval()
+    _randomize_bns(model)
+    inputs = (torch.rand(2, 3, 8, 8),)
+    # the depthwise conv's batch norm; the projection brings the values back
+    _plant_bn(model, inputs, model.re.block[1][1], back=model.re.block[3][0])
+    return model, inputs

@@ -20,7 +20,7 @@ from fractions import Fraction
 from torch import nn
 
 from fp16lens._core import PatchError
-from fp16lens._core.algebra import degree
+from fp16lens._core.algebra import degree, is_product, product_carrier
 from fp16lens._core.sites import is_island
 from fp16lens.patch._classify import HOMOG, JOIN, LINEAR, POWER, module_kind, op_kind
 from fp16lens.patch._fx import functional_params
@@ -40,6 +40,7 @@ class SiteGraph:
     ops: dict[str, str] = field(default_factory=dict)  # functional sites: aten name (degrees)
     rel: dict[str, Fraction] = field(default_factory=dict)  # exponent relative to the parent
     conflicts: set[str] = field(default_factory=set)  # sites whose class got two exponents
+    carries: dict[str, str] = field(default_factory=dict)  # product x * g(x) -> x (its scale)
 
     def find(self, site: str) -> str:
         return self._find(site)[0]
@@ -120,8 +121,11 @@ def build_graph(model: nn.Module, report: Report) -> SiteGraph:
             kinds[name], mod = LINEAR, params
         if mod is not None:
             modules[name] = mod
+    carries = {s: c for s, st in report.sites.items() if st.kind != "module" and is_product(st.op)
+               and (c := product_carrier(s, producers)) is not None}
+    kinds.update(dict.fromkeys(carries, HOMOG))  # the scale of x passes; g must be unscaled
     graph = SiteGraph(producers, consumers, kinds, modules, frozen=_in_islands(named, report),
-                      owners={n for n in named if n},
+                      owners={n for n in named if n}, carries=carries,
                       ops={n: st.op for n, st in report.sites.items() if st.kind != "module"})
     _unite(graph)
     return graph
@@ -167,7 +171,9 @@ def _kind(named: dict, name: str, st, n_producers: int) -> tuple[str, nn.Module 
 def _unite(graph: SiteGraph) -> None:
     for site, kind in graph.kinds.items():
         prods = graph.producers[site]
-        if kind in (HOMOG, JOIN, POWER):
+        if site in graph.carries:
+            graph.union(site, graph.carries[site])
+        elif kind in (HOMOG, JOIN, POWER):
             k = 1 / degree(graph.ops.get(site, '')) if kind == POWER else Fraction(1)
             for p in prods:
                 if (p, site) not in graph.cuts:

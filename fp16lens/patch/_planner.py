@@ -11,7 +11,7 @@ from torch import nn
 from fp16lens._core import FP16_MAX, FP16_MIN_NORMAL
 from fp16lens._core.algebra import PASSES, Kind, choose_factor, exact_powers, pow2_ceil
 from fp16lens._core.sites import FindingKind, Mechanism
-from fp16lens.patch._classes import class_problem
+from fp16lens.patch._classes import class_problem, settle_products
 from fp16lens.patch._cuts import choose_cuts, join_multiplies
 from fp16lens.patch._fused import contract
 from fp16lens.patch._graph import SiteGraph, build_graph
@@ -60,6 +60,7 @@ class Demands:
 def build_plan(model: nn.Module, report: Report, options: PatchOptions) -> Plan:
     report = contract(model, report)  # fused norm modules: one site each
     graph, plan = build_graph(model, report), Plan()
+    settle_products(graph)  # x * g(x) passes x's scale only where x's class can carry one
     demands = collect_demands(graph, report, plan).resolve(graph)
     cuts = choose_cuts(model, graph, report, demands, options.extend)
     if cuts:

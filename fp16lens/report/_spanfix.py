@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fp16lens._core.algebra import rescale_exponent, site_class
+from fp16lens._core.algebra import is_product, product_carrier, rescale_exponent, site_class
 from fp16lens.report import _opclass as oc
 from fp16lens.report._fmt import collapse, value
 from fp16lens.report._model import Report, Span
@@ -33,7 +33,26 @@ def _cls(report: Report, site: str) -> str:
     if stats is None:
         return oc.BLOCKING
     producers = len(set(report.producers(site))) if report.edges else None
+    if _carrier(report, site) is not None:  # x * g(x): x's scale passes (g must be unscaled)
+        return oc.HOMOGENEOUS
     return site_class(stats.op, module=stats.kind == "module", producers=producers)
+
+
+def _carrier(report: Report, site: str) -> str | None:
+    """For a product x * g(x) (squeeze-excitation), x: the operand that carries its scale."""
+    stats = report.sites.get(site)
+    if stats is None or stats.kind == "module" or not is_product(stats.op):
+        return None
+    graph: dict[str, list[str]] = {}
+    for p, c in report.edges:
+        graph.setdefault(c, []).append(p)
+    return product_carrier(site, graph)
+
+
+def _gate_scaled(report: Report, span: Span, site: str) -> bool:
+    """A product x * g(x) whose gate g is in the span: the scale would reach g (no region)."""
+    carrier = _carrier(report, site)
+    return carrier is not None and any(p != carrier and p in span.sites for p in report.producers(site))
 
 
 def _is_island(report: Report, site: str) -> bool:
@@ -106,7 +125,9 @@ def plan_span(report: Report, span: Span) -> SpanPlan:
     if k is None:
         return SpanPlan(k, problem="inf/NaN already in FP32")
     opaque = tuple(
-        s for s in span.sites if _cls(report, s) == oc.BLOCKING and not _is_island(report, s)
+        s
+        for s in span.sites
+        if (_cls(report, s) == oc.BLOCKING and not _is_island(report, s)) or _gate_scaled(report, span, s)
     )
     if opaque:
         return SpanPlan(k, opaque=opaque, problem="a functional op no scale passes")

@@ -8,7 +8,17 @@ patch) or by its module's class name (what a report records), and by ONNX op typ
 
 from __future__ import annotations
 
-from fp16lens._core.algebra._aten import DEGREES, JOINS, aten_class, degree, is_join, op_kind
+from fp16lens._core.algebra._aten import (
+    DEGREES,
+    JOINS,
+    PRODUCTS,
+    aten_class,
+    degree,
+    is_join,
+    is_product,
+    op_kind,
+    product_carrier,
+)
 from fp16lens._core.algebra._classes import (
     ABSORB_IN,
     ABSORB_OUT,
@@ -37,10 +47,11 @@ from fp16lens._core.algebra._modules import (
 from fp16lens._core.algebra._onnx import ONNX_JOINS, onnx_class
 
 __all__ = [
-    "ABSORB_IN", "ABSORB_OUT", "DEGREES", "JOINS", "KIND_CLASS", "ONNX_JOINS", "PASSES", "TARGET_EXP",
-    "Kind", "OpClass", "aten_class", "choose_factor", "degree", "eps_name", "exact_powers", "fused_kind", "is_join", "module_kind",
+    "ABSORB_IN", "ABSORB_OUT", "DEGREES", "JOINS", "KIND_CLASS", "ONNX_JOINS", "PASSES", "PRODUCTS",
+    "TARGET_EXP", "Kind", "OpClass", "aten_class", "choose_factor", "degree", "eps_name", "exact_powers",
+    "fused_kind", "is_join", "is_product", "module_kind",
     "module_name_kind", "needed", "norm_has_affine", "onnx_class", "op_class", "op_kind",
-    "pow2_ceil", "pow2_floor", "rescale_exponent", "site_class", "type_kind",
+    "pow2_ceil", "pow2_floor", "product_carrier", "rescale_exponent", "site_class", "type_kind",
 ]  # fmt: skip
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from fractions import Fraction
 
 from fp16lens._core.algebra._classes import Kind, OpClass
@@ -27,6 +28,8 @@ square (``x ** 2``, ``torch.square``, ``x.pow(2)``: what magnitudes and variance
 patch's FP32 check on the rewritten model rejects any other exponent."""
 JOINS = frozenset({"add", "sub", "cat", "concat", "stack", "maximum", "minimum"})
 """Ops that combine several tensors elementwise or by concatenation: equal scales in."""
+PRODUCTS = frozenset({"mul"})
+"""Products x * g: the scale of x passes when g is computed from x behind an absorbing layer."""
 
 
 def degree(op: str) -> Fraction:
@@ -40,6 +43,39 @@ def _key(op: str) -> str:
 
 def is_join(op: str) -> bool:
     return _key(op) in JOINS
+
+
+def product_carrier(site: str, producers: Mapping[str, Sequence[str]]) -> str | None:
+    """The operand of a two-operand product that carries its scale onward, or None.
+
+    In x * g(x) (a squeeze-excitation gate) x is an ancestor of the other operand g: with x
+    divided by p, g's first absorbing layer takes p back, g is unscaled and the product
+    carries x's 1/p. Whether g really is unscaled is the planner's check (its class must
+    carry no scale and must not hold x). Neither operand an ancestor of the other: None.
+    """
+    ops = list(dict.fromkeys(producers.get(site, ())))
+    if len(ops) != 2:
+        return None
+    a, b = ops
+    a_up, b_up = _upstream(b, a, producers), _upstream(a, b, producers)
+    return a if a_up and not b_up else b if b_up and not a_up else None
+
+
+def _upstream(site: str, target: str, producers: Mapping[str, Sequence[str]]) -> bool:
+    """True when ``target`` is an ancestor of ``site`` in the dataflow."""
+    seen, todo = {site}, [site]
+    while todo:
+        for p in producers.get(todo.pop(), ()):
+            if p == target:
+                return True
+            if p not in seen:
+                seen.add(p)
+                todo.append(p)
+    return False
+
+
+def is_product(op: str) -> bool:
+    return _key(op) in PRODUCTS
 
 
 def aten_class(op: str) -> OpClass | None:
