@@ -14,7 +14,7 @@ from torch import nn
 
 from fp16lens._core.compat import TORCH_VERSION
 
-from torchvision_compat import ensure_torchvision
+from torchvision_compat import need_torchvision
 
 
 def _seeded(seed: int = 0) -> torch.Generator:
@@ -30,7 +30,7 @@ class ResNetBackbone(nn.Module):
 
     def __init__(self):
         super().__init__()
-        tv = ensure_torchvision()
+        tv = need_torchvision()
         if tv is None:  # e.g. a torch release with no torchvision yet (the torch matrix)
             import pytest
 
@@ -750,7 +750,7 @@ def mobilenet_v2_tiny_params(size: int = 64, seed: int = 0):
     measured on its inputs, trained-like affine parameters, and what trained ImageNet weights
     hold: whole batch-norm biases of 1e-9..1e-8 (0 in FP16) and pointwise convs whose small
     weights are partly subnormal in FP16. Returns (model, inputs, names of the tiny biases)."""
-    tv = ensure_torchvision()
+    tv = need_torchvision()
     _seeded(seed)
     model = tv.models.mobilenet_v2(width_mult=0.5, num_classes=10).eval()
     x = torch.rand(2, 3, size, size)
@@ -878,9 +878,9 @@ class FusedNorms(nn.Module):
 
     def __init__(self):
         super().__init__()
-        from torchvision_compat import ensure_torchvision
+        from torchvision_compat import need_torchvision
 
-        ensure_torchvision()
+        need_torchvision()
         import pytest
 
         BatchNormAct2d = pytest.importorskip("timm.layers").BatchNormAct2d
@@ -953,9 +953,9 @@ class RMSNormHead(nn.Module):
 
 @torch.no_grad()
 def rms_norm_head(kind: str = "t5"):
-    from torchvision_compat import ensure_torchvision
+    from torchvision_compat import need_torchvision
 
-    ensure_torchvision()
+    need_torchvision()
     import pytest
 
     if kind == "t5":
@@ -1053,6 +1053,7 @@ class MobileNetV3Shaped(nn.Module):
 
     def __init__(self):
         super().__init__()
+        need_torchvision()
         from torchvision.models.mobilenetv3 import InvertedResidual, InvertedResidualConfig
 
         self.stem = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.Hardswish())
@@ -1084,9 +1085,9 @@ def _randomize_bns(model: nn.Module) -> None:
 @torch.no_grad()
 def squeeze_excite(gate: str = "sigmoid"):
     """SqueezeExciteNet with torchvision's SE (sigmoid, or MobileNetV3's hardsigmoid gate)."""
-    from torchvision_compat import ensure_torchvision
+    from torchvision_compat import need_torchvision
 
-    ensure_torchvision()
+    need_torchvision()
     from torchvision.ops.misc import SqueezeExcitation
 
     _seeded(15)
@@ -1100,9 +1101,9 @@ def squeeze_excite(gate: str = "sigmoid"):
 
 @torch.no_grad()
 def mobilenet_v3_shaped():
-    from torchvision_compat import ensure_torchvision
+    from torchvision_compat import need_torchvision
 
-    ensure_torchvision()
+    need_torchvision()
     _seeded(16)
     model = MobileNetV3Shaped().eval()
     _randomize_bns(model)

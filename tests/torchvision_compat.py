@@ -94,3 +94,14 @@ def _nms(dets, scores, iou_threshold: float):
         inter = w * h
         suppressed |= inter / (areas[i] + areas - inter) > iou_threshold
     return torch.tensor(keep, dtype=torch.int64)
+
+
+def need_torchvision():
+    """``ensure_torchvision()`` for a test that cannot run without it: the test is skipped
+    where torchvision is not installed (a torch release with none yet, in the torch matrix)."""
+    tv = ensure_torchvision()
+    if tv is None:
+        import pytest
+
+        pytest.skip("needs torchvision (pip install 'fp16lens[vision]')")
+    return tv

@@ -56,9 +56,9 @@ def test_hf_rms_norms_are_invariant_exits(kind):
 
 
 def test_recognized_by_what_they_compute_not_by_name():
-    from torchvision_compat import ensure_torchvision
+    from torchvision_compat import need_torchvision
 
-    ensure_torchvision()
+    need_torchvision()
     layers = pytest.importorskip("timm.layers")
     BatchNormAct2d, LayerNorm2d = layers.BatchNormAct2d, layers.LayerNorm2d
     from torchvision.ops.misc import FrozenBatchNorm2d

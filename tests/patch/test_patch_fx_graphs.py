@@ -18,7 +18,7 @@ from fp16lens._core.compat import TORCH_VERSION
 from fp16lens.patch import get_plan, patch, relative_error
 
 from models import onnx_tiny, shape_args
-from torchvision_compat import ensure_torchvision
+from torchvision_compat import need_torchvision
 
 
 def _report(model, inputs):
@@ -41,7 +41,7 @@ def _graph(kind: str, model, inputs):
 
 
 def _onnx2torch(model, inputs, opset: int = 17):
-    ensure_torchvision()  # onnx2torch imports torchvision
+    need_torchvision()  # onnx2torch imports torchvision
     onnx2torch = pytest.importorskip("onnx2torch")
     onnx = pytest.importorskip("onnx")
     buf = io.BytesIO()
@@ -159,7 +159,7 @@ def _ppocr_detector():
             nodes.append(node)
     del proto.graph.node[:]
     proto.graph.node.extend(nodes)
-    ensure_torchvision()
+    need_torchvision()
     return pytest.importorskip("onnx2torch").convert(proto).eval()
 
 
