@@ -72,3 +72,20 @@ def run_half(model: nn.Module, inputs: tuple) -> torch.Tensor:
 
 def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
     return float(F.cosine_similarity(a.flatten().double(), b.flatten().double(), dim=0))
+
+
+def assert_fixed(model: nn.Module, inputs: tuple, rel: float = 1e-6, min_cosine: float = 0.999):
+    """Real FP16 is inf/NaN before; after patch() FP32 is unchanged (``rel`` relative) and
+    real FP16 finite with cosine >= ``min_cosine``. Returns the plan and the report."""
+    from fp16lens.patch import get_plan, relative_error
+
+    assert not torch.isfinite(run_half(model, inputs)).all()
+    report = watch_report(model, inputs)
+    patched = fp16lens.patch(model, report)
+    with torch.no_grad():
+        want, got = model(*inputs), patched(*inputs)
+    assert relative_error(want, got) <= rel
+    half = run_half(patched, inputs)
+    assert torch.isfinite(half).all()
+    assert cosine(want, half) >= min_cosine
+    return get_plan(patched), report

@@ -10,26 +10,16 @@ import torch
 from torch import nn
 
 from fp16lens._core.algebra import Kind, fused_kind, module_kind
-from fp16lens.patch import get_plan, patch, relative_error
+from fp16lens.patch import patch
 
 from models import fused_norms, rms_norm_head
-from plant import cosine as _cosine
-from plant import run_half as _half
+from plant import assert_fixed
 from plant import watch_report as _report
 
 
 def _fixed(model, inputs):
-    """The planted overflow is real in FP16; after patch() FP32 is unchanged and FP16 is
-    finite and close to it. Returns the plan."""
-    assert not torch.isfinite(_half(model, inputs)).all()
-    patched = patch(model, _report(model, inputs))
-    with torch.no_grad():
-        want, got = model(*inputs), patched(*inputs)
-    assert relative_error(want, got) <= 1e-6
-    half = _half(patched, inputs)
-    assert torch.isfinite(half).all()
-    assert _cosine(want, half) >= 0.999
-    return get_plan(patched)
+    """The planted overflow is fixed (``plant.assert_fixed``)."""
+    return assert_fixed(model, inputs)[0]
 
 
 @pytest.mark.parametrize("plant", ["frozen", "stats"])
