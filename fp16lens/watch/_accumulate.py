@@ -27,24 +27,25 @@ def _gt(a: float, b: float) -> bool:
     return (not math.isnan(b)) and (math.isnan(a) or a > b)
 
 
-def _maxes(extremes: list) -> list[float]:
-    """max |v| per event from (min, max) pairs: tensors (one sync) or Python floats."""
-    tensors = [e for e in extremes if torch.is_tensor(e)]
-    flat = iter(torch.stack(tensors).cpu().tolist()) if tensors else iter(())
+def _maxes(extremes: list) -> tuple[list[float], list[int]]:
+    """max |v| per event from (min, max) pairs: tensors (one sync) or Python floats; and
+    the events whose pair was a tensor (reduced off the CPU without a host sync)."""
+    device = [e for e, x in enumerate(extremes) if torch.is_tensor(x)]
+    flat = iter(torch.stack([extremes[e] for e in device]).cpu().tolist()) if device else iter(())
     out = []
     for e in extremes:
         lo, hi = next(flat) if torch.is_tensor(e) else e
         out.append(hi if hi >= -lo else -lo)  # NaN stays NaN
-    return out
+    return out, device
 
 
-def _saturated_from_samples(fw: Forward, maxes: list[float]) -> None:
+def _saturated_from_samples(fw: Forward, maxes: list[float], device: list[int]) -> None:
     """Off the CPU an op's extremes are reduced without a host sync, so no exact pass finds
     masking constants (|v| >= SATURATED, such as finfo(float32).min) beside its values.
     Where such an event's peak is saturated, its sample tells the values beside them
     (their largest, and the share of constants), as the CPU path's exact pass would."""
-    for e, ext in enumerate(fw.extremes):
-        if not (torch.is_tensor(ext) and maxes[e] >= SATURATED) or e in fw.saturated:
+    for e in device:
+        if not maxes[e] >= SATURATED or e in fw.saturated:
             continue  # (a NaN peak is not saturated)
         a = fw.samples[e].abs()
         huge = a >= SATURATED
@@ -143,8 +144,8 @@ class Accumulator:
             self.input_shapes.append(fw.input_shapes)
         if not fw.sites:
             return
-        maxes = _maxes(fw.extremes)
-        _saturated_from_samples(fw, maxes)
+        maxes, device = _maxes(fw.extremes)
+        _saturated_from_samples(fw, maxes, device)
         for e, (below, _) in fw.saturated.items():
             if fw.sites[e] != INPUT_SITE:  # an inf input is bad data, not a masking constant
                 maxes[e] = below
