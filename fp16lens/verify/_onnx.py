@@ -73,7 +73,8 @@ class OnnxRunner(Runner):
         if len(batch) == 1 and isinstance(batch[0], Mapping):  # by input name
             items = feed_items(batch[0], names, VerifyError, self.path.name)
             return {n: self._array(n, torch.as_tensor(a)) for n, a in items}
-        tensors = [a for a in batch if torch.is_tensor(a)]
+        tensors = [torch.from_numpy(a) if isinstance(a, np.ndarray) else a for a in batch]
+        tensors = [a for a in tensors if torch.is_tensor(a)]
         if len(tensors) != len(names):
             raise VerifyError(
                 f"{self.path.name} takes {len(names)} input(s) ({', '.join(names)}) but the batch "
