@@ -185,6 +185,11 @@ class _Rewriter:
     def _replace(tensor, array: np.ndarray) -> None:
         tensor.CopyFrom(numpy_helper.from_array(array, tensor.name))
 
+    def _readers(self, node) -> list[str]:
+        """The modules a Constant's value belongs to: those of the nodes reading it."""
+        readers = [c for t in node.output for c in self.consumers.get(t, [])]
+        return self._modules_of(readers if node.op_type == "Constant" and readers else [node])
+
     def _modules_of(self, nodes) -> list[str]:
         mods = [m for n in nodes for m in self._origin(n).modules]
         return list(dict.fromkeys(mods))
@@ -228,7 +233,7 @@ class _Rewriter:
                 attr.i = FLOAT16
             elif attr.name == "value" and attr.type == attr.TENSOR and attr.t.data_type == FLOAT:
                 array = numpy_helper.to_array(attr.t)
-                self._replace(attr.t, self._half(node.name, array, self._modules_of([node])))
+                self._replace(attr.t, self._half(node.name, array, self._readers(node)))
         if node.op_type == "Constant":
             self._constant_scalars(node)
         _explicit_default_dtype(node)
@@ -239,7 +244,7 @@ class _Rewriter:
                 values = np.array(
                     attr.f if attr.name == "value_float" else list(attr.floats), dtype=np.float32
                 )
-                half = self._half(node.name, values, self._modules_of([node]))
+                half = self._half(node.name, values, self._readers(node))
                 node.attribute.remove(attr)
                 node.attribute.append(helper.make_attribute("value", numpy_helper.from_array(half)))
 

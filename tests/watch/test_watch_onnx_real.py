@@ -76,3 +76,34 @@ def test_ppocr_rec_on_raw_pixels_overflows_where_real_fp16_does(rec, tmp_path):
     assert zoo_real.rec_decode(rec, out32) != zoo_real.SHORT
     result = fp16lens.verify(rec, fp16lens.export(rec, None, tmp_path / "rec16.onnx").path, (x,))
     assert not result and result.nonfinite
+
+
+def test_ppocr_det_fp16_export_needs_its_huge_bn_variance_kept_fp32(tmp_path):
+    """The first published model (the PP-OCRv4 detector, see test_watch_onnx.py): the scan's
+    parameter finding names the BatchNormalization whose running variance (9.8e7) FP16
+    cannot hold; the FP16 export refuses that weight, and with that one node kept FP32 the
+    typed FP16 file finds the word as FP32 does."""
+    try:
+        path = zoo_real.rapidocr_model("det")
+        img = zoo_real.sentence_image(zoo_real.SHORT, height=64).expand(1, 3, -1, -1).numpy()
+    except zoo_real.Missing as exc:
+        pytest.skip(str(exc))
+    img = img[..., : img.shape[-1] // 32 * 32]
+    mean = np.array([0.485, 0.456, 0.406], np.float32).reshape(1, 3, 1, 1)
+    std = np.array([0.229, 0.224, 0.225], np.float32).reshape(1, 3, 1, 1)
+    x = np.ascontiguousarray((img / 255 - mean) / std, dtype=np.float32)
+    report = fp16lens.scan(path, [x], progress=False)
+    (var,) = [f for f in report.findings_by(Mechanism.PARAMETER) if f.kind == "param-overflow"]
+    assert var.tensor == "batch_norm_0.w_2" and report.sites[var.site].op == "BatchNormalization"
+    with pytest.raises(fp16lens.export.ExportError, match=f"batch_norm_0.w_2' of '{var.site}'"):
+        fp16lens.export(path, None, tmp_path / "det16.onnx")
+    art = fp16lens.export(path, None, tmp_path / "det16.onnx", fp32_nodes=[var.site])
+    assert art.fp32_nodes == (var.site,)
+    assert (_fp32(path, x) > 0.3).mean() > 0.01  # FP32 finds the word
+
+    def text_iou(ref, got):  # the detector's task: its text mask (probability > 0.3)
+        a, b = (next(iter(out.values())) > 0.3 for out in (ref, got))
+        return float((a & b).sum() / (a | b).sum())
+
+    result = fp16lens.verify(path, art.path, (x,), metric=text_iou)
+    assert result and result.cosine > 0.9999 and result.metrics["text_iou"] > 0.99
