@@ -52,9 +52,22 @@ def _reader(calibration: Iterable, names: list[str], progress):
             if batch is None:
                 return None
             progress.advance(self._task)
-            return batch_feed(batch, names)
+            feed = batch_feed(batch, names)
+            shapes = {n: a.shape for n, a in feed.items()}
+            self._shapes = getattr(self, "_shapes", shapes)
+            if shapes != self._shapes:
+                raise ExportError(
+                    f"INT8 calibration batches must share one shape per input (Entropy "
+                    f"calibration stacks their values): got {_shapes(self._shapes)} then "
+                    f"{_shapes(shapes)}; resize or pad the calibration inputs to one shape"
+                )
+            return feed
 
     return Reader()
+
+
+def _shapes(shapes: dict) -> str:
+    return ", ".join(f"{n} {tuple(s)}" for n, s in shapes.items())
 
 
 def _progress():

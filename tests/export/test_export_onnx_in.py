@@ -218,6 +218,9 @@ def test_refusals_name_the_problem_and_the_fix(clean_file, tmp_path):
     model, inputs, path = clean_file
     with pytest.raises(ExportError, match="needs calibration"):
         export(path, None, tmp_path / "a.onnx", precision="int8")
+    sizes = [(torch.rand(1, 3, 16, 16),), (torch.rand(1, 3, 16, 24),)]
+    with pytest.raises(ExportError, match=r"share one shape.*\(1, 3, 16, 24\).*pad"):
+        export(path, None, tmp_path / "a.onnx", precision="int8", calibration=sizes)
     conv = next(n.name for n in onnx.load(path).graph.node if n.op_type == "Conv")
     with pytest.raises(ExportError, match="Did you mean"):
         export(path, None, tmp_path / "a.onnx", fp32_nodes=[conv + "x"])
@@ -278,3 +281,22 @@ def test_cli_exports_and_verifies_an_onnx_file(gelu_file, tmp_path, capsys):
     assert "needs calibration batches" in capsys.readouterr().err
     assert main(["export", path, "--precision", "int8", "-o", int8, "--input", npz]) == 0
     assert onnx.load(int8).graph.node and (tmp_path / "g8.cache").is_file()
+
+
+@pytest.mark.slow
+def test_swin_dynamo_export_is_a_valid_fp16_graph(tmp_path):
+    """torchvision's Swin (the zoo's small config) exported by dynamo holds a ConstantOfShape
+    without a value (float32 zeros by default) feeding FP16 ops: the FP16 file passes the
+    full checker and runs as real FP16 does."""
+    pytest.importorskip("onnxscript")
+    import zoo
+
+    torch.manual_seed(0)
+    model, inputs = zoo.ZOO["tv.swin"]()
+    fp32 = export(model, inputs, tmp_path / "swin32.onnx", precision="fp32")
+    graph = onnx.load(str(fp32.path)).graph
+    assert any(n.op_type == "ConstantOfShape" and not n.attribute for n in graph.node)
+    art = export(str(fp32.path), None, tmp_path / "swin16.onnx")
+    onnx.checker.check_model(onnx.load(str(art.path)), full_check=True)
+    assert torch.isfinite(real_half(model, inputs)).all()
+    assert fp16lens.verify(model, art.path, inputs)
