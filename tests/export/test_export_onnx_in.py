@@ -300,3 +300,33 @@ def test_swin_dynamo_export_is_a_valid_fp16_graph(tmp_path):
     onnx.checker.check_model(onnx.load(str(art.path)), full_check=True)
     assert torch.isfinite(real_half(model, inputs)).all()
     assert fp16lens.verify(model, art.path, inputs)
+
+
+def test_int8_of_an_opset12_file_with_weights_in_constant_nodes_is_per_channel(tmp_path):
+    """paddle2onnx writes every weight as a Constant node, at opset 11/12: ONNX Runtime
+    would calibrate those as activations (one scale per tensor), and per-channel
+    DequantizeLinear needs opset 13. The export moves them to initializers and converts
+    the opset, so each conv weight gets one scale per output channel."""
+    model, inputs = models.clean()
+    proto = onnx.load(to_onnx(model, inputs, tmp_path / "c12.onnx", 12))
+    for init in list(proto.graph.initializer):
+        proto.graph.node.insert(0, helper.make_node("Constant", [], [init.name], value=init))
+    del proto.graph.initializer[:]
+    path = tmp_path / "constants.onnx"
+    onnx.save(proto, str(path))
+    batches = [(torch.rand(1, 3, 16, 16),) for _ in range(4)]
+    art = export(str(path), None, tmp_path / "c8.onnx", precision="int8", calibration=batches)
+    out = onnx.load(str(art.path))
+    assert art.opset == 13 and not [n for n in out.graph.node if n.op_type == "Constant"
+                                    and n.attribute[0].t.data_type == F32 and len(n.attribute[0].t.dims) > 1]
+    made = {o: n for n in out.graph.node for o in n.output}
+    inits = {i.name: numpy_helper.to_array(i) for i in out.graph.initializer}
+    convs = [n for n in out.graph.node if n.op_type == "Conv"]
+    assert convs
+    for conv in convs:
+        dq = made[conv.input[1]]
+        assert dq.op_type == "DequantizeLinear"
+        channels = inits[dq.input[0]].shape[0]  # the INT8 weight
+        assert inits[dq.input[1]].shape == (channels,)  # one scale per output channel
+    result = fp16lens.verify(str(path), art.path, inputs)
+    assert result.backend == "onnx-int8" and result and result.cosine > 0.99
