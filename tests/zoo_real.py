@@ -552,3 +552,24 @@ def onnx_real_fp16(path: str, feed: dict[str, np.ndarray], expose: tuple[str, ..
     sess = ort.InferenceSession(m.SerializeToString(), options, providers=["CPUExecutionProvider"])
     names = [o.name for o in sess.get_outputs()]
     return dict(zip(names, sess.run(names, feed)))
+
+
+def silero_onnx(name: str = "silero_vad_16k_op15.onnx") -> str:
+    """An ONNX file the silero-vad wheel ships (``silero_vad/data/``). The 16 kHz opset-15
+    file keeps its STFT and encoder in the main graph (only the decoder sits in an If);
+    ``silero_vad.onnx`` wraps the whole network in If branches (8 and 16 kHz)."""
+    _need("silero-vad")
+    path = os.path.join(importlib.util.find_spec("silero_vad").submodule_search_locations[0], "data", name)
+    if not os.path.isfile(path):
+        raise Missing(f"silero-vad ships no {name}; {PINS['silero-vad']}")
+    return path
+
+
+def vad_feed(raw: bool, chunk: int) -> dict[str, np.ndarray]:
+    """The ``chunk``-th 512-sample chunk of the spoken sentence with the 64 samples before it
+    (the context silero-vad's own ONNX wrapper prepends), a zero state, 16 kHz: samples
+    scaled to [-1, 1] as the model expects, or raw int16 values (the user's mistake)."""
+    wav = speech().numpy()
+    x = np.ascontiguousarray(wav[:, chunk * 512 - 64:(chunk + 1) * 512], dtype=np.float32)
+    return {"input": x if raw else x / 32768, "state": np.zeros((2, 1, 128), np.float32),
+            "sr": np.array(16000, dtype=np.int64)}
