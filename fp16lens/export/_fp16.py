@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 import numpy as np
 from onnx import helper, numpy_helper, shape_inference
 
-from fp16lens._core import ExportError
 from fp16lens.export._artifact import default_opset
 from fp16lens.export._naming import NodeOrigin, stamp
 from fp16lens.export._ranges import clamp_mask_constants, subnormal_summary, to_fp16_checked
@@ -43,7 +42,6 @@ def convert_fp16(
     model, island: set[str], origins: dict[str, NodeOrigin], io_dtype: str
 ) -> Fp16Result:
     """Rewrite the FP32 ``model`` in place into strongly typed FP16; returns it with notes."""
-    _reject_subgraphs(model.graph)
     inferred = shape_inference.infer_shapes(model)
     elem = elem_types(inferred)
     opset = default_opset(model)
@@ -73,10 +71,12 @@ def convert_fp16(
 def _keep_fp32_constants(graph, typing: dict[str, NodeTyping]) -> None:
     """A Constant node read only where FP32 is required (Resize's scales, Range's bounds,
     an FP32 island) stays FP32: no rounding, and no Cast between it and its readers."""
-    readers: dict[str, list[tuple[str, int]]] = {}
+    readers: dict[str, list[tuple[str, int | None]]] = {}
     for n in graph.node:
         for i, t in enumerate(n.input):
             readers.setdefault(t, []).append((n.name, i))
+        for t in {t for body in _subgraphs(n) for t in outer_names(body)}:
+            readers.setdefault(t, []).append((n.name, None))  # a body reads it, in FP32
     outputs = {o.name for o in graph.output}
     for n in graph.node:
         if n.op_type != "Constant" or typing[n.name].outputs != (FLOAT16,) or n.output[0] in outputs:
@@ -86,18 +86,38 @@ def _keep_fp32_constants(graph, typing: dict[str, NodeTyping]) -> None:
             typing[n.name] = NodeTyping(True, (), (FLOAT,))
 
 
-def _wanted(typing: NodeTyping, i: int) -> int | None:
+def _wanted(typing: NodeTyping, i: int | None) -> int | None:
+    if i is None:
+        return FLOAT
     return typing.inputs[i] if i < len(typing.inputs) else None
 
 
-def _reject_subgraphs(graph) -> None:
-    for node in graph.node:
-        if any(a.type in (a.GRAPH, a.GRAPHS) for a in node.attribute):
-            raise ExportError(
-                f"node {node.name!r} ({node.op_type}) has a control-flow subgraph, which the FP16 "
-                "converter does not handle. Export with precision='fp32', or remove data-dependent "
-                "control flow from the model."
-            )
+def _subgraphs(node):
+    for a in node.attribute:
+        if a.type == a.GRAPH:
+            yield a.g
+        elif a.type == a.GRAPHS:
+            yield from a.graphs
+
+
+def outer_names(graph) -> set[str]:
+    """Tensors a (sub)graph reads from its enclosing scopes, nested bodies included."""
+    defined = {v.name for v in graph.input} | {i.name for i in graph.initializer}
+    defined |= {o for n in graph.node for o in n.output}
+    used = {t for n in graph.node for t in n.input if t}
+    used |= {t for n in graph.node for g in _subgraphs(n) for t in outer_names(g)}
+    return used - defined
+
+
+def _rename_reads(graph, old: str, new: str) -> None:
+    """Every read of ``old`` in ``graph`` and its nested bodies (not shadowed) reads ``new``."""
+    inner = {v.name for v in graph.input} | {o for n in graph.node for o in n.output}
+    if old in inner:
+        return
+    for n in graph.node:
+        n.input[:] = [new if t == old else t for t in n.input]
+        for g in _subgraphs(n):
+            _rename_reads(g, old, new)
 
 
 def _explicit_default_dtype(node) -> None:
@@ -121,6 +141,7 @@ class _Rewriter:
         self.actual: dict[str, int] = {}  # float tensor -> dtype in the new graph
         self.alias: dict[tuple[str, int], str] = {}  # (tensor, dtype) -> tensor holding it
         self.producer = {t: n for n in self.g.node for t in n.output}
+        self.body_reads = {t for n in self.g.node for b in _subgraphs(n) for t in outer_names(b)}
         self.consumers: dict[str, list] = {}
         for n in self.g.node:
             for t in n.input:
@@ -156,7 +177,7 @@ class _Rewriter:
                 self.alias[(init.name, FLOAT)] = other
 
     def _needs(self, name: str) -> set[int]:
-        needs = set()
+        needs = {FLOAT} if name in self.body_reads else set()
         for n in self.consumers.get(name, []):
             req = self.typing[n.name].inputs
             needs.update(req[i] for i, t in enumerate(n.input) if t == name and req[i] is not None)
@@ -206,12 +227,21 @@ class _Rewriter:
                 node.input[i] = self._cast(name, want, node, new_nodes)
             if not typing.fp32:
                 self._retype_attributes(node)
+            self._feed_bodies(node, new_nodes)
             for name, dtype in zip(node.output, typing.outputs):
                 if dtype is not None:
                     self.actual[name] = dtype
             new_nodes.append(node)
         del self.g.node[:]
         self.g.node.extend(new_nodes)
+
+    def _feed_bodies(self, node, new_nodes: list) -> None:
+        """A control-flow body stays FP32: the outer tensors it reads that are FP16 now are
+        read through a Cast to FP32 placed before the node."""
+        for body in _subgraphs(node):
+            for name in sorted(outer_names(body)):
+                if self.actual.get(name) == FLOAT16:
+                    _rename_reads(body, name, self._cast(name, FLOAT, node, new_nodes))
 
     def _cast(self, name: str, dtype: int, consumer, new_nodes: list) -> str:
         key = (name, dtype)

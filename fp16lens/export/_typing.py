@@ -39,6 +39,11 @@ def _formal(params, i: int):
     return None
 
 
+def has_subgraph(node) -> bool:
+    """Whether ``node`` holds a control-flow body (If branches, a Loop or Scan body)."""
+    return any(a.type in (a.GRAPH, a.GRAPHS) for a in node.attribute)
+
+
 def _is_float(elem: dict[str, int], name: str) -> bool:
     return bool(name) and elem.get(name) == FLOAT
 
@@ -53,6 +58,8 @@ def type_node(node, opset: int, elem: dict[str, int], in_island: bool) -> NodeTy
     forced = "" if schema else f"no ONNX schema for {node.domain or 'ai.onnx'}::{node.op_type}"
     if schema and not in_island:
         forced = _fp16_unsupported(schema, node, floats_in, floats_out)
+    if not in_island and has_subgraph(node):
+        forced = f"its {node.op_type} body runs as written, in FP32 (subgraphs are not converted)"
     fp32 = in_island or bool(forced)
     want = FLOAT if fp32 else FLOAT16
     ins = tuple(

@@ -330,3 +330,40 @@ def test_int8_of_an_opset12_file_with_weights_in_constant_nodes_is_per_channel(t
         assert inits[dq.input[1]].shape == (channels,)  # one scale per output channel
     result = fp16lens.verify(str(path), art.path, inputs)
     assert result.backend == "onnx-int8" and result and result.cosine > 0.99
+
+
+def test_a_control_flow_body_stays_fp32_and_reads_outer_tensors_through_casts(tmp_path):
+    """An If whose branches read a tensor of the main graph (made FP16 by the export):
+    the If runs as written, in FP32, its branches reading that tensor through one Cast."""
+    h = helper
+    c = numpy_helper.from_array(np.array([3.0], np.float32), "c")
+    then = h.make_graph([h.make_node("Add", ["m", "c"], ["t"], name="then_add")], "then", [],
+                        [h.make_tensor_value_info("t", F32, [2, 4])])
+    other = h.make_graph([h.make_node("Sub", ["m", "c"], ["e"], name="else_sub")], "else", [],
+                         [h.make_tensor_value_info("e", F32, [2, 4])])
+    nodes = [
+        h.make_node("Mul", ["x", "two"], ["m"], name="double"),
+        h.make_node("ReduceSum", ["x"], ["s"], keepdims=0, name="sum"),
+        h.make_node("Greater", ["s", "zero"], ["positive"], name="test"),
+        h.make_node("If", ["positive"], ["y"], then_branch=then, else_branch=other, name="branch"),
+    ]
+    consts = [numpy_helper.from_array(np.array(2.0, np.float32), "two"),
+              numpy_helper.from_array(np.array(0.0, np.float32), "zero"), c]
+    graph = h.make_graph(nodes, "branchy", [h.make_tensor_value_info("x", F32, [2, 4])],
+                         [h.make_tensor_value_info("y", F32, [2, 4])], initializer=consts)
+    path = tmp_path / "if.onnx"
+    onnx.save(h.make_model(graph, opset_imports=[h.make_opsetid("", 17)]), str(path))
+    art = export(str(path), None, tmp_path / "if16.onnx")
+    assert art.fp32_nodes == ("branch",)
+    assert any("If body runs as written, in FP32" in w for w in art.warnings)
+    out = onnx.load(str(art.path))
+    (branch,) = [n for n in out.graph.node if n.op_type == "If"]
+    bodies = {a.name: a.g for a in branch.attribute}
+    assert bodies["then_branch"].node[0].input[:] == ["m__fp32", "c"]  # c: FP32, read only there
+    types = elem_types(art.path)
+    assert types["m"] == F16 and types["m__fp32"] == F32 and types["c"] == F32
+    x = np.array([[1, 2, 3, 4], [5, 6, 7, 8]], np.float32)
+    for sign in (1, -1):
+        (got,) = plain_ort(art.path).run(None, {"x": sign * x})
+        np.testing.assert_array_equal(got, 2 * sign * x + 3 * sign)  # exact in FP16 and FP32
+    assert fp16lens.verify(str(path), art.path, (x,))

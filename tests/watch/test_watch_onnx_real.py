@@ -147,6 +147,18 @@ def test_silero_vad_onnx_as_expected_is_clean_and_keeps_its_probability(vad):
     assert prob16 == pytest.approx(_vad_fp32(vad, feed), abs=0.01)
 
 
+def test_silero_vad_onnx_fp16_export_keeps_its_if_bodies_fp32_and_verifies_as_real_fp16(vad, tmp_path):
+    """The FP16 file: STFT and encoder in FP16, the decoder's If bodies as written in FP32.
+    verify passes on speech as the model expects it and fails on raw int16, where real FP16
+    storage of the main graph misses the speech (the test above)."""
+    art = fp16lens.export(vad, None, tmp_path / "vad16.onnx")
+    ifs = [n.name for n in onnx.load(vad).graph.node if n.op_type == "If"]
+    assert sorted(art.fp32_nodes) == sorted(ifs)
+    assert fp16lens.verify(vad, art.path, [zoo_real.vad_feed(raw=False, chunk=5)])
+    raw = fp16lens.verify(vad, art.path, [zoo_real.vad_feed(raw=True, chunk=5)])
+    assert not raw and raw.first_divergence.startswith("/model/stft/")
+
+
 def test_silero_vad_onnx_on_raw_int16_misses_speech_where_the_scan_says(vad):
     """Raw int16 samples: FP32 still hears the speech, real FP16 storage hears nothing (no
     inf reaches the output: the probability is just 0); the scan's first span is the STFT
