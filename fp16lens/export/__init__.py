@@ -1,8 +1,10 @@
 """Deployment: typed ONNX (FP32 / strongly typed FP16 / INT8 Q/DQ), TensorRT, torch-tensorrt.
 
 ``export`` writes the ONNX file and returns an ``ExportArtifact`` (node <-> module map,
-FP32 islands, warnings); ``build_engine`` turns it into a TensorRT plan (the ``trt``
-extra); ``compile_torch_tensorrt`` compiles with torch-tensorrt (the ``torchtrt`` extra).
+FP32 islands, warnings); given an FP32 ONNX file instead of a model it re-types that
+graph (FP32 islands: the nodes a patched file records in ``fp16lens.fp32_nodes``, plus
+``fp32_nodes=``); ``build_engine`` turns it into a TensorRT plan (the ``trt`` extra);
+``compile_torch_tensorrt`` compiles with torch-tensorrt (the ``torchtrt`` extra).
 Nothing here imports onnx, ONNX Runtime or TensorRT until a function needs it.
 """
 
