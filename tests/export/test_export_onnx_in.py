@@ -367,3 +367,17 @@ def test_a_control_flow_body_stays_fp32_and_reads_outer_tensors_through_casts(tm
         (got,) = plain_ort(art.path).run(None, {"x": sign * x})
         np.testing.assert_array_equal(got, 2 * sign * x + 3 * sign)  # exact in FP16 and FP32
     assert fp16lens.verify(str(path), art.path, (x,))
+
+
+def test_a_file_fp16lens_exported_keeps_its_module_map_and_takes_fp32_modules(tmp_path):
+    """An FP32 file written by export(model, ..., "fp32") carries each node's module: the
+    ONNX-in export keeps that map and takes islands by module, as export(model) does."""
+    pytest.importorskip("onnxscript")
+    model, inputs = models.gelu_span()
+    fp32 = export(model, inputs, tmp_path / "g32.onnx", precision="fp32")
+    art = export(str(fp32.path), None, tmp_path / "g16.onnx", fp32_modules=["fc1", "act", "fc2"])
+    assert art.fp32_nodes and {art.node_map[n] for n in art.fp32_nodes} <= {"fc1", "act", "fc2"}
+    assert set(fp32.node_map.items()) <= set(art.node_map.items())
+    assert fp16lens.verify(model, art.path, inputs, tolerance=0.9999)
+    with pytest.raises(ExportError, match="no node of the graph comes from"):
+        export(str(fp32.path), None, tmp_path / "x.onnx", fp32_modules=["fc9"])
