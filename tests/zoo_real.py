@@ -476,3 +476,79 @@ def patch_case(run: dict) -> dict:
         fp16 = f"{type(exc).__name__}: {str(exc).splitlines()[0][:80]}"
     return {"fp32_rel": max(errs), "fp16_cosine": fp16,
             "unresolved": fp16lens.patch.get_plan(patched).unresolved}
+
+
+# ---- published ONNX models (no PyTorch source) ------------------------------------------
+
+PINS["rapidocr-onnxruntime"] = "rapidocr-onnxruntime==1.4.4"
+REC_MEAN_STD = (0.5, 0.5)  # PP-OCR's recognizer reads (pixels / 255 - 0.5) / 0.5 (rapidocr's config)
+
+
+def rapidocr_model(kind: str) -> str:
+    """The path of the PP-OCR ONNX model ``kind`` (det, rec, cls) in rapidocr-onnxruntime's wheel."""
+    _need("rapidocr-onnxruntime")
+    folder = os.path.join(importlib.util.find_spec("rapidocr_onnxruntime").submodule_search_locations[0],
+                          "models")
+    found = sorted(f for f in os.listdir(folder) if f.endswith(".onnx") and f"_{kind}_" in f)
+    if not found:
+        raise Missing(f"rapidocr-onnxruntime ships no {kind} model; {PINS['rapidocr-onnxruntime']}")
+    return os.path.join(folder, found[0])
+
+
+def rec_input(raw: bool, text: str = SHORT) -> np.ndarray:
+    """``text`` rendered 48 pixels high (the recognizer's input height), 1x3x48xW: raw 0-255
+    pixels (the user's mistake) or as the recognizer was trained on."""
+    img = sentence_image(text, height=48).expand(1, 3, -1, -1).numpy()
+    mean, std = REC_MEAN_STD
+    return np.ascontiguousarray(img if raw else (img / 255 - mean) / std, dtype=np.float32)
+
+
+def rec_decode(path: str, logits: np.ndarray) -> str:
+    """Greedy CTC over the recognizer's output (1, T, classes): class 0 is the blank, class i
+    the i-th line of the character list its file carries (``character`` metadata), then space."""
+    import onnx
+
+    meta = {p.key: p.value for p in onnx.load(path, load_external_data=False).metadata_props}
+    chars = ["", *meta["character"].splitlines(), " "]
+    ids = np.asarray(logits)[0].argmax(-1)
+    return "".join(chars[i] for k, i in enumerate(ids) if i and (k == 0 or i != ids[k - 1]))
+
+
+def onnx_real_fp16(path: str, feed: dict[str, np.ndarray], expose: tuple[str, ...] = ()) -> dict:
+    """The FP32 graph with real FP16 storage, built here without fp16lens: every float
+    constant and input rounded to FP16, every node's float output stored through a Cast to
+    FP16 and back, in ONNX Runtime with graph optimizations off (they would drop the Cast
+    pairs). Returns the graph outputs and the ``expose``d float tensors by name."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import helper, numpy_helper
+
+    m = onnx.load(path)
+    g = m.graph
+    inferred = onnx.shape_inference.infer_shapes(m).graph
+    floats = {v.name for v in (*inferred.value_info, *inferred.output)
+              if v.type.tensor_type.elem_type == onnx.TensorProto.FLOAT}
+    with np.errstate(over="ignore"):
+        for t in [*g.initializer, *(a.t for n in g.node for a in n.attribute if a.HasField("t"))]:
+            if t.data_type == onnx.TensorProto.FLOAT:
+                half = numpy_helper.to_array(t).astype(np.float16).astype(np.float32)
+                t.CopyFrom(numpy_helper.from_array(half, t.name))
+        feed = {k: v.astype(np.float16).astype(np.float32) if v.dtype == np.float32 else v
+                for k, v in feed.items()}
+    nodes = []
+    for node in g.node:
+        nodes.append(node)
+        for i, out in enumerate(node.output):
+            if out in floats:
+                node.output[i] = f"{out}__raw"
+                nodes.append(helper.make_node("Cast", [f"{out}__raw"], [f"{out}__h"], to=10))
+                nodes.append(helper.make_node("Cast", [f"{out}__h"], [out], to=1))
+    del g.node[:]
+    g.node.extend(nodes)
+    g.output.extend(helper.make_tensor_value_info(t, 1, None) for t in expose if t in floats)
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.log_severity_level = 3
+    sess = ort.InferenceSession(m.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    names = [o.name for o in sess.get_outputs()]
+    return dict(zip(names, sess.run(names, feed)))

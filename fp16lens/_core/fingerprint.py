@@ -57,3 +57,44 @@ def changed(recorded: dict[str, list[float]], model: torch.nn.Module) -> list[st
 
 def _same(x: float, y: float, tolerance: float) -> bool:
     return x == y or (math.isnan(x) and math.isnan(y)) or abs(x - y) <= tolerance
+
+
+# ---- ONNX graphs (kept apart from the torch fingerprint above) ----------------------------
+_ONNX_FLOATS = (1, 10, 11, 16)  # FLOAT, FLOAT16, DOUBLE, BFLOAT16
+
+
+def onnx_fingerprint(model) -> dict[str, list[float]]:
+    """Pure: the fingerprint of an ONNX ``model``'s (a ModelProto, external data loaded)
+    float initializers, by initializer name: the same four numbers per tensor as
+    ``fingerprint`` gives a module's parameters, in float64 with numpy."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    out = {}
+    for init in model.graph.initializer:
+        if init.data_type not in _ONNX_FLOATS:
+            continue
+        v = numpy_helper.to_array(init).astype(np.float64).reshape(-1)
+        ramp = np.arange(v.size, dtype=np.int64) % _RAMP + 1
+        out[init.name] = [float(v.size), float(v.sum()), float(np.abs(v).sum()), float((v * ramp).sum())]
+    return out
+
+
+def onnx_changed(recorded: dict[str, list[float]], model) -> list[str]:
+    """``changed`` for an ONNX ``model``: the initializers both have whose values differ
+    from ``recorded`` (a report's ``weights``); [] when ``recorded`` is empty."""
+    if not recorded:
+        return []
+    return differing(recorded, onnx_fingerprint(model))
+
+
+def differing(recorded: dict[str, list[float]], now: dict[str, list[float]]) -> list[str]:
+    """Names in both fingerprints whose numbers disagree beyond the tolerance (sorted)."""
+    out = []
+    for name in recorded.keys() & now.keys():
+        (n0, *a), (n1, *b) = recorded[name], now[name]
+        scale = _TOLERANCE * max(abs(a[1]), abs(b[1]))
+        tolerances = (scale, scale, scale * _RAMP)
+        if n0 != n1 or not all(_same(x, y, t) for x, y, t in zip(a, b, tolerances)):
+            out.append(name)
+    return sorted(out)

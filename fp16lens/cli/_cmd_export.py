@@ -1,5 +1,7 @@
 """`fp16lens export MODEL -o model.onnx --precision fp16|int8|fp32 --input SPEC`:
-write a typed ONNX file (strongly typed FP16, or INT8 Q/DQ calibrated on the inputs)."""
+write a typed ONNX file (strongly typed FP16, or INT8 Q/DQ calibrated on the inputs).
+MODEL may be an FP32 .onnx file (a patched one keeps its FP32 islands); --input then
+serves only the INT8 calibration."""
 
 from __future__ import annotations
 
@@ -7,12 +9,13 @@ import argparse
 
 from rich.markup import escape
 
+from fp16lens._core import Fp16LensError
 from fp16lens._core.paths import check_writable
 from fp16lens._core.quiet import verbose
 from fp16lens.cli._batchfile import load_batches
 from fp16lens.cli._cmd_scan import add_model_arguments
 from fp16lens.cli._inputargs import add_input_arguments, batches_from_args
-from fp16lens.cli._models import load_model, parse_kwargs
+from fp16lens.cli._models import is_onnx_file, load_model, onnx_batches, parse_kwargs
 from fp16lens.cli._output import console, emit_json
 from fp16lens.cli._stages import stage
 
@@ -35,6 +38,12 @@ def add_parser(sub) -> None:
         help="modules kept in FP32 in an FP16 export (the islands `fp16lens patch` printed)",
     )
     p.add_argument(
+        "--fp32-nodes",
+        default=None,
+        metavar="A,B",
+        help="for an .onnx MODEL: node names kept in FP32, beside those a patched file records",
+    )
+    p.add_argument(
         "--exporter",
         choices=("auto", "dynamo", "torchscript"),
         default="auto",
@@ -50,25 +59,68 @@ def add_parser(sub) -> None:
     p.set_defaults(run=run)
 
 
+def _names(text: str | None) -> list[str]:
+    return [m for m in (text or "").split(",") if m]
+
+
 def run(args: argparse.Namespace) -> int:
     export = stage("fp16lens.export", "export", "export")
     check_writable(args.output)
+    if is_onnx_file(args.model):
+        artifact = _export_onnx(export, args)
+    else:
+        artifact = _export_torch(export, args)
+    return _print(artifact, args)
+
+
+def _export_torch(export, args: argparse.Namespace):
+    if args.fp32_nodes:
+        raise Fp16LensError("--fp32-nodes names nodes of an .onnx MODEL; use --fp32-modules")
     loaded = load_model(args.model, parse_kwargs(args.kwargs))
     batches = batches_from_args(args, loaded.example_inputs, loaded.model)
     calibration = None
     if args.precision == "int8":
         calibration = load_batches(args.calibration) if args.calibration else batches
-    islands = [m for m in (args.fp32_modules or "").split(",") if m]
     with verbose(args.verbose):
-        artifact = export(
+        return export(
             loaded.model,
             batches[0],
             args.output,
             precision=args.precision,
             calibration=calibration,
-            fp32_modules=islands or None,
+            fp32_modules=_names(args.fp32_modules) or None,
             exporter=args.exporter,
         )
+
+
+def _export_onnx(export, args: argparse.Namespace):
+    """An .onnx MODEL re-typed; the batches (--calibration, else --input) calibrate INT8."""
+    if args.kwargs:
+        raise Fp16LensError("--kwargs applies to a module:callable MODEL, not to an .onnx file")
+    calibration = None
+    if args.precision == "int8":
+        if args.calibration:
+            calibration = onnx_batches(args.calibration, None)
+        elif args.input:
+            calibration = onnx_batches(args.input, args)
+        else:
+            raise Fp16LensError(
+                "--precision int8 of an .onnx MODEL needs calibration batches: "
+                "--input batches.npz (or --calibration FILE)"
+            )
+    with verbose(args.verbose):
+        return export(
+            args.model,
+            None,
+            args.output,
+            precision=args.precision,
+            calibration=calibration,
+            fp32_modules=_names(args.fp32_modules) or None,
+            fp32_nodes=_names(args.fp32_nodes) or None,
+        )
+
+
+def _print(artifact, args: argparse.Namespace) -> int:
     summary = {
         "output": str(artifact.path),
         "precision": args.precision,

@@ -1,5 +1,6 @@
 """`fp16lens verify MODEL CANDIDATE --backend B --input SPEC`: parity of CANDIDATE (an
-ONNX file, or a model) run in FP16 against MODEL in FP32; exit 1 when it fails."""
+ONNX file, or a model) run in FP16 against MODEL in FP32 (a model, or an FP32 .onnx file
+run in ONNX Runtime); exit 1 when it fails."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from fp16lens._core import Fp16LensError
 from fp16lens._core.sites import Backend
 from fp16lens.cli._cmd_scan import add_model_arguments
 from fp16lens.cli._inputargs import add_input_arguments, batches_from_args
-from fp16lens.cli._models import MODEL_HELP, load_model, parse_kwargs
+from fp16lens.cli._models import MODEL_HELP, is_onnx_file, load_model, onnx_batches, parse_kwargs
 from fp16lens.cli._output import console, emit_json
 from fp16lens.cli._stages import stage
 from fp16lens.cli._summary import parity_summary
@@ -61,12 +62,16 @@ def run(args: argparse.Namespace) -> int:
         raise Fp16LensError(
             f"ONNX candidate {args.candidate} does not exist; write one with `fp16lens export`"
         )
-    loaded = load_model(args.model, parse_kwargs(args.kwargs))
-    batches = batches_from_args(args, loaded.example_inputs, loaded.model)
+    if is_onnx_file(args.model):  # the FP32 graph in ONNX Runtime is the reference
+        if args.kwargs:
+            raise Fp16LensError("--kwargs applies to a module:callable MODEL, not to an .onnx file")
+        reference, batches = args.model, onnx_batches(args.input, args)
+    else:
+        loaded = load_model(args.model, parse_kwargs(args.kwargs))
+        reference = loaded.model
+        batches = batches_from_args(args, loaded.example_inputs, loaded.model)
     candidate = args.candidate if is_onnx else load_model(args.candidate).model
-    result = verify(
-        loaded.model, candidate, batches, backend=args.backend, tolerance=args.tolerance
-    )
+    result = verify(reference, candidate, batches, backend=args.backend, tolerance=args.tolerance)
     if args.json:
         emit_json({"backend": result.backend, **parity_summary(result)})
         return 0 if result else 1

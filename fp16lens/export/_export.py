@@ -1,4 +1,5 @@
-"""export(): PyTorch model -> ONNX file in FP32, strongly typed FP16, or INT8 Q/DQ."""
+"""export(): PyTorch model (or an FP32 ONNX file) -> ONNX file in FP32, strongly typed
+FP16, or INT8 Q/DQ."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from fp16lens.export._artifact import (
 )
 from fp16lens.export._islands import resolve_fp32_modules
 from fp16lens.export._naming import map_nodes, stamp
+from fp16lens.export._onnx_in import ONNX_EXPORTER, is_onnx_source
 from fp16lens.export._onnx_meta import ISLANDS_KEY, in_islands
 from fp16lens.export._options import ExportOptions
 from fp16lens.export._torch_export import export_fp32
@@ -27,12 +29,13 @@ _TWO_GB = 2**31 - 1
 
 
 def export(
-    model: torch.nn.Module,
+    model,
     example_inputs,
     path: str | Path,
     precision: str = "fp16",
     *,
     fp32_modules: Iterable[str] | None = None,
+    fp32_nodes: Iterable[str] | None = None,
     io_dtype: str = "fp32",
     opset: int | None = None,
     exporter: str = "auto",
@@ -46,8 +49,21 @@ def export(
     ``fp32_modules``), with Casts at their boundaries; "int8" inserts Q/DQ nodes calibrated
     on ``calibration`` (an iterable of input batches) and writes a TensorRT calibration
     cache next to the file (or at ``calibration_cache``).
+
+    ``model`` may also be an FP32 ONNX file (a path or an ``onnx.ModelProto``; pass
+    ``example_inputs=None``): its graph is re-typed, the FP32 islands being the nodes
+    ``fp16lens.patch`` recorded in it, ``fp32_nodes`` (node names) and the nodes of
+    ``fp32_modules`` (in a file fp16lens exported).
     """
+    if is_onnx_source(model):
+        return _export_onnx(model, path, precision, fp32_modules, fp32_nodes, io_dtype, opset,
+                            exporter, calibration, calibration_cache)
     _check_model(model)
+    if fp32_nodes is not None:
+        raise ExportError(
+            "fp32_nodes names nodes of an ONNX source; for a PyTorch model keep modules in "
+            "FP32 with fp32_modules=[...]"
+        )
     path = _check_writable(Path(path))
     islands = resolve_fp32_modules(model, fp32_modules)
     options = ExportOptions(precision, io_dtype, islands, opset, exporter)
@@ -64,6 +80,25 @@ def export(
     notes += decomposed_norm_warnings(proto.graph, origins)
     job = _Job(options, used, notes, calibration, calibration_cache)
     return _typed(proto, path, job)
+
+
+def _export_onnx(model, path, precision, fp32_modules, fp32_nodes, io_dtype, opset, exporter,
+                 calibration, calibration_cache) -> ExportArtifact:
+    """An FP32 ONNX graph re-typed (see ``_onnx_in``)."""
+    from fp16lens.export._onnx_in import prepare
+
+    if opset is not None or exporter != "auto":
+        raise ExportError(
+            "opset and exporter apply to a PyTorch model; an ONNX source keeps its own opset "
+            "(re-export the PyTorch model to change it)"
+        )
+    path = _check_writable(Path(path))
+    _check_calibration(precision, calibration)
+    proto, origins, islands = prepare(model, fp32_nodes, fp32_modules)
+    recorded = sorted({origins[n].module for n in islands})  # a node is its own module
+    options = ExportOptions(precision, io_dtype, tuple(recorded))
+    job = _Job(options, ONNX_EXPORTER, [], calibration, calibration_cache)
+    return _typed(proto, path, job, islands)
 
 
 def _check_model(model) -> None:
@@ -129,16 +164,18 @@ def _check_islands_present(graph, islands: tuple[str, ...], src) -> None:
             raise ExportError(f"fp32_modules names {island!r}, which no node of {src} comes from")
 
 
-def _typed(proto, path: Path, job: _Job) -> ExportArtifact:
-    """Convert the mapped FP32 ``proto`` to the job's precision, then check and save it."""
+def _typed(proto, path: Path, job: _Job, island_nodes: set[str] | None = None) -> ExportArtifact:
+    """Convert the mapped FP32 ``proto`` to the job's precision, then check and save it.
+    The FP32 islands are ``island_nodes``, else the nodes of the job's ``fp32_modules``."""
     from fp16lens.export._fp16 import convert_fp16
 
     options, warnings = job.options, list(job.notes)
     origins = map_nodes(proto.graph, set(), [])
     islands = options.fp32_modules
-    island_nodes = {
-        n.name for n, o in zip(proto.graph.node, origins) if in_islands(o.modules, islands)
-    }
+    if island_nodes is None:
+        island_nodes = {
+            n.name for n, o in zip(proto.graph.node, origins) if in_islands(o.modules, islands)
+        }
     fp32_nodes: list[str] = []
     cache = None
     if options.precision == "fp16":

@@ -52,6 +52,7 @@ def convert_fp16(
     g.value_info.extend(inferred.graph.value_info)
     typing = {n.name: type_node(n, opset, elem, n.name in island) for n in g.node}
     result = Fp16Result(model, [n.name for n in g.node if typing[n.name].fp32])
+    _keep_fp32_constants(g, typing)
     result.warnings += [
         f"node {n.name!r} ({n.op_type}) runs in FP32: {typing[n.name].forced}"
         for n in g.node
@@ -69,6 +70,26 @@ def convert_fp16(
     return result
 
 
+def _keep_fp32_constants(graph, typing: dict[str, NodeTyping]) -> None:
+    """A Constant node read only where FP32 is required (Resize's scales, Range's bounds,
+    an FP32 island) stays FP32: no rounding, and no Cast between it and its readers."""
+    readers: dict[str, list[tuple[str, int]]] = {}
+    for n in graph.node:
+        for i, t in enumerate(n.input):
+            readers.setdefault(t, []).append((n.name, i))
+    outputs = {o.name for o in graph.output}
+    for n in graph.node:
+        if n.op_type != "Constant" or typing[n.name].outputs != (FLOAT16,) or n.output[0] in outputs:
+            continue
+        wants = [_wanted(typing[r], i) for r, i in readers.get(n.output[0], [])]
+        if wants and all(w == FLOAT for w in wants):
+            typing[n.name] = NodeTyping(True, (), (FLOAT,))
+
+
+def _wanted(typing: NodeTyping, i: int) -> int | None:
+    return typing.inputs[i] if i < len(typing.inputs) else None
+
+
 def _reject_subgraphs(graph) -> None:
     for node in graph.node:
         if any(a.type in (a.GRAPH, a.GRAPHS) for a in node.attribute):
@@ -77,6 +98,18 @@ def _reject_subgraphs(graph) -> None:
                 "converter does not handle. Export with precision='fp32', or remove data-dependent "
                 "control flow from the model."
             )
+
+
+def _explicit_default_dtype(node) -> None:
+    """An op whose output is FP32 by an attribute's default (ConstantOfShape without
+    ``value`` makes float32 zeros; RandomNormal/RandomUniform without ``dtype``) gets the
+    attribute spelled out in FP16."""
+    names = {a.name for a in node.attribute}
+    if node.op_type == "ConstantOfShape" and "value" not in names:
+        zero = numpy_helper.from_array(np.zeros(1, dtype=np.float16))
+        node.attribute.append(helper.make_attribute("value", zero))
+    elif node.op_type in ("RandomNormal", "RandomUniform") and "dtype" not in names:
+        node.attribute.append(helper.make_attribute("dtype", FLOAT16))
 
 
 class _Rewriter:
@@ -152,6 +185,11 @@ class _Rewriter:
     def _replace(tensor, array: np.ndarray) -> None:
         tensor.CopyFrom(numpy_helper.from_array(array, tensor.name))
 
+    def _readers(self, node) -> list[str]:
+        """The modules a Constant's value belongs to: those of the nodes reading it."""
+        readers = [c for t in node.output for c in self.consumers.get(t, [])]
+        return self._modules_of(readers if node.op_type == "Constant" and readers else [node])
+
     def _modules_of(self, nodes) -> list[str]:
         mods = [m for n in nodes for m in self._origin(n).modules]
         return list(dict.fromkeys(mods))
@@ -195,9 +233,10 @@ class _Rewriter:
                 attr.i = FLOAT16
             elif attr.name == "value" and attr.type == attr.TENSOR and attr.t.data_type == FLOAT:
                 array = numpy_helper.to_array(attr.t)
-                self._replace(attr.t, self._half(node.name, array, self._modules_of([node])))
+                self._replace(attr.t, self._half(node.name, array, self._readers(node)))
         if node.op_type == "Constant":
             self._constant_scalars(node)
+        _explicit_default_dtype(node)
 
     def _constant_scalars(self, node) -> None:
         for attr in list(node.attribute):
@@ -205,7 +244,7 @@ class _Rewriter:
                 values = np.array(
                     attr.f if attr.name == "value_float" else list(attr.floats), dtype=np.float32
                 )
-                half = self._half(node.name, values, self._modules_of([node]))
+                half = self._half(node.name, values, self._readers(node))
                 node.attribute.remove(attr)
                 node.attribute.append(helper.make_attribute("value", numpy_helper.from_array(half)))
 

@@ -17,6 +17,7 @@ import torch
 from fp16lens._core import ExportError, import_optional
 from fp16lens._core.feeds import feed_items
 from fp16lens._core.quiet import quiet
+from fp16lens.export._artifact import default_opset
 from fp16lens.export._calib_cache import write_calibration_cache
 
 _PURPOSE = "INT8 quantization"
@@ -52,9 +53,22 @@ def _reader(calibration: Iterable, names: list[str], progress):
             if batch is None:
                 return None
             progress.advance(self._task)
-            return batch_feed(batch, names)
+            feed = batch_feed(batch, names)
+            shapes = {n: a.shape for n, a in feed.items()}
+            self._shapes = getattr(self, "_shapes", shapes)
+            if shapes != self._shapes:
+                raise ExportError(
+                    f"INT8 calibration batches must share one shape per input (Entropy "
+                    f"calibration stacks their values): got {_shapes(self._shapes)} then "
+                    f"{_shapes(shapes)}; resize or pad the calibration inputs to one shape"
+                )
+            return feed
 
     return Reader()
+
+
+def _shapes(shapes: dict) -> str:
+    return ", ".join(f"{n} {tuple(s)}" for n, s in shapes.items())
 
 
 def _progress():
@@ -69,6 +83,8 @@ def quantize_int8(proto, calibration: Iterable, exclude: list[str], path: Path, 
     """Quantize the FP32 ``proto``; returns (Q/DQ ModelProto, path of the TensorRT cache)."""
     onnx = import_optional("onnx", "onnx", _PURPOSE)
     ort_q = import_optional("onnxruntime.quantization", "onnx", _PURPOSE)
+    proto = _per_channel_opset(proto)
+    _constants_as_initializers(proto.graph)
     initializers = {i.name for i in proto.graph.initializer}
     names = [v.name for v in proto.graph.input if v.name not in initializers]
     with tempfile.TemporaryDirectory() as tmp, _progress() as progress, quiet("", stderr=False):
@@ -90,6 +106,45 @@ def quantize_int8(proto, calibration: Iterable, exclude: list[str], path: Path, 
     cache = Path(cache_path) if cache_path else path.with_suffix(".cache")
     write_calibration_cache(cache, activation_scales(quantized))
     return quantized, cache
+
+
+PER_CHANNEL_OPSET = 13
+"""DequantizeLinear takes a per-channel ``axis`` from opset 13 on."""
+
+
+def _per_channel_opset(proto):
+    """The graph at opset 13 at least (an ONNX file from paddle2onnx may be opset 11/12)."""
+    if default_opset(proto) >= PER_CHANNEL_OPSET:
+        return proto
+    from onnx import version_converter
+
+    try:
+        return version_converter.convert_version(proto, PER_CHANNEL_OPSET)
+    except Exception as exc:  # the converter raises RuntimeError/ValueError per op adapter
+        raise ExportError(
+            f"INT8 with per-channel weights needs opset {PER_CHANNEL_OPSET}, and ONNX's version "
+            f"converter cannot bring this opset-{default_opset(proto)} graph there "
+            f"({str(exc).splitlines()[0][:200]}); re-export the model at opset >= {PER_CHANNEL_OPSET}"
+        ) from exc
+
+
+def _constants_as_initializers(graph) -> None:
+    """Constant nodes become initializers: ONNX Runtime quantizes only initializers as
+    weights (per channel), and calibrates a weight held in a Constant node (paddle2onnx
+    writes every weight so) as an activation, per tensor."""
+    outputs = {o.name for o in graph.output}
+    kept = []
+    for node in graph.node:
+        if node.op_type == "Constant" and not node.domain and node.output[0] not in outputs and [
+            a.name for a in node.attribute
+        ] == ["value"]:
+            tensor = graph.initializer.add()
+            tensor.CopyFrom(node.attribute[0].t)
+            tensor.name = node.output[0]
+        else:
+            kept.append(node)
+    del graph.node[:]
+    graph.node.extend(kept)
 
 
 def activation_scales(model) -> dict[str, float]:

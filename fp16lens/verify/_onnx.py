@@ -4,6 +4,7 @@ Q/DQ graph as it is (ONNX Runtime executes QuantizeLinear/DequantizeLinear exact
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
@@ -11,6 +12,7 @@ import torch
 from torch import nn
 
 from fp16lens._core import VerifyError, import_optional
+from fp16lens._core.feeds import feed_items
 from fp16lens._core.sites import Backend
 from fp16lens.verify._align import first_departure
 from fp16lens.verify._onnx_graph import float_tensors, fp32_compute, producers, tensor_types
@@ -68,7 +70,11 @@ class OnnxRunner(Runner):
         )
 
     def feed(self, batch: tuple, names: list[str]) -> dict[str, np.ndarray]:
-        tensors = [a for a in batch if torch.is_tensor(a)]
+        if len(batch) == 1 and isinstance(batch[0], Mapping):  # by input name
+            items = feed_items(batch[0], names, VerifyError, self.path.name)
+            return {n: self._array(n, torch.as_tensor(a)) for n, a in items}
+        tensors = [torch.from_numpy(a) if isinstance(a, np.ndarray) else a for a in batch]
+        tensors = [a for a in tensors if torch.is_tensor(a)]
         if len(tensors) != len(names):
             raise VerifyError(
                 f"{self.path.name} takes {len(names)} input(s) ({', '.join(names)}) but the batch "

@@ -25,7 +25,7 @@ Metric = Callable[[Any, Any], float]
 
 
 def verify(
-    model: nn.Module,
+    model,
     candidate: nn.Module | str | Path,
     inputs,
     backend: str | None = None,
@@ -50,17 +50,29 @@ def verify(
     torch-emulated keeps TensorRT-fused pre-activations unrounded. ``device``: where the
     torch backends run their copy of the candidate (default: the candidate's device; the
     FP32 reference always runs where ``model`` is).
+
+    ``model`` may be an FP32 ONNX file (a path or an ``onnx.ModelProto``), run in ONNX
+    Runtime; a batch is then a tensor, a tuple in graph-input order, or a dict by input name.
     """
-    if not isinstance(model, nn.Module):
-        raise VerifyError(
-            f"verify needs the FP32 reference as a torch.nn.Module, got {type(model).__name__}; "
-            "pass the original model object itself (not its state_dict or a path)"
-        )
+    model = _reference(model)
     spec = pick_backend(candidate, backend)
     tol = resolve_tolerance(tolerance, spec.tolerance)
     runner = spec.runner(candidate, model, fusions=fusions, device=device)
     with _eval(model):
         return _compare(model, runner, as_batches(inputs), spec, tol, metric)
+
+
+def _reference(model) -> nn.Module:
+    from fp16lens.verify._onnx_ref import OnnxReference, is_onnx_reference
+
+    if is_onnx_reference(model):
+        return OnnxReference(model)
+    if not isinstance(model, nn.Module):
+        raise VerifyError(
+            f"verify needs the FP32 reference as a torch.nn.Module or an FP32 .onnx file, got "
+            f"{type(model).__name__}; pass the original model object itself (not its state_dict)"
+        )
+    return model
 
 
 def _compare(

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from fp16lens._core import WatchError
+from fp16lens._core.fingerprint import onnx_fingerprint
 from fp16lens._core.sites import Mechanism
 from fp16lens.report import Report
 from fp16lens.watch._accumulate import Accumulator
@@ -53,7 +54,7 @@ def scan_onnx(model: Any, batches: Iterable[Any], *, progress: bool = True,
         raise WatchError(f"scan() got no batch (the iterable was empty); {_HOW}")
     params = check_constants(graph, options) if options.params else []
     report = build_report(acc, graph.sites, params, None, options.threshold,
-                          source=(graph.name, {}))
+                          source=(graph.name, onnx_fingerprint(graph.proto)))
     return _name_decomposed_norms(report, graph)
 
 

@@ -1,0 +1,332 @@
+"""export() of an FP32 ONNX file (no PyTorch source): strongly typed FP16 with the FP32
+islands a patched file records, and INT8 Q/DQ calibrated on batches.
+
+Ground truth: real FP16 in torch (``copy.deepcopy(model).half()``) for the models the
+files were exported from, and verify's faithful ``onnx-fp16`` backend (every stored
+tensor rounded to FP16) for the typed graphs.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+onnx = pytest.importorskip("onnx")
+ort = pytest.importorskip("onnxruntime")
+
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+
+import fp16lens  # noqa: E402
+from fp16lens._core import ExportError  # noqa: E402
+from fp16lens._core.fingerprint import onnx_changed, onnx_fingerprint  # noqa: E402
+from fp16lens.export import export, read_calibration_cache  # noqa: E402
+
+import models  # noqa: E402
+
+F32, F16 = TensorProto.FLOAT, TensorProto.FLOAT16
+
+
+def to_onnx(model, inputs, path, opset: int = 17) -> str:
+    """The FP32 file a user receives (TorchScript exporter: node names /fc1/Gemm)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model, inputs, str(path), opset_version=opset, dynamo=False)
+    return str(path)
+
+
+def real_half(model, inputs) -> torch.Tensor:
+    with torch.no_grad():
+        return copy.deepcopy(model).half()(*[t.half() for t in inputs]).float()
+
+
+def plain_ort(path):
+    """The file in ONNX Runtime as anybody loads it (CPU, default optimizations)."""
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def elem_types(path) -> dict[str, int]:
+    g = onnx.shape_inference.infer_shapes(onnx.load(str(path)), strict_mode=True).graph
+    types = {v.name: v.type.tensor_type.elem_type for v in [*g.input, *g.output, *g.value_info]}
+    types.update({i.name: i.data_type for i in g.initializer})
+    return types
+
+
+def with_metadata(path, out, key: str, value: str) -> str:
+    proto = onnx.load(str(path))
+    entry = proto.metadata_props.add()
+    entry.key, entry.value = key, value
+    onnx.save(proto, str(out))
+    return str(out)
+
+
+@pytest.fixture(scope="module")
+def clean_file(tmp_path_factory):
+    model, inputs = models.clean()
+    return model, inputs, to_onnx(model, inputs, tmp_path_factory.mktemp("in") / "clean.onnx", 13)
+
+
+@pytest.fixture(scope="module")
+def gelu_file(tmp_path_factory):
+    model, inputs = models.gelu_span()
+    return model, inputs, to_onnx(model, inputs, tmp_path_factory.mktemp("in") / "gelu.onnx")
+
+
+def test_fp16_file_is_strongly_typed_and_runs_like_real_fp16(clean_file, tmp_path):
+    model, inputs, path = clean_file
+    art = export(path, None, tmp_path / "c16.onnx", precision="fp16")
+    assert art.precision == "fp16" and art.exporter == "onnx" and not art.fp32_nodes
+    proto = onnx.load(str(art.path))
+    onnx.checker.check_model(proto, full_check=True)
+    floats = [i for i in proto.graph.initializer if i.data_type in (F32, F16)]
+    assert floats and all(i.data_type == F16 for i in floats)
+    types = elem_types(art.path)
+    x, y = proto.graph.input[0].name, proto.graph.output[0].name
+    assert types[x] == types[y] == F32  # the boundary keeps FP32, Casts inside
+    compute = [o for n in proto.graph.node if n.op_type != "Cast" for o in n.output]
+    assert compute and all(types[o] == F16 for o in compute)
+    (got,) = plain_ort(art.path).run(None, {x: inputs[0].numpy()})
+    want = real_half(model, inputs)
+    cos = torch.nn.functional.cosine_similarity(torch.from_numpy(got).flatten(), want.flatten(), 0)
+    assert cos > 0.9999
+    assert fp16lens.verify(path, art.path, inputs)  # clean model, clean verdict
+
+
+def test_islands_recorded_by_patch_keep_a_span_fp32_and_fix_it(gelu_file, tmp_path):
+    model, inputs, path = gelu_file
+    assert not torch.isfinite(real_half(model, inputs)).all()  # real FP16 overflows
+    report = fp16lens.scan(path, [inputs[0]], progress=False)
+    (span,) = report.spans
+    plain = export(path, None, tmp_path / "plain16.onnx")
+    failed = fp16lens.verify(path, plain.path, inputs)
+    assert not failed and failed.nonfinite  # the faithful FP16 graph overflows too
+    patched = with_metadata(path, tmp_path / "patched.onnx", "fp16lens.fp32_nodes",
+                            json.dumps(list(span.sites)))
+    art = export(patched, None, tmp_path / "fixed16.onnx")
+    assert set(span.sites) <= set(art.fp32_nodes)
+    types = elem_types(art.path)
+    proto = onnx.load(str(art.path))
+    for node in proto.graph.node:
+        if node.name in span.sites:  # computes in FP32, fed and read through Casts
+            assert all(types[t] == F32 for t in [*node.input, *node.output] if types.get(t) in (F32, F16))
+    assert fp16lens.verify(path, art.path, inputs, tolerance=0.9999)
+    # the same islands named by the caller give the same graph
+    same = export(path, None, tmp_path / "named16.onnx", fp32_nodes=list(span.sites))
+    assert same.fp32_nodes == art.fp32_nodes
+    assert [n.op_type for n in onnx.load(str(same.path)).graph.node] == [
+        n.op_type for n in proto.graph.node]
+
+
+def _const(name: str, array) -> onnx.NodeProto:
+    return helper.make_node("Constant", [], [name], name=f"{name}_node",
+                            value=numpy_helper.from_array(np.asarray(array), name))
+
+
+def shape_ops_graph(path) -> str:
+    """Resize with constant scales, ConstantOfShape without a value (float32 zeros by
+    default: tv.swin's dynamo export has one), Range over float constants (no FP16 form),
+    a Cast of a shape to float."""
+    h = helper
+    nodes = [
+        _const("scales", np.array([1, 1, 2, 2], np.float32)),
+        h.make_node("Resize", ["x", "", "scales"], ["up"], mode="nearest", name="resize"),
+        h.make_node("Shape", ["up"], ["shape"], name="shape"),
+        h.make_node("ConstantOfShape", ["shape"], ["zeros"], name="zeros"),
+        h.make_node("Add", ["up", "zeros"], ["a"], name="add0"),
+        _const("start", np.array(0.5, np.float32)), _const("limit", np.array(8.5, np.float32)),
+        _const("delta", np.array(1.0, np.float32)),
+        h.make_node("Range", ["start", "limit", "delta"], ["ramp"], name="range"),
+        h.make_node("Add", ["a", "ramp"], ["b"], name="add1"),
+        h.make_node("Cast", ["shape"], ["shape_f"], to=F32, name="cast"),
+        h.make_node("ReduceSum", ["shape_f"], ["n"], keepdims=0, name="count"),
+        h.make_node("Div", ["b", "n"], ["y"], name="div"),
+    ]
+    graph = h.make_graph(nodes, "shape_ops", [h.make_tensor_value_info("x", F32, [1, 2, 4, 4])],
+                         [h.make_tensor_value_info("y", F32, [1, 2, 8, 8])])
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+    onnx.checker.check_model(model, full_check=True)
+    onnx.save(model, str(path))
+    return str(path)
+
+
+def test_shape_scale_and_range_constants_keep_fp32_and_constantofshape_gets_an_fp16_value(tmp_path):
+    path = shape_ops_graph(tmp_path / "ops.onnx")
+    art = export(path, None, tmp_path / "ops16.onnx")  # checker full_check inside
+    proto = onnx.load(str(art.path))
+    nodes = {n.name: n for n in proto.graph.node}
+    assert art.fp32_nodes == ("range",)
+    assert any("Range" in w and "no float16 form" in w for w in art.warnings)
+    for name in ("scales_node", "start_node", "limit_node", "delta_node"):  # read as FP32 only
+        assert nodes[name].attribute[0].t.data_type == F32
+    assert nodes["resize"].input[2] == "scales" and nodes["range"].input[:] == ["start", "limit", "delta"]
+    (value,) = [a for a in nodes["zeros"].attribute if a.name == "value"]
+    assert value.t.data_type == F16  # the default float32 zero, spelled out in FP16
+    types = elem_types(art.path)
+    assert types["zeros"] == types["a"] == types["b"] == F16 and types["ramp"] == F32
+    x = np.random.default_rng(0).random((1, 2, 4, 4), dtype=np.float32)
+    (got,) = plain_ort(art.path).run(None, {"x": x})
+    up = x.repeat(2, axis=2).repeat(2, axis=3)
+    want = (up + np.arange(0.5, 8.5, dtype=np.float32)) / 19  # 1+2+8+8
+    np.testing.assert_allclose(got, want, rtol=2e-3, atol=1e-3)
+    assert fp16lens.verify(path, art.path, (x,))
+
+
+def test_unnamed_nodes_get_the_names_scan_gives_their_sites(clean_file, tmp_path):
+    _model, inputs, path = clean_file
+    proto = onnx.load(path)
+    for node in proto.graph.node:
+        node.name = ""  # as paddle2onnx writes them
+    bare = tmp_path / "bare.onnx"
+    onnx.save(proto, str(bare))
+    report = fp16lens.scan(str(bare), [inputs[0]], progress=False)
+    conv = next(s for s in report.sites if report.sites[s].op == "Conv")
+    art = export(str(bare), None, tmp_path / "bare16.onnx", fp32_nodes=[conv])
+    assert art.fp32_nodes == (conv,)
+    names = {n.name for n in onnx.load(str(art.path)).graph.node}
+    assert set(report.sites) <= names
+    result = fp16lens.verify(str(bare), art.path, inputs)
+    assert result and result.first_divergence is None
+
+
+def test_int8_file_is_calibrated_qdq_and_keeps_islands_in_float(clean_file, tmp_path):
+    _model, inputs, path = clean_file
+    convs = [n.name for n in onnx.load(path).graph.node if n.op_type == "Conv"]
+    name = onnx.load(path).graph.input[0].name
+    calib = [{name: inputs[0].numpy()}, (torch.rand(1, 3, 16, 16),)]
+    art = export(path, None, tmp_path / "c8.onnx", precision="int8", calibration=calib,
+                 fp32_nodes=[convs[0]])
+    proto = onnx.load(str(art.path))
+    onnx.checker.check_model(proto, full_check=True)
+    made = {o: n.op_type for n in proto.graph.node for o in n.output}
+    node = next(n for n in proto.graph.node if n.name == convs[0])
+    assert all(made.get(t) != "DequantizeLinear" for t in node.input)  # the island: float
+    quantized = [n for n in proto.graph.node if n.op_type == "Conv" and n.name != convs[0]]
+    assert quantized and all(made.get(n.input[1]) == "DequantizeLinear" for n in quantized)
+    scales = read_calibration_cache(art.calibration_cache)
+    assert scales and all(s > 0 for s in scales.values())
+    result = fp16lens.verify(path, art.path, inputs)
+    assert result.backend == "onnx-int8" and result and result.cosine > 0.99
+
+
+def test_refusals_name_the_problem_and_the_fix(clean_file, tmp_path):
+    model, inputs, path = clean_file
+    with pytest.raises(ExportError, match="needs calibration"):
+        export(path, None, tmp_path / "a.onnx", precision="int8")
+    sizes = [(torch.rand(1, 3, 16, 16),), (torch.rand(1, 3, 16, 24),)]
+    with pytest.raises(ExportError, match=r"share one shape.*\(1, 3, 16, 24\).*pad"):
+        export(path, None, tmp_path / "a.onnx", precision="int8", calibration=sizes)
+    conv = next(n.name for n in onnx.load(path).graph.node if n.op_type == "Conv")
+    with pytest.raises(ExportError, match="Did you mean"):
+        export(path, None, tmp_path / "a.onnx", fp32_nodes=[conv + "x"])
+    with pytest.raises(ExportError, match="keeps its own opset"):
+        export(path, None, tmp_path / "a.onnx", opset=18)
+    with pytest.raises(ExportError, match="fp32_modules"):
+        export(model, inputs, tmp_path / "a.onnx", fp32_nodes=[conv])
+    half = export(path, None, tmp_path / "h.onnx").path
+    with pytest.raises(ExportError, match="already holds FP16"):
+        export(half, None, tmp_path / "a.onnx")
+    bad = with_metadata(path, tmp_path / "bad.onnx", "fp16lens.fp32_nodes", "conv1,conv2")
+    with pytest.raises(ExportError, match="not JSON"):
+        export(bad, None, tmp_path / "a.onnx")
+    with pytest.raises(ExportError, match="does not exist"):
+        export(tmp_path / "missing.onnx", None, tmp_path / "a.onnx")
+    assert not (tmp_path / "a.onnx").exists()
+
+
+def test_scan_records_the_initializer_fingerprint_that_refuses_other_weights(clean_file, tmp_path):
+    _model, inputs, path = clean_file
+    report = fp16lens.scan(path, [inputs[0]], progress=False)
+    proto = onnx.load(path)
+    assert report.meta.weights == onnx_fingerprint(proto) != {}
+    assert onnx_changed(report.meta.weights, proto) == []
+    assert onnx_changed({}, proto) == []  # a report without fingerprint: nothing to check
+    init = proto.graph.initializer[1]
+    array = numpy_helper.to_array(init).copy()
+    array.flat[0] *= 1.01
+    init.CopyFrom(numpy_helper.from_array(array, init.name))
+    assert onnx_changed(report.meta.weights, proto) == [init.name]
+    again = onnx.load(path)  # the same values in another order: the ramp sum tells
+    init = again.graph.initializer[1]
+    array = numpy_helper.to_array(init).copy()
+    array.reshape(-1)[[0, 1]] = array.reshape(-1)[[1, 0]]
+    init.CopyFrom(numpy_helper.from_array(array, init.name))
+    assert array.reshape(-1)[0] != array.reshape(-1)[1]
+    assert onnx_changed(report.meta.weights, again) == [init.name]
+
+
+def test_cli_exports_and_verifies_an_onnx_file(gelu_file, tmp_path, capsys):
+    from fp16lens.cli import main
+
+    _model, inputs, path = gelu_file
+    name = onnx.load(path).graph.input[0].name
+    np.savez(tmp_path / "in.npz", **{name: inputs[0].numpy()})
+    npz = str(tmp_path / "in.npz")
+    out = str(tmp_path / "g16.onnx")
+    assert main(["export", path, "--precision", "fp16", "-o", out, "--input", npz]) == 0
+    assert main(["verify", path, out, "--backend", "onnx-fp16", "--input", npz]) == 1
+    report = fp16lens.scan(path, [inputs[0]], progress=False)
+    islands = ",".join(report.spans[0].sites)
+    capsys.readouterr()
+    assert main(["export", path, "-o", out, "--fp32-nodes", islands, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["fp32_nodes"] == list(report.spans[0].sites)
+    assert main(["verify", path, out, "--input", npz]) == 0
+    int8 = str(tmp_path / "g8.onnx")
+    assert main(["export", path, "--precision", "int8", "-o", int8]) == 2
+    assert "needs calibration batches" in capsys.readouterr().err
+    assert main(["export", path, "--precision", "int8", "-o", int8, "--input", npz]) == 0
+    assert onnx.load(int8).graph.node and (tmp_path / "g8.cache").is_file()
+
+
+@pytest.mark.slow
+def test_swin_dynamo_export_is_a_valid_fp16_graph(tmp_path):
+    """torchvision's Swin (the zoo's small config) exported by dynamo holds a ConstantOfShape
+    without a value (float32 zeros by default) feeding FP16 ops: the FP16 file passes the
+    full checker and runs as real FP16 does."""
+    pytest.importorskip("onnxscript")
+    import zoo
+
+    torch.manual_seed(0)
+    model, inputs = zoo.ZOO["tv.swin"]()
+    fp32 = export(model, inputs, tmp_path / "swin32.onnx", precision="fp32")
+    graph = onnx.load(str(fp32.path)).graph
+    assert any(n.op_type == "ConstantOfShape" and not n.attribute for n in graph.node)
+    art = export(str(fp32.path), None, tmp_path / "swin16.onnx")
+    onnx.checker.check_model(onnx.load(str(art.path)), full_check=True)
+    assert torch.isfinite(real_half(model, inputs)).all()
+    assert fp16lens.verify(model, art.path, inputs)
+
+
+def test_int8_of_an_opset12_file_with_weights_in_constant_nodes_is_per_channel(tmp_path):
+    """paddle2onnx writes every weight as a Constant node, at opset 11/12: ONNX Runtime
+    would calibrate those as activations (one scale per tensor), and per-channel
+    DequantizeLinear needs opset 13. The export moves them to initializers and converts
+    the opset, so each conv weight gets one scale per output channel."""
+    model, inputs = models.clean()
+    proto = onnx.load(to_onnx(model, inputs, tmp_path / "c12.onnx", 12))
+    for init in list(proto.graph.initializer):
+        proto.graph.node.insert(0, helper.make_node("Constant", [], [init.name], value=init))
+    del proto.graph.initializer[:]
+    path = tmp_path / "constants.onnx"
+    onnx.save(proto, str(path))
+    batches = [(torch.rand(1, 3, 16, 16),) for _ in range(4)]
+    art = export(str(path), None, tmp_path / "c8.onnx", precision="int8", calibration=batches)
+    out = onnx.load(str(art.path))
+    assert art.opset == 13 and not [n for n in out.graph.node if n.op_type == "Constant"
+                                    and n.attribute[0].t.data_type == F32 and len(n.attribute[0].t.dims) > 1]
+    made = {o: n for n in out.graph.node for o in n.output}
+    inits = {i.name: numpy_helper.to_array(i) for i in out.graph.initializer}
+    convs = [n for n in out.graph.node if n.op_type == "Conv"]
+    assert convs
+    for conv in convs:
+        dq = made[conv.input[1]]
+        assert dq.op_type == "DequantizeLinear"
+        channels = inits[dq.input[0]].shape[0]  # the INT8 weight
+        assert inits[dq.input[1]].shape == (channels,)  # one scale per output channel
+    result = fp16lens.verify(str(path), art.path, inputs)
+    assert result.backend == "onnx-int8" and result and result.cosine > 0.99

@@ -1,0 +1,109 @@
+"""scan() of a second published ONNX model, the PP-OCRv4 text recognizer as
+rapidocr-onnxruntime's wheel ships it (paddle2onnx, opset 12, 860 nodes, SVTR blocks with
+decomposed LayerNorms), on a word rendered with Pillow's bundled font, read as the model
+was trained (``(pixels/255 - 0.5)/0.5``) and as raw 0-255 pixels (the user's mistake).
+
+Ground truth: the FP32 graph with real FP16 storage built in ``zoo_real.onnx_real_fp16``
+(every constant, input and node output rounded to FP16 in ONNX Runtime, no fp16lens),
+read by greedy CTC with the character list the file carries. The strongly typed FP16
+file fp16lens exports is then checked with verify against the FP32 file.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx")
+pytest.importorskip("onnxruntime")
+
+import zoo_real  # noqa: E402
+
+import fp16lens  # noqa: E402
+from fp16lens._core.sites import Mechanism  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def rec():
+    try:
+        return zoo_real.rapidocr_model("rec")
+    except zoo_real.Missing as exc:
+        pytest.skip(str(exc))
+
+
+def _truth(path: str, x: np.ndarray) -> tuple[np.ndarray, str | None]:
+    """(the output under real FP16 storage, the first node in graph order whose output
+    holds inf/NaN, named as scan names sites: the node's name, else its first output)."""
+    graph = onnx.load(path).graph
+    order = [(n.name or n.output[0], o) for n in graph.node for o in n.output]
+    got = zoo_real.onnx_real_fp16(path, {graph.input[0].name: x}, tuple(o for _, o in order))
+    first = next((node for node, o in order if o in got and not np.isfinite(got[o]).all()), None)
+    return got[graph.output[0].name], first
+
+
+def _fp32(path: str, x: np.ndarray) -> np.ndarray:
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    return sess.run(None, {sess.get_inputs()[0].name: x})[0]
+
+
+def test_ppocr_rec_as_trained_is_clean_and_reads_the_word_in_fp16(rec, tmp_path):
+    x = zoo_real.rec_input(raw=False)
+    report = fp16lens.scan(rec, [x], progress=False)
+    assert report.clean and not report.spans
+    assert all(f.mechanism == Mechanism.NOTE for f in report.findings)
+    out16, first = _truth(rec, x)
+    assert first is None and np.isfinite(out16).all()
+    assert zoo_real.rec_decode(rec, _fp32(rec, x)) == zoo_real.rec_decode(rec, out16) == zoo_real.SHORT
+    art = fp16lens.export(rec, None, tmp_path / "rec16.onnx")
+    assert not art.fp32_nodes
+    result = fp16lens.verify(rec, art.path, (x,))
+    assert result and result.cosine > 0.9999
+
+
+def test_ppocr_rec_on_raw_pixels_overflows_where_real_fp16_does(rec, tmp_path):
+    x = zoo_real.rec_input(raw=True)
+    report = fp16lens.scan(rec, [x], progress=False)
+    out32 = _fp32(rec, x)
+    out16, first = _truth(rec, x)
+    assert np.isfinite(out32).all() and not np.isfinite(out16).all()
+    assert not report.clean
+    span = report.spans[0]  # the earliest, as real FP16 meets it
+    assert span.start == first == "p2o.Mul.110" and span.peak > 65504
+    assert report.sites[span.start].op == "Mul"  # a hardswish x * relu6(x + 3)
+    # raw pixels are a mistake in FP32 as well: the word is misread there too
+    assert zoo_real.rec_decode(rec, out32) != zoo_real.SHORT
+    result = fp16lens.verify(rec, fp16lens.export(rec, None, tmp_path / "rec16.onnx").path, (x,))
+    assert not result and result.nonfinite
+
+
+def test_ppocr_det_fp16_export_needs_its_huge_bn_variance_kept_fp32(tmp_path):
+    """The first published model (the PP-OCRv4 detector, see test_watch_onnx.py): the scan's
+    parameter finding names the BatchNormalization whose running variance (9.8e7) FP16
+    cannot hold; the FP16 export refuses that weight, and with that one node kept FP32 the
+    typed FP16 file finds the word as FP32 does."""
+    try:
+        path = zoo_real.rapidocr_model("det")
+        img = zoo_real.sentence_image(zoo_real.SHORT, height=64).expand(1, 3, -1, -1).numpy()
+    except zoo_real.Missing as exc:
+        pytest.skip(str(exc))
+    img = img[..., : img.shape[-1] // 32 * 32]
+    mean = np.array([0.485, 0.456, 0.406], np.float32).reshape(1, 3, 1, 1)
+    std = np.array([0.229, 0.224, 0.225], np.float32).reshape(1, 3, 1, 1)
+    x = np.ascontiguousarray((img / 255 - mean) / std, dtype=np.float32)
+    report = fp16lens.scan(path, [x], progress=False)
+    (var,) = [f for f in report.findings_by(Mechanism.PARAMETER) if f.kind == "param-overflow"]
+    assert var.tensor == "batch_norm_0.w_2" and report.sites[var.site].op == "BatchNormalization"
+    with pytest.raises(fp16lens.export.ExportError, match=f"batch_norm_0.w_2' of '{var.site}'"):
+        fp16lens.export(path, None, tmp_path / "det16.onnx")
+    art = fp16lens.export(path, None, tmp_path / "det16.onnx", fp32_nodes=[var.site])
+    assert art.fp32_nodes == (var.site,)
+    assert (_fp32(path, x) > 0.3).mean() > 0.01  # FP32 finds the word
+
+    def text_iou(ref, got):  # the detector's task: its text mask (probability > 0.3)
+        a, b = (next(iter(out.values())) > 0.3 for out in (ref, got))
+        return float((a & b).sum() / (a | b).sum())
+
+    result = fp16lens.verify(path, art.path, (x,), metric=text_iou)
+    assert result and result.cosine > 0.9999 and result.metrics["text_iou"] > 0.99
