@@ -120,8 +120,9 @@ def build_graph(model: nn.Module, report: Report, binding=None) -> SiteGraph:
         kinds[name], mod = binding.site(name, st, len(producers[name]))
         if mod is not None:
             modules[name] = mod
-    carries = {s: c for s, st in report.sites.items() if st.kind != "module" and is_product(st.op)
+    carries = {s: c for s, st in report.sites.items() if binding.is_product(st)
                and (c := product_carrier(s, producers)) is not None}
+    modules = {s: m for s, m in modules.items() if s not in carries}  # a product's x passes
     kinds.update(dict.fromkeys(carries, HOMOG))  # the scale of x passes; g must be unscaled
     graph = SiteGraph(producers, consumers, kinds, modules, frozen=binding.frozen(report),
                       owners=binding.owners, carries=carries,
@@ -152,6 +153,10 @@ class TorchBinding:
 
     def frozen(self, report: Report) -> set[str]:
         return _in_islands(self.named, report)
+
+    @staticmethod
+    def is_product(st) -> bool:
+        return st.kind != "module" and is_product(st.op)
 
 
 def _in_islands(named: dict, report: Report) -> set[str]:

@@ -48,6 +48,10 @@ class OnnxBinding:
     def mappable(model, report, join, keep, traced) -> bool:
         return True  # a Mul can go before any node input
 
+    @staticmethod
+    def is_product(st) -> bool:
+        return st.op == "Mul"  # x * g(x) of two activations carries x's scale (build_graph)
+
     def frozen(self, report: Report) -> set[str]:
         return {s for s in report.sites if getattr(self.m.nodes.get(s), "name", None) in self.frozen_nodes}
 
