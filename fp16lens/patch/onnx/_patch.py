@@ -61,7 +61,9 @@ def patch_onnx(model: Any, report: Report, options: PatchOptions, out: str | Pat
     original = load(model)
     m = read(load(original))
     the_plan, binding = _plan(m, report, options)
-    if not the_plan.changes:
+    if not the_plan.changes:  # a clean graph stays as it was
+        if out is not None:
+            onnx.save(original, str(out))
         return original, the_plan
     fp32 = apply(m, the_plan, binding.units)
     if fp32:
