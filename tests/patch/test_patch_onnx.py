@@ -145,6 +145,47 @@ def test_seed_case_same_fix_as_pytorch_and_real_fp16_finite(opset, tmp_path):
     assert np.isfinite(after).all() and _rel(ref, after) < 2e-2
 
 
+def test_join_operand_gets_one_exact_mul_without_extending(tmp_path):
+    model, (x,) = models.seed_case()
+    path = _export(model, x, tmp_path / "seed.onnx", 17, training=torch.onnx.TrainingMode.PRESERVE)
+    report = fp16lens.scan(path, [x], progress=False)
+    want = fp16lens.plan(model, fp16lens.scan(model, [x], progress=False), extend=False)
+    fixed = fp16lens.patch(path, report, extend=False)
+    plan = fp16lens.plan(path, report, extend=False)
+    (mul,) = plan.multiplies  # the residual operand from layer4.0, as on the PyTorch path
+    (torch_mul,) = want.multiplies
+    assert (_module(mul.site), [_module(c).replace("relu_1", "relu") for c in mul.cut]) == (
+        "backbone.layer4.1", list(torch_mul.cut))
+    (node,) = [n for n in fixed.graph.node if n.op_type == "Mul"]
+    (factor,) = [onnx.numpy_helper.to_array(t) for t in fixed.graph.initializer if t.name == node.input[1]]
+    assert float(factor) == mul.factor and np.log2(mul.factor) == round(np.log2(mul.factor))
+    original = onnx.load(path)
+    _checked(fixed, original, x)
+    after = onnx_fp16_run(fixed, {original.graph.input[0].name: x.numpy()})[0]
+    assert np.isfinite(after).all() and _rel(_run(original, x)[0], after) < 2e-2
+
+
+def test_fp32_island_named_in_metadata(tmp_path):
+    model, (x,) = models.gelu_span()  # GELU at opset 17: Div, Erf, Add, Mul, Mul
+    path = _export(model, x, tmp_path / "g.onnx", 17)
+    report = fp16lens.scan(path, [x], progress=False)
+    fixed = fp16lens.patch(path, report)
+    plan = fp16lens.plan(path, report)
+    (island,) = plan.islands  # x * (erf(x/sqrt2) + 1) carries x's scale; erf takes x back
+    assert island.module == "/act/Erf" and island.in_scale == plan.regions[0].factor
+    kept = fp32_nodes(fixed)
+    assert json.loads(dict((p.key, p.value) for p in fixed.metadata_props)[FP32_NODES_KEY]) == kept
+    (pre,) = [n for n in fixed.graph.node if n.name in kept and n.op_type == "Mul"]
+    assert kept == ["/act/Erf", pre.name] and pre.output[0] in {n.name: n for n in fixed.graph.node}["/act/Erf"].input
+    original = onnx.load(path)
+    _checked(fixed, original, x)
+    feed = {original.graph.input[0].name: x.numpy()}
+    ref = _run(original, x)[0]
+    assert not np.isfinite(onnx_fp16_run(original, feed)[0]).all()
+    after = onnx_fp16_run(fixed, feed, kept)[0]
+    assert np.isfinite(after).all() and _rel(ref, after) < 1e-2
+
+
 def test_clean_model_empty_plan_and_unchanged_graph(tmp_path):
     model, (x,) = models.clean()
     path = _export(model, x, tmp_path / "c.onnx", 13)
