@@ -10,9 +10,7 @@ inputs the graph was scanned with.
 from __future__ import annotations
 
 import functools
-import glob
 import json
-import os
 import warnings
 
 import numpy as np
@@ -209,31 +207,14 @@ def test_report_of_another_graph_is_refused(tmp_path):
 
 # ---- a published model: PP-OCRv4's detector with a BN of running_var 9.8e7 --------------
 
-def _det_model() -> str:
-    import importlib.util
-
-    spec = importlib.util.find_spec("rapidocr_onnxruntime")
-    if spec is None:
-        pytest.skip("pip install --no-deps rapidocr-onnxruntime==1.4.4")
-    found = glob.glob(os.path.join(spec.submodule_search_locations[0], "models", "*det*.onnx"))
-    if not found:
-        pytest.skip("rapidocr-onnxruntime ships no det model")
-    return found[0]
-
-
 @pytest.mark.parametrize("normalized", [True, False], ids=["normalized", "raw-0-255"])
 def test_ppocr_det_patched_finds_the_word_in_real_fp16(normalized):
     import zoo_real
 
-    path = _det_model()
     try:
-        img = zoo_real.sentence_image(zoo_real.SHORT, height=64).expand(1, 3, -1, -1)
+        path, x = zoo_real.ppocr_det(normalized)
     except zoo_real.Missing as exc:
         pytest.skip(str(exc))
-    img = img[..., : img.shape[-1] // 32 * 32].contiguous()
-    mean = torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1)
-    std = torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1)
-    x = ((img / 255 - mean) / std if normalized else img).numpy()
     report = fp16lens.scan(path, [x], progress=False)
     plan = fp16lens.plan(path, report)
     (bn,) = [r for r in plan.reparametrized if r.rule == "bn-affine"]
