@@ -205,6 +205,25 @@ def test_report_of_another_graph_is_refused(tmp_path):
         fp16lens.patch(other, report, inplace=True)
 
 
+def test_stale_report_refused_when_it_holds_a_fingerprint(tmp_path):
+    from fp16lens._core import StaleReportError
+    from fp16lens._core.fingerprint import fingerprint
+    from fp16lens.patch.onnx._graph import read
+    from fp16lens.patch.onnx._patch import _Initializers
+
+    model, (x,) = models.layernorm_variance()
+    path = _export(model, x, tmp_path / "a.onnx", 17)
+    report = fp16lens.scan(path, [x], progress=False)
+    assert not report.meta.weights  # the ONNX scan records none yet
+    report.meta.weights = fingerprint(_Initializers(read(onnx.load(path))))
+    assert fp16lens.plan(path, report).regions  # the same weights: accepted
+    proto = onnx.load(path)
+    bias = next(t for t in proto.graph.initializer if t.name == "proj.bias")
+    bias.CopyFrom(onnx.numpy_helper.from_array(onnx.numpy_helper.to_array(bias) + 1, "proj.bias"))
+    with pytest.raises(StaleReportError, match=r"proj\.bias"):
+        fp16lens.patch(proto, report)
+
+
 # ---- a published model: PP-OCRv4's detector with a BN of running_var 9.8e7 --------------
 
 @pytest.mark.parametrize("normalized", [True, False], ids=["normalized", "raw-0-255"])

@@ -98,7 +98,9 @@ def _set_fp32_nodes(proto, names: list[str]) -> None:
 
 
 class _Initializers:
-    """A graph's float initializers as ``fingerprint`` reads a module's buffers."""
+    """A graph's float initializers as ``fingerprint`` reads a module's buffers. An ONNX
+    scan records no fingerprint yet (``report.meta.weights`` empty): where one is recorded
+    over the float initializers by name, a changed graph is refused."""
 
     def __init__(self, m: OnnxModel):
         self.m = m
@@ -107,7 +109,8 @@ class _Initializers:
         return iter(())
 
     def named_buffers(self, remove_duplicate: bool = True):
-        return ((n, torch.from_numpy(np.array(self.m.consts[n]))) for n in sorted(self.m.inits))
+        return ((n, torch.from_numpy(np.array(self.m.consts[n])))
+                for n in sorted(self.m.inits) if n in self.m.consts)
 
 
 def _require(m: OnnxModel, report: Report) -> None:
