@@ -12,9 +12,9 @@ from rich.markup import escape
 from fp16lens._core import Fp16LensError
 from fp16lens._core.paths import check_writable
 from fp16lens._core.sites import site_module
-from fp16lens.cli._cmd_scan import add_model_arguments
+from fp16lens.cli._cmd_scan import add_model_arguments, onnx_batches
 from fp16lens.cli._inputargs import add_input_arguments, batches_from_args
-from fp16lens.cli._models import load_model, parse_kwargs
+from fp16lens.cli._models import is_onnx_file, load_model, parse_kwargs
 from fp16lens.cli._output import console, emit_json
 from fp16lens.cli._save import check_save_path, save_model
 from fp16lens.cli._stages import stage
@@ -39,7 +39,7 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.model.lower().endswith(".onnx"):
+    if is_onnx_file(args.model):
         return run_onnx(args)
     get_plan = stage("fp16lens.patch", "get_plan", "patch")
     patch_fn = stage("fp16lens.patch", "patch", "patch")
@@ -73,7 +73,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_onnx(args: argparse.Namespace) -> int:
-    """An ONNX MODEL patched as a graph; its FP32 islands named in the file's metadata."""
+    """An ONNX MODEL patched as a graph (the FP32 check on --input, else on random inputs
+    of the report's shapes); its FP32 islands named in the file's metadata."""
     patch_onnx = stage("fp16lens.patch.onnx", "patch_onnx", "patch")
     options = stage("fp16lens.patch", "PatchOptions", "patch")(factor=args.factor)
     if not args.output.lower().endswith(".onnx"):
@@ -81,7 +82,8 @@ def run_onnx(args: argparse.Namespace) -> int:
     out = check_writable(Path(args.output))
     report = Report.load(args.report)
     out.parent.mkdir(parents=True, exist_ok=True)
-    _, plan = patch_onnx(args.model, report, options, out=out)
+    batches = onnx_batches(args) if args.input else None  # the FP32 check's inputs
+    _, plan = patch_onnx(args.model, report, options, out=out, batches=batches)
     left = [{"site": u.site, "reason": u.reason, "module": u.site} for u in plan.unresolved]
     if args.json:
         emit_json({"output": str(out), "fixed": not left, "unfixed": left,

@@ -266,7 +266,9 @@ def test_cli_patches_an_onnx_file(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "patched model saved to" in printed and "/norm/Pow" in printed
     _checked(onnx.load(str(out)), onnx.load(path), x)
-    assert main(["patch", path, "--report", str(tmp_path / "r.json"), "-o", str(out), "--json"]) == 0
+    np.savez(tmp_path / "in.npz", **{onnx.load(path).graph.input[0].name: x.numpy()})
+    assert main(["patch", path, "--report", str(tmp_path / "r.json"), "-o", str(out), "--json",
+                 "--input", str(tmp_path / "in.npz")]) == 0
     assert json.loads(capsys.readouterr().out)["fixed"] is True
     assert main(["patch", path, "--report", str(tmp_path / "r.json"), "-o", str(tmp_path / "p.pt")]) == 2
     assert "saved as ONNX" in capsys.readouterr().err
