@@ -98,6 +98,29 @@ def test_layernorm_variance_same_fix_as_pytorch(opset, tmp_path):
         assert _rel(ref, after) < 1e-2 and np.isfinite(after).all()
 
 
+def test_shared_initializers_copied_for_the_rescaled_user_only(tmp_path):
+    model, (x,) = models.shared_weight()  # one Linear on two paths, only the first rescaled
+    path = _export(model, x, tmp_path / "sw.onnx", 11)
+    report = fp16lens.scan(path, [x], progress=False)
+    original, fixed = onnx.load(path), fp16lens.patch(path, report)
+    (region,) = fp16lens.plan(path, report).regions
+    assert region.sites == ("/fc/MatMul", "/fc/Add")
+    before = {t.name: onnx.numpy_helper.to_array(t) for t in original.graph.initializer}
+    after = {t.name: onnx.numpy_helper.to_array(t) for t in fixed.graph.initializer}
+    assert all(np.array_equal(after[n], a) for n, a in before.items())  # shared: untouched
+    old, new = ({n.name: list(n.input) for n in g.graph.node} for g in (original, fixed))
+    for node in ("/fc/MatMul", "/fc/Add"):  # the rescaled path reads copies, divided by p
+        (was,) = [t for t in old[node] if t in before]
+        (copy,) = [t for t in new[node] if t in after and t not in before]
+        assert np.array_equal(after[copy], before[was] / region.factor)
+    assert old["/fc_1/MatMul"] == new["/fc_1/MatMul"] and old["/fc_1/Add"] == new["/fc_1/Add"]
+    _checked(fixed, original, x)
+    feed = {original.graph.input[0].name: x.numpy()}
+    ref = _run(original, x)[0]
+    assert _rel(ref, onnx_fp16_run(original, feed)[0]) > 0.1  # (x-mean)^2 -> inf
+    assert _rel(ref, onnx_fp16_run(fixed, feed)[0]) < 1e-2
+
+
 # ---- the seed case: BN overflow through a residual add into a neck BN with var 1.4e9 ----
 
 @functools.cache
