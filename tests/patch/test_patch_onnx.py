@@ -205,6 +205,8 @@ def test_fp32_island_named_in_metadata(tmp_path):
     assert not np.isfinite(onnx_fp16_run(original, feed)[0]).all()
     after = onnx_fp16_run(fixed, feed, kept)[0]
     assert np.isfinite(after).all() and _rel(ref, after) < 1e-2
+    again = fp16lens.scan(fixed, [x], progress=False)  # the patched graph scans clean
+    assert again.clean and fp16lens.patch(fixed, again).SerializeToString() == fixed.SerializeToString()
 
 
 def test_clean_model_empty_plan_and_unchanged_graph(tmp_path):
