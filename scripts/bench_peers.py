@@ -178,13 +178,14 @@ def overhead_table(quick: bool) -> list[dict]:
 
 def _print(title: str, rows: list[dict]) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     table = Table(title=title)
     for col in rows[0]:
         table.add_column(col)
     for r in rows:
-        table.add_row(*[str(v) for v in r.values()])
+        table.add_row(*[escape(str(v)) for v in r.values()])
     Console(width=180).print(table)
 
 

@@ -1111,3 +1111,25 @@ def mobilenet_v3_shaped():
     # the depthwise conv's batch norm; the projection brings the values back
     _plant_bn(model, inputs, model.re.block[1][1], back=model.re.block[3][0])
     return model, inputs
+
+
+class SharedWeightNet(nn.Module):
+    """One Linear called on two paths: its output on ``x`` overflows (x - mean)^2 in the
+    LayerNorm after it, its output on ``x / 1024`` stays small. In ONNX the two MatMul
+    nodes (and the two bias Adds) read one initializer each: rescaling one path must copy."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(16, 16)
+        self.norm = nn.LayerNorm(16)
+        self.head = nn.Linear(16, 4)
+        with torch.no_grad():
+            self.fc.weight.mul_(800.0)
+
+    def forward(self, x):
+        return self.head(self.norm(self.fc(x))) + self.fc(x / 1024)[..., :4]
+
+
+def shared_weight():
+    _seeded(17)
+    return SharedWeightNet().eval(), (torch.randn(2, 5, 16),)

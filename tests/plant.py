@@ -89,3 +89,45 @@ def assert_fixed(model: nn.Module, inputs: tuple, rel: float = 1e-6, min_cosine:
     assert torch.isfinite(half).all()
     assert cosine(want, half) >= min_cosine
     return get_plan(patched), report
+
+
+def onnx_fp16_run(proto, feed: dict, fp32_nodes=()) -> list:
+    """``proto`` run with FP16 storage made real (verify's ``onnx-fp16`` rewrite): every
+    float constant and every stored float tensor rounded to FP16, except the outputs of
+    ``fp32_nodes`` (node names: FP32 islands) and the constants only they read."""
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper
+
+    from fp16lens.verify._onnx import session
+    from fp16lens.verify._onnx_graph import _round_outputs, tensor_types
+
+    keep = set(fp32_nodes)
+    island_outputs = {o for n in proto.graph.node if n.name in keep for o in n.output}
+    types = {k: 10 for k, v in tensor_types(proto).items() if v == 1 and k not in island_outputs}
+    m = onnx.ModelProto()
+    m.CopyFrom(proto)
+
+    def half(t):
+        with np.errstate(over="ignore"):
+            return numpy_helper.from_array(numpy_helper.to_array(t).astype(np.float16).astype(np.float32), t.name)
+
+    readers: dict[str, set] = {}
+    for n in m.graph.node:
+        for t in n.input:
+            readers.setdefault(t, set()).add(n.name)
+    for i, init in enumerate(m.graph.initializer):
+        if init.data_type == 1 and not readers.get(init.name, set()) <= keep:
+            m.graph.initializer[i].CopyFrom(half(init))
+    nodes = []
+    for node in m.graph.node:
+        for a in node.attribute:
+            if a.HasField("t") and a.t.data_type == 1:
+                a.t.CopyFrom(half(a.t))
+        nodes.append(node)
+        nodes.extend(_round_outputs(node, types))
+    del m.graph.node[:]
+    m.graph.node.extend(nodes)
+    rounded = {k: (v.astype(np.float16).astype(np.float32) if v.dtype == np.float32 else v)
+               for k, v in feed.items()}
+    return session(m).run(None, rounded)

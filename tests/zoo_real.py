@@ -111,6 +111,24 @@ def sentence_image(text: str = SENTENCE, height: int = 64) -> torch.Tensor:
     return torch.from_numpy(np.asarray(img, dtype=np.float32).copy())[None, None]
 
 
+def ppocr_det(normalized: bool) -> tuple[str, np.ndarray]:
+    """PaddleOCR's PP-OCRv4 detector as rapidocr-onnxruntime ships it (an .onnx path) and
+    the word ``SHORT`` as its input: ImageNet-normalized, or raw 0-255 pixels (the mistake)."""
+    import glob
+
+    spec = importlib.util.find_spec("rapidocr_onnxruntime")
+    if spec is None:
+        raise Missing("pip install --no-deps rapidocr-onnxruntime==1.4.4")
+    found = glob.glob(os.path.join(spec.submodule_search_locations[0], "models", "*det*.onnx"))
+    if not found:
+        raise Missing("rapidocr-onnxruntime ships no det model: pip install --no-deps rapidocr-onnxruntime==1.4.4")
+    img = sentence_image(SHORT, height=64).expand(1, 3, -1, -1)
+    img = img[..., : img.shape[-1] // 32 * 32].contiguous()
+    mean = torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1)
+    std = torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1)
+    return found[0], ((img / 255 - mean) / std if normalized else img).numpy()
+
+
 def speech(seconds: float | None = None) -> torch.Tensor:
     """The shipped spoken sentence: int16 samples at 16 kHz as a float tensor (1, n)."""
     with wave.open(SPEECH_WAV) as w:

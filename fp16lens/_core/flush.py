@@ -42,3 +42,9 @@ def flush_loss(t: torch.Tensor, axes: tuple[int, ...] = (0,)) -> FlushLoss:
         lost = max(lost, float(per.max()))
         rel = max(rel, float(torch.where(mass > 0, per / mass.clamp_min(1e-45), 0.0).max()))
     return FlushLoss(float(err.max()), lost, rel)
+
+
+def percent(share: float) -> str:
+    """A share as a percentage to three significant digits: losses just above FP16's
+    rounding (2^-11, 0.049%) must not print as 0%."""
+    return f"{100 * share:.3g}%"

@@ -1,16 +1,20 @@
 """`fp16lens patch MODEL --report report.json -o patched.pt`: print the fix plan,
-apply it, and save the patched model (.pt TorchScript or .pt2 torch.export program)."""
+apply it, and save the patched model (.pt TorchScript or .pt2 torch.export program; an
+ONNX MODEL is saved as ONNX: `fp16lens patch model.onnx --report r.json -o fixed.onnx`)."""
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from rich.markup import escape
 
+from fp16lens._core import Fp16LensError
+from fp16lens._core.paths import check_writable
 from fp16lens._core.sites import site_module
-from fp16lens.cli._cmd_scan import add_model_arguments
+from fp16lens.cli._cmd_scan import add_model_arguments, onnx_batches
 from fp16lens.cli._inputargs import add_input_arguments, batches_from_args
-from fp16lens.cli._models import load_model, parse_kwargs
+from fp16lens.cli._models import is_onnx_file, load_model, parse_kwargs
 from fp16lens.cli._output import console, emit_json
 from fp16lens.cli._save import check_save_path, save_model
 from fp16lens.cli._stages import stage
@@ -26,7 +30,7 @@ def add_parser(sub) -> None:
         "-o",
         "--output",
         required=True,
-        help="patched model file: .pt2 (torch.export program) or .pt (TorchScript)",
+        help="patched model file: .pt2 (torch.export program) or .pt (TorchScript); .onnx for an ONNX MODEL",
     )
     p.add_argument("--factor", type=float, default=None, help="rescaling factor (a power of two)")
     add_input_arguments(p, batches=False)
@@ -35,6 +39,8 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if is_onnx_file(args.model):
+        return run_onnx(args)
     get_plan = stage("fp16lens.patch", "get_plan", "patch")
     patch_fn = stage("fp16lens.patch", "patch", "patch")
     check_save_path(args.output)
@@ -63,6 +69,37 @@ def run(args: argparse.Namespace) -> int:
     con.print(f"patched model saved to {escape(str(saved))}")
     for line in finish_lines(left, islands, saved):
         con.print(line, markup=False, highlight=False)
+    return 1 if left else 0
+
+
+def run_onnx(args: argparse.Namespace) -> int:
+    """An ONNX MODEL patched as a graph (the FP32 check on --input, else on random inputs
+    of the report's shapes); its FP32 islands named in the file's metadata."""
+    patch_onnx = stage("fp16lens.patch.onnx", "patch_onnx", "patch")
+    options = stage("fp16lens.patch", "PatchOptions", "patch")(factor=args.factor)
+    if not args.output.lower().endswith(".onnx"):
+        raise Fp16LensError(f"an ONNX MODEL is saved as ONNX: give -o with a .onnx name, not {args.output!r}")
+    out = check_writable(Path(args.output))
+    report = Report.load(args.report)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    batches = onnx_batches(args) if args.input else None  # the FP32 check's inputs
+    _, plan = patch_onnx(args.model, report, options, out=out, batches=batches)
+    left = [{"site": u.site, "reason": u.reason, "module": u.site} for u in plan.unresolved]
+    if args.json:
+        emit_json({"output": str(out), "fixed": not left, "unfixed": left,
+                   "fp32_nodes": plan.fp32_modules, "plan": to_plain(plan)})
+        return 1 if left else 0
+    con = console()
+    con.print(plan)
+    con.print(f"patched model saved to {escape(str(out))}")
+    if left:
+        con.print(f"NOT FIXED: {len(left)} problem(s) stay out of FP16 range after the patch:",
+                  markup=False, highlight=False)
+        for u in left:
+            con.print(f"  {u['site']}: {u['reason']}", markup=False, highlight=False)
+    if plan.fp32_modules:
+        con.print(f"FP32 nodes (metadata fp16lens.fp32_nodes, read by the FP16 export): "
+                  f"{', '.join(plan.fp32_modules)}", markup=False, highlight=False)
     return 1 if left else 0
 
 

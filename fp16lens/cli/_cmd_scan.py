@@ -63,17 +63,20 @@ def run(args: argparse.Namespace) -> int:
 def _scan_onnx(args: argparse.Namespace, options: dict) -> Report:
     """An .onnx MODEL in ONNX Runtime; one .npz --input is matched to the graph's inputs
     by array name (``numpy.savez(path, x=array)``), else by position."""
-    import numpy as np
-
     scan = stage("fp16lens.watch", "scan", "scan")
     if args.kwargs:
         raise ReportError("--kwargs applies to a module:callable MODEL, not to an .onnx file")
+    return scan(args.model, onnx_batches(args), progress=not args.no_progress, **options)
+
+
+def onnx_batches(args: argparse.Namespace) -> list:
+    """The --input batches for an .onnx MODEL (scan, and patch's FP32 check)."""
+    import numpy as np
+
     specs = args.input or []
     if len(specs) == 1 and specs[0].lower().endswith(".npz") and args.batch_size is None:
-        batches = [_npz_batch(Path(specs[0]), np)]
-    else:
-        batches = batches_from_args(args, None)
-    return scan(args.model, batches, progress=not args.no_progress, **options)
+        return [_npz_batch(Path(specs[0]), np)]
+    return batches_from_args(args, None)
 
 
 def _npz_batch(path: Path, np) -> dict | tuple:

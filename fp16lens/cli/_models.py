@@ -106,9 +106,9 @@ def _load_file(path: Path) -> tuple[nn.Module, tuple | None]:
         return _load_torchscript(path), None
     if path.suffix.lower() == ".onnx":
         raise Fp16LensError(
-            f"{path.name} is an ONNX file: `fp16lens scan`, `export` and `verify` read it, but "
-            "patch needs the PyTorch model (patching ONNX graphs is not supported yet); give "
-            "the model as package.module:callable, .pt or .pt2"
+            f"{path.name} is an ONNX file: `fp16lens scan`, `patch`, `export` and `verify` read "
+            "it, but this needs the PyTorch model; give the model as "
+            "package.module:callable, .pt or .pt2"
         )
     raise Fp16LensError(f"cannot load a model from a {path.suffix} file; give {MODEL_HELP}")
 

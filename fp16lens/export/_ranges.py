@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from fp16lens._core import FP16_MIN_NORMAL, ExportError
-from fp16lens._core.flush import REL_STEP, flush_loss
+from fp16lens._core.flush import REL_STEP, flush_loss, percent
 
 
 @dataclass(frozen=True)
@@ -108,7 +108,7 @@ def subnormal_summary(entries: list[tuple[str, int, RangeIssues, bool]], shown: 
     worst = max(e[2].lost_rel for e in matter)
     rest = len(hit) - len(matter)
     return (
-        f"{head}. In {len(matter)} of them an output channel loses up to {worst:.0%} of its "
+        f"{head}. In {len(matter)} of them an output channel loses up to {percent(worst)} of its "
         f"weight magnitude, more than FP16's own rounding (2^-11), which may change the output: "
         f"{_parts(matter, shown)}; check parity (fp16lens.verify(..., backend='onnx-fp16')) and "
         "where it drops, scale that weight up by 2^k and the next layer down by 2^-k, or keep "

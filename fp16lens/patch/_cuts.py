@@ -26,7 +26,11 @@ def overflowing(graph: SiteGraph, report: Report) -> set[str]:
     }
 
 
-def choose_cuts(model: nn.Module, graph: SiteGraph, report: Report, demands, extend: bool) -> set:
+def choose_cuts(model: nn.Module, graph: SiteGraph, report: Report, demands, extend: bool,
+                mappable=None) -> set:
+    """The (producer, join) pairs to multiply; ``mappable(model, report, join, keep, traced)``
+    says where a multiply can go (default: the join's owner traces with torch.fx)."""
+    mappable = mappable or _mappable
     over = overflowing(graph, report)
     cuts: set[tuple[str, str]] = set()
     traced: dict[str, object] = {}
@@ -36,7 +40,7 @@ def choose_cuts(model: nn.Module, graph: SiteGraph, report: Report, demands, ext
         for join in (m for m in graph.members(root) if graph.kinds[m] == Kind.JOIN):
             keep = [p for p in graph.producers[join] if p in over]
             cut = [p for p in graph.producers[join] if p not in keep]
-            if cut and _mappable(model, report, join, keep, traced):
+            if cut and mappable(model, report, join, keep, traced):
                 cuts.update((p, join) for p in cut)
     return cuts
 

@@ -23,6 +23,7 @@ from fp16lens._core import PatchError
 from fp16lens._core.algebra import degree, is_product, product_carrier
 from fp16lens._core.sites import is_island
 from fp16lens.patch._classify import HOMOG, JOIN, LINEAR, POWER, module_kind, op_kind
+from fp16lens.patch._fused import contract
 from fp16lens.patch._fx import functional_params
 from fp16lens.report import Report
 
@@ -101,9 +102,10 @@ class SiteGraph:
         _unite(self)
 
 
-def build_graph(model: nn.Module, report: Report) -> SiteGraph:
-    """Site graph of ``report`` bound to ``model``'s modules; PatchError when they do not match."""
-    named = dict(model.named_modules())
+def build_graph(model: nn.Module, report: Report, binding=None) -> SiteGraph:
+    """Site graph of ``report`` bound to ``model``'s modules (or to ``binding``: how another
+    kind of model, an ONNX graph, gives each site its kind); PatchError when they do not match."""
+    binding = binding or TorchBinding(model)
     producers: dict[str, list[str]] = {s: [] for s in report.sites}
     consumers: dict[str, list[str]] = {s: [] for s in report.sites}
     for p, c in report.edges:
@@ -115,20 +117,46 @@ def build_graph(model: nn.Module, report: Report) -> SiteGraph:
             consumers[p].append(c)
     kinds, modules = {}, {}
     for name, st in report.sites.items():
-        kinds[name], mod = _kind(named, name, st, len(producers[name]))
-        params = functional_params(model, name) if st.kind != "module" else None
-        if params is not None:  # a GraphModule's functional conv/linear absorbs like a module
-            kinds[name], mod = LINEAR, params
+        kinds[name], mod = binding.site(name, st, len(producers[name]))
         if mod is not None:
             modules[name] = mod
-    carries = {s: c for s, st in report.sites.items() if st.kind != "module" and is_product(st.op)
+    carries = {s: c for s, st in report.sites.items() if binding.is_product(st)
                and (c := product_carrier(s, producers)) is not None}
+    modules = {s: m for s, m in modules.items() if s not in carries}  # a product's x passes
     kinds.update(dict.fromkeys(carries, HOMOG))  # the scale of x passes; g must be unscaled
-    graph = SiteGraph(producers, consumers, kinds, modules, frozen=_in_islands(named, report),
-                      owners={n for n in named if n}, carries=carries,
+    graph = SiteGraph(producers, consumers, kinds, modules, frozen=binding.frozen(report),
+                      owners=binding.owners, carries=carries,
                       ops={n: st.op for n, st in report.sites.items() if st.kind != "module"})
     _unite(graph)
     return graph
+
+
+class TorchBinding:
+    """How the planner reads a PyTorch model: each site's kind and module, the sites inside
+    FP32 islands, the modules that host functional ops (``OnnxBinding`` reads a graph)."""
+
+    mappable = None  # a join's operands are mapped onto torch.fx nodes (patch/_cuts.py)
+
+    def __init__(self, model: nn.Module):
+        self.model, self.named = model, dict(model.named_modules())
+        self.owners = {n for n in self.named if n}
+
+    def contract(self, report: Report) -> Report:
+        return contract(self.model, report)  # fused norm modules: one site each
+
+    def site(self, name: str, st, n_producers: int) -> tuple[str, nn.Module | None]:
+        kind, mod = _kind(self.named, name, st, n_producers)
+        params = functional_params(self.model, name) if st.kind != "module" else None
+        if params is not None:  # a GraphModule's functional conv/linear absorbs like a module
+            kind, mod = LINEAR, params
+        return kind, mod
+
+    def frozen(self, report: Report) -> set[str]:
+        return _in_islands(self.named, report)
+
+    @staticmethod
+    def is_product(st) -> bool:
+        return st.kind != "module" and is_product(st.op)
 
 
 def _in_islands(named: dict, report: Report) -> set[str]:

@@ -22,7 +22,7 @@ def module_changes(
         s_out = graph.scale(site, scales)
         kind = graph.kinds[site]
         if site in islands or (kind == Kind.BLOCK and (s_in != 1 or s_out != 1)):
-            why = islands.get(site) or f"{type(mod).__name__} does not commute with scaling"
+            why = islands.get(site) or f"{getattr(mod, 'op_type', type(mod).__name__)} does not commute with scaling"
             out_islands.append(Island(site, s_in, s_out, why))
         elif kind == Kind.LINEAR and (s_in != 1 or s_out != 1):
             reparams.append(Reparam(site, "linear", s_in, s_out, _detail(s_in, s_out, "W", "b")))

@@ -15,6 +15,7 @@ from fp16lens.patch._options import PatchOptions
 from fp16lens.patch._plan import Plan
 from fp16lens.patch._planner import build_plan
 from fp16lens.report import Report
+from fp16lens.watch.onnx import is_onnx_model
 
 
 def plan(
@@ -26,8 +27,13 @@ def plan(
     **option_fields,
 ) -> Plan:
     """What patch() would do to ``model`` for ``report``: regions with their factors,
-    re-parametrized modules, FP32 islands. Nothing is changed."""
+    re-parametrized modules, FP32 islands. Nothing is changed. ``model`` may be an ONNX
+    file or an ``onnx.ModelProto`` (its sites are node names)."""
     opts = _options(options, factor, option_fields)
+    if is_onnx_model(model):
+        from fp16lens.patch.onnx import plan_onnx
+
+        return plan_onnx(model, report, opts)
     _require(model, report)
     return build_plan(model, report, opts)
 
@@ -39,12 +45,28 @@ def patch(
     factor: float | None = None,
     *,
     options: PatchOptions | None = None,
+    out=None,
     **option_fields,
 ) -> nn.Module:
     """Rescale ``model`` so FP16 holds its values: exact power-of-two rescaling of every
     span, FP32 islands only where no rescaling applies. Returns a new module (a deep copy)
-    unless ``inplace``; the plan travels with it as ``_fp16lens_plan`` (see get_plan)."""
+    unless ``inplace``; the plan travels with it as ``_fp16lens_plan`` (see get_plan).
+
+    ``model`` may be an ONNX file or an ``onnx.ModelProto`` scanned with fp16lens.scan: the
+    result is a new ``onnx.ModelProto`` (written to ``out`` when given), its FP32 islands
+    named in its ``metadata_props`` (``fp16lens.patch.onnx.fp32_nodes``)."""
     opts = _options(options, factor, option_fields)
+    if is_onnx_model(model):
+        from fp16lens.patch.onnx import patch_onnx
+
+        if inplace:
+            raise PatchError("an ONNX model is never patched in place: use the returned ModelProto or out=")
+        return patch_onnx(model, report, opts, out=out)[0]
+    if out is not None:
+        raise PatchError(
+            "out= writes a patched ONNX model; save a patched PyTorch module with "
+            "torch.save / torch.export, or `fp16lens patch MODEL -o patched.pt2`"
+        )
     _require(model, report)
     the_plan = build_plan(model, report, opts)
     if inplace and not isinstance(model, fx.GraphModule) and any(m.owner == "" for m in the_plan.multiplies):

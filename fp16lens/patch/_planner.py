@@ -13,8 +13,7 @@ from fp16lens._core.algebra import PASSES, Kind, choose_factor, exact_powers, po
 from fp16lens._core.sites import FindingKind, Mechanism
 from fp16lens.patch._classes import class_problem, settle_products
 from fp16lens.patch._cuts import choose_cuts, join_multiplies
-from fp16lens.patch._fused import contract
-from fp16lens.patch._graph import SiteGraph, build_graph
+from fp16lens.patch._graph import SiteGraph, TorchBinding, build_graph
 from fp16lens.patch._modplan import module_changes
 from fp16lens.patch._options import PatchOptions
 from fp16lens.patch._plan import Plan, Region, Unresolved
@@ -57,12 +56,13 @@ class Demands:
         return self
 
 
-def build_plan(model: nn.Module, report: Report, options: PatchOptions) -> Plan:
-    report = contract(model, report)  # fused norm modules: one site each
-    graph, plan = build_graph(model, report), Plan()
+def build_plan(model: nn.Module, report: Report, options: PatchOptions, binding=None) -> Plan:
+    binding = binding or TorchBinding(model)  # how the sites read the model (an ONNX graph too)
+    report = binding.contract(report)  # fused norm modules: one site each
+    graph, plan = build_graph(model, report, binding), Plan()
     settle_products(graph)  # x * g(x) passes x's scale only where x's class can carry one
     demands = collect_demands(graph, report, plan).resolve(graph)
-    cuts = choose_cuts(model, graph, report, demands, options.extend)
+    cuts = choose_cuts(model, graph, report, demands, options.extend, binding.mappable)
     if cuts:
         graph.recut(cuts)
         demands.resolve(graph)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 
 from fp16lens._core import half_step
-from fp16lens._core.flush import REL_STEP
+from fp16lens._core.flush import REL_STEP, percent
 from fp16lens._core.sites import Mechanism
 from fp16lens.report import Finding, SiteStats
 from fp16lens.watch._params import ParamCheck
@@ -56,7 +56,7 @@ def _verdict(check: ParamCheck, sites: dict[str, SiteStats],
         peak_in = _input_peak(joined, edges, sites) if joined else None
         if peak_in is None:
             return False, (
-                f"each output channel loses up to {loss.rel:.0%} of its weight magnitude; "
+                f"each output channel loses up to {percent(loss.rel)} of its weight magnitude; "
                 "the module's input was not recorded, so it cannot be judged harmless"
             )
         site = min(joined, key=lambda s: s.quantile_low(0.5))

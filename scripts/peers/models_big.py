@@ -1,6 +1,7 @@
 """The models of the Fixing table: the watch issue's small test models (tests/models.py)
-and, in full mode, a ResNet-50 and a BERT-base (random weights) with an overflow planted
-by tests/plant.py the way training can produce one."""
+and, in full mode, a ResNet-50, a BERT-base (post-LN) and a ViT-Tiny-sized pre-LN
+transformer (random weights) with an overflow planted by tests/plant.py the way training
+can produce one (in the ViT, on the residual stream: an MLP down projection feeding it)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ def build(name: str) -> tuple[torch.nn.Module, tuple]:
     """``(model, inputs)`` for a Fixing-table model name."""
     if name in models.WATCH_CASES:
         return models.WATCH_CASES[name]()
-    builders = {"resnet50 (planted)": _resnet50, "bert-base (planted)": _bert_base}
+    builders = {"resnet50 (planted)": _resnet50, "bert-base (planted)": _bert_base,
+                "vit (residual stream)": _vit}
     if name not in builders:
         raise KeyError(f"unknown model {name!r}; use one of {[*models.WATCH_CASES, *builders]}")
     model, inputs = builders[name]()
@@ -42,3 +44,16 @@ def _bert_base():
     model = tr.BertModel(tr.BertConfig(), add_pooling_layer=False)  # 12 x 768, 110M params
     ids = torch.randint(0, 30522, (1, 16))
     return HFEncoder(model).eval(), (ids, torch.ones(1, 16, dtype=torch.long))
+
+
+def _vit():
+    from torchvision_compat import ensure_torchvision
+
+    ensure_torchvision()
+    from torchvision.models import VisionTransformer
+
+    torch.manual_seed(0)  # ViT-Tiny widths (192, 3 heads), 4 pre-LN blocks, 64x64 images
+    model = VisionTransformer(image_size=64, patch_size=16, num_layers=4, num_heads=3,
+                              hidden_dim=192, mlp_dim=768)
+    torch.nn.init.normal_(model.heads.head.weight, std=0.02)  # torchvision starts it at zero
+    return model.eval(), (torch.randn(1, 3, 64, 64),)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import glob
 import os
 import warnings
 
@@ -198,18 +197,6 @@ def test_external_data_and_dynamic_shapes(tmp_path):
 
 # ---- a published model: PaddleOCR's PP-OCRv4 detector as rapidocr-onnxruntime ships it -----
 
-def _det_model() -> str:
-    import importlib.util
-
-    spec = importlib.util.find_spec("rapidocr_onnxruntime")
-    if spec is None:
-        pytest.skip("pip install --no-deps rapidocr-onnxruntime==1.4.4")
-    found = glob.glob(os.path.join(spec.submodule_search_locations[0], "models", "*det*.onnx"))
-    if not found:
-        pytest.skip("rapidocr-onnxruntime ships no det model")
-    return found[0]
-
-
 def _real_fp16(proto, x: np.ndarray, keep: str = "") -> np.ndarray:
     """Every float constant and every stored tensor rounded to FP16 (all but ``keep``, a
     Constant node's output: neither its value nor its storage is rounded)."""
@@ -242,15 +229,10 @@ def test_ppocr_det_verdict_matches_real_fp16(normalized):
 
     from fp16lens.verify._onnx import session
 
-    path = _det_model()
     try:
-        img = zoo_real.sentence_image(zoo_real.SHORT, height=64).expand(1, 3, -1, -1)
+        path, x = zoo_real.ppocr_det(normalized)
     except zoo_real.Missing as exc:
         pytest.skip(str(exc))
-    img = img[..., : img.shape[-1] // 32 * 32].contiguous()
-    mean = torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1)
-    std = torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1)
-    x = ((img / 255 - mean) / std if normalized else img).numpy()
     report = fp16lens.scan(path, [x], progress=False)
     proto = onnx.load(path)
     ref = session(proto).run(None, {"x": x})[0]
@@ -290,4 +272,4 @@ def test_cli_scans_an_onnx_file_with_named_npz(seed, tmp_path, capsys):
                  "--no-progress"]) == 1
     capsys.readouterr()
     assert main(["patch", path, "--report", str(tmp_path / "r.json"), "-o", str(tmp_path / "p.pt")]) == 2
-    assert "patching ONNX graphs is not supported yet" in capsys.readouterr().err
+    assert "saved as ONNX" in capsys.readouterr().err  # patch reads it (tests/patch/test_patch_onnx.py)

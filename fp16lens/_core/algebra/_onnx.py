@@ -1,4 +1,5 @@
-"""ONNX operators by op_type, for an ONNX-in path (a table; nothing reads it yet).
+"""ONNX operators by op_type, for the ONNX-in path (the report's advice; patch's
+``OnnxBinding`` refines it into kinds by the nodes' constant operands).
 
 In ONNX a Conv/Gemm/MatMul weight and a BatchNormalization's statistics are initializers,
 so those ops absorb a scale. Resize is homogeneous in its nearest and (bi/tri)linear
