@@ -6,6 +6,7 @@ serves only the INT8 calibration."""
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from rich.markup import escape
 
@@ -13,9 +14,9 @@ from fp16lens._core import Fp16LensError
 from fp16lens._core.paths import check_writable
 from fp16lens._core.quiet import verbose
 from fp16lens.cli._batchfile import load_batches
-from fp16lens.cli._cmd_scan import add_model_arguments
+from fp16lens.cli._cmd_scan import _npz_batch, add_model_arguments, onnx_batches
 from fp16lens.cli._inputargs import add_input_arguments, batches_from_args
-from fp16lens.cli._models import is_onnx_file, load_model, onnx_batches, parse_kwargs
+from fp16lens.cli._models import is_onnx_file, load_model, parse_kwargs
 from fp16lens.cli._output import console, emit_json
 from fp16lens.cli._stages import stage
 
@@ -100,9 +101,9 @@ def _export_onnx(export, args: argparse.Namespace):
     calibration = None
     if args.precision == "int8":
         if args.calibration:
-            calibration = onnx_batches(args.calibration, None)
+            calibration = _batches_file(args.calibration)
         elif args.input:
-            calibration = onnx_batches(args.input, args)
+            calibration = onnx_batches(args)
         else:
             raise Fp16LensError(
                 "--precision int8 of an .onnx MODEL needs calibration batches: "
@@ -118,6 +119,16 @@ def _export_onnx(export, args: argparse.Namespace):
             fp32_modules=_names(args.fp32_modules) or None,
             fp32_nodes=_names(args.fp32_nodes) or None,
         )
+
+
+def _batches_file(path: str) -> list:
+    """A --calibration file for an .onnx MODEL: an .npz is one batch by input name (or
+    position), a .pt file a list of batches."""
+    if path.lower().endswith(".npz"):
+        import numpy as np
+
+        return [_npz_batch(Path(path), np)]
+    return load_batches(path)
 
 
 def _print(artifact, args: argparse.Namespace) -> int:

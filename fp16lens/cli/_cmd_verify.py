@@ -9,9 +9,9 @@ from pathlib import Path
 
 from fp16lens._core import Fp16LensError
 from fp16lens._core.sites import Backend
-from fp16lens.cli._cmd_scan import add_model_arguments
+from fp16lens.cli._cmd_scan import add_model_arguments, onnx_batches
 from fp16lens.cli._inputargs import add_input_arguments, batches_from_args
-from fp16lens.cli._models import MODEL_HELP, is_onnx_file, load_model, onnx_batches, parse_kwargs
+from fp16lens.cli._models import MODEL_HELP, is_onnx_file, load_model, parse_kwargs
 from fp16lens.cli._output import console, emit_json
 from fp16lens.cli._stages import stage
 from fp16lens.cli._summary import parity_summary
@@ -65,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
     if is_onnx_file(args.model):  # the FP32 graph in ONNX Runtime is the reference
         if args.kwargs:
             raise Fp16LensError("--kwargs applies to a module:callable MODEL, not to an .onnx file")
-        reference, batches = args.model, onnx_batches(args.input, args)
+        reference, batches = args.model, onnx_batches(args)
     else:
         loaded = load_model(args.model, parse_kwargs(args.kwargs))
         reference = loaded.model

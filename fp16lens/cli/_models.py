@@ -33,30 +33,6 @@ def is_onnx_file(spec: str) -> bool:
     return Path(spec).suffix.lower() == ".onnx"
 
 
-def onnx_batches(specs: str | list[str] | None, args=None) -> list:
-    """Batches for an .onnx MODEL: one .npz is one batch, matched to the graph inputs by
-    array name (``numpy.savez(path, x=array)``) or by position (``numpy.savez(path, a, b)``);
-    other specs (shapes, a .pt file) as ``--input`` reads them."""
-    from fp16lens.cli._batchfile import load_batches
-    from fp16lens.cli._cmd_scan import _npz_batch
-
-    specs = [specs] if isinstance(specs, str) else list(specs or [])
-    if not specs:
-        raise Fp16LensError(
-            "an .onnx MODEL needs inputs: --input batches.npz (arrays named as the graph "
-            "inputs), a .pt file of batches, or a shape per input"
-        )
-    if len(specs) == 1 and specs[0].lower().endswith(".npz") and getattr(args, "batch_size", None) is None:
-        import numpy as np
-
-        return [_npz_batch(Path(specs[0]), np)]
-    if args is None:
-        return load_batches(specs[0])
-    from fp16lens.cli._inputargs import batches_from_args
-
-    return batches_from_args(args, None)
-
-
 @dataclass(frozen=True)
 class LoadedModel:
     model: nn.Module

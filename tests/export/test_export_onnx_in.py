@@ -281,6 +281,9 @@ def test_cli_exports_and_verifies_an_onnx_file(gelu_file, tmp_path, capsys):
     assert "needs calibration batches" in capsys.readouterr().err
     assert main(["export", path, "--precision", "int8", "-o", int8, "--input", npz]) == 0
     assert onnx.load(int8).graph.node and (tmp_path / "g8.cache").is_file()
+    (tmp_path / "g8.cache").unlink()
+    assert main(["export", path, "--precision", "int8", "-o", int8, "--calibration", npz]) == 0
+    assert (tmp_path / "g8.cache").is_file()
 
 
 @pytest.mark.slow
