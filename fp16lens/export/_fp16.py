@@ -70,7 +70,8 @@ def convert_fp16(
 
 def _keep_fp32_constants(graph, typing: dict[str, NodeTyping]) -> None:
     """A Constant node read only where FP32 is required (Resize's scales, Range's bounds,
-    an FP32 island) stays FP32: no rounding, and no Cast between it and its readers."""
+    an FP32 island) stays FP32: no rounding, and no Cast between it and its readers; one
+    read by nothing (a rewrite left it behind) is not converted either."""
     readers: dict[str, list[tuple[str, int | None]]] = {}
     for n in graph.node:
         for i, t in enumerate(n.input):
@@ -82,7 +83,7 @@ def _keep_fp32_constants(graph, typing: dict[str, NodeTyping]) -> None:
         if n.op_type != "Constant" or typing[n.name].outputs != (FLOAT16,) or n.output[0] in outputs:
             continue
         wants = [_wanted(typing[r], i) for r, i in readers.get(n.output[0], [])]
-        if wants and all(w == FLOAT for w in wants):
+        if all(w == FLOAT for w in wants):  # no reader at all: left as it is
             typing[n.name] = NodeTyping(True, (), (FLOAT,))
 
 
@@ -141,6 +142,7 @@ class _Rewriter:
         self.actual: dict[str, int] = {}  # float tensor -> dtype in the new graph
         self.alias: dict[tuple[str, int], str] = {}  # (tensor, dtype) -> tensor holding it
         self.producer = {t: n for n in self.g.node for t in n.output}
+        self.graph_outputs = {o.name for o in self.g.output}
         self.body_reads = {t for n in self.g.node for b in _subgraphs(n) for t in outer_names(b)}
         self.consumers: dict[str, list] = {}
         for n in self.g.node:
@@ -165,7 +167,9 @@ class _Rewriter:
             if init.data_type != FLOAT:
                 continue
             needs = self._needs(init.name)
-            primary = FLOAT16 if FLOAT16 in needs or not needs else FLOAT
+            if not needs and init.name not in self.graph_outputs:
+                continue  # read by nothing (left behind by a rewrite): left as it is
+            primary = FLOAT16 if FLOAT16 in needs else FLOAT
             array = numpy_helper.to_array(init)
             mods = self._modules_of(self.consumers.get(init.name, []))
             if primary == FLOAT16:

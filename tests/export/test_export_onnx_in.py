@@ -384,3 +384,22 @@ def test_a_file_fp16lens_exported_keeps_its_module_map_and_takes_fp32_modules(tm
     assert fp16lens.verify(model, art.path, inputs, tolerance=0.9999)
     with pytest.raises(ExportError, match="no node of the graph comes from"):
         export(str(fp32.path), None, tmp_path / "x.onnx", fp32_modules=["fc9"])
+
+
+def test_constants_nothing_reads_are_left_as_they_are(clean_file, tmp_path):
+    """A rewrite (patch's exact BatchNormalization form) can leave the old statistics behind,
+    read by nothing: beyond FP16 (9.8e7) they are no reason to refuse the export."""
+    _, inputs, path = clean_file
+    proto = onnx.load(path)
+    dead = np.full(4, 9.8e7, np.float32)
+    proto.graph.node.insert(0, _const("old_var", dead))
+    proto.graph.initializer.append(numpy_helper.from_array(dead, "old_mean"))
+    src = tmp_path / "leftovers.onnx"
+    onnx.save(proto, str(src))
+    art = export(str(src), None, tmp_path / "left16.onnx")
+    out = onnx.load(str(art.path))
+    (node,) = [n for n in out.graph.node if n.output[0] == "old_var"]
+    (init,) = [i for i in out.graph.initializer if i.name == "old_mean"]
+    assert (numpy_helper.to_array(node.attribute[0].t) == dead).all()
+    assert (numpy_helper.to_array(init) == dead).all()
+    assert fp16lens.verify(path, art.path, inputs)

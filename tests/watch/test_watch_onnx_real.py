@@ -183,3 +183,36 @@ def test_silero_vad_onnx_inside_if_branches_is_not_seen():
     report = fp16lens.scan(path, [zoo_real.vad_feed(raw=True, chunk=5)], progress=False)
     assert len(report.sites) == 3
     assert not report.clean  # what the same network's opset-15 file shows (test above)
+
+
+# ---- the whole journey on a published ONNX file: scan, patch, export, verify ------------
+
+def _mask_iou(ref, got) -> float:
+    """The detector's task: agreement of its text masks (probability > 0.3)."""
+    a, b = (np.asarray(next(iter(out.values())) if isinstance(out, dict) else out) > 0.3
+            for out in (ref, got))
+    return float((a & b).sum() / max((a | b).sum(), 1))
+
+
+@pytest.mark.parametrize("normalized", [True, False], ids=["normalized", "raw-0-255"])
+def test_ppocr_det_scan_patch_export_verify(normalized, tmp_path):
+    """PP-OCRv4 det breaks in real FP16 (its BN variance 9.8e7, and on raw pixels a hardswish
+    beyond 65504): fp16lens.patch on the scan's report, then the FP16 export of the patched
+    file (its FP32 islands read from its metadata), finds the word as FP32 does."""
+    import json
+
+    try:
+        path, x = zoo_real.ppocr_det(normalized)
+    except zoo_real.Missing as exc:
+        pytest.skip(str(exc))
+    ref = _fp32(path, x)
+    (out16,) = zoo_real.onnx_real_fp16(path, {"x": x}).values()
+    assert _mask_iou(ref, out16) < 0.5  # the original in real FP16 loses the word
+    report = fp16lens.scan(path, [x], progress=False)
+    patched = tmp_path / "patched.onnx"
+    fp16lens.patch(path, report, out=patched)
+    meta = {p.key: p.value for p in onnx.load(str(patched)).metadata_props}
+    art = fp16lens.export(str(patched), None, tmp_path / "fixed16.onnx")
+    assert set(json.loads(meta.get("fp16lens.fp32_nodes", "[]"))) <= set(art.fp32_nodes)
+    result = fp16lens.verify(path, art.path, (x,), metric=_mask_iou)
+    assert result and result.cosine > 0.9999 and result.metrics["_mask_iou"] > 0.99
