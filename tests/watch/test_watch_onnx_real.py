@@ -216,3 +216,16 @@ def test_ppocr_det_scan_patch_export_verify(normalized, tmp_path):
     assert set(json.loads(meta.get("fp16lens.fp32_nodes", "[]"))) <= set(art.fp32_nodes)
     result = fp16lens.verify(path, art.path, (x,), metric=_mask_iou)
     assert result and result.cosine > 0.9999 and result.metrics["_mask_iou"] > 0.99
+
+
+def test_silero_vad_onnx_on_raw_int16_scan_patch_export_verify(vad, tmp_path):
+    """Raw int16 samples, four chunks: real FP16 storage of the original hears nothing where
+    FP32 hears speech; the patched file's FP16 export gives FP32's probabilities."""
+    feeds = [zoo_real.vad_feed(raw=True, chunk=k) for k in (5, 10, 20, 30)]
+    assert max(_vad_fp32(vad, f) for f in feeds) > 0.5
+    assert max(_vad_truth(vad, f)[0] for f in feeds) < 0.01
+    report = fp16lens.scan(vad, feeds, progress=False)
+    fp16lens.patch(vad, report, out=tmp_path / "patched.onnx")
+    art = fp16lens.export(str(tmp_path / "patched.onnx"), None, tmp_path / "fixed16.onnx")
+    result = fp16lens.verify(vad, art.path, feeds)
+    assert result and result.outputs["output"].max_abs < 0.01  # the speech probability
