@@ -1111,3 +1111,33 @@ def mobilenet_v3_shaped():
     # the depthwise conv's batch norm; the projection brings the values back
     _plant_bn(model, inputs, model.re.block[1][1], back=model.re.block[3][0])
     return model, inputs
+
+
+# --------------------------------------------------------------------------------------
+# Activations inside a span (SiLU, GELU, hardswish, sigmoid, tanh) and exits that cannot
+# absorb a large factor alone
+# --------------------------------------------------------------------------------------
+class HugeWeightHead(nn.Module):
+    """fc1 with one weight column of 1e6 on an input feature that is always 0 (a parameter
+    beyond FP16 whose region needs a factor of 128), relu, and fc2 with weights of about
+    600 whose output is the model's: fc2 would store 600 x 128, beyond FP16, and its
+    output can carry no scale."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(8, 8)
+        self.act = nn.ReLU()
+        self.fc2 = nn.Linear(8, 4)
+        with torch.no_grad():
+            self.fc1.weight[:, 0] = 1e6
+            self.fc2.weight.uniform_(-600.0, 600.0)
+
+    def forward(self, x):
+        return self.fc2(self.act(self.fc1(x)))
+
+
+def huge_weight_head():
+    _seeded(31)
+    x = torch.rand(4, 8)
+    x[:, 0] = 0.0
+    return HugeWeightHead().eval(), (x,)
