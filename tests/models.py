@@ -1141,3 +1141,43 @@ def huge_weight_head():
     x = torch.rand(4, 8)
     x[:, 0] = 0.0
     return HugeWeightHead().eval(), (x,)
+
+
+_ACT_FNS = {"silu": F.silu, "gelu": F.gelu, "hardswish": F.hardswish, "sigmoid": torch.sigmoid, "tanh": torch.tanh}
+_ACT_MODULES = {"silu": nn.SiLU, "gelu": nn.GELU, "hardswish": nn.Hardswish, "sigmoid": nn.Sigmoid, "tanh": nn.Tanh}
+
+
+class ActSpan(nn.Module):
+    """conv -> bn -> act -> conv (``mlp``: linear -> act -> linear), the activation an
+    nn module (``act``) or a function called in this forward (``fn``, functional)."""
+
+    def __init__(self, act: str, functional: bool, mlp: bool = False):
+        super().__init__()
+        self.first = nn.Linear(16, 32) if mlp else nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8))
+        if functional:
+            self.fn = _ACT_FNS[act]
+        else:
+            self.act = _ACT_MODULES[act]()
+        self.last = nn.Linear(32, 8) if mlp else nn.Conv2d(8, 4, 1)
+
+    def forward(self, x):
+        y = self.first(x)
+        return self.last(self.act(y) if hasattr(self, "act") else self.fn(y))
+
+
+@torch.no_grad()
+def act_span(act: str = "silu", functional: bool = False, mlp: bool = False, wrap: bool = False):
+    """ActSpan with the first layer's output planted beyond FP16 (the conv's batch norm,
+    or the linear's weight) and the last layer's weight divided by as much; ``wrap``: inside
+    an nn.Sequential (a functional activation then runs in a submodule's forward)."""
+    _seeded(32)
+    span = ActSpan(act, functional, mlp).eval()
+    model = nn.Sequential(span).eval() if wrap else span
+    inputs = (torch.rand(2, 16) * 2 - 1,) if mlp else (torch.rand(2, 3, 8, 8),)
+    _randomize_bns(model)
+    planted = span.first if mlp else span.first[1]
+    k = 4 * 65504.0 / peak_of(model, inputs, planted)
+    planted.weight.mul_(k)
+    planted.bias.mul_(k)
+    span.last.weight.div_(k)
+    return model, inputs

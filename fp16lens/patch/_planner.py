@@ -10,9 +10,11 @@ from torch import nn
 
 from fp16lens._core import FP16_MAX, FP16_MIN_NORMAL
 from fp16lens._core.algebra import PASSES, Kind, choose_factor, exact_powers, pow2_ceil
-from fp16lens._core.sites import FindingKind, Mechanism
+from fp16lens._core.sites import FindingKind, Mechanism, is_island
+from fp16lens.patch._actisland import mark_activations, rename_islands
 from fp16lens.patch._classes import class_problem, settle_products
 from fp16lens.patch._cuts import choose_cuts, join_multiplies
+from fp16lens.patch._flops import conv_linear_flops
 from fp16lens.patch._fused import contract
 from fp16lens.patch._graph import SiteGraph, build_graph
 from fp16lens.patch._modplan import module_changes
@@ -60,6 +62,7 @@ class Demands:
 def build_plan(model: nn.Module, report: Report, options: PatchOptions) -> Plan:
     report = contract(model, report)  # fused norm modules: one site each
     graph, plan = build_graph(model, report), Plan()
+    acts = mark_activations(model, graph, report)  # F.silu(x) & co.: islands of their own
     settle_products(graph)  # x * g(x) passes x's scale only where x's class can carry one
     demands = collect_demands(graph, report, plan).resolve(graph)
     cuts = choose_cuts(model, graph, report, demands, options.extend)
@@ -67,10 +70,11 @@ def build_plan(model: nn.Module, report: Report, options: PatchOptions) -> Plan:
         graph.recut(cuts)
         demands.resolve(graph)
     scales = _scale_classes(graph, report, demands, options, plan)
-    plan.reparametrized, plan.islands = module_changes(
-        graph, scales, demands.affine, demands.islands
-    )
+    plan.reparametrized, islands = module_changes(graph, scales, demands.affine, demands.islands)
+    plan.islands = rename_islands(islands, acts)
     plan.multiplies = join_multiplies(graph, report, scales)
+    kept = [n for n, m in model.named_modules() if is_island(m)]
+    plan.fp16_flops, plan.total_flops = conv_linear_flops(graph, report, [*kept, *plan.fp32_modules])
     if options.factor is None:
         return plan
     for r in plan.regions:

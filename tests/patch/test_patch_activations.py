@@ -9,14 +9,15 @@ import copy
 
 import pytest
 import torch
-from torch import nn
+from rich.console import Console
+from torch import fx, nn
 
-from fp16lens.patch import get_plan, patch, relative_error
+from fp16lens._core import PatchError
+from fp16lens.patch import Fp32Island, get_plan, patch, plan, relative_error
+from fp16lens.patch._actisland import Activation
 
-from models import huge_weight_head
-from plant import cosine, plant_overflow, run_half, watch_report
-
-_ACTS = (nn.SiLU, nn.GELU, nn.Hardswish, nn.Sigmoid, nn.Tanh, nn.ReLU, nn.ReLU6)
+from models import act_span, huge_weight_head
+from plant import assert_fixed, cosine, plant_overflow, run_half, watch_report
 
 
 def _island_types(model: nn.Module, the_plan) -> set[type]:
@@ -73,3 +74,57 @@ def test_an_exit_that_cannot_hold_the_factor_becomes_a_scaled_island():
     assert relative_error(want, patched(*inputs)) <= 1e-6
     half = run_half(patched, inputs)
     assert torch.isfinite(half).all() and cosine(want, half) >= 0.999
+
+
+@pytest.mark.parametrize("mlp", [False, True], ids=["conv-bn-act-conv", "linear-act-linear"])
+@pytest.mark.parametrize("functional", [False, True], ids=["module", "functional"])
+@pytest.mark.parametrize("act", ["silu", "gelu", "hardswish"])
+def test_the_island_is_the_activation_alone(act, functional, mlp):
+    """Real FP16 is inf/NaN before; after, FP32 within 1e-6 and FP16 cosine >= 0.999, with
+    the activation the only FP32 island (fed x p, read / q: the regions before and after it
+    carry the scales) and every conv/linear FLOP left in FP16."""
+    model, inputs = act_span(act, functional, mlp)
+    the_plan, _ = assert_fixed(model, inputs)
+    [island] = the_plan.islands
+    assert island.module == (f"{act}_fp32" if functional else "act")
+    assert island.site == (f":{act}" if functional else "")
+    assert island.in_scale > 1 and island.out_scale > 1
+    entries = {r.entries for r in the_plan.regions}
+    assert entries == {("first",) if mlp else ("first.1",), ("act" if not functional else f":{act}",)}
+    assert not the_plan.unresolved and not the_plan.multiplies
+    assert the_plan.fp16_flop_share == 1.0 and the_plan.total_flops > 0
+
+
+@torch.no_grad()
+def test_a_functional_activation_in_a_submodule_becomes_its_child():
+    model, inputs = act_span("silu", functional=True, wrap=True)
+    report = watch_report(model, inputs)
+    patched = patch(model, report)
+    assert get_plan(patched).fp32_modules == ["0.silu_fp32"]
+    child = patched.get_submodule("0")
+    assert isinstance(child, fx.GraphModule) and isinstance(child.silu_fp32, Fp32Island)
+    assert isinstance(child.silu_fp32.module, Activation)
+    assert patched.state_dict().keys() == model.state_dict().keys()
+    assert relative_error(model(*inputs), patched(*inputs)) <= 1e-6
+    assert torch.isfinite(run_half(patched, inputs)).all()
+    patch(model, report, inplace=True)  # a submodule's forward: the model stays what it is
+    assert type(model) is nn.Sequential and isinstance(model[0], fx.GraphModule)
+
+
+def test_a_functional_activation_in_the_models_own_forward_needs_a_copy():
+    model, inputs = act_span("gelu", functional=True)
+    report = watch_report(model, inputs)
+    assert isinstance(patch(model, report), fx.GraphModule)
+    with pytest.raises(PatchError, match="inplace=False"):
+        patch(model, report, inplace=True)
+
+
+def test_the_plan_counts_islands_and_the_fp16_flop_share():
+    model, inputs = huge_weight_head()  # fc2 (a third of the FLOPs) runs in FP32
+    the_plan = plan(model, watch_report(model, inputs))
+    # fc1: 4 x 8 outputs x 8 multiply-adds, fc2: 4 x 4 outputs x 8; 2 FLOPs each
+    assert (the_plan.fp16_flops, the_plan.total_flops) == (2 * 32 * 8, 2 * 32 * 8 + 2 * 16 * 8)
+    console = Console(width=120, record=True, color_system=None)
+    console.print(the_plan)
+    assert "1 FP32 island(s); FP16 FLOP share (conv/linear FLOPs left in FP16 / all): 66.67%" in console.export_text()
+    assert the_plan.to_dict()["fp16_flop_share"] == pytest.approx(2 / 3)
