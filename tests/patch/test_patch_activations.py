@@ -128,3 +128,24 @@ def test_the_plan_counts_islands_and_the_fp16_flop_share():
     console.print(the_plan)
     assert "1 FP32 island(s); FP16 FLOP share (conv/linear FLOPs left in FP16 / all): 66.67%" in console.export_text()
     assert the_plan.to_dict()["fp16_flop_share"] == pytest.approx(2 / 3)
+
+
+def test_a_functional_island_exports_with_only_its_nodes_in_fp32(tmp_path):
+    """The strongly typed FP16 ONNX export keeps exactly the island's nodes FP32, and the
+    faithful onnx-fp16 backend (a Cast to FP16 after every FP16 tensor) passes parity."""
+    onnx = pytest.importorskip("onnx")
+    pytest.importorskip("onnxscript")
+    pytest.importorskip("onnxruntime")
+    from fp16lens.export import export
+    from fp16lens.verify import verify
+
+    model, inputs = act_span("silu", functional=True, wrap=True)
+    patched = patch(model, watch_report(model, inputs))
+    art = export(patched, inputs, tmp_path / "silu.onnx", precision="fp16")
+    graph = onnx.shape_inference.infer_shapes(onnx.load(str(art.path)), strict_mode=True).graph
+    types_ = {v.name: v.type.tensor_type.elem_type for v in [*graph.input, *graph.output, *graph.value_info]}
+    fp32 = {n.name for n in graph.node if n.op_type != "Cast" and types_.get(n.output[0]) == onnx.TensorProto.FLOAT}
+    assert fp32 and fp32 == set(art.fp32_nodes)
+    assert all(art.node_map[n].startswith("0.silu_fp32") for n in fp32)
+    result = verify(model, art.path, inputs, backend="onnx-fp16")
+    assert result and result.cosine >= 0.999
