@@ -1181,3 +1181,104 @@ def act_span(act: str = "silu", functional: bool = False, mlp: bool = False, wra
     planted.bias.mul_(k)
     span.last.weight.div_(k)
     return model, inputs
+
+
+# --------------------------------------------------------------------------------------
+# Random SE/MBConv stacks (EfficientNet/MobileNetV3-shaped) for the property tests
+# --------------------------------------------------------------------------------------
+_MB_ACTS = {"relu": nn.ReLU, "relu6": nn.ReLU6, "silu": nn.SiLU, "hardswish": nn.Hardswish}
+
+
+def _conv_bn_act(cin: int, cout: int, k: int, act: str | None, groups: int = 1) -> nn.Sequential:
+    layers = [nn.Conv2d(cin, cout, k, padding=k // 2, groups=groups, bias=False), nn.BatchNorm2d(cout)]
+    return nn.Sequential(*layers, *([_MB_ACTS[act]()] if act else []))
+
+
+class SqueezeExcite(nn.Module):
+    """x * gate(fc2(act(fc1(pool(x))))), the gate a sigmoid or a hard sigmoid module, or
+    ``torch.sigmoid`` called in this forward (``sigmoid-fn``)."""
+
+    def __init__(self, ch: int, squeeze: int, act: str, gate: str):
+        super().__init__()
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc1, self.act, self.fc2 = nn.Conv2d(ch, squeeze, 1), _MB_ACTS[act](), nn.Conv2d(squeeze, ch, 1)
+        self.gate = {"hardsigmoid": nn.Hardsigmoid(), "sigmoid": nn.Sigmoid()}.get(gate, torch.sigmoid)
+
+    def forward(self, x):
+        return x * self.gate(self.fc2(self.act(self.fc1(self.pool(x)))))
+
+
+class MBConv(nn.Module):
+    """Expand 1x1 conv + BN + act (when the ratio is not 1), depthwise conv + BN + act, an
+    optional squeeze-excitation, project 1x1 conv + BN, residual add when shapes match."""
+
+    def __init__(self, cin: int, cout: int, ratio: int, k: int, act: str, se: str | None):
+        super().__init__()
+        mid = cin * ratio
+        self.expand = _conv_bn_act(cin, mid, 1, act) if ratio != 1 else nn.Identity()
+        self.dw = _conv_bn_act(mid, mid, k, act, groups=mid)
+        self.se = SqueezeExcite(mid, max(2, cin // 2), act, se) if se else nn.Identity()
+        self.project = _conv_bn_act(mid, cout, 1, None)
+        self.residual = cin == cout
+
+    def forward(self, x):
+        y = self.project(self.se(self.dw(self.expand(x))))
+        return x + y if self.residual else y
+
+
+class MBConvStack(nn.Module):
+    """Stem conv + BN + act, MBConv blocks, head 1x1 conv + BN + act, pool, linear."""
+
+    def __init__(self, blocks: list[tuple], stem: int, act: str):
+        super().__init__()
+        self.stem = _conv_bn_act(3, stem, 3, act)
+        self.blocks = nn.Sequential(*(MBConv(*b) for b in blocks))
+        last = blocks[-1][1] if blocks else stem
+        self.head = _conv_bn_act(last, 16, 1, act)
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(16, 5)
+
+    def forward(self, x):
+        return self.fc(self.pool(self.head(self.blocks(self.stem(x)))).flatten(1))
+
+
+@torch.no_grad()
+def random_mbconv(seed: int):
+    """A random MBConv stack (2-3 blocks, random acts, SE gates, ratios, kernels), its BN
+    statistics from one batch, one random BN's affine part planted 2^1..2^6 x 65504 and
+    every later BN's statistics taken again (as a trained net's would follow): returns
+    (model, inputs, the planted BN's name)."""
+    import random
+
+    rng = random.Random(seed)
+    _seeded(seed)
+    act = rng.choice(list(_MB_ACTS))
+    ch, blocks = rng.choice([4, 8]), []
+    for _ in range(rng.randint(2, 3)):
+        cout = rng.choice([ch, ch, 8])
+        se = rng.choice([None, "sigmoid", "hardsigmoid", "sigmoid-fn"])
+        blocks.append((ch, cout, rng.choice([1, 2, 4]), rng.choice([3, 5]), rng.choice(list(_MB_ACTS)), se))
+        ch = cout
+    model = MBConvStack(blocks, blocks[0][0], act)
+    inputs = (torch.rand(2, 3, 8, 8),)
+    bns = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.BatchNorm2d)]
+    _restat(model, inputs, [m for _, m in bns])
+    name, bn = bns[rng.randrange(len(bns) - 1)]  # not the head's: something must normalize
+    k = 2.0 ** rng.randint(1, 6) * 65504.0 / peak_of(model, inputs, bn)
+    bn.weight.mul_(k)
+    bn.bias.mul_(k)
+    _restat(model, inputs, [m for n, m in bns[[b for b, _ in bns].index(name) + 1:]])
+    return model.eval(), inputs, name
+
+
+def _restat(model: nn.Module, inputs: tuple, bns: list) -> None:
+    """The statistics of ``bns`` from one forward of ``inputs`` (the rest in eval)."""
+    model.eval()
+    for b in bns:
+        b.reset_running_stats()
+        b.momentum = None
+        b.train()
+    model(*inputs)
+    for b in bns:
+        b.momentum = 0.1
+    model.eval()
