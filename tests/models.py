@@ -1259,26 +1259,14 @@ def random_mbconv(seed: int):
         se = rng.choice([None, "sigmoid", "hardsigmoid", "sigmoid-fn"])
         blocks.append((ch, cout, rng.choice([1, 2, 4]), rng.choice([3, 5]), rng.choice(list(_MB_ACTS)), se))
         ch = cout
-    model = MBConvStack(blocks, blocks[0][0], act)
+    model = MBConvStack(blocks, blocks[0][0], act).eval()
     inputs = (torch.rand(2, 3, 8, 8),)
     bns = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.BatchNorm2d)]
-    _restat(model, inputs, [m for _, m in bns])
+    calibrate_bn(model, inputs, [m for _, m in bns])
     name, bn = bns[rng.randrange(len(bns) - 1)]  # not the head's: something must normalize
     k = 2.0 ** rng.randint(1, 6) * 65504.0 / peak_of(model, inputs, bn)
     bn.weight.mul_(k)
     bn.bias.mul_(k)
-    _restat(model, inputs, [m for n, m in bns[[b for b, _ in bns].index(name) + 1:]])
-    return model.eval(), inputs, name
+    calibrate_bn(model, inputs, [m for n, m in bns[[b for b, _ in bns].index(name) + 1:]])
+    return model, inputs, name
 
-
-def _restat(model: nn.Module, inputs: tuple, bns: list) -> None:
-    """The statistics of ``bns`` from one forward of ``inputs`` (the rest in eval)."""
-    model.eval()
-    for b in bns:
-        b.reset_running_stats()
-        b.momentum = None
-        b.train()
-    model(*inputs)
-    for b in bns:
-        b.momentum = 0.1
-    model.eval()
