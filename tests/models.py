@@ -1270,3 +1270,15 @@ def random_mbconv(seed: int):
     calibrate_bn(model, inputs, [m for n, m in bns[[b for b, _ in bns].index(name) + 1:]])
     return model, inputs, name
 
+
+
+class FunctionModule(nn.Module):
+    """A module that runs one function of its input and holds nothing (HF's
+    ``GELUActivation`` is one: its forward calls ``F.gelu``)."""
+
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, x):
+        return self.fn(x)

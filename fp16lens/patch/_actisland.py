@@ -76,8 +76,11 @@ def find_activation(gm: fx.GraphModule, site: str) -> fx.Node | None:
 
 def mark_activations(model: nn.Module, graph, report) -> dict[str, str]:
     """Make each functional activation on or next to a span a blocking module site of
-    ``graph`` (its module the ``Activation`` it becomes); returns site -> the qualified
-    name its island will have in the patched model."""
+    ``graph``; returns site -> the qualified name its island will have in the patched
+    model. A module that runs nothing but the activation (HF's ``GELUActivation``) is the
+    island itself; elsewhere the island is a new child (its module the ``Activation`` it
+    becomes), unless another op of the same forward no scale passes would make the owner an
+    island anyway."""
     spans = {s for sp in report.spans for s in sp.sites}
     near = spans | {c for s in spans for c in graph.consumers.get(s, ())}
     traced: dict[str, fx.GraphModule | None] = {}
@@ -89,14 +92,39 @@ def mark_activations(model: nn.Module, graph, report) -> dict[str, str]:
             continue
         if _fn_name(st.op) not in ACTIVATIONS:
             continue
+        if _alone(model, report, st.module):
+            graph.kinds[site], graph.modules[site], found[site] = Kind.BLOCK, model.get_submodule(st.module), st.module
+            continue
         gm = _traced(model, st.module, traced)
         node = None if gm is None or not _numbered_alike(gm, report, st) else find_activation(gm, site)
-        if node is None:
+        if node is None or _opaque_beside(graph, report, site, near):
             continue
         graph.kinds[site] = Kind.BLOCK
         graph.modules[site] = Activation(node.target, node.args[1:], node.kwargs)
         found[site] = _child_name(model, st.module, site, taken)
     return found
+
+
+def _alone(model: nn.Module, report, owner: str) -> bool:
+    """The owner (not the model itself) has no parameters, buffers or children and runs
+    one op: an island around it is the activation alone."""
+    if not owner:
+        return False
+    mod = model.get_submodule(owner)
+    if next(mod.children(), None) is not None or next(mod.parameters(), None) is not None:
+        return False
+    return next(mod.buffers(), None) is None and sum(s.module == owner for s in report.sites.values()) == 1
+
+
+def _opaque_beside(graph, report, site: str, near: set[str]) -> bool:
+    """Another op of the same forward on or next to a span that no scale passes (its
+    owner becomes an island: a child island inside it would be traced twice)."""
+    owner = report.sites[site].module
+    return any(
+        s != site and report.sites[s].kind != "module" and report.sites[s].module == owner
+        and graph.kinds.get(s) == Kind.OPAQUE and _fn_name(report.sites[s].op) not in ACTIVATIONS
+        for s in near if s in report.sites
+    )
 
 
 def _traced(model: nn.Module, owner: str, traced: dict) -> fx.GraphModule | None:
@@ -133,11 +161,14 @@ def _child_name(model: nn.Module, owner: str, site: str, taken: set[str]) -> str
 
 
 def rename_islands(islands: list[Island], found: dict[str, str]) -> list[Island]:
-    """Islands planned on functional sites, named by the child each becomes."""
-    return [
-        Island(found[i.module], i.in_scale, i.out_scale, i.reason, site=i.module) if i.module in found else i
-        for i in islands
-    ]
+    """Islands planned on functional sites, named by the module each becomes (a new child,
+    or the owner that runs the activation alone, then an island of the usual kind)."""
+    out = []
+    for i in islands:
+        name = found.get(i.module)
+        whole = name is not None and parse_site(i.module).module == name
+        out.append(i if name is None else Island(name, i.in_scale, i.out_scale, i.reason, site="" if whole else i.module))
+    return out
 
 
 def insert_island(gm: fx.GraphModule, island: Island) -> None:

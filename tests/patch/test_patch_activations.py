@@ -16,7 +16,7 @@ from fp16lens._core import PatchError
 from fp16lens.patch import Fp32Island, get_plan, patch, plan, relative_error
 from fp16lens.patch._actisland import Activation
 
-from models import act_span, huge_weight_head
+from models import FunctionModule, act_span, huge_weight_head
 from plant import assert_fixed, cosine, plant_overflow, run_half, watch_report
 
 
@@ -109,6 +109,17 @@ def test_a_functional_activation_in_a_submodule_becomes_its_child():
     assert torch.isfinite(run_half(patched, inputs)).all()
     patch(model, report, inplace=True)  # a submodule's forward: the model stays what it is
     assert type(model) is nn.Sequential and isinstance(model[0], fx.GraphModule)
+
+
+def test_a_module_that_runs_only_the_activation_is_the_island_itself():
+    model, inputs = act_span("gelu", mlp=True)
+    model.act = FunctionModule(torch.nn.functional.gelu).eval()  # the same function, in a forward
+    the_plan, _ = assert_fixed(model, inputs)
+    [island] = the_plan.islands
+    assert (island.module, island.site) == ("act", "")
+    patched = patch(model, watch_report(model, inputs))
+    assert isinstance(patched.act, Fp32Island) and isinstance(patched.act.module, FunctionModule)
+    assert type(patched) is type(model)  # nothing traced
 
 
 def test_a_functional_activation_in_the_models_own_forward_needs_a_copy():
