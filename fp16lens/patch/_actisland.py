@@ -47,6 +47,8 @@ class Activation(nn.Module):
 
 
 def _fn_name(fn) -> str:
+    """``F.silu``, ``"sigmoid"`` (a tensor method), ``aten.tanh.default`` -> the op's name."""
+    fn = getattr(fn, "overloadpacket", fn)  # an aten op of a torch.export graph
     return (fn if isinstance(fn, str) else getattr(fn, "__name__", "")).lower().removesuffix("_")
 
 
