@@ -160,3 +160,20 @@ def test_a_functional_island_exports_with_only_its_nodes_in_fp32(tmp_path):
     assert all(art.node_map[n].startswith("0.silu_fp32") for n in fp32)
     result = verify(model, art.path, inputs, backend="onnx-fp16")
     assert result and result.cosine >= 0.999
+
+
+@pytest.mark.parametrize("kind", ["symbolic_trace", "export"])
+def test_a_functional_activation_of_a_graph_module_is_found_by_its_node(kind):
+    """A GraphModule (fx.symbolic_trace, or torch.export's aten graph) is edited in place:
+    watch named its activation after the node, and the node becomes the island's call.
+    (The linear/act/linear span: torch.export's functional batch norm absorbs nothing.)"""
+    from fp16lens._core.compat import TORCH_VERSION
+
+    if TORCH_VERSION < (2, 5):
+        pytest.skip("patching fx/torch.export graphs is tested from torch 2.5 on")
+    model, inputs = act_span("silu", functional=True, mlp=True)
+    graph = fx.symbolic_trace(model) if kind == "symbolic_trace" else torch.export.export(model, inputs).module()
+    the_plan, _ = assert_fixed(graph, inputs)
+    [island] = the_plan.islands
+    assert island.site.startswith(":silu") and island.module.startswith("silu")
+    assert the_plan.fp16_flop_share == 1.0
