@@ -228,13 +228,12 @@ def _fit_peaks(graph, demands: Demands, scales) -> dict[str, float]:
     not fit FP16)."""
     weights = dict(demands.weights)
     for site, mod in graph.modules.items():
-        w, kind = getattr(mod, "weight", None), graph.kinds[site]
-        s_in = graph.scale(graph.input_site(site), scales)
-        if graph.input_class(site) not in scales or not torch.is_tensor(w):
+        if graph.input_class(site) not in scales:
             continue
-        if kind == Kind.LINEAR:
+        w, kind = getattr(mod, "weight", None), graph.kinds[site]
+        if kind == Kind.LINEAR and torch.is_tensor(w):
             weights[site] = max(weights.get(site, 0.0), float(w.detach().abs().max()))
-        elif kind == Kind.BN and (site in demands.affine or not _bn_scale_fits(mod, s_in)):
+        elif kind == Kind.BN and (site in demands.affine or not _bn_scale_fits(mod, graph.scale(graph.input_site(site), scales))):
             weights[site] = max(weights.get(site, 0.0), _affine_peak(mod, shift=False))
     return weights
 
