@@ -168,8 +168,15 @@ def rename_islands(islands: list[Island], found: dict[str, str]) -> list[Island]
     out = []
     for i in islands:
         name = found.get(i.module)
-        whole = name is not None and parse_site(i.module).module == name
-        out.append(i if name is None else Island(name, i.in_scale, i.out_scale, i.reason, site="" if whole else i.module))
+        if name is None:
+            out.append(i)
+            continue
+        whole = parse_site(i.module).module == name
+        why = i.reason
+        if why.endswith("does not commute with scaling"):  # module_changes names the Activation class
+            how = f"its module {name} runs nothing else" if whole else f"it becomes the new child {name}"
+            why = f"{i.module} ({parse_site(i.module).op}) does not commute with scaling; {how}"
+        out.append(Island(name, i.in_scale, i.out_scale, why, site="" if whole else i.module))
     return out
 
 
