@@ -1133,3 +1133,174 @@ class SharedWeightNet(nn.Module):
 def shared_weight():
     _seeded(17)
     return SharedWeightNet().eval(), (torch.randn(2, 5, 16),)
+
+
+# --------------------------------------------------------------------------------------
+# Activations inside a span (SiLU, GELU, hardswish, sigmoid, tanh) and exits that cannot
+# absorb a large factor alone
+# --------------------------------------------------------------------------------------
+class HugeWeightHead(nn.Module):
+    """fc1 with one weight column of 1e6 on an input feature that is always 0 (a parameter
+    beyond FP16 whose region needs a factor of 128), relu, and fc2 with weights of about
+    600 whose output is the model's: fc2 would store 600 x 128, beyond FP16, and its
+    output can carry no scale."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(8, 8)
+        self.act = nn.ReLU()
+        self.fc2 = nn.Linear(8, 4)
+        with torch.no_grad():
+            self.fc1.weight[:, 0] = 1e6
+            self.fc2.weight.uniform_(-600.0, 600.0)
+
+    def forward(self, x):
+        return self.fc2(self.act(self.fc1(x)))
+
+
+def huge_weight_head():
+    _seeded(31)
+    x = torch.rand(4, 8)
+    x[:, 0] = 0.0
+    return HugeWeightHead().eval(), (x,)
+
+
+_ACT_FNS = {"silu": F.silu, "gelu": F.gelu, "hardswish": F.hardswish, "sigmoid": torch.sigmoid, "tanh": torch.tanh}
+_ACT_MODULES = {"silu": nn.SiLU, "gelu": nn.GELU, "hardswish": nn.Hardswish, "sigmoid": nn.Sigmoid, "tanh": nn.Tanh}
+
+
+class ActSpan(nn.Module):
+    """conv -> bn -> act -> conv (``mlp``: linear -> act -> linear), the activation an
+    nn module (``act``) or a function called in this forward (``fn``, functional)."""
+
+    def __init__(self, act: str, functional: bool, mlp: bool = False):
+        super().__init__()
+        self.first = nn.Linear(16, 32) if mlp else nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8))
+        if functional:
+            self.fn = _ACT_FNS[act]
+        else:
+            self.act = _ACT_MODULES[act]()
+        self.last = nn.Linear(32, 8) if mlp else nn.Conv2d(8, 4, 1)
+
+    def forward(self, x):
+        y = self.first(x)
+        return self.last(self.act(y) if hasattr(self, "act") else self.fn(y))
+
+
+@torch.no_grad()
+def act_span(act: str = "silu", functional: bool = False, mlp: bool = False, wrap: bool = False):
+    """ActSpan with the first layer's output planted beyond FP16 (the conv's batch norm,
+    or the linear's weight) and the last layer's weight divided by as much; ``wrap``: inside
+    an nn.Sequential (a functional activation then runs in a submodule's forward)."""
+    _seeded(32)
+    span = ActSpan(act, functional, mlp).eval()
+    model = nn.Sequential(span).eval() if wrap else span
+    inputs = (torch.rand(2, 16) * 2 - 1,) if mlp else (torch.rand(2, 3, 8, 8),)
+    _randomize_bns(model)
+    planted = span.first if mlp else span.first[1]
+    k = 4 * 65504.0 / peak_of(model, inputs, planted)
+    planted.weight.mul_(k)
+    planted.bias.mul_(k)
+    span.last.weight.div_(k)
+    return model, inputs
+
+
+# --------------------------------------------------------------------------------------
+# Random SE/MBConv stacks (EfficientNet/MobileNetV3-shaped) for the property tests
+# --------------------------------------------------------------------------------------
+_MB_ACTS = {"relu": nn.ReLU, "relu6": nn.ReLU6, "silu": nn.SiLU, "hardswish": nn.Hardswish}
+
+
+def _conv_bn_act(cin: int, cout: int, k: int, act: str | None, groups: int = 1) -> nn.Sequential:
+    layers = [nn.Conv2d(cin, cout, k, padding=k // 2, groups=groups, bias=False), nn.BatchNorm2d(cout)]
+    return nn.Sequential(*layers, *([_MB_ACTS[act]()] if act else []))
+
+
+class SqueezeExcite(nn.Module):
+    """x * gate(fc2(act(fc1(pool(x))))), the gate a sigmoid or a hard sigmoid module, or
+    ``torch.sigmoid`` called in this forward (``sigmoid-fn``)."""
+
+    def __init__(self, ch: int, squeeze: int, act: str, gate: str):
+        super().__init__()
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc1, self.act, self.fc2 = nn.Conv2d(ch, squeeze, 1), _MB_ACTS[act](), nn.Conv2d(squeeze, ch, 1)
+        self.gate = {"hardsigmoid": nn.Hardsigmoid(), "sigmoid": nn.Sigmoid()}.get(gate, torch.sigmoid)
+
+    def forward(self, x):
+        return x * self.gate(self.fc2(self.act(self.fc1(self.pool(x)))))
+
+
+class MBConv(nn.Module):
+    """Expand 1x1 conv + BN + act (when the ratio is not 1), depthwise conv + BN + act, an
+    optional squeeze-excitation, project 1x1 conv + BN, residual add when shapes match."""
+
+    def __init__(self, cin: int, cout: int, ratio: int, k: int, act: str, se: str | None):
+        super().__init__()
+        mid = cin * ratio
+        self.expand = _conv_bn_act(cin, mid, 1, act) if ratio != 1 else nn.Identity()
+        self.dw = _conv_bn_act(mid, mid, k, act, groups=mid)
+        self.se = SqueezeExcite(mid, max(2, cin // 2), act, se) if se else nn.Identity()
+        self.project = _conv_bn_act(mid, cout, 1, None)
+        self.residual = cin == cout
+
+    def forward(self, x):
+        y = self.project(self.se(self.dw(self.expand(x))))
+        return x + y if self.residual else y
+
+
+class MBConvStack(nn.Module):
+    """Stem conv + BN + act, MBConv blocks, head 1x1 conv + BN + act, pool, linear."""
+
+    def __init__(self, blocks: list[tuple], stem: int, act: str):
+        super().__init__()
+        self.stem = _conv_bn_act(3, stem, 3, act)
+        self.blocks = nn.Sequential(*(MBConv(*b) for b in blocks))
+        last = blocks[-1][1] if blocks else stem
+        self.head = _conv_bn_act(last, 16, 1, act)
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(16, 5)
+
+    def forward(self, x):
+        return self.fc(self.pool(self.head(self.blocks(self.stem(x)))).flatten(1))
+
+
+@torch.no_grad()
+def random_mbconv(seed: int):
+    """A random MBConv stack (2-3 blocks, random acts, SE gates, ratios, kernels), its BN
+    statistics from one batch, one random BN's affine part planted 2^1..2^6 x 65504 and
+    every later BN's statistics taken again (as a trained net's would follow): returns
+    (model, inputs, the planted BN's name)."""
+    import random
+
+    rng = random.Random(seed)
+    _seeded(seed)
+    act = rng.choice(list(_MB_ACTS))
+    ch, blocks = rng.choice([4, 8]), []
+    for _ in range(rng.randint(2, 3)):
+        cout = rng.choice([ch, ch, 8])
+        se = rng.choice([None, "sigmoid", "hardsigmoid", "sigmoid-fn"])
+        blocks.append((ch, cout, rng.choice([1, 2, 4]), rng.choice([3, 5]), rng.choice(list(_MB_ACTS)), se))
+        ch = cout
+    model = MBConvStack(blocks, blocks[0][0], act).eval()
+    inputs = (torch.rand(2, 3, 8, 8),)
+    bns = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.BatchNorm2d)]
+    calibrate_bn(model, inputs, [m for _, m in bns])
+    name, bn = bns[rng.randrange(len(bns) - 1)]  # not the head's: something must normalize
+    k = 2.0 ** rng.randint(1, 6) * 65504.0 / peak_of(model, inputs, bn)
+    bn.weight.mul_(k)
+    bn.bias.mul_(k)
+    calibrate_bn(model, inputs, [m for n, m in bns[[b for b, _ in bns].index(name) + 1:]])
+    return model, inputs, name
+
+
+
+class FunctionModule(nn.Module):
+    """A module that runs one function of its input and holds nothing (HF's
+    ``GELUActivation`` is one: its forward calls ``F.gelu``)."""
+
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, x):
+        return self.fn(x)

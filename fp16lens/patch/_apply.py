@@ -7,6 +7,8 @@ from torch import nn
 
 from fp16lens._core.algebra import eps_name
 from fp16lens._core.compat import BN_AFFINE_EPS, BN_AFFINE_VAR
+from fp16lens._core.sites import site_module
+from fp16lens.patch._actisland import insert_island
 from fp16lens.patch._fx import (
     find_op,
     functional_params,
@@ -27,14 +29,16 @@ def apply_plan(model: nn.Module, plan: Plan) -> nn.Module:
     for r in plan.reparametrized:
         mod = named.get(r.module)
         _RULES[r.rule](mod if mod is not None else functional_params(model, r.module), r)
-    for island in plan.islands:
+    for island in (i for i in plan.islands if not i.site):  # functional ones: below
         inner = model.get_submodule(island.module)
         replace_module(model, island.module, Fp32Island(inner, island.in_scale, island.out_scale))
-    owners = dict.fromkeys(m.owner for m in plan.multiplies)
+    owners = dict.fromkeys([*(m.owner for m in plan.multiplies), *(site_module(i.site) for i in plan.islands if i.site)])
     for owner in owners:
         gm = trace_owner(model, owner)
         for m in (m for m in plan.multiplies if m.owner == owner):
             scale_operands(gm, find_op(gm, m.site), set(m.keep), owner, m.factor, set(m.cut))
+        for island in (i for i in plan.islands if i.site and site_module(i.site) == owner):
+            insert_island(gm, island)
         original = model.get_submodule(owner) if owner else model
         if gm is original:  # a GraphModule: edited in place
             continue

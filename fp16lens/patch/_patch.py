@@ -69,9 +69,10 @@ def patch(
         )
     _require(model, report)
     the_plan = build_plan(model, report, opts)
-    if inplace and not isinstance(model, fx.GraphModule) and any(m.owner == "" for m in the_plan.multiplies):
+    if inplace and not isinstance(model, fx.GraphModule) and the_plan.rewrites_root:
         raise PatchError(
-            "the fix multiplies an operand in the model's own forward, which turns the model "
+            "the fix rewrites the model's own forward (a multiply on an operand, or an activation "
+            "made an FP32 island), which turns the model "
             "into a torch.fx GraphModule: call patch(..., inplace=False) and use the result"
         )
     try:

@@ -6,6 +6,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from fp16lens._core.sites import site_module
+
 
 @dataclass(frozen=True)
 class Region:
@@ -28,6 +30,7 @@ class Island:
     in_scale: float
     out_scale: float
     reason: str
+    site: str = ""  # a functional activation's site ("block:silu"): a new child runs it
 
 
 @dataclass(frozen=True)
@@ -70,11 +73,26 @@ class Plan:
     unresolved: list[Unresolved] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     kept: list[Island] = field(default_factory=list)  # islands of an earlier patch()
+    fp16_flops: float = 0.0  # conv/linear FLOPs of the watched forwards left in FP16
+    total_flops: float = 0.0  # all conv/linear FLOPs of the watched forwards
+
+    @property
+    def fp16_flop_share(self) -> float:
+        """Conv/linear FLOPs left in FP16 over all of them (1.0 for a model without any)."""
+        return self.fp16_flops / self.total_flops if self.total_flops else 1.0
 
     @property
     def fp32_modules(self) -> list[str]:
         """Qualified names (in the patched model) of the modules that must run in FP32."""
         return list(dict.fromkeys(i.module for i in [*self.kept, *self.islands]))
+
+    @property
+    def rewrites_root(self) -> bool:
+        """Whether the model's own forward is rewritten with torch.fx (a multiply in it,
+        or a functional activation of it made an island): patch returns a GraphModule."""
+        return any(m.owner == "" for m in self.multiplies) or any(
+            i.site and not site_module(i.site) for i in self.islands
+        )
 
     @property
     def changes(self) -> bool:
@@ -90,6 +108,9 @@ class Plan:
             "unresolved": [dataclasses.asdict(u) for u in self.unresolved],
             "notes": list(self.notes),
             "fp32_modules": self.fp32_modules,
+            "fp16_flops": self.fp16_flops,
+            "total_flops": self.total_flops,
+            "fp16_flop_share": self.fp16_flop_share,
         }
 
     def __rich_console__(self, console, options):
@@ -101,5 +122,5 @@ class Plan:
         return (
             f"Plan({len(self.regions)} regions, {len(self.reparametrized)} re-parametrized, "
             f"{len(self.multiplies)} multiplies, {len(self.islands)} FP32 islands, "
-            f"{len(self.unresolved)} unresolved)"
+            f"{len(self.unresolved)} unresolved, FP16 FLOP share {self.fp16_flop_share:.2%})"
         )

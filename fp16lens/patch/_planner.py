@@ -10,14 +10,16 @@ from torch import nn
 
 from fp16lens._core import FP16_MAX, FP16_MIN_NORMAL
 from fp16lens._core.algebra import PASSES, Kind, choose_factor, exact_powers, pow2_ceil
-from fp16lens._core.sites import FindingKind, Mechanism
+from fp16lens._core.sites import FindingKind, Mechanism, is_island
+from fp16lens.patch._actisland import mark_activations, rename_islands
 from fp16lens.patch._classes import class_problem, settle_products
 from fp16lens.patch._cuts import choose_cuts, join_multiplies
+from fp16lens.patch._flops import conv_linear_flops
 from fp16lens.patch._graph import SiteGraph, TorchBinding, build_graph
 from fp16lens.patch._modplan import module_changes
 from fp16lens.patch._options import PatchOptions
 from fp16lens.patch._plan import Plan, Region, Unresolved
-from fp16lens.patch._rules import bn_affine
+from fp16lens.patch._rules import bn_affine, fp16_safe, scale_bn
 from fp16lens.report import Report
 
 _SQUARE = frozenset({FindingKind.NORM_VARIANCE, FindingKind.RMS_SQUARE})
@@ -56,10 +58,12 @@ class Demands:
         return self
 
 
-def build_plan(model: nn.Module, report: Report, options: PatchOptions, binding=None) -> Plan:
+def build_plan(model: nn.Module | None, report: Report, options: PatchOptions, binding=None) -> Plan:
+    """``model`` None: an ONNX graph, read through ``binding``."""
     binding = binding or TorchBinding(model)  # how the sites read the model (an ONNX graph too)
     report = binding.contract(report)  # fused norm modules: one site each
     graph, plan = build_graph(model, report, binding), Plan()
+    acts = {} if model is None else mark_activations(model, graph, report)  # F.silu(x) & co.: islands
     settle_products(graph)  # x * g(x) passes x's scale only where x's class can carry one
     demands = collect_demands(graph, report, plan).resolve(graph)
     cuts = choose_cuts(model, graph, report, demands, options.extend, binding.mappable)
@@ -67,10 +71,11 @@ def build_plan(model: nn.Module, report: Report, options: PatchOptions, binding=
         graph.recut(cuts)
         demands.resolve(graph)
     scales = _scale_classes(graph, report, demands, options, plan)
-    plan.reparametrized, plan.islands = module_changes(
-        graph, scales, demands.affine, demands.islands
-    )
+    plan.reparametrized, islands = module_changes(graph, scales, demands.affine, demands.islands)
+    plan.islands = rename_islands(islands, acts)
     plan.multiplies = join_multiplies(graph, report, scales)
+    kept = [] if model is None else [n for n, m in model.named_modules() if is_island(m)]
+    plan.fp16_flops, plan.total_flops = conv_linear_flops(graph, report, [*kept, *plan.fp32_modules])
     if options.factor is None:
         return plan
     for r in plan.regions:
@@ -144,12 +149,12 @@ def _parameter(graph: SiteGraph, f, d: Demands, plan: Plan) -> None:
         plan.unresolved.append(Unresolved(f.site, f"{reason}: not a module fp16lens can rewrite"))
 
 
-def _affine_peak(bn) -> float:
-    """Largest |scale| or |shift| of a batch norm's affine form (0 when not a batch norm)."""
+def _affine_peak(bn, shift: bool = True) -> float:
+    """Largest |scale| (and |shift|) of a batch norm's affine form (0 when not a batch norm)."""
     if bn is None or getattr(bn, "running_var", None) is None:
         return 0.0
-    scale, shift = bn_affine(bn.running_mean, bn.running_var, bn.eps, bn.weight, bn.bias)
-    return float(torch.cat([scale.abs().flatten(), shift.abs().flatten()]).max())
+    scale, bias = bn_affine(bn.running_mean, bn.running_var, bn.eps, bn.weight, bn.bias)
+    return float(torch.cat([scale.abs().flatten(), *([bias.abs().flatten()] if shift else [])]).max())
 
 
 def _opaque_reason(graph: SiteGraph, site: str, what: str) -> str:
@@ -186,18 +191,16 @@ def _fit_weights(graph, report, demands: Demands, scales, target: float, plan: P
     """A module's weights become W s_in / s_out: where its input class is scaled too (an
     exit, or a weight beyond FP16 between two regions), its output class needs a factor
     large enough for the weights to fit (raised until they do; an output class without a
-    region gets one where it can carry a scale: an exit conv after a large factor)."""
-    weights = dict(demands.weights)
-    for site, mod in graph.modules.items():
-        w = getattr(mod, "weight", None)
-        if graph.kinds[site] == Kind.LINEAR and graph.input_class(site) in scales and torch.is_tensor(w):
-            weights[site] = max(weights.get(site, 0.0), float(w.detach().abs().max()))
-    for _ in range(len(weights) + 1):
+    region gets one where it can carry a scale: an exit conv after a large factor). A
+    batch norm in its affine form stores gamma/sqrt(var+eps) s_in / s_out likewise. Where
+    the output class can carry no scale and the weights would pass FP16, the module
+    becomes a scaled FP32 island (its parameters stay as they are)."""
+    for _ in range(len(graph.modules) + 1):
         changed = False
-        for site, peak in weights.items():
+        for site, peak in _fit_peaks(graph, demands, scales).items():
             root_out, s_in = graph.find(site), graph.scale(graph.input_site(site), scales)
             w = graph.weight(site)
-            if w <= 0:  # a scale that grows as p shrinks: left as it is
+            if w <= 0 or site in demands.islands:  # a scale that grows as p shrinks: left as it is
                 continue
             members = graph.members(root_out)  # the class's p: need at the site's exponent w
             need = exact_powers(pow2_ceil(peak * s_in / target) ** (1 / float(w)), [graph.weight(m) for m in members])
@@ -211,8 +214,38 @@ def _fit_weights(graph, report, demands: Demands, scales, target: float, plan: P
                 scales[root_out], changed = need, True
                 why = f"{site} weights x {s_in:g} beyond FP16"
                 plan.regions.append(_region(graph, report, root_out, members, need, [why]))
+            elif root_out not in scales and peak * s_in > FP16_MAX and graph.is_module(site):
+                demands.islands[site] = (
+                    f"its parameters x {s_in:g} would pass FP16 and its output cannot carry a "
+                    f"scale ({class_problem(graph, root_out)}): FP32 island fed x {s_in:g}"
+                )
         if not changed:
             return
+
+
+def _fit_peaks(graph, demands: Demands, scales) -> dict[str, float]:
+    """Per module whose stored weights scale with its input's factor: their largest |value|
+    (a conv/linear's weight, a batch norm's affine scale where the scaled statistics would
+    not fit FP16)."""
+    weights = dict(demands.weights)
+    for site, mod in graph.modules.items():
+        if graph.input_class(site) not in scales:
+            continue
+        w, kind = getattr(mod, "weight", None), graph.kinds[site]
+        if kind == Kind.LINEAR and torch.is_tensor(w):
+            weights[site] = max(weights.get(site, 0.0), float(w.detach().abs().max()))
+        elif kind == Kind.BN and (site in demands.affine or not _bn_scale_fits(mod, graph.scale(graph.input_site(site), scales))):
+            weights[site] = max(weights.get(site, 0.0), _affine_peak(mod, shift=False))
+    return weights
+
+
+def _bn_scale_fits(bn, s_in: float) -> bool:
+    """Whether the batch norm's statistics divided by ``s_in`` stay in FP16 (else patch
+    rewrites it in its affine form, whose scale carries s_in)."""
+    if getattr(bn, "running_var", None) is None:
+        return True
+    m, v, _, _, _ = scale_bn(bn.running_mean, bn.running_var, bn.eps, None, None, s_in, 1.0)
+    return fp16_safe(m, v)
 
 
 def _low(report: Report, site: str, share: float, w=1) -> float:

@@ -44,6 +44,11 @@ def render(plan):
         for i in plan.islands:
             t.add_row(i.module, f"{i.in_scale:g}", f"{i.out_scale:g}", i.reason)
         yield t
+    if plan.changes:
+        yield Text(
+            f"{len(plan.fp32_modules)} FP32 island(s); FP16 FLOP share (conv/linear FLOPs left "
+            f"in FP16 / all): {plan.fp16_flop_share:.2%}"
+        )
     for u in plan.unresolved:
         yield Text(f"not fixed: {u.site}: {u.reason}", style="red")
     for n in plan.notes:
