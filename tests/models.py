@@ -1111,3 +1111,82 @@ def mobilenet_v3_shaped():
     # the depthwise conv's batch norm; the projection brings the values back
     _plant_bn(model, inputs, model.re.block[1][1], back=model.re.block[3][0])
     return model, inputs
+
+
+# ---- transformers whose residual stream passes 65504 (tests/patch/test_patch_streams.py)
+@torch.no_grad()
+def plant_linear(model: nn.Module, inputs: tuple, name: str, target: float = 4 * 65504.0) -> nn.Module:
+    """Scale the weight and bias of module ``name`` (a residual stream's producer) so that
+    its output peaks at ``target``: the stream it adds into passes 65504 from there on."""
+    mod = model.get_submodule(name)
+    k = target / peak_of(model, inputs, mod)
+    mod.weight.mul_(k)
+    if getattr(mod, "bias", None) is not None:
+        mod.bias.mul_(k)
+    return model
+
+
+@torch.no_grad()
+def tv_vit_tiny(plant: str | None = "encoder.layers.encoder_layer_0.mlp.3"):
+    """torchvision's VisionTransformer, tiny (pre-LN; class token concatenated, position
+    embedding added), its zero-initialized head made random; ``plant``: the producer whose
+    output is raised to ~4 x 65504."""
+    need_torchvision()
+    from torchvision.models import VisionTransformer
+
+    _seeded(21)
+    model = VisionTransformer(image_size=32, patch_size=8, num_layers=2, num_heads=2, hidden_dim=32,
+                              mlp_dim=64, num_classes=8).eval()
+    nn.init.normal_(model.heads.head.weight, std=0.2)
+    nn.init.normal_(model.class_token, std=0.5)
+    inputs = (torch.rand(2, 3, 32, 32),)
+    return (plant_linear(model, inputs, plant) if plant else model), inputs
+
+
+@torch.no_grad()
+def hf_tiny(kind: str, plant: str | None = None):
+    """A tiny transformers model (hidden 32, 2 layers, 2 heads, sequence 12) returning its
+    last hidden state: "gpt2" (Conv1D projections), "bert" (post-LN), "t5" (T5LayerNorm),
+    "llama" (LlamaRMSNorm), "vit" (class token and position embeddings as parameters)."""
+    need_torchvision()
+    import pytest
+
+    tr = pytest.importorskip("transformers")
+    from zoo import HFEncoder
+
+    _seeded(22)
+    ids = (torch.randint(0, 100, (2, 12)),)
+    if kind == "gpt2":
+        m = tr.GPT2Model(tr.GPT2Config(vocab_size=100, n_embd=32, n_layer=2, n_head=2, n_positions=32,
+                                       use_cache=False, bos_token_id=0, eos_token_id=0))
+    elif kind == "bert":
+        m = tr.BertModel(tr.BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                       intermediate_size=64, max_position_embeddings=32))
+    elif kind == "t5":
+        m = tr.T5EncoderModel(tr.T5Config(vocab_size=100, d_model=32, d_kv=16, d_ff=64, num_layers=2, num_heads=2))
+    elif kind == "llama":
+        m = tr.LlamaModel(tr.LlamaConfig(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=32,
+                                         use_cache=False, bos_token_id=0, eos_token_id=0, pad_token_id=0))
+    elif kind == "vit":
+        m = tr.ViTModel(tr.ViTConfig(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2,
+                                     num_attention_heads=2, intermediate_size=64))
+        nn.init.normal_(m.embeddings.cls_token, std=0.5)
+        nn.init.normal_(m.embeddings.position_embeddings, std=0.5)
+        model, inputs = ViTPixels(m).eval(), (torch.rand(2, 3, 32, 32),)
+        return (plant_linear(model, inputs, plant) if plant else model), inputs
+    else:
+        raise KeyError(kind)
+    model = HFEncoder(m).eval()
+    return (plant_linear(model, ids, plant) if plant else model), ids
+
+
+class ViTPixels(nn.Module):
+    """A transformers vision model called with pixel values, returning its last hidden state."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, pixel_values):
+        return self.model(pixel_values=pixel_values).last_hidden_state

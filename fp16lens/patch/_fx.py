@@ -233,3 +233,83 @@ def scale_operands(
 def replace_module(model: nn.Module, name: str, new: nn.Module) -> None:
     parent, _, child = name.rpartition(".")
     setattr(model.get_submodule(parent) if parent else model, child, new)
+
+
+# ---- parameters that join a tensor (a class token concatenated, a position embedding added)
+_PARAM_VIEWS = frozenset({
+    "expand", "expand_as", "view", "reshape", "repeat", "unsqueeze", "squeeze", "permute",
+    "transpose", "contiguous", "flatten", "type_as", "to",
+})  # fmt: skip
+"""Ops between a parameter and a join that scale with it: (p/s).expand(...) = p.expand(...)/s."""
+
+
+class _ReadTracer(_LeafTracer):
+    """A tracer for reading a forward, never for running it: a branch on a traced value
+    (``if height != self.image_size[0]: raise``) takes its false side. The caller checks
+    that the graph runs as many joins as the report saw."""
+
+    def to_bool(self, obj) -> bool:
+        return False
+
+
+def _analysis_trace(mod: nn.Module) -> fx.Graph | None:
+    """The module's own forward as an fx graph, arguments defaulting to None or to a bool
+    taken as those values (only read, never run: the module is not replaced)."""
+    params = inspect.signature(mod.forward).parameters.values()
+    concrete = {p.name: p.default for p in params if p.kind is p.POSITIONAL_OR_KEYWORD
+                and (p.default is None or isinstance(p.default, bool))}
+    try:
+        return _ReadTracer().trace(mod, concrete_args=concrete or None)
+    except Exception:  # a forward fx cannot follow: its joins stay opaque
+        return None
+
+
+def _param_of(arg, mod: nn.Module) -> str | None:
+    """The name (relative to ``mod``) of the floating parameter ``arg`` reads through
+    views, expands and slices, when that read is its only one in ``mod``'s forward."""
+    while isinstance(arg, fx.Node) and arg.op in ("call_method", "call_function"):
+        name = arg.target if arg.op == "call_method" else getattr(arg.target, "__name__", "")
+        if name not in _PARAM_VIEWS and arg.target is not operator.getitem:
+            return None
+        arg = arg.args[0]
+    if not (isinstance(arg, fx.Node) and arg.op == "get_attr"):
+        return None
+    t = _attr(mod, arg.target)
+    reads = sum(n.op == "get_attr" and n.target == arg.target for n in arg.graph.nodes)
+    ok = isinstance(t, nn.Parameter) and t.is_floating_point() and reads == 1 and len(arg.users) == 1
+    return str(arg.target) if ok else None
+
+
+def parameter_operands(
+    model: nn.Module, site: str, tensors: int, seen: int, graphs: dict
+) -> tuple[str, ...] | None:
+    """For a join site fed by ``tensors`` tensor producers (a report's edges), the qualified
+    names of the parameters that are its other operands, when every other operand is one
+    (``x + self.pos_embedding``, ``cat([self.cls_token.expand(n, -1, -1), x])``): scaled by
+    1/p they carry the join's scale. None when an operand is something else, a parameter is
+    read elsewhere in the forward, the owner does not trace, or its traced forward runs
+    another number of such joins than the ``seen`` ones the report saw in it. ``graphs``
+    caches traces."""
+    name = parse_site(site)
+    mod = model.get_submodule(name.module) if name.module else model
+    if isinstance(mod, fx.GraphModule):  # its nodes are named as watch named the sites
+        try:
+            node = find_op(mod, site)
+        except PatchError:
+            return None
+    else:
+        if name.module not in graphs:
+            graphs[name.module] = _analysis_trace(mod)
+        nodes = [nd for nd in graphs[name.module].nodes if op_of(nd) == name.op] if graphs[name.module] else []
+        if len(nodes) != seen or not 0 < name.nth <= len(nodes):
+            return None
+        node = nodes[name.nth - 1]
+    found = [_param_of(a, mod) for a in operands(node)]
+    params = [p for p in found if p is not None]
+    if not params or len(found) - len(params) != tensors:
+        return None
+    prefix = f"{name.module}." if name.module else ""
+    every = [t for _, t in model.named_parameters(remove_duplicate=False)]
+    if any(sum(t is mod.get_parameter(p) for t in every) != 1 for p in params):
+        return None  # tied to another module's parameter: scaling it would change that one
+    return tuple(prefix + p for p in params)

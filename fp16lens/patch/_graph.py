@@ -20,10 +20,10 @@ from fractions import Fraction
 from torch import nn
 
 from fp16lens._core import PatchError
-from fp16lens._core.algebra import degree, is_product, product_carrier
+from fp16lens._core.algebra import degree, is_join, is_product, product_carrier
 from fp16lens._core.sites import is_island
-from fp16lens.patch._classify import HOMOG, JOIN, LINEAR, POWER, module_kind, op_kind
-from fp16lens.patch._fx import functional_params
+from fp16lens.patch._classify import HOMOG, JOIN, LINEAR, OPAQUE, POWER, module_kind, op_kind
+from fp16lens.patch._fx import functional_params, parameter_operands
 from fp16lens.report import Report
 
 
@@ -41,6 +41,7 @@ class SiteGraph:
     rel: dict[str, Fraction] = field(default_factory=dict)  # exponent relative to the parent
     conflicts: set[str] = field(default_factory=set)  # sites whose class got two exponents
     carries: dict[str, str] = field(default_factory=dict)  # product x * g(x) -> x (its scale)
+    params: dict[str, tuple[str, ...]] = field(default_factory=dict)  # join -> parameter operands
 
     def find(self, site: str) -> str:
         return self._find(site)[0]
@@ -124,11 +125,41 @@ def build_graph(model: nn.Module, report: Report) -> SiteGraph:
     carries = {s: c for s, st in report.sites.items() if st.kind != "module" and is_product(st.op)
                and (c := product_carrier(s, producers)) is not None}
     kinds.update(dict.fromkeys(carries, HOMOG))  # the scale of x passes; g must be unscaled
+    for name in _tied(model, modules):  # rescaling one would rescale the other's parameters
+        kinds[name] = OPAQUE
+    params = _param_joins(model, report, producers)
+    kinds.update(dict.fromkeys(params, JOIN))  # x + parameter: the parameter takes x's scale
     graph = SiteGraph(producers, consumers, kinds, modules, frozen=_in_islands(named, report),
-                      owners={n for n in named if n}, carries=carries,
+                      owners={n for n in named if n}, carries=carries, params=params,
                       ops={n: st.op for n, st in report.sites.items() if st.kind != "module"})
     _unite(graph)
     return graph
+
+
+def _tied(model: nn.Module, modules: dict) -> list[str]:
+    """Module sites holding a parameter that another module site holds too (an embedding
+    tied to an output projection): neither can take a scale of its own. A holder that
+    never runs (T5's ``shared`` beside ``encoder.embed_tokens``) does not count."""
+    holders: dict[int, set[int]] = {}  # parameter -> the modules holding it
+    for _, mod in model.named_modules(remove_duplicate=False):
+        for p in mod.parameters(recurse=False):
+            holders.setdefault(id(p), set()).add(id(mod))
+    ran = {id(m): s for s, m in modules.items() if isinstance(m, nn.Module)}  # module sites
+    shared = {ran[m] for mods in holders.values() if sum(m in ran for m in mods) > 1 for m in mods if m in ran}
+    return sorted(shared)
+
+
+def _param_joins(model: nn.Module, report: Report, producers: dict) -> dict[str, tuple[str, ...]]:
+    """Joins of tensors with parameters (a class token, a position embedding): each
+    parameter, scaled by 1/p in place, carries the scale of the join's tensor operands."""
+    found, graphs = {}, {}
+    ops = [(st.module, st.op) for st in report.sites.values() if st.kind != "module"]
+    for name, st in report.sites.items():
+        if st.kind != "module" and is_join(st.op) and len(producers[name]) == 1:
+            params = parameter_operands(model, name, 1, ops.count((st.module, st.op)), graphs)
+            if params:
+                found[name] = params
+    return found
 
 
 def _in_islands(named: dict, report: Report) -> set[str]:

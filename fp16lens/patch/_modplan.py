@@ -32,6 +32,10 @@ def module_changes(
             reparams.append(Reparam(site, "norm", s_in, s_out, _norm_detail(s_in, s_out)))
         elif kind == Kind.HOMOG and s_in != s_out:
             raise AssertionError(f"homogeneous {site} between scales {s_in} and {s_out}")
+    for join, names in graph.params.items():  # parameters joining a scaled tensor take its scale
+        s = graph.scale(join, scales)
+        if s != 1 and join not in graph.frozen:
+            reparams += [Reparam(n, "parameter", 1.0, s, f"/ {s:g} (joins at {join})") for n in names]
     for owner, why in islands.items():  # modules hosting functional ops no scale passes
         if owner not in graph.modules:
             out_islands.append(Island(owner, 1.0, 1.0, why))

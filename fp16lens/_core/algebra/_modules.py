@@ -23,7 +23,7 @@ from torch.nn.modules.padding import _ConstantPadNd
 
 from fp16lens._core.algebra._classes import Kind
 
-_LINEAR = (_ConvNd, nn.Linear)
+_LINEAR = (_ConvNd, nn.Linear, nn.Embedding)  # an embedding: its table absorbs an output 1/p
 _NORM = (nn.LayerNorm, nn.GroupNorm, nn.RMSNorm, _InstanceNorm)
 _HOMOG = (
     nn.ReLU, nn.LeakyReLU, nn.PReLU, nn.Identity, nn.Flatten, nn.Unflatten,
@@ -117,6 +117,8 @@ def _probe(module: nn.Module) -> Kind | None:
 
 def _probe_kind(module: nn.Module) -> Kind | None:
     try:
+        if eps_name(module) is None:
+            return Kind.LINEAR if _is_linear(module) else None
         if _is_bn_like(module):
             return Kind.BN
         if _is_invariant_norm(module):
@@ -129,8 +131,10 @@ def _probe_kind(module: nn.Module) -> Kind | None:
 def fused_kind(module: nn.Module) -> Kind | None:
     """BN for a module computing an eval batch norm from its own buffers (running_mean,
     running_var, weight, bias, eps), NORM for an affine norm invariant to its input's scale
-    with eps/p^2; None otherwise. Decided by a numeric probe on a float64 copy."""
-    if eps_name(module) is None or not torch.is_tensor(getattr(module, "weight", None)):
+    with eps/p^2, LINEAR for a leaf module without eps that the linear rule rescales
+    exactly (HF's Conv1D: ``x @ W + b``); None otherwise. Decided by a numeric probe on a
+    float64 copy."""
+    if not torch.is_tensor(getattr(module, "weight", None)):
         return None
     return _probe(module)
 
@@ -170,6 +174,30 @@ def _is_bn_like(module: nn.Module) -> bool:
     m.running_var.mul_(0.25)
     m.eps = m.eps * 0.25
     return _same(m(x / 2), want / 4)
+
+
+@torch.no_grad()
+def _is_linear(module: nn.Module) -> bool:
+    """A leaf module whose output, with W -> W s_in / s_out and b -> b / s_out (the linear
+    rule), on x / s_in is its output / s_out: checked at s_in = 2, s_out = 4 on inputs
+    whose last dimension is one of the weight's."""
+    if next(module.children(), None) is not None or module.weight.dim() < 2:
+        return False
+    m = _stripped(module)
+    bias = getattr(m, "bias", None)
+    for n in dict.fromkeys(m.weight.shape):
+        x = torch.randn(2, 3, n, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+        try:
+            y = m(x)
+        except RuntimeError:
+            continue
+        if not (torch.is_tensor(y) and torch.isfinite(y).all()) or _same(y, torch.zeros_like(y)):
+            return False
+        m.weight.mul_(0.5)  # W x 2 / 4
+        if torch.is_tensor(bias):
+            bias.mul_(0.25)
+        return _same(m(x / 2), y / 4)
+    return False
 
 
 @torch.no_grad()
