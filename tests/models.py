@@ -1190,3 +1190,86 @@ class ViTPixels(nn.Module):
 
     def forward(self, pixel_values):
         return self.model(pixel_values=pixel_values).last_hidden_state
+
+
+@torch.no_grad()
+def tv_swin_tiny(plant: str | None = "features.1.0.mlp.3"):
+    """torchvision's SwinTransformer, tiny: its attention ends in F.linear on its proj's
+    parameters (not a module call) and its patch merging concatenates slices of one tensor."""
+    need_torchvision()
+    from torchvision.models.swin_transformer import SwinTransformer
+
+    _seeded(23)
+    model = SwinTransformer(patch_size=[4, 4], embed_dim=32, depths=[2, 2], num_heads=[2, 4],
+                            window_size=[4, 4], num_classes=8).eval()
+    inputs = (torch.rand(2, 3, 32, 32),)
+    return (plant_linear(model, inputs, plant) if plant else model), inputs
+
+
+class HandAttention(nn.Module):
+    """Self-attention written out: q, k, v and output projections, softmax of scaled scores."""
+
+    def __init__(self, d: int, heads: int):
+        super().__init__()
+        self.heads, self.q, self.k, self.v, self.out = heads, *(nn.Linear(d, d) for _ in range(4))
+
+    def forward(self, x):
+        b, n, d = x.shape
+        q, k, v = (f(x).view(b, n, self.heads, d // self.heads).transpose(1, 2) for f in (self.q, self.k, self.v))
+        att = torch.softmax(q @ k.transpose(-1, -2) / (d // self.heads) ** 0.5, dim=-1)
+        return self.out((att @ v).transpose(1, 2).reshape(b, n, d))
+
+
+class StreamBlock(nn.Module):
+    """One transformer block, pre-LN (x + f(LN(x))) or post-LN (LN(x + f(x)))."""
+
+    def __init__(self, d: int, pre_ln: bool, attention: str):
+        super().__init__()
+        self.pre_ln, self.hand = pre_ln, attention == "hand"
+        self.attn = HandAttention(d, 2) if self.hand else nn.MultiheadAttention(d, 2, batch_first=True)
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.up, self.act, self.down = nn.Linear(d, 2 * d), nn.GELU(), nn.Linear(2 * d, d)
+
+    def _attend(self, x):
+        return self.attn(x) if self.hand else self.attn(x, x, x, need_weights=False)[0]
+
+    def forward(self, x):
+        if self.pre_ln:
+            x = x + self._attend(self.ln1(x))
+            return x + self.down(self.act(self.up(self.ln2(x))))
+        x = self.ln1(x + self._attend(x))
+        return self.ln2(x + self.down(self.act(self.up(x))))
+
+
+class StreamNet(nn.Module):
+    """Token or patch embedding, a class token, position embeddings, blocks, a final norm
+    (pre-LN) and a head: the residual stream of ViT/GPT-style transformers."""
+
+    def __init__(self, d: int, layers: int, pre_ln: bool, attention: str, tokens: bool, seq: int):
+        super().__init__()
+        self.tokens = tokens
+        self.embed = nn.Embedding(50, d) if tokens else nn.Linear(12, d)
+        self.cls = nn.Parameter(torch.randn(1, 1, d))
+        self.pos = nn.Parameter(torch.randn(1, seq + 1, d) * 0.5)
+        self.blocks = nn.ModuleList(StreamBlock(d, pre_ln, attention) for _ in range(layers))
+        self.norm = nn.LayerNorm(d) if pre_ln else nn.Identity()
+        self.head = nn.Linear(d, 4)
+
+    def forward(self, x):
+        h = self.embed(x)
+        h = torch.cat([self.cls.expand(h.shape[0], -1, -1), h], dim=1) + self.pos
+        for block in self.blocks:
+            h = block(h)
+        return self.head(self.norm(h))
+
+
+@torch.no_grad()
+def stream_net(seed: int, layers: int, pre_ln: bool, attention: str, tokens: bool, plant_at: int, peak: float):
+    """A random StreamNet (d 32, sequence 8) whose ``plant_at``-th residual producer (the
+    attention outputs and MLP down projections in order) outputs ``peak``."""
+    _seeded(seed)
+    seq = 8
+    model = StreamNet(32, layers, pre_ln, attention, tokens, seq).eval()
+    x = torch.randint(0, 50, (2, seq)) if tokens else torch.randn(2, seq, 12)
+    producers = [n for n, _ in model.named_modules() if n.endswith((".attn.out", ".attn.out_proj", ".down"))]
+    return plant_linear(model, (x,), producers[plant_at % len(producers)], peak), (x,)

@@ -17,13 +17,22 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from fractions import Fraction
 
+import torch
 from torch import nn
 
 from fp16lens._core import PatchError
-from fp16lens._core.algebra import degree, is_join, is_product, product_carrier
+from fp16lens._core.algebra import (
+    OpClass,
+    aten_class,
+    degree,
+    is_join,
+    is_product,
+    output_linear_child,
+    product_carrier,
+)
 from fp16lens._core.sites import is_island
 from fp16lens.patch._classify import HOMOG, JOIN, LINEAR, OPAQUE, POWER, module_kind, op_kind
-from fp16lens.patch._fx import functional_params, parameter_operands
+from fp16lens.patch._fx import FunctionalParams, functional_params, parameter_operands
 from fp16lens.report import Report
 
 
@@ -42,6 +51,7 @@ class SiteGraph:
     conflicts: set[str] = field(default_factory=set)  # sites whose class got two exponents
     carries: dict[str, str] = field(default_factory=dict)  # product x * g(x) -> x (its scale)
     params: dict[str, tuple[str, ...]] = field(default_factory=dict)  # join -> parameter operands
+    hosts: dict[str, str] = field(default_factory=dict)  # functional linear -> module of its parameters
 
     def find(self, site: str) -> str:
         return self._find(site)[0]
@@ -125,15 +135,44 @@ def build_graph(model: nn.Module, report: Report) -> SiteGraph:
     carries = {s: c for s, st in report.sites.items() if st.kind != "module" and is_product(st.op)
                and (c := product_carrier(s, producers)) is not None}
     kinds.update(dict.fromkeys(carries, HOMOG))  # the scale of x passes; g must be unscaled
+    hosts = _hosted_linears(model, report, producers, consumers, kinds)
+    for site, host in hosts.items():  # a functional linear on a submodule's parameters
+        kinds[site], modules[site] = LINEAR, FunctionalParams(*_weight_bias(model.get_submodule(host)))
     for name in _tied(model, modules):  # rescaling one would rescale the other's parameters
         kinds[name] = OPAQUE
     params = _param_joins(model, report, producers)
     kinds.update(dict.fromkeys(params, JOIN))  # x + parameter: the parameter takes x's scale
     graph = SiteGraph(producers, consumers, kinds, modules, frozen=_in_islands(named, report),
-                      owners={n for n in named if n}, carries=carries, params=params,
+                      owners={n for n in named if n}, carries=carries, params=params, hosts=hosts,
                       ops={n: st.op for n, st in report.sites.items() if st.kind != "module"})
     _unite(graph)
     return graph
+
+
+def _hosted_linears(model: nn.Module, report: Report, producers: dict, consumers: dict, kinds: dict) -> dict[str, str]:
+    """Functional linears (``F.linear(x, self.proj.weight, self.proj.bias)``) whose value is
+    what their module returns, mapped to the submodule holding their parameters: found by
+    running the module on a random input of its one input's shape (``output_linear_child``)."""
+    found, sites = {}, set(report.sites)
+    for site, st in report.sites.items():
+        if st.kind == "module" or kinds[site] != OPAQUE or aten_class(st.op) != OpClass.ABSORBING:
+            continue
+        own = {s for s, o in report.sites.items() if o.kind != "module" and o.module == st.module}
+        leaving = [s for s in own if any(c not in own for c in consumers[s])]
+        inputs = {p for s in own for p in producers[s] if p not in own}
+        shape = report.sites[next(iter(inputs))].shape if len(inputs) == 1 else None
+        if leaving != [site] or not shape or not st.module:
+            continue
+        owner = model.get_submodule(st.module)
+        child = output_linear_child(owner, torch.randn(shape, generator=torch.Generator().manual_seed(0)))
+        host = f"{st.module}.{child}" if child else None
+        if host is not None and host not in sites:  # run as a module of its own: not this
+            found[site] = host
+    return found
+
+
+def _weight_bias(mod: nn.Module) -> tuple:
+    return mod.weight, getattr(mod, "bias", None)
 
 
 def _tied(model: nn.Module, modules: dict) -> list[str]:
@@ -151,13 +190,14 @@ def _tied(model: nn.Module, modules: dict) -> list[str]:
 
 def _param_joins(model: nn.Module, report: Report, producers: dict) -> dict[str, tuple[str, ...]]:
     """Joins of tensors with parameters (a class token, a position embedding): each
-    parameter, scaled by 1/p in place, carries the scale of the join's tensor operands."""
+    parameter, scaled by 1/p in place, carries the scale of the join's tensor operands;
+    joins of one tensor with itself (a patch merging's slices) carry its scale as they are."""
     found, graphs = {}, {}
     ops = [(st.module, st.op) for st in report.sites.values() if st.kind != "module"]
     for name, st in report.sites.items():
         if st.kind != "module" and is_join(st.op) and len(producers[name]) == 1:
             params = parameter_operands(model, name, 1, ops.count((st.module, st.op)), graphs)
-            if params:
+            if params is not None:
                 found[name] = params
     return found
 

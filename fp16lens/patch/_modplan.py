@@ -25,7 +25,8 @@ def module_changes(
             why = islands.get(site) or f"{type(mod).__name__} does not commute with scaling"
             out_islands.append(Island(site, s_in, s_out, why))
         elif kind == Kind.LINEAR and (s_in != 1 or s_out != 1):
-            reparams.append(Reparam(site, "linear", s_in, s_out, _detail(s_in, s_out, "W", "b")))
+            host = graph.hosts.get(site, site)  # a functional linear: its parameters' module
+            reparams.append(Reparam(host, "linear", s_in, s_out, _detail(s_in, s_out, "W", "b")))
         elif kind == Kind.BN and (s_in != 1 or s_out != 1 or site in affine):
             reparams.append(_bn(site, mod, s_in, s_out, site in affine))
         elif kind == Kind.NORM and (s_in != 1 or s_out != 1):

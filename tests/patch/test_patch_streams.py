@@ -14,7 +14,7 @@ import torch
 import fp16lens
 from fp16lens.patch import get_plan, relative_error
 
-from models import embedding_row, hf_tiny, tv_vit_tiny
+from models import embedding_row, hf_tiny, tv_swin_tiny, tv_vit_tiny
 from plant import assert_fixed, cosine, run_half, watch_report
 
 
@@ -44,6 +44,18 @@ def test_torchvision_vit_stream_from_class_token_to_final_norm():
     assert by["encoder.layers.encoder_layer_0.ln_1"].s_in == p  # a norm: eps / p^2
     # attention's input projections see LN outputs: unscaled
     assert not any("self_attention" in m and "out_proj" not in m for m in by)
+
+
+def test_torchvision_swin_functional_projection_and_patch_merging_carry_the_stream():
+    """Swin's attention returns F.linear(x, proj.weight, proj.bias): proj's parameters absorb
+    1/p though proj never runs as a module; the patch merging's cat of four slices of the
+    stream carries its scale to the merging's norm."""
+    model, inputs = tv_swin_tiny()
+    the_plan, _ = _exact(model, inputs)
+    region, by = _one_stream(the_plan)
+    assert "features.1.1.attn:addmm#2" in region.entries and "features.2:cat" in region.sites
+    assert "features.2.norm" in region.exits
+    assert by["features.1.1.attn.proj"].s_out == region.factor and "features.1.1.attn.qkv" not in by
 
 
 def test_gpt2_conv1d_projections_and_embeddings_absorb_the_stream_scale():

@@ -217,3 +217,32 @@ def _is_invariant_norm(module: nn.Module) -> bool:
                 t.div_(4)
         return scaled and _same(m(x / 4), y / 4)
     return False
+
+
+@torch.no_grad()
+def output_linear_child(module: nn.Module, x: torch.Tensor) -> str | None:
+    """The one submodule (its name inside ``module``) whose weight and bias, divided by 4,
+    divide ``module(x)`` by 4 exactly: a forward that ends in a linear map with that
+    submodule's parameters, read functionally (torchvision's Swin attention runs
+    ``F.linear(x, self.proj.weight, self.proj.bias)``). None when none or several do."""
+    m = copy.deepcopy(module).double().eval()
+    x = x.double()
+    try:
+        y = m(x)
+    except Exception:  # a forward that needs more than one tensor: not probed
+        return None
+    if not (torch.is_tensor(y) and torch.isfinite(y).all()) or _same(y, torch.zeros_like(y)):
+        return None
+    found = []
+    for name, sub in m.named_modules():
+        params = [t for t in (getattr(sub, "weight", None), getattr(sub, "bias", None)) if torch.is_tensor(t)]
+        if not name or not params or params[0].dim() < 2:
+            continue
+        saved = [t.clone() for t in params]
+        for t in params:
+            t.mul_(0.25)
+        if _same(m(x), y / 4):
+            found.append(name)
+        for t, v in zip(params, saved):
+            t.copy_(v)
+    return found[0] if len(found) == 1 else None
