@@ -1271,5 +1271,15 @@ def stream_net(seed: int, layers: int, pre_ln: bool, attention: str, tokens: boo
     seq = 8
     model = StreamNet(32, layers, pre_ln, attention, tokens, seq).eval()
     x = torch.randint(0, 50, (2, seq)) if tokens else torch.randn(2, seq, 12)
-    producers = [n for n, _ in model.named_modules() if n.endswith((".attn.out", ".attn.out_proj", ".down"))]
-    return plant_linear(model, (x,), producers[plant_at % len(producers)], peak), (x,)
+    producers = [m for b in model.blocks for m in (b.attn, b.down)]
+    at = producers[plant_at % len(producers)]  # an attention's output: its out projection's
+    seen = []
+    hook = at.register_forward_hook(lambda m, a, o: seen.append(float((o[0] if isinstance(o, tuple) else o).abs().max())))
+    try:
+        model(x)
+    finally:
+        hook.remove()
+    lin = at if isinstance(at, nn.Linear) else getattr(at, "out", None) or at.out_proj
+    lin.weight.mul_(peak / seen[0])
+    lin.bias.mul_(peak / seen[0])
+    return model, (x,)

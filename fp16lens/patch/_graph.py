@@ -14,6 +14,7 @@ different exponents (x + x**2) is a conflict: its class carries no scale.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from fractions import Fraction
 
@@ -25,6 +26,7 @@ from fp16lens._core.algebra import (
     OpClass,
     aten_class,
     degree,
+    input_linear_weight,
     is_join,
     is_product,
     output_linear_child,
@@ -51,7 +53,7 @@ class SiteGraph:
     conflicts: set[str] = field(default_factory=set)  # sites whose class got two exponents
     carries: dict[str, str] = field(default_factory=dict)  # product x * g(x) -> x (its scale)
     params: dict[str, tuple[str, ...]] = field(default_factory=dict)  # join -> parameter operands
-    hosts: dict[str, str] = field(default_factory=dict)  # functional linear -> module of its parameters
+    hosts: dict[str, tuple] = field(default_factory=dict)  # functional linear -> (weight, bias) names
 
     def find(self, site: str) -> str:
         return self._find(site)[0]
@@ -136,8 +138,8 @@ def build_graph(model: nn.Module, report: Report) -> SiteGraph:
                and (c := product_carrier(s, producers)) is not None}
     kinds.update(dict.fromkeys(carries, HOMOG))  # the scale of x passes; g must be unscaled
     hosts = _hosted_linears(model, report, producers, consumers, kinds)
-    for site, host in hosts.items():  # a functional linear on a submodule's parameters
-        kinds[site], modules[site] = LINEAR, FunctionalParams(*_weight_bias(model.get_submodule(host)))
+    for site, (w, b) in hosts.items():  # a functional linear on parameters patch can reach
+        kinds[site], modules[site] = LINEAR, FunctionalParams(model.get_parameter(w), b and model.get_parameter(b))
     for name in _tied(model, modules):  # rescaling one would rescale the other's parameters
         kinds[name] = OPAQUE
     params = _param_joins(model, report, producers)
@@ -149,30 +151,32 @@ def build_graph(model: nn.Module, report: Report) -> SiteGraph:
     return graph
 
 
-def _hosted_linears(model: nn.Module, report: Report, producers: dict, consumers: dict, kinds: dict) -> dict[str, str]:
-    """Functional linears (``F.linear(x, self.proj.weight, self.proj.bias)``) whose value is
-    what their module returns, mapped to the submodule holding their parameters: found by
-    running the module on a random input of its one input's shape (``output_linear_child``)."""
-    found, sites = {}, set(report.sites)
+def _hosted_linears(model: nn.Module, report: Report, producers: dict, consumers: dict, kinds: dict) -> dict:
+    """Functional linears whose parameters patch can find: the one whose value its module
+    returns (``F.linear(x, self.proj.weight, self.proj.bias)``: Swin's attention), or the
+    one that first reads its module's input (``nn.MultiheadAttention``'s ``in_proj``),
+    mapped to the qualified names of their weight and bias (or None); found by running the
+    module on a random input of its one input's shape (``output_linear_child``,
+    ``input_linear_weight``)."""
+    found, by_module = {}, {}
+    for s, o in report.sites.items():
+        if o.kind != "module":
+            by_module.setdefault(o.module, set()).add(s)
     for site, st in report.sites.items():
-        if st.kind == "module" or kinds[site] != OPAQUE or aten_class(st.op) != OpClass.ABSORBING:
+        if st.kind == "module" or kinds[site] != OPAQUE or aten_class(st.op) != OpClass.ABSORBING or not st.module:
             continue
-        own = {s for s, o in report.sites.items() if o.kind != "module" and o.module == st.module}
+        own = by_module[st.module]
         leaving = [s for s in own if any(c not in own for c in consumers[s])]
+        entering = [s for s in own if any(p not in own for p in producers[s])]
         inputs = {p for s in own for p in producers[s] if p not in own}
         shape = report.sites[next(iter(inputs))].shape if len(inputs) == 1 else None
-        if leaving != [site] or not shape or not st.module:
+        probe = output_linear_child if leaving == [site] else input_linear_weight if entering == [site] else None
+        if probe is None or not shape:
             continue
-        owner = model.get_submodule(st.module)
-        child = output_linear_child(owner, torch.randn(shape, generator=torch.Generator().manual_seed(0)))
-        host = f"{st.module}.{child}" if child else None
-        if host is not None and host not in sites:  # run as a module of its own: not this
-            found[site] = host
+        names = probe(model.get_submodule(st.module), torch.randn(shape, generator=torch.Generator().manual_seed(0)))
+        if names is not None and names[0].rpartition(".")[0] not in report.sites:  # not a module site
+            found[site] = tuple(None if n is None else f"{st.module}.{n}" for n in names)
     return found
-
-
-def _weight_bias(mod: nn.Module) -> tuple:
-    return mod.weight, getattr(mod, "bias", None)
 
 
 def _tied(model: nn.Module, modules: dict) -> list[str]:
@@ -193,10 +197,10 @@ def _param_joins(model: nn.Module, report: Report, producers: dict) -> dict[str,
     parameter, scaled by 1/p in place, carries the scale of the join's tensor operands;
     joins of one tensor with itself (a patch merging's slices) carry its scale as they are."""
     found, graphs = {}, {}
-    ops = [(st.module, st.op) for st in report.sites.values() if st.kind != "module"]
+    ops = Counter((st.module, st.op) for st in report.sites.values() if st.kind != "module")
     for name, st in report.sites.items():
         if st.kind != "module" and is_join(st.op) and len(producers[name]) == 1:
-            params = parameter_operands(model, name, 1, ops.count((st.module, st.op)), graphs)
+            params = parameter_operands(model, name, 1, ops[st.module, st.op], graphs)
             if params is not None:
                 found[name] = params
     return found

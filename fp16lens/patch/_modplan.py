@@ -24,9 +24,10 @@ def module_changes(
         if site in islands or (kind == Kind.BLOCK and (s_in != 1 or s_out != 1)):
             why = islands.get(site) or f"{type(mod).__name__} does not commute with scaling"
             out_islands.append(Island(site, s_in, s_out, why))
+        elif kind == Kind.LINEAR and (s_in != 1 or s_out != 1) and site in graph.hosts:
+            reparams += _hosted(graph.hosts[site], site, s_in, s_out)
         elif kind == Kind.LINEAR and (s_in != 1 or s_out != 1):
-            host = graph.hosts.get(site, site)  # a functional linear: its parameters' module
-            reparams.append(Reparam(host, "linear", s_in, s_out, _detail(s_in, s_out, "W", "b")))
+            reparams.append(Reparam(site, "linear", s_in, s_out, _detail(s_in, s_out, "W", "b")))
         elif kind == Kind.BN and (s_in != 1 or s_out != 1 or site in affine):
             reparams.append(_bn(site, mod, s_in, s_out, site in affine))
         elif kind == Kind.NORM and (s_in != 1 or s_out != 1):
@@ -41,6 +42,15 @@ def module_changes(
         if owner not in graph.modules:
             out_islands.append(Island(owner, 1.0, 1.0, why))
     return reparams, out_islands
+
+
+def _hosted(names: tuple, site: str, s_in: float, s_out: float) -> list[Reparam]:
+    """A functional linear's weight and bias, found by name: each divided in place."""
+    weight, bias = names
+    out = [Reparam(weight, "parameter", 1.0, s_out / s_in, f"x {s_in / s_out:g} (the weight of {site})")]
+    if bias is not None and s_out != 1:
+        out.append(Reparam(bias, "parameter", 1.0, s_out, f"/ {s_out:g} (the bias of {site})"))
+    return out
 
 
 def _detail(s_in: float, s_out: float, w: str, b: str) -> str:

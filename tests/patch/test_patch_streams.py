@@ -55,7 +55,8 @@ def test_torchvision_swin_functional_projection_and_patch_merging_carry_the_stre
     region, by = _one_stream(the_plan)
     assert "features.1.1.attn:addmm#2" in region.entries and "features.2:cat" in region.sites
     assert "features.2.norm" in region.exits
-    assert by["features.1.1.attn.proj"].s_out == region.factor and "features.1.1.attn.qkv" not in by
+    assert by["features.1.1.attn.proj.weight"].s_out == by["features.1.1.attn.proj.bias"].s_out == region.factor
+    assert "features.1.1.attn.qkv.weight" not in by  # the attention itself is unscaled
 
 
 def test_gpt2_conv1d_projections_and_embeddings_absorb_the_stream_scale():

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import inspect
 import weakref
 
 import torch
@@ -219,30 +220,64 @@ def _is_invariant_norm(module: nn.Module) -> bool:
     return False
 
 
+def _call(m: nn.Module, x: torch.Tensor):
+    """``m`` run with ``x`` for each argument its forward requires; its first tensor out."""
+    params = inspect.signature(m.forward).parameters.values()
+    n = sum(p.default is p.empty and p.kind is p.POSITIONAL_OR_KEYWORD for p in params)
+    out = m(*[x] * max(n, 1))
+    return out[0] if isinstance(out, (tuple, list)) and out else out
+
+
+def _weights(m: nn.Module):
+    """((weight name, bias name or None), weight, bias) of each submodule with a matrix
+    weight, and of each matrix parameter of ``m`` itself (``in_proj_weight``, no bias)."""
+    for name, sub in m.named_modules():
+        w, b = getattr(sub, "weight", None), getattr(sub, "bias", None)
+        if name and torch.is_tensor(w) and w.dim() >= 2:
+            yield (f"{name}.weight", f"{name}.bias" if torch.is_tensor(b) else None), w, b
+    for name, p in m.named_parameters(recurse=False):
+        if p.dim() >= 2 and name != "weight":
+            yield (name, None), p, None
+
+
 @torch.no_grad()
-def output_linear_child(module: nn.Module, x: torch.Tensor) -> str | None:
-    """The one submodule (its name inside ``module``) whose weight and bias, divided by 4,
-    divide ``module(x)`` by 4 exactly: a forward that ends in a linear map with that
-    submodule's parameters, read functionally (torchvision's Swin attention runs
-    ``F.linear(x, self.proj.weight, self.proj.bias)``). None when none or several do."""
+def _probe_weights(module: nn.Module, x: torch.Tensor, s_in: float, s_out: float) -> tuple | None:
+    """The names (inside ``module``) of the one weight and its bias (None without) for
+    which the linear rule W s_in/s_out, b/s_out on input x/s_in divides the module's output
+    by s_out exactly, or None."""
     m = copy.deepcopy(module).double().eval()
     x = x.double()
     try:
-        y = m(x)
-    except Exception:  # a forward that needs more than one tensor: not probed
+        y = _call(m, x)
+    except Exception:  # a forward that needs more than its one input: not probed
         return None
     if not (torch.is_tensor(y) and torch.isfinite(y).all()) or _same(y, torch.zeros_like(y)):
         return None
     found = []
-    for name, sub in m.named_modules():
-        params = [t for t in (getattr(sub, "weight", None), getattr(sub, "bias", None)) if torch.is_tensor(t)]
-        if not name or not params or params[0].dim() < 2:
-            continue
-        saved = [t.clone() for t in params]
-        for t in params:
-            t.mul_(0.25)
-        if _same(m(x), y / 4):
+    for name, w, b in _weights(m):
+        saved = [t.clone() for t in (w, b) if torch.is_tensor(t)]
+        w.mul_(s_in / s_out)
+        if torch.is_tensor(b):
+            b.div_(s_out)
+        if _same(_call(m, x / s_in), y / s_out):
             found.append(name)
-        for t, v in zip(params, saved):
+        for t, v in zip([t for t in (w, b) if torch.is_tensor(t)], saved):
             t.copy_(v)
     return found[0] if len(found) == 1 else None
+
+
+def output_linear_child(module: nn.Module, x: torch.Tensor) -> tuple | None:
+    """The names of the one submodule's weight and bias (inside ``module``) that, divided by 4,
+    divide ``module(x)`` by 4 exactly: a forward that ends in a linear map with that
+    submodule's parameters, read functionally (torchvision's Swin attention runs
+    ``F.linear(x, self.proj.weight, self.proj.bias)``). None when none or several do."""
+    return _probe_weights(module, x, 1.0, 4.0)
+
+
+def input_linear_weight(module: nn.Module, x: torch.Tensor) -> tuple | None:
+    """The names of the one weight (a submodule's, or a matrix parameter) and its bias that,
+    multiplied by 2, makes ``module(x / 2)`` equal ``module(x)`` (x passed to every
+    argument the forward requires): a forward that starts with a linear map of its input
+    (``nn.MultiheadAttention``'s ``in_proj_weight`` in self-attention). None when none or
+    several do."""
+    return _probe_weights(module, x, 2.0, 1.0)
