@@ -1283,3 +1283,25 @@ def stream_net(seed: int, layers: int, pre_ln: bool, attention: str, tokens: boo
     lin.weight.mul_(peak / seen[0])
     lin.bias.mul_(peak / seen[0])
     return model, (x,)
+
+
+class TiedStream(nn.Module):
+    """An embedding whose table is also the output projection's weight (tied, as in
+    language models), a stream add, a norm: the table cannot take the stream's scale."""
+
+    def __init__(self, vocab: int = 40, d: int = 32):
+        super().__init__()
+        self.embed, self.fc, self.norm = nn.Embedding(vocab, d), nn.Linear(d, d), nn.LayerNorm(d)
+        self.head = nn.Linear(d, vocab, bias=False)
+        self.head.weight = self.embed.weight
+
+    def forward(self, ids):
+        h = self.embed(ids)
+        return self.head(self.norm(h + self.fc(h)))
+
+
+@torch.no_grad()
+def tied_stream():
+    _seeded(24)
+    model, inputs = TiedStream().eval(), (torch.randint(0, 40, (2, 8)),)
+    return plant_linear(model, inputs, "fc"), inputs

@@ -14,7 +14,7 @@ import torch
 import fp16lens
 from fp16lens.patch import get_plan, relative_error
 
-from models import embedding_row, hf_tiny, tv_swin_tiny, tv_vit_tiny
+from models import embedding_row, hf_tiny, tied_stream, tv_swin_tiny, tv_vit_tiny
 from plant import assert_fixed, cosine, run_half, watch_report
 
 
@@ -129,3 +129,13 @@ def test_an_embedding_row_beyond_fp16_is_rescaled_not_islanded():
     assert not the_plan.islands and not the_plan.multiplies
     by = {r.module: r for r in the_plan.reparametrized}
     assert by["emb"].s_out == by["fc"].s_in > 1
+
+
+def test_a_tied_embedding_keeps_its_table_and_the_stream_gets_a_multiply():
+    """The table is also the head's weight: scaling it would scale the logits. The stream's
+    other operand is multiplied instead (exact, one scalar op)."""
+    model, inputs = tied_stream()
+    the_plan, _ = assert_fixed(model, inputs)
+    assert not the_plan.islands and not the_plan.unresolved
+    assert "embed" not in {r.module for r in the_plan.reparametrized}
+    assert [m.cut for m in the_plan.multiplies] == [("embed",)]
