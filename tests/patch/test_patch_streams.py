@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch import nn
 
 import fp16lens
+from fp16lens._core.algebra import Kind, fused_kind, input_linear_weight, output_linear_child
 from fp16lens.patch import get_plan, relative_error
 
 from models import embedding_row, hf_tiny, tied_stream, tv_swin_tiny, tv_vit_tiny
@@ -139,3 +141,24 @@ def test_a_tied_embedding_keeps_its_table_and_the_stream_gets_a_multiply():
     assert not the_plan.islands and not the_plan.unresolved
     assert "embed" not in {r.module for r in the_plan.reparametrized}
     assert [m.cut for m in the_plan.multiplies] == [("embed",)]
+
+
+class _XW(nn.Module):
+    """x @ W + b with W stored (in, out), as HF's Conv1D; ``power`` 2 squares the result."""
+
+    def __init__(self, power: int = 1):
+        super().__init__()
+        self.power, self.weight, self.bias = power, nn.Parameter(torch.randn(8, 6)), nn.Parameter(torch.randn(6))
+
+    def forward(self, x):
+        return (x @ self.weight + self.bias) ** self.power
+
+
+def test_probes_find_weights_by_what_modules_compute():
+    x = torch.randn(2, 5, 8, generator=torch.Generator().manual_seed(0))
+    mha = nn.MultiheadAttention(8, 2, batch_first=True).eval()
+    assert input_linear_weight(mha, x) == ("in_proj_weight", None)  # q, k, v read x through it
+    assert output_linear_child(mha, x) == ("out_proj.weight", "out_proj.bias")
+    assert output_linear_child(nn.Sequential(nn.Linear(8, 8), nn.GELU()), x) is None
+    assert input_linear_weight(nn.Sequential(nn.LayerNorm(8), nn.Linear(8, 8)), x) is None  # the norm: invariant
+    assert fused_kind(_XW()) == Kind.LINEAR and fused_kind(_XW(power=2)) is None
