@@ -1305,3 +1305,18 @@ def tied_stream():
     _seeded(24)
     model, inputs = TiedStream().eval(), (torch.randint(0, 40, (2, 8)),)
     return plant_linear(model, inputs, "fc"), inputs
+
+
+@torch.no_grad()
+def timm_vit_tiny(plant: str | None = "blocks.0.mlp.fc2"):
+    """timm's vit_tiny_patch16_224 at 32 px (12 blocks; cls token and position embedding
+    joined in its ``_pos_embed``), its zero-initialized head made random."""
+    need_torchvision()
+    import pytest
+
+    timm = pytest.importorskip("timm")
+    _seeded(5)
+    model = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, num_classes=8).eval()
+    nn.init.normal_(model.head.weight, std=0.2)
+    inputs = (torch.rand(2, 3, 32, 32),)
+    return (plant_linear(model, inputs, plant) if plant else model), inputs

@@ -16,7 +16,7 @@ import fp16lens
 from fp16lens._core.algebra import Kind, fused_kind, input_linear_weight, output_linear_child
 from fp16lens.patch import get_plan, relative_error
 
-from models import embedding_row, hf_tiny, tied_stream, tv_swin_tiny, tv_vit_tiny
+from models import embedding_row, hf_tiny, tied_stream, timm_vit_tiny, tv_swin_tiny, tv_vit_tiny
 from plant import assert_fixed, cosine, run_half, watch_report
 
 
@@ -59,6 +59,14 @@ def test_torchvision_swin_functional_projection_and_patch_merging_carry_the_stre
     assert "features.2.norm" in region.exits
     assert by["features.1.1.attn.proj.weight"].s_out == by["features.1.1.attn.proj.bias"].s_out == region.factor
     assert "features.1.1.attn.qkv.weight" not in by  # the attention itself is unscaled
+
+
+def test_timm_vit_twelve_blocks_one_stream():
+    model, inputs = timm_vit_tiny()
+    the_plan, _ = _exact(model, inputs)
+    region, by = _one_stream(the_plan)
+    assert len(region.entries) == 1 + 2 * 12 and "norm" in region.exits
+    assert by["cls_token"].s_out == by["pos_embed"].s_out == region.factor
 
 
 def test_gpt2_conv1d_projections_and_embeddings_absorb_the_stream_scale():
