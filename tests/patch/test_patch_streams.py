@@ -61,6 +61,7 @@ def test_torchvision_swin_functional_projection_and_patch_merging_carry_the_stre
     assert "features.1.1.attn.qkv.weight" not in by  # the attention itself is unscaled
 
 
+@pytest.mark.slow
 def test_timm_vit_twelve_blocks_one_stream():
     model, inputs = timm_vit_tiny()
     the_plan, _ = _exact(model, inputs)
