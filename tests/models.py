@@ -1304,3 +1304,212 @@ class FunctionModule(nn.Module):
 
     def forward(self, x):
         return self.fn(x)
+
+
+# ---- transformers whose residual stream passes 65504 (tests/patch/test_patch_streams.py)
+@torch.no_grad()
+def plant_linear(model: nn.Module, inputs: tuple, name: str, target: float = 4 * 65504.0) -> nn.Module:
+    """Scale the weight and bias of module ``name`` (a residual stream's producer) so that
+    its output peaks at ``target``: the stream it adds into passes 65504 from there on."""
+    mod = model.get_submodule(name)
+    k = target / peak_of(model, inputs, mod)
+    mod.weight.mul_(k)
+    if getattr(mod, "bias", None) is not None:
+        mod.bias.mul_(k)
+    return model
+
+
+@torch.no_grad()
+def tv_vit_tiny(plant: str | None = "encoder.layers.encoder_layer_0.mlp.3"):
+    """torchvision's VisionTransformer, tiny (pre-LN; class token concatenated, position
+    embedding added), its zero-initialized head made random; ``plant``: the producer whose
+    output is raised to ~4 x 65504."""
+    need_torchvision()
+    from torchvision.models import VisionTransformer
+
+    _seeded(21)
+    model = VisionTransformer(image_size=32, patch_size=8, num_layers=2, num_heads=2, hidden_dim=32,
+                              mlp_dim=64, num_classes=8).eval()
+    nn.init.normal_(model.heads.head.weight, std=0.2)
+    nn.init.normal_(model.class_token, std=0.5)
+    inputs = (torch.rand(2, 3, 32, 32),)
+    return (plant_linear(model, inputs, plant) if plant else model), inputs
+
+
+@torch.no_grad()
+def hf_tiny(kind: str, plant: str | None = None):
+    """A tiny transformers model (hidden 32, 2 layers, 2 heads, sequence 12) returning its
+    last hidden state: "gpt2" (Conv1D projections), "bert" (post-LN), "t5" (T5LayerNorm),
+    "llama" (LlamaRMSNorm), "vit" (class token and position embeddings as parameters)."""
+    need_torchvision()
+    import pytest
+
+    tr = pytest.importorskip("transformers")
+    from zoo import HFEncoder
+
+    _seeded(22)
+    ids = (torch.randint(0, 100, (2, 12)),)
+    if kind == "gpt2":
+        m = tr.GPT2Model(tr.GPT2Config(vocab_size=100, n_embd=32, n_layer=2, n_head=2, n_positions=32,
+                                       use_cache=False, bos_token_id=0, eos_token_id=0))
+    elif kind == "bert":
+        m = tr.BertModel(tr.BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                       intermediate_size=64, max_position_embeddings=32))
+    elif kind == "t5":
+        m = tr.T5EncoderModel(tr.T5Config(vocab_size=100, d_model=32, d_kv=16, d_ff=64, num_layers=2, num_heads=2))
+    elif kind == "llama":
+        m = tr.LlamaModel(tr.LlamaConfig(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=32,
+                                         use_cache=False, bos_token_id=0, eos_token_id=0, pad_token_id=0))
+    elif kind == "vit":
+        m = tr.ViTModel(tr.ViTConfig(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2,
+                                     num_attention_heads=2, intermediate_size=64))
+        nn.init.normal_(m.embeddings.cls_token, std=0.5)
+        nn.init.normal_(m.embeddings.position_embeddings, std=0.5)
+        model, inputs = ViTPixels(m).eval(), (torch.rand(2, 3, 32, 32),)
+        return (plant_linear(model, inputs, plant) if plant else model), inputs
+    else:
+        raise KeyError(kind)
+    model = HFEncoder(m).eval()
+    return (plant_linear(model, ids, plant) if plant else model), ids
+
+
+class ViTPixels(nn.Module):
+    """A transformers vision model called with pixel values, returning its last hidden state."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, pixel_values):
+        return self.model(pixel_values=pixel_values).last_hidden_state
+
+
+@torch.no_grad()
+def tv_swin_tiny(plant: str | None = "features.1.0.mlp.3"):
+    """torchvision's SwinTransformer, tiny: its attention ends in F.linear on its proj's
+    parameters (not a module call) and its patch merging concatenates slices of one tensor."""
+    need_torchvision()
+    from torchvision.models.swin_transformer import SwinTransformer
+
+    _seeded(23)
+    model = SwinTransformer(patch_size=[4, 4], embed_dim=32, depths=[2, 2], num_heads=[2, 4],
+                            window_size=[4, 4], num_classes=8).eval()
+    inputs = (torch.rand(2, 3, 32, 32),)
+    return (plant_linear(model, inputs, plant) if plant else model), inputs
+
+
+class HandAttention(nn.Module):
+    """Self-attention written out: q, k, v and output projections, softmax of scaled scores."""
+
+    def __init__(self, d: int, heads: int):
+        super().__init__()
+        self.heads, self.q, self.k, self.v, self.out = heads, *(nn.Linear(d, d) for _ in range(4))
+
+    def forward(self, x):
+        b, n, d = x.shape
+        q, k, v = (f(x).view(b, n, self.heads, d // self.heads).transpose(1, 2) for f in (self.q, self.k, self.v))
+        att = torch.softmax(q @ k.transpose(-1, -2) / (d // self.heads) ** 0.5, dim=-1)
+        return self.out((att @ v).transpose(1, 2).reshape(b, n, d))
+
+
+class StreamBlock(nn.Module):
+    """One transformer block, pre-LN (x + f(LN(x))) or post-LN (LN(x + f(x)))."""
+
+    def __init__(self, d: int, pre_ln: bool, attention: str):
+        super().__init__()
+        self.pre_ln, self.hand = pre_ln, attention == "hand"
+        self.attn = HandAttention(d, 2) if self.hand else nn.MultiheadAttention(d, 2, batch_first=True)
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.up, self.act, self.down = nn.Linear(d, 2 * d), nn.GELU(), nn.Linear(2 * d, d)
+
+    def _attend(self, x):
+        return self.attn(x) if self.hand else self.attn(x, x, x, need_weights=False)[0]
+
+    def forward(self, x):
+        if self.pre_ln:
+            x = x + self._attend(self.ln1(x))
+            return x + self.down(self.act(self.up(self.ln2(x))))
+        x = self.ln1(x + self._attend(x))
+        return self.ln2(x + self.down(self.act(self.up(x))))
+
+
+class StreamNet(nn.Module):
+    """Token or patch embedding, a class token, position embeddings, blocks, a final norm
+    (pre-LN) and a head: the residual stream of ViT/GPT-style transformers."""
+
+    def __init__(self, d: int, layers: int, pre_ln: bool, attention: str, tokens: bool, seq: int):
+        super().__init__()
+        self.tokens = tokens
+        self.embed = nn.Embedding(50, d) if tokens else nn.Linear(12, d)
+        self.cls = nn.Parameter(torch.randn(1, 1, d))
+        self.pos = nn.Parameter(torch.randn(1, seq + 1, d) * 0.5)
+        self.blocks = nn.ModuleList(StreamBlock(d, pre_ln, attention) for _ in range(layers))
+        self.norm = nn.LayerNorm(d) if pre_ln else nn.Identity()
+        self.head = nn.Linear(d, 4)
+
+    def forward(self, x):
+        h = self.embed(x)
+        h = torch.cat([self.cls.expand(h.shape[0], -1, -1), h], dim=1) + self.pos
+        for block in self.blocks:
+            h = block(h)
+        return self.head(self.norm(h))
+
+
+@torch.no_grad()
+def stream_net(seed: int, layers: int, pre_ln: bool, attention: str, tokens: bool, plant_at: int, peak: float):
+    """A random StreamNet (d 32, sequence 8) whose ``plant_at``-th residual producer (the
+    attention outputs and MLP down projections in order) outputs ``peak``."""
+    _seeded(seed)
+    seq = 8
+    model = StreamNet(32, layers, pre_ln, attention, tokens, seq).eval()
+    x = torch.randint(0, 50, (2, seq)) if tokens else torch.randn(2, seq, 12)
+    producers = [m for b in model.blocks for m in (b.attn, b.down)]
+    at = producers[plant_at % len(producers)]  # an attention's output: its out projection's
+    seen = []
+    hook = at.register_forward_hook(lambda m, a, o: seen.append(float((o[0] if isinstance(o, tuple) else o).abs().max())))
+    try:
+        model(x)
+    finally:
+        hook.remove()
+    lin = at if isinstance(at, nn.Linear) else getattr(at, "out", None) or at.out_proj
+    lin.weight.mul_(peak / seen[0])
+    lin.bias.mul_(peak / seen[0])
+    return model, (x,)
+
+
+class TiedStream(nn.Module):
+    """An embedding whose table is also the output projection's weight (tied, as in
+    language models), a stream add, a norm: the table cannot take the stream's scale."""
+
+    def __init__(self, vocab: int = 40, d: int = 32):
+        super().__init__()
+        self.embed, self.fc, self.norm = nn.Embedding(vocab, d), nn.Linear(d, d), nn.LayerNorm(d)
+        self.head = nn.Linear(d, vocab, bias=False)
+        self.head.weight = self.embed.weight
+
+    def forward(self, ids):
+        h = self.embed(ids)
+        return self.head(self.norm(h + self.fc(h)))
+
+
+@torch.no_grad()
+def tied_stream():
+    _seeded(24)
+    model, inputs = TiedStream().eval(), (torch.randint(0, 40, (2, 8)),)
+    return plant_linear(model, inputs, "fc"), inputs
+
+
+@torch.no_grad()
+def timm_vit_tiny(plant: str | None = "blocks.0.mlp.fc2"):
+    """timm's vit_tiny_patch16_224 at 32 px (12 blocks; cls token and position embedding
+    joined in its ``_pos_embed``), its zero-initialized head made random."""
+    need_torchvision()
+    import pytest
+
+    timm = pytest.importorskip("timm")
+    _seeded(5)
+    model = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, num_classes=8).eval()
+    nn.init.normal_(model.head.weight, std=0.2)
+    inputs = (torch.rand(2, 3, 32, 32),)
+    return (plant_linear(model, inputs, plant) if plant else model), inputs

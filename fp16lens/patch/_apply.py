@@ -27,6 +27,9 @@ def apply_plan(model: nn.Module, plan: Plan) -> nn.Module:
     into the model's own forward."""
     named = dict(model.named_modules())
     for r in plan.reparametrized:
+        if r.rule == "parameter":
+            _parameter(model.get_parameter(r.module), r)
+            continue
         mod = named.get(r.module)
         _RULES[r.rule](mod if mod is not None else functional_params(model, r.module), r)
     for island in (i for i in plan.islands if not i.site):  # functional ones: below
@@ -70,9 +73,15 @@ def _set(param: torch.Tensor | None, value: torch.Tensor | None) -> None:
 
 
 def _linear(mod: nn.Module, r: Reparam) -> None:
-    w, b = scale_linear(mod.weight, mod.bias, r.s_in, r.s_out)
+    bias = getattr(mod, "bias", None)  # an embedding has none
+    w, b = scale_linear(mod.weight, bias, r.s_in, r.s_out)
     _set(mod.weight, w)
-    _set(mod.bias, b)
+    _set(bias, b)
+
+
+def _parameter(param: torch.Tensor, r: Reparam) -> None:
+    """A parameter that joins a scaled tensor (a class token, a position embedding)."""
+    param.copy_(param.double().div(r.s_out).to(param.dtype))
 
 
 def _bn_scale(mod: nn.Module, r: Reparam) -> None:

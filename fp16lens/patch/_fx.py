@@ -233,3 +233,121 @@ def scale_operands(
 def replace_module(model: nn.Module, name: str, new: nn.Module) -> None:
     parent, _, child = name.rpartition(".")
     setattr(model.get_submodule(parent) if parent else model, child, new)
+
+
+# ---- parameters that join a tensor (a class token concatenated, a position embedding added)
+_PARAM_VIEWS = frozenset({
+    "expand", "expand_as", "view", "reshape", "repeat", "unsqueeze", "squeeze", "permute",
+    "transpose", "contiguous", "flatten", "type_as", "to",
+})  # fmt: skip
+"""Ops between a parameter and a join that scale with it: (p/s).expand(...) = p.expand(...)/s."""
+
+
+class _ReadTracer(_LeafTracer):
+    """A tracer for reading a forward, never for running it: a branch on a traced value
+    (``if height != self.image_size[0]: raise``) takes its false side. The caller checks
+    that the graph runs as many joins as the report saw."""
+
+    def to_bool(self, obj) -> bool:
+        return False
+
+
+def _analysis_trace(mod: nn.Module) -> fx.Graph | None:
+    """The module's own forward as an fx graph, arguments defaulting to None or to a bool
+    taken as those values (only read, never run: the module is not replaced)."""
+    params = inspect.signature(mod.forward).parameters.values()
+    concrete = {p.name: p.default for p in params if p.kind is p.POSITIONAL_OR_KEYWORD
+                and (p.default is None or isinstance(p.default, bool))}
+    try:
+        graph = _ReadTracer().trace(mod, concrete_args=concrete or None)
+    except Exception:  # a forward fx cannot follow: its joins stay opaque
+        return None
+    for node in list(graph.nodes):
+        _inline(graph, node)
+    return graph
+
+
+def _inline(graph: fx.Graph, node: fx.Node) -> None:
+    """Replace a call of a plain Python function that fx kept whole (``torch.fx.wrap``, as
+    torchvision's patch-merging pad) by its traced body, so its joins are seen."""
+    fn = node.target
+    if node.op != "call_function" or not inspect.isfunction(fn) or node.kwargs:
+        return
+    if fn.__module__.split(".")[0] in ("torch", "operator", "builtins", "math"):
+        return
+    try:
+        body = _ReadTracer().trace(fn)
+    except Exception:  # its body stays one opaque call
+        return
+    holders = [n for n in body.nodes if n.op == "placeholder"]
+    if len(holders) != len(node.args):
+        return
+    with graph.inserting_before(node):
+        out = graph.graph_copy(body, dict(zip(holders, node.args)))
+    if isinstance(out, fx.Node):
+        node.replace_all_uses_with(out)
+        graph.erase_node(node)
+
+
+def _root(arg):
+    """The node ``arg`` reads through views, expands and slices (what scales with it)."""
+    while isinstance(arg, fx.Node) and arg.op in ("call_method", "call_function"):
+        name = arg.target if arg.op == "call_method" else getattr(arg.target, "__name__", "")
+        if name not in _PARAM_VIEWS and arg.target is not operator.getitem:
+            return arg
+        arg = arg.args[0]
+    return arg
+
+
+def _param_of(root, mod: nn.Module) -> str | None:
+    """The name (relative to ``mod``) of the floating parameter a get_attr ``root`` reads,
+    when that read is its only one in ``mod``'s forward and the parameter is ``mod``'s own
+    (or in its ParameterList/ParameterDict)."""
+    if not (isinstance(root, fx.Node) and root.op == "get_attr"):
+        return None
+    t = _attr(mod, root.target)
+    reads = sum(n.op == "get_attr" and n.target == root.target for n in root.graph.nodes)
+    ok = isinstance(t, nn.Parameter) and t.is_floating_point() and reads == 1 and len(root.users) == 1
+    holder = _attr(mod, root.target.rpartition(".")[0]) if "." in root.target else mod
+    if not isinstance(holder, (nn.ParameterList, nn.ParameterDict)) and holder is not mod:
+        return None  # a submodule's parameter: its own forward may read it too
+    return str(root.target) if ok else None
+
+
+def parameter_operands(
+    model: nn.Module, site: str, tensors: int, seen: int, graphs: dict
+) -> tuple[str, ...] | None:
+    """For a join site fed by ``tensors`` tensor producers (a report's edges), the qualified
+    names of the parameters that are its other operands (``x + self.pos_embedding``,
+    ``cat([self.cls_token.expand(n, -1, -1), x])``): scaled by 1/p they carry the join's
+    scale; an empty tuple where every operand reads one tensor (``cat([x[0::2], x[1::2]])``,
+    ``x + x``). None when an operand is something else (a constant, a buffer), a parameter
+    is read elsewhere in the forward, the owner does not trace, or its traced forward runs
+    another number of such joins than the ``seen`` ones the report saw in it. ``graphs``
+    caches traces."""
+    name = parse_site(site)
+    mod = model.get_submodule(name.module) if name.module else model
+    if isinstance(mod, fx.GraphModule):  # its nodes are named as watch named the sites
+        try:
+            node = find_op(mod, site)
+        except PatchError:
+            return None
+    else:
+        if name.module not in graphs:
+            graphs[name.module] = _analysis_trace(mod)
+        nodes = [nd for nd in graphs[name.module].nodes if op_of(nd) == name.op] if graphs[name.module] else []
+        if len(nodes) != seen or not 0 < name.nth <= len(nodes):
+            return None
+        node = nodes[name.nth - 1]
+    roots = [_root(a) for a in operands(node)]
+    params = [p for p in (_param_of(r, mod) for r in roots) if p is not None]
+    attrs = [r for r in roots if isinstance(r, fx.Node) and r.op == "get_attr"]
+    if len(attrs) != len(params) or not all(isinstance(r, fx.Node) for r in roots):
+        return None  # a buffer, a parameter read elsewhere too, or a number
+    if len({r for r in roots if r.op != "get_attr"}) != tensors:
+        return None  # operands from more tensors than the report's producers
+    prefix = f"{name.module}." if name.module else ""
+    every = [t for _, t in model.named_parameters(remove_duplicate=False)]
+    if any(sum(t is mod.get_parameter(p) for t in every) != 1 for p in params):
+        return None  # tied to another module's parameter: scaling it would change that one
+    return tuple(prefix + p for p in params)

@@ -14,17 +14,28 @@ different exponents (x + x**2) is a conflict: its class carries no scale.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from fractions import Fraction
 
+import torch
 from torch import nn
 
 from fp16lens._core import PatchError
-from fp16lens._core.algebra import degree, is_product, product_carrier
+from fp16lens._core.algebra import (
+    OpClass,
+    aten_class,
+    degree,
+    input_linear_weight,
+    is_join,
+    is_product,
+    output_linear_child,
+    product_carrier,
+)
 from fp16lens._core.sites import is_island
-from fp16lens.patch._classify import HOMOG, JOIN, LINEAR, POWER, module_kind, op_kind
+from fp16lens.patch._classify import HOMOG, JOIN, LINEAR, OPAQUE, POWER, module_kind, op_kind
 from fp16lens.patch._fused import contract
-from fp16lens.patch._fx import functional_params
+from fp16lens.patch._fx import FunctionalParams, functional_params, parameter_operands
 from fp16lens.report import Report
 
 
@@ -42,6 +53,8 @@ class SiteGraph:
     rel: dict[str, Fraction] = field(default_factory=dict)  # exponent relative to the parent
     conflicts: set[str] = field(default_factory=set)  # sites whose class got two exponents
     carries: dict[str, str] = field(default_factory=dict)  # product x * g(x) -> x (its scale)
+    params: dict[str, tuple[str, ...]] = field(default_factory=dict)  # join -> parameter operands
+    hosts: dict[str, tuple] = field(default_factory=dict)  # functional linear -> (weight, bias) names
 
     def find(self, site: str) -> str:
         return self._find(site)[0]
@@ -124,8 +137,17 @@ def build_graph(model: nn.Module, report: Report, binding=None) -> SiteGraph:
                and (c := product_carrier(s, producers)) is not None}
     modules = {s: m for s, m in modules.items() if s not in carries}  # a product's x passes
     kinds.update(dict.fromkeys(carries, HOMOG))  # the scale of x passes; g must be unscaled
+    params, hosts = {}, {}
+    if model is not None:  # a PyTorch model: parameters reached by probes and torch.fx
+        hosts = _hosted_linears(model, report, producers, consumers, kinds)
+        for site, (w, b) in hosts.items():  # a functional linear on parameters patch can reach
+            kinds[site], modules[site] = LINEAR, FunctionalParams(model.get_parameter(w), b and model.get_parameter(b))
+        for name in _tied(model, modules):  # rescaling one would rescale the other's parameters
+            kinds[name] = OPAQUE
+        params = _param_joins(model, report, producers)
+        kinds.update(dict.fromkeys(params, JOIN))  # x + parameter: the parameter takes x's scale
     graph = SiteGraph(producers, consumers, kinds, modules, frozen=binding.frozen(report),
-                      owners=binding.owners, carries=carries,
+                      owners=binding.owners, carries=carries, params=params, hosts=hosts,
                       ops={n: st.op for n, st in report.sites.items() if st.kind != "module"})
     _unite(graph)
     return graph
@@ -157,6 +179,61 @@ class TorchBinding:
     @staticmethod
     def is_product(st) -> bool:
         return st.kind != "module" and is_product(st.op)
+
+
+def _hosted_linears(model: nn.Module, report: Report, producers: dict, consumers: dict, kinds: dict) -> dict:
+    """Functional linears whose parameters patch can find: the one whose value its module
+    returns (``F.linear(x, self.proj.weight, self.proj.bias)``: Swin's attention), or the
+    one that first reads its module's input (``nn.MultiheadAttention``'s ``in_proj``),
+    mapped to the qualified names of their weight and bias (or None); found by running the
+    module on a random input of its one input's shape (``output_linear_child``,
+    ``input_linear_weight``)."""
+    found, by_module = {}, {}
+    for s, o in report.sites.items():
+        if o.kind != "module":
+            by_module.setdefault(o.module, set()).add(s)
+    for site, st in report.sites.items():
+        if st.kind == "module" or kinds[site] != OPAQUE or aten_class(st.op) != OpClass.ABSORBING or not st.module:
+            continue
+        own = by_module[st.module]
+        leaving = [s for s in own if any(c not in own for c in consumers[s])]
+        entering = [s for s in own if any(p not in own for p in producers[s])]
+        inputs = {p for s in own for p in producers[s] if p not in own}
+        shape = report.sites[next(iter(inputs))].shape if len(inputs) == 1 else None
+        probe = output_linear_child if leaving == [site] else input_linear_weight if entering == [site] else None
+        if probe is None or not shape:
+            continue
+        names = probe(model.get_submodule(st.module), torch.randn(shape, generator=torch.Generator().manual_seed(0)))
+        if names is not None and names[0].rpartition(".")[0] not in report.sites:  # not a module site
+            found[site] = tuple(None if n is None else f"{st.module}.{n}" for n in names)
+    return found
+
+
+def _tied(model: nn.Module, modules: dict) -> list[str]:
+    """Module sites holding a parameter that another module site holds too (an embedding
+    tied to an output projection): neither can take a scale of its own. A holder that
+    never runs (T5's ``shared`` beside ``encoder.embed_tokens``) does not count."""
+    holders: dict[int, set[int]] = {}  # parameter -> the modules holding it
+    for _, mod in model.named_modules(remove_duplicate=False):
+        for p in mod.parameters(recurse=False):
+            holders.setdefault(id(p), set()).add(id(mod))
+    ran = {id(m): s for s, m in modules.items() if isinstance(m, nn.Module)}  # module sites
+    shared = {ran[m] for mods in holders.values() if sum(m in ran for m in mods) > 1 for m in mods if m in ran}
+    return sorted(shared)
+
+
+def _param_joins(model: nn.Module, report: Report, producers: dict) -> dict[str, tuple[str, ...]]:
+    """Joins of tensors with parameters (a class token, a position embedding): each
+    parameter, scaled by 1/p in place, carries the scale of the join's tensor operands;
+    joins of one tensor with itself (a patch merging's slices) carry its scale as they are."""
+    found, graphs = {}, {}
+    ops = Counter((st.module, st.op) for st in report.sites.values() if st.kind != "module")
+    for name, st in report.sites.items():
+        if st.kind != "module" and is_join(st.op) and len(producers[name]) == 1:
+            params = parameter_operands(model, name, 1, ops[st.module, st.op], graphs)
+            if params is not None:
+                found[name] = params
+    return found
 
 
 def _in_islands(named: dict, report: Report) -> set[str]:

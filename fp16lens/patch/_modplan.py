@@ -24,6 +24,8 @@ def module_changes(
         if site in islands or (kind == Kind.BLOCK and (s_in != 1 or s_out != 1)):
             why = islands.get(site) or f"{getattr(mod, 'op_type', type(mod).__name__)} does not commute with scaling"
             out_islands.append(Island(site, s_in, s_out, why))
+        elif kind == Kind.LINEAR and (s_in != 1 or s_out != 1) and site in graph.hosts:
+            reparams += _hosted(graph.hosts[site], site, s_in, s_out)
         elif kind == Kind.LINEAR and (s_in != 1 or s_out != 1):
             reparams.append(Reparam(site, "linear", s_in, s_out, _detail(s_in, s_out, "W", "b")))
         elif kind == Kind.BN and (s_in != 1 or s_out != 1 or site in affine):
@@ -32,10 +34,23 @@ def module_changes(
             reparams.append(Reparam(site, "norm", s_in, s_out, _norm_detail(s_in, s_out)))
         elif kind == Kind.HOMOG and s_in != s_out:
             raise AssertionError(f"homogeneous {site} between scales {s_in} and {s_out}")
+    for join, names in graph.params.items():  # parameters joining a scaled tensor take its scale
+        s = graph.scale(join, scales)
+        if s != 1 and join not in graph.frozen:
+            reparams += [Reparam(n, "parameter", 1.0, s, f"/ {s:g} (joins at {join})") for n in names]
     for owner, why in islands.items():  # modules hosting functional ops no scale passes
         if owner not in graph.modules:
             out_islands.append(Island(owner, 1.0, 1.0, why))
     return reparams, out_islands
+
+
+def _hosted(names: tuple, site: str, s_in: float, s_out: float) -> list[Reparam]:
+    """A functional linear's weight and bias, found by name: each divided in place."""
+    weight, bias = names
+    out = [Reparam(weight, "parameter", 1.0, s_out / s_in, f"x {s_in / s_out:g} (the weight of {site})")]
+    if bias is not None and s_out != 1:
+        out.append(Reparam(bias, "parameter", 1.0, s_out, f"/ {s_out:g} (the bias of {site})"))
+    return out
 
 
 def _detail(s_in: float, s_out: float, w: str, b: str) -> str:

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from fractions import Fraction
 
 import torch
 from torch import nn
 
 from fp16lens._core import FP16_MAX, FP16_MIN_NORMAL
-from fp16lens._core.algebra import PASSES, Kind, choose_factor, exact_powers, pow2_ceil
+from fp16lens._core.algebra import PASSES, Kind, choose_factor, degree, exact_powers, pow2_ceil
 from fp16lens._core.sites import FindingKind, Mechanism, is_island
 from fp16lens.patch._actisland import mark_activations, rename_islands
 from fp16lens.patch._classes import class_problem, settle_products
@@ -61,11 +62,12 @@ class Demands:
 def build_plan(model: nn.Module | None, report: Report, options: PatchOptions, binding=None) -> Plan:
     """``model`` None: an ONNX graph, read through ``binding``."""
     binding = binding or TorchBinding(model)  # how the sites read the model (an ONNX graph too)
+    powers = [_chain_power(report, f.site) for f in report.findings]  # before sites merge
     report = binding.contract(report)  # fused norm modules: one site each
     graph, plan = build_graph(model, report, binding), Plan()
     acts = {} if model is None else mark_activations(model, graph, report)  # F.silu(x) & co.: islands
     settle_products(graph)  # x * g(x) passes x's scale only where x's class can carry one
-    demands = collect_demands(graph, report, plan).resolve(graph)
+    demands = collect_demands(graph, report, plan, powers).resolve(graph)
     cuts = choose_cuts(model, graph, report, demands, options.extend, binding.mappable)
     if cuts:
         graph.recut(cuts)
@@ -86,29 +88,50 @@ def build_plan(model: nn.Module | None, report: Report, options: PatchOptions, b
 
 
 # ---- demands ------------------------------------------------------------------------
-def collect_demands(graph: SiteGraph, report: Report, plan: Plan) -> Demands:
-    """Every demand on a site, unresolved ones into ``plan``; ``resolve`` groups them."""
+def _chain_power(report: Report, site: str) -> Fraction:
+    """The power of its module's input that a functional site's value is (RMS norm's
+    mean of x**2: 2), following its producers inside the same module; 1 for a module site."""
+    st = report.sites.get(site)
+    if st is None or st.kind == "module":
+        return Fraction(1)
+    power, seen = degree(st.op), {site}
+    node = site
+    while True:
+        inside = [p for p in report.producers(node) if p not in seen and report.sites[p].kind != "module"
+                  and report.sites[p].module == st.module]
+        if not inside:
+            return power
+        node = inside[0]
+        seen.add(node)
+        power *= degree(report.sites[node].op)
+
+
+def collect_demands(graph: SiteGraph, report: Report, plan: Plan, powers: list | None = None) -> Demands:
+    """Every demand on a site, unresolved ones into ``plan``; ``resolve`` groups them.
+    ``powers``: per finding, the power of its module's input its value is (``_chain_power``)."""
     d = Demands()
     for span in report.spans:
         reason = f"span {span.start} -> {span.end or 'output'}"
         for s in span.sites:
             if s not in span.ends and s in report.sites and s not in graph.frozen:
                 d.add(s, report.sites[s].absmax, 1, reason)
-    for f in report.findings:
+    for i, f in enumerate(report.findings):
         if f.site in graph.frozen:
             continue
         if f.mechanism == Mechanism.INTERNAL:
-            _internal(graph, f, d, plan)
+            _internal(graph, f, d, plan, powers[i] if powers else None)
         elif f.mechanism == Mechanism.PARAMETER and f.kind == FindingKind.PARAM_OVERFLOW:
             _parameter(graph, f, d, plan)
     return d
 
 
-def _internal(graph: SiteGraph, f, d: Demands, plan: Plan) -> None:
+def _internal(graph: SiteGraph, f, d: Demands, plan: Plan, chain: Fraction | None = None) -> None:
     kind = graph.kinds.get(f.site)
     reason = f"{f.kind} in {f.site} ({f.peak:.3g})"
     power = 2 if f.kind in _SQUARE else 1
-    norm = kind == Kind.NORM and f.kind in _SQUARE
+    if kind == Kind.NORM and f.kind == FindingKind.SUM_BEFORE_MEAN and chain is not None and chain > 0:
+        power = chain  # inside a norm recognized by what it computes: the mean of x**2 (RMS) or x
+    norm = kind == Kind.NORM and (f.kind in _SQUARE or f.kind == FindingKind.SUM_BEFORE_MEAN)
     if norm or (kind == Kind.HOMOG and f.kind == FindingKind.SUM_BEFORE_MEAN):
         prods = graph.producers.get(f.site, [])
         anchor = (prods[0] if prods else None) if norm else f.site  # a norm: its input's class

@@ -19,7 +19,8 @@ from peers import models_big, tools
 from peers.flops import fp16_share, fp32_nodes
 
 QUICK_MODELS = ("seed_case", "gelu_span", "bn_huge_var", "layernorm_variance")
-FULL_MODELS = (*QUICK_MODELS, "resnet50 (planted)", "bert-base (planted)", "vit (residual stream)")
+FULL_MODELS = (*QUICK_MODELS, "resnet50 (planted)", "bert-base (planted)", "vit (residual stream)",
+               *models_big.ONNX_CASES)
 TUNED_GRID = {True: (8192.0,), False: (2048.0, 8192.0, 32768.0)}
 """data_max values tried for AutoCast's tuned row (quick / full): the largest that passes."""
 
@@ -55,6 +56,10 @@ def fixing_rows(model_names=None, quick: bool = False, only=None) -> list[dict]:
 
 def prepare(name: str, workdir: Path) -> tools.Case:
     """Build the model, watch it on its inputs, export the FP32 graph every peer starts from."""
+    if name in models_big.ONNX_CASES:  # ONNX in: the published file is what every tool gets
+        path, inputs = models_big.onnx_file(name)
+        report = fp16lens.scan(path, [inputs], progress=False)
+        return tools.Case(name.split(" ")[0], path, inputs, report, Path(path), workdir)
     model, inputs = models_big.build(name)
     with torch.no_grad(), fp16lens.watch(model) as lens:
         model(*inputs)
@@ -74,7 +79,7 @@ def measure(case: tools.Case, fix: tools.Fix) -> dict:
         warnings.simplefilter("ignore")
         parity = fp16lens.verify(case.model, str(fix.path), case.inputs, backend="onnx-fp16")
     return {
-        "FP16 FLOPs %": round(100 * fp16_share(proto), 1),
+        "FP16 FLOPs %": round(100 * fp16_share(proto, [tuple(t.shape) for t in case.inputs]), 1),
         "parity": "pass" if parity else "FAIL",
         "cosine": _finite(parity.cosine),
         "non-finite": bool(parity.nonfinite),

@@ -7,6 +7,7 @@ of them (the weight's dims after the first), a Gemm M x N x K, a MatMul prod(Y) 
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from math import prod
 
@@ -24,8 +25,11 @@ class NodeFlops:
     fp16: bool
 
 
-def _tensor_info(proto) -> tuple[dict[str, list[int | None]], dict[str, int]]:
-    """Shape and element type of every tensor shape inference can tell."""
+def _tensor_info(proto, input_shapes=None) -> tuple[dict[str, list[int | None]], dict[str, int]]:
+    """Shape and element type of every tensor shape inference can tell; ``input_shapes``
+    (one shape per graph input) fixes a graph's dynamic input dims first."""
+    if input_shapes is not None:
+        proto = _static(proto, input_shapes)
     g = onnx.shape_inference.infer_shapes(proto).graph
     shapes = {t.name: list(t.dims) for t in g.initializer}
     types = {t.name: t.data_type for t in g.initializer}
@@ -41,6 +45,19 @@ def _tensor_info(proto) -> tuple[dict[str, list[int | None]], dict[str, int]]:
             shapes[node.output[0]] = list(node.attribute[0].t.dims)
             types[node.output[0]] = node.attribute[0].t.data_type
     return shapes, types
+
+
+def _static(proto, input_shapes):
+    proto = copy.deepcopy(proto)
+    del proto.graph.value_info[:]  # stale dynamic shapes a converter copied would stay unknown
+    inits = {t.name for t in proto.graph.initializer}
+    inputs = [i for i in proto.graph.input if i.name not in inits]
+    for vi, shape in zip(inputs, input_shapes):
+        dims = vi.type.tensor_type.shape.dim
+        del dims[:]
+        for n in shape:
+            dims.add().dim_value = int(n)
+    return proto
 
 
 def _macs(node, shapes: dict) -> int | None:
@@ -59,9 +76,9 @@ def _macs(node, shapes: dict) -> int | None:
     return prod(out) * k
 
 
-def heavy_nodes(proto) -> list[NodeFlops]:
+def heavy_nodes(proto, input_shapes=None) -> list[NodeFlops]:
     """Every Conv/Gemm/MatMul with its FLOPs; raises when a shape cannot be inferred."""
-    shapes, types = _tensor_info(proto)
+    shapes, types = _tensor_info(proto, input_shapes)
     rows = []
     for node in proto.graph.node:
         if node.op_type not in HEAVY:
@@ -74,9 +91,9 @@ def heavy_nodes(proto) -> list[NodeFlops]:
     return rows
 
 
-def fp16_share(proto) -> float:
+def fp16_share(proto, input_shapes=None) -> float:
     """Share (0..1) of the graph's Conv/Gemm/MatMul FLOPs whose inputs are FP16."""
-    rows = heavy_nodes(proto)
+    rows = heavy_nodes(proto, input_shapes)
     total = sum(r.flops for r in rows)
     return sum(r.flops for r in rows if r.fp16) / total if total else 0.0
 

@@ -1,7 +1,9 @@
 """The models of the Fixing table: the watch issue's small test models (tests/models.py)
 and, in full mode, a ResNet-50, a BERT-base (post-LN) and a ViT-Tiny-sized pre-LN
 transformer (random weights) with an overflow planted by tests/plant.py the way training
-can produce one (in the ViT, on the residual stream: an MLP down projection feeding it)."""
+can produce one (in the ViT, on the residual stream: an MLP down projection feeding it).
+ONNX in: PP-OCRv4's published detector (rapidocr-onnxruntime's .onnx file, no PyTorch
+source) fed raw 0-255 pixels, the mistake users make."""
 
 from __future__ import annotations
 
@@ -57,3 +59,15 @@ def _vit():
                               hidden_dim=192, mlp_dim=768)
     torch.nn.init.normal_(model.heads.head.weight, std=0.02)  # torchvision starts it at zero
     return model.eval(), (torch.randn(1, 3, 64, 64),)
+
+
+ONNX_CASES = {"pp-ocrv4 det (onnx in; raw pixels)": False}
+"""Fixing-table models that are ONNX files: name -> normalized input."""
+
+
+def onnx_file(name: str) -> tuple[str, tuple]:
+    """``(path, (x,))`` for an ONNX-in Fixing-table model (x a numpy batch)."""
+    import zoo_real
+
+    path, x = zoo_real.ppocr_det(ONNX_CASES[name])
+    return path, (x,)

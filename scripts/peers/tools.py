@@ -30,7 +30,7 @@ class Case:
     """One model prepared for every tool: its FP32 ONNX file and the sites to block."""
 
     name: str
-    model: nn.Module
+    model: nn.Module | str  # an .onnx path: the case starts from an ONNX file (ONNX in)
     inputs: tuple
     report: Report
     fp32_path: Path
@@ -56,11 +56,22 @@ class Fix:
 
 
 def fp16lens_fix(case: Case) -> Fix:
+    if isinstance(case.model, str):
+        return _fp16lens_onnx_fix(case)
     patched = fp16lens.patch(case.model, case.report)
     art = fp16lens.export(patched, case.inputs, case.out("fp16lens"), precision="fp16")
     plan = getattr(patched, "_fp16lens_plan", None)
     regions = len(plan.regions) if plan is not None else 0
     return Fix(art.path, f"{regions} rescaled region(s), {len(art.fp32_nodes)} FP32 node(s)")
+
+
+def _fp16lens_onnx_fix(case: Case) -> Fix:
+    """The ONNX-in journey: patch the graph itself, then re-type it to FP16."""
+    fixed = case.workdir / f"{case.name}.fp16lens.fp32.onnx"
+    fp16lens.patch(case.model, case.report, out=fixed)
+    plan = fp16lens.plan(case.model, case.report)
+    art = fp16lens.export(str(fixed), None, case.out("fp16lens"), precision="fp16")
+    return Fix(art.path, f"{len(plan.regions)} rescaled region(s), {len(art.fp32_nodes)} FP32 node(s)")
 
 
 def all_fp16(case: Case) -> Fix:
@@ -79,7 +90,10 @@ def blocked_span(case: Case) -> Fix:
 
     proto = onnx.load(str(case.fp32_path))
     sites = case.problem_sites()
-    block = [n.name for n in proto.graph.node if site_of_node(n, case.model) in sites]
+    if isinstance(case.model, str):  # ONNX in: the report's sites are the node names
+        block = [n.name for n in proto.graph.node if n.name in sites]
+    else:
+        block = [n.name for n in proto.graph.node if site_of_node(n, case.model) in sites]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         proto = float16.convert_float_to_float16(proto, keep_io_types=True, node_block_list=block)
@@ -93,7 +107,7 @@ def autocast(case: Case, data_max: float) -> Fix:
 
     names = [i.name for i in onnx.load(str(case.fp32_path), load_external_data=False).graph.input]
     npz = case.workdir / f"{case.name}.calib.npz"
-    np.savez(npz, **{n: t.detach().numpy() for n, t in zip(names, _tensors(case.inputs))})
+    np.savez(npz, **{n: np.asarray(t) for n, t in zip(names, _tensors(case.inputs))})
     with _quiet():
         proto = convert_to_mixed_precision(
             str(case.fp32_path), data_max=data_max, keep_io_types=True, calibration_data=str(npz)
@@ -101,8 +115,8 @@ def autocast(case: Case, data_max: float) -> Fix:
     return _save(proto, case.out(f"autocast{data_max:g}"), f"data_max={data_max:g}")
 
 
-def _tensors(inputs: tuple) -> list[torch.Tensor]:
-    return [t for t in inputs if torch.is_tensor(t)]
+def _tensors(inputs: tuple) -> list:
+    return [t.detach() if torch.is_tensor(t) else t for t in inputs if torch.is_tensor(t) or isinstance(t, np.ndarray)]
 
 
 def _save(proto, path: Path, note: str) -> Fix:

@@ -39,9 +39,11 @@ from fp16lens._core.algebra._factor import (
 from fp16lens._core.algebra._modules import (
     eps_name,
     fused_kind,
+    input_linear_weight,
     module_kind,
     module_name_kind,
     norm_has_affine,
+    output_linear_child,
     type_kind,
 )
 from fp16lens._core.algebra._onnx import ONNX_JOINS, onnx_class
@@ -49,8 +51,8 @@ from fp16lens._core.algebra._onnx import ONNX_JOINS, onnx_class
 __all__ = [
     "ABSORB_IN", "ABSORB_OUT", "DEGREES", "JOINS", "KIND_CLASS", "ONNX_JOINS", "PASSES", "PRODUCTS",
     "TARGET_EXP", "Kind", "OpClass", "aten_class", "choose_factor", "degree", "eps_name", "exact_powers",
-    "fused_kind", "is_join", "is_product", "module_kind",
-    "module_name_kind", "needed", "norm_has_affine", "onnx_class", "op_class", "op_kind",
+    "fused_kind", "input_linear_weight", "is_join", "is_product", "module_kind",
+    "module_name_kind", "needed", "norm_has_affine", "onnx_class", "op_class", "op_kind", "output_linear_child",
     "pow2_ceil", "pow2_floor", "product_carrier", "rescale_exponent", "site_class", "type_kind",
 ]  # fmt: skip
 

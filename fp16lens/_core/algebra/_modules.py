@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import inspect
 import weakref
 
 import torch
@@ -23,7 +24,7 @@ from torch.nn.modules.padding import _ConstantPadNd
 
 from fp16lens._core.algebra._classes import Kind
 
-_LINEAR = (_ConvNd, nn.Linear)
+_LINEAR = (_ConvNd, nn.Linear, nn.Embedding)  # an embedding: its table absorbs an output 1/p
 _NORM = (nn.LayerNorm, nn.GroupNorm, nn.RMSNorm, _InstanceNorm)
 _HOMOG = (
     nn.ReLU, nn.LeakyReLU, nn.PReLU, nn.Identity, nn.Flatten, nn.Unflatten,
@@ -117,6 +118,8 @@ def _probe(module: nn.Module) -> Kind | None:
 
 def _probe_kind(module: nn.Module) -> Kind | None:
     try:
+        if eps_name(module) is None:
+            return Kind.LINEAR if _is_linear(module) else None
         if _is_bn_like(module):
             return Kind.BN
         if _is_invariant_norm(module):
@@ -129,8 +132,10 @@ def _probe_kind(module: nn.Module) -> Kind | None:
 def fused_kind(module: nn.Module) -> Kind | None:
     """BN for a module computing an eval batch norm from its own buffers (running_mean,
     running_var, weight, bias, eps), NORM for an affine norm invariant to its input's scale
-    with eps/p^2; None otherwise. Decided by a numeric probe on a float64 copy."""
-    if eps_name(module) is None or not torch.is_tensor(getattr(module, "weight", None)):
+    with eps/p^2, LINEAR for a leaf module without eps that the linear rule rescales
+    exactly (HF's Conv1D: ``x @ W + b``); None otherwise. Decided by a numeric probe on a
+    float64 copy."""
+    if not torch.is_tensor(getattr(module, "weight", None)):
         return None
     return _probe(module)
 
@@ -173,6 +178,30 @@ def _is_bn_like(module: nn.Module) -> bool:
 
 
 @torch.no_grad()
+def _is_linear(module: nn.Module) -> bool:
+    """A leaf module whose output, with W -> W s_in / s_out and b -> b / s_out (the linear
+    rule), on x / s_in is its output / s_out: checked at s_in = 2, s_out = 4 on inputs
+    whose last dimension is one of the weight's."""
+    if next(module.children(), None) is not None or module.weight.dim() < 2:
+        return False
+    m = _stripped(module)
+    bias = getattr(m, "bias", None)
+    for n in dict.fromkeys(m.weight.shape):
+        x = torch.randn(2, 3, n, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+        try:
+            y = m(x)
+        except RuntimeError:
+            continue
+        if not (torch.is_tensor(y) and torch.isfinite(y).all()) or _same(y, torch.zeros_like(y)):
+            return False
+        m.weight.mul_(0.5)  # W x 2 / 4
+        if torch.is_tensor(bias):
+            bias.mul_(0.25)
+        return _same(m(x / 2), y / 4)
+    return False
+
+
+@torch.no_grad()
 def _is_invariant_norm(module: nn.Module) -> bool:
     m, name = _stripped(module), eps_name(module)
     for x in _inputs(m.weight.numel()):
@@ -189,3 +218,66 @@ def _is_invariant_norm(module: nn.Module) -> bool:
                 t.div_(4)
         return scaled and _same(m(x / 4), y / 4)
     return False
+
+
+def _call(m: nn.Module, x: torch.Tensor):
+    """``m`` run with ``x`` for each argument its forward requires; its first tensor out."""
+    params = inspect.signature(m.forward).parameters.values()
+    n = sum(p.default is p.empty and p.kind is p.POSITIONAL_OR_KEYWORD for p in params)
+    out = m(*[x] * max(n, 1))
+    return out[0] if isinstance(out, (tuple, list)) and out else out
+
+
+def _weights(m: nn.Module):
+    """((weight name, bias name or None), weight, bias) of each submodule with a matrix
+    weight, and of each matrix parameter of ``m`` itself (``in_proj_weight``, no bias)."""
+    for name, sub in m.named_modules():
+        w, b = getattr(sub, "weight", None), getattr(sub, "bias", None)
+        if name and torch.is_tensor(w) and w.dim() >= 2:
+            yield (f"{name}.weight", f"{name}.bias" if torch.is_tensor(b) else None), w, b
+    for name, p in m.named_parameters(recurse=False):
+        if p.dim() >= 2 and name != "weight":
+            yield (name, None), p, None
+
+
+@torch.no_grad()
+def _probe_weights(module: nn.Module, x: torch.Tensor, s_in: float, s_out: float) -> tuple | None:
+    """The names (inside ``module``) of the one weight and its bias (None without) for
+    which the linear rule W s_in/s_out, b/s_out on input x/s_in divides the module's output
+    by s_out exactly, or None."""
+    m = copy.deepcopy(module).double().eval()
+    x = x.double()
+    try:
+        y = _call(m, x)
+    except Exception:  # a forward that needs more than its one input: not probed
+        return None
+    if not (torch.is_tensor(y) and torch.isfinite(y).all()) or _same(y, torch.zeros_like(y)):
+        return None
+    found = []
+    for name, w, b in _weights(m):
+        saved = [t.clone() for t in (w, b) if torch.is_tensor(t)]
+        w.mul_(s_in / s_out)
+        if torch.is_tensor(b):
+            b.div_(s_out)
+        if _same(_call(m, x / s_in), y / s_out):
+            found.append(name)
+        for t, v in zip([t for t in (w, b) if torch.is_tensor(t)], saved):
+            t.copy_(v)
+    return found[0] if len(found) == 1 else None
+
+
+def output_linear_child(module: nn.Module, x: torch.Tensor) -> tuple | None:
+    """The names of the one submodule's weight and bias (inside ``module``) that, divided by 4,
+    divide ``module(x)`` by 4 exactly: a forward that ends in a linear map with that
+    submodule's parameters, read functionally (torchvision's Swin attention runs
+    ``F.linear(x, self.proj.weight, self.proj.bias)``). None when none or several do."""
+    return _probe_weights(module, x, 1.0, 4.0)
+
+
+def input_linear_weight(module: nn.Module, x: torch.Tensor) -> tuple | None:
+    """The names of the one weight (a submodule's, or a matrix parameter) and its bias that,
+    multiplied by 2, makes ``module(x / 2)`` equal ``module(x)`` (x passed to every
+    argument the forward requires): a forward that starts with a linear map of its input
+    (``nn.MultiheadAttention``'s ``in_proj_weight`` in self-attention). None when none or
+    several do."""
+    return _probe_weights(module, x, 2.0, 1.0)
