@@ -91,11 +91,27 @@ def heavy_nodes(proto, input_shapes=None) -> list[NodeFlops]:
     return rows
 
 
-def fp16_share(proto, input_shapes=None) -> float:
-    """Share (0..1) of the graph's Conv/Gemm/MatMul FLOPs whose inputs are FP16."""
-    rows = heavy_nodes(proto, input_shapes)
+def fp16_share(proto, input_shapes=None, reference=None) -> float:
+    """Share (0..1) of the graph's Conv/Gemm/MatMul FLOPs whose inputs are FP16.
+    ``reference``: the FP32 graph ``proto`` was converted from; a heavy node's FLOPs come
+    from its namesake there (a converter's Casts before a Resize's scales leave shape
+    inference without the shapes after it)."""
+    rows = heavy_nodes(proto, input_shapes) if reference is None else _by_reference(proto, reference, input_shapes)
     total = sum(r.flops for r in rows)
     return sum(r.flops for r in rows if r.fp16) / total if total else 0.0
+
+
+def _by_reference(proto, reference, input_shapes) -> list[NodeFlops]:
+    flops = {r.name: r.flops for r in heavy_nodes(reference, input_shapes)}
+    _, types = _tensor_info(proto)
+    rows = []
+    for node in proto.graph.node:
+        if node.op_type in HEAVY:
+            if node.name not in flops:
+                raise ValueError(f"{node.op_type} {node.name!r} is not in the FP32 graph it came from")
+            floats = [types.get(i) for i in node.input[:2] if i]
+            rows.append(NodeFlops(node.name, node.op_type, flops[node.name], all(t == F16 for t in floats)))
+    return rows
 
 
 def fp32_nodes(proto) -> int:
