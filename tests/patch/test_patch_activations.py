@@ -156,7 +156,8 @@ def test_a_functional_island_exports_with_only_its_nodes_in_fp32(tmp_path):
     graph = onnx.shape_inference.infer_shapes(onnx.load(str(art.path)), strict_mode=True).graph
     types_ = {v.name: v.type.tensor_type.elem_type for v in [*graph.input, *graph.output, *graph.value_info]}
     fp32 = {n.name for n in graph.node if n.op_type != "Cast" and types_.get(n.output[0]) == onnx.TensorProto.FLOAT}
-    assert fp32 and fp32 == set(art.fp32_nodes)
+    ops = {n.name: n.op_type for n in graph.node}
+    assert fp32 and fp32 == {n for n in art.fp32_nodes if ops[n] != "Cast"}  # torch 2.4 lists the Casts
     assert all(art.node_map[n].startswith("0.silu_fp32") for n in fp32)
     result = verify(model, art.path, inputs, backend="onnx-fp16")
     assert result and result.cosine >= 0.999
