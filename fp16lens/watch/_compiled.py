@@ -22,6 +22,7 @@ says so, and the caller falls back to the eager path.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 from collections.abc import Callable
@@ -124,7 +125,7 @@ def capture(rec: StaticRecorder, model: torch.nn.Module, batch: Any,
         rec.on_forward_end, end = done.append, rec.on_forward_end
         rec.static, rec.reads = True, []
         try:
-            with rec.tracker, rec:
+            with _function_modes_off(), rec.tracker, rec:
                 call(model, tree_unflatten(args, spec))
         finally:
             rec.static, rec.on_forward_end = False, end
@@ -132,15 +133,14 @@ def capture(rec: StaticRecorder, model: torch.nn.Module, batch: Any,
         return [*fw.extremes, *fw.samples, *(p for _, _, p, _ in fw.internal)]
 
     try:
-        gm = make_fx(forward, tracing_mode="real")(*(leaves[i] for i in slots))
+        with _fast_paths_kept():
+            gm = make_fx(forward, tracing_mode="real")(*(leaves[i] for i in slots))
     except Exception as exc:
+        if rec.reads:
+            return Captured(why=_reads_why(rec.reads)), None
         return Captured(why=f"capture failed ({type(exc).__name__}: {_first_line(exc)})"), None
     if rec.reads:
-        more = f" and {len(rec.reads) - 1} more" if len(rec.reads) > 1 else ""
-        return Captured(why=(
-            f"the forward reads tensor values in Python ({rec.reads[0]}{more}: .item(), "
-            "`if tensor:` or a data-dependent shape), so one graph cannot stand for every batch"
-        )), None
+        return Captured(why=_reads_why(rec.reads)), None
     fw = done[-1]
     template = dataclasses.replace(fw, extremes=[], samples=[], internal=[
         (site, kind, None, ctx) for site, kind, _, ctx in fw.internal])
@@ -148,20 +148,63 @@ def capture(rec: StaticRecorder, model: torch.nn.Module, batch: Any,
                     counts=(len(fw.extremes), len(fw.samples))), fw
 
 
+@contextlib.contextmanager
+def _fast_paths_kept():
+    """nn.MultiheadAttention leaves its fused fast path when it sees make_fx's mode on the
+    stack; the eager path takes it (and records the steps the fused kernel stores as their
+    own sites), so the capture must take it too. Nothing changes where torch has no such
+    check."""
+    from torch.nn.modules import activation
+
+    saved = getattr(activation, "_is_make_fx_tracing", None)
+    if saved is None:
+        yield
+        return
+    activation._is_make_fx_tracing = lambda: False
+    try:
+        yield
+    finally:
+        activation._is_make_fx_tracing = saved
+
+
+@contextlib.contextmanager
+def _function_modes_off():
+    """Inside make_fx: its torch-function mode (source metadata, which this graph does not
+    need) taken off while the forward runs, since any torch-function mode makes
+    nn.MultiheadAttention leave its fast path (``has_torch_function``)."""
+    from torch.overrides import _get_current_function_mode_stack, _pop_mode_temporarily
+
+    stack = _get_current_function_mode_stack()
+    if not stack or type(stack[-1]).__name__ != "TorchFunctionMetadataMode":
+        yield
+        return
+    with _pop_mode_temporarily():
+        yield
+
+
+def _reads_why(reads: list[str]) -> str:
+    more = f" and {len(reads) - 1} more" if len(reads) > 1 else ""
+    return (f"the forward reads tensor values in Python ({reads[0]}{more}: .item(), `if tensor:` "
+            "or a data-dependent shape), so one captured graph cannot stand for every batch")
+
+
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return text[0][:200] if text else ""
 
 
-def compile_graph(cap: Captured, device: torch.device) -> Callable:
+def compile_graph(cap: Captured, device: torch.device, backend: str = "inductor") -> Callable:
     """Inductor over the captured graph. On CUDA the graph is replayed as a CUDA graph
     (mode="reduce-overhead"); on the CPU convolutions keep their NCHW layout (the C++
-    backend's channels-last rewrite falls back to a slow convolution)."""
+    backend's channels-last rewrite falls back to a slow convolution). ``backend="fx"``
+    runs the captured graph as it is (op by op, no compiler: what the tests compare)."""
+    if backend == "fx":
+        return cap.graph
     if device.type == "cuda":
-        return torch.compile(cap.graph, backend="inductor", mode="reduce-overhead",
+        return torch.compile(cap.graph, backend=backend, mode="reduce-overhead",
                              fullgraph=True, dynamic=False)
-    return torch.compile(cap.graph, backend="inductor", fullgraph=True, dynamic=False,
-                         options={"layout_optimization": False})
+    options = {"layout_optimization": False} if backend == "inductor" else None
+    return torch.compile(cap.graph, backend=backend, fullgraph=True, dynamic=False, options=options)
 
 
 def tensors_of(batch: Any) -> list[torch.Tensor]:

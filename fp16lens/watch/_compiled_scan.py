@@ -56,13 +56,14 @@ class Timings:
 class CompiledScan:
     """The state of one compiled scan: ``step(batch)`` per batch, ``report()`` at the end."""
 
-    def __init__(self, model: torch.nn.Module, options: WatchOptions):
+    def __init__(self, model: torch.nn.Module, options: WatchOptions, backend: str = "inductor"):
         _check_model(model)
         self.model = model
         self.options = options
         self.params = check_parameters(model, options) if options.params else []
         self.rec = StaticRecorder(model, options, on_forward_end=self._add)
         self.acc = Accumulator(options.threshold, self.rec.sites)
+        self.backend = backend
         self.graphs: dict[tuple, Captured] = {}
         self.timings = Timings()
 
@@ -96,7 +97,7 @@ class CompiledScan:
         t0 = time.perf_counter()
         try:
             if first:
-                cap.run = compile_graph(cap, _device_of(batch, self.model))
+                cap.run = compile_graph(cap, _device_of(batch, self.model), self.backend)
             fw = run_compiled(cap, batch, self.rec.forwards)
         except Exception as exc:
             if not first:
@@ -133,8 +134,7 @@ class CompiledScan:
         for why in self.timings.fallbacks:
             report.findings.append(Finding(
                 site="", mechanism=Mechanism.NOTE, peak=0.0,
-                detail=f"{FALLBACK} for some batches: {why}; the ranges are the eager path's, "
-                       "which is the reference",
+                detail=f"{FALLBACK}: {why}; those batches were watched eagerly (the reference path)",
             ))
         return report
 
@@ -155,8 +155,10 @@ def _device_of(batch: Any, model: torch.nn.Module) -> torch.device:
 
 
 def scan_compiled(model: torch.nn.Module, batches, *, progress: bool = True, description: str = "watching",
-                  options: WatchOptions | None = None, **option_values: Any) -> tuple[Report, Timings]:
-    """The body of ``scan(..., compile=True)``; returns the report and where the time went."""
+                  options: WatchOptions | None = None, backend: str = "inductor",
+                  **option_values: Any) -> tuple[Report, Timings]:
+    """The body of ``scan(..., compile=True)``; returns the report and where the time went.
+    ``backend``: torch.compile's backend, or "fx" for the captured graph run as it is."""
     from rich.console import Console
     from rich.progress import Progress
 
@@ -164,7 +166,7 @@ def scan_compiled(model: torch.nn.Module, batches, *, progress: bool = True, des
         options = WatchOptions(**option_values)
     elif option_values:
         raise ValueError("pass either options=WatchOptions(...) or keyword options, not both")
-    run = CompiledScan(model, options)
+    run = CompiledScan(model, options, backend)
     total = len(batches) if hasattr(batches, "__len__") else None
     bar = Progress(console=Console(stderr=True), transient=True, disable=not progress)
     _ACTIVE.add(model)
