@@ -38,13 +38,15 @@ from fp16lens.watch._tensorstats import extremes, flat_view, take_sample
 _DYNAMIC_TAGS = (torch.Tag.dynamic_output_shape, torch.Tag.data_dependent_output)
 
 
-def _reads_values(func) -> bool:
-    """An aten op whose result depends on tensor values in a way a graph cannot replay:
-    a Python number read from a tensor, or an output shape made from values."""
+def _reads_values(func) -> str:
+    """How an aten op's result depends on tensor values in a way one graph cannot replay
+    ("" when it does not): a shape made from values, or a Python number read from a tensor."""
     if any(tag in func.tags for tag in _DYNAMIC_TAGS):
-        return True
+        return "its output shape comes from the values"
     rets = func._schema.returns
-    return bool(rets) and not any("Tensor" in str(r.type) for r in rets)
+    if rets and not any("Tensor" in str(r.type) for r in rets):
+        return "a value read into Python: .item(), `if tensor:`"
+    return ""
 
 
 class StaticRecorder(Recorder):
@@ -74,9 +76,10 @@ class StaticRecorder(Recorder):
         return eid
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if self.static and self.stack and self.forward is not None and _reads_values(func):
+        how = self.static and self.stack and self.forward is not None and _reads_values(func)
+        if how:
             where = self.stack[-1].name or "the model's own forward"
-            self.reads.append(f"{func.overloadpacket.__name__} in {where}")
+            self.reads.append(f"{func.overloadpacket.__name__} in {where}: {how}")
         return super().__torch_dispatch__(func, types, args, kwargs)
 
 
@@ -183,9 +186,9 @@ def _function_modes_off():
 
 
 def _reads_why(reads: list[str]) -> str:
-    more = f" and {len(reads) - 1} more" if len(reads) > 1 else ""
-    return (f"the forward reads tensor values in Python ({reads[0]}{more}: .item(), `if tensor:` "
-            "or a data-dependent shape), so one captured graph cannot stand for every batch")
+    more = f"; {len(reads) - 1} more such ops" if len(reads) > 1 else ""
+    return (f"the forward depends on tensor values ({reads[0]}{more}), so one captured graph "
+            "cannot stand for every batch")
 
 
 def _first_line(exc: BaseException) -> str:

@@ -78,13 +78,13 @@ class CompiledScan:
         key = signature(batch)
         cap = self.graphs.get(key)
         if cap is None:
-            t0 = time.perf_counter()
+            t0, forwards = time.perf_counter(), self.rec.forwards
             cap, fw = capture(self.rec, self.model, batch, call_model)
             self.timings.capture += time.perf_counter() - t0
             self.graphs[key] = cap
-            if fw is None:
+            if fw is None:  # undo what the capture began, then the batch runs eagerly
                 self._fell_back(cap.why)
-                self.rec.forward = None  # what the capture left half-recorded
+                self.rec.forward, self.rec.forwards = None, forwards
                 return self._eager(batch)
             self.timings.traced_batches += 1
             return self.acc.add(fw)
