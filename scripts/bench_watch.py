@@ -241,12 +241,8 @@ def main(argv=None) -> int:
                         help="where the models and inputs live (cuda: synchronized timings, "
                         "peak CUDA memory)")
     parser.add_argument("--compile", action="store_true",
-                        help="add scan(compile=True) rows (models also: resnet18, encoder-4)")
+                        help="add a scan(compile=True) row per model (compile time, break-even)")
     args = parser.parse_args(argv)
-    if args.compile:
-        from bench_watch_compiled import MODELS as COMPILED_MODELS
-
-        MODELS.update(COMPILED_MODELS)
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda needs a CUDA GPU (torch.cuda.is_available() is False)")
     device = torch.device(args.device)

@@ -99,7 +99,6 @@ def peak_rss_ratio(model_name: str, quick: bool) -> float:
     def rss(body: str) -> float:
         code = (
             f"import sys, resource, torch; sys.path.insert(0, {here!r}); import bench_watch as b\n"
-            "import bench_watch_compiled as c; b.MODELS.update(c.MODELS)\n"
             f"model, inputs = b.MODELS[{model_name!r}]({quick!r})\n"
             f"{body}\n"
             "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)\n"
@@ -129,22 +128,3 @@ def compiled_row(name: str, model, inputs: tuple, reps: int, device: torch.devic
     print(f"# {name} compiled ({device.type}): time {n['time']:.2f}x, {row['note']}",
           file=sys.stderr, flush=True)
     return row
-
-
-def resnet18(quick: bool):
-    from torchvision_compat import ensure_torchvision
-
-    tv = ensure_torchvision()
-    model = tv.models.resnet18().eval()
-    return model, (torch.randn(1 if quick else 4, 3, 64 if quick else 224, 64 if quick else 224),)
-
-
-def encoder_small(quick: bool):
-    """A 4-layer BERT-base-wide encoder (nn.TransformerEncoder), sequence 128 (quick: 32)."""
-    enc = torch.nn.TransformerEncoder(
-        torch.nn.TransformerEncoderLayer(768, 12, 3072, batch_first=True), 2 if quick else 4,
-        enable_nested_tensor=False).eval()
-    return enc, (torch.randn(1 if quick else 4, 32 if quick else 128, 768),)
-
-
-MODELS = {"resnet18": resnet18, "encoder-4": encoder_small}
