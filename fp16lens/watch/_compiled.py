@@ -26,7 +26,7 @@ import contextlib
 import copy
 import dataclasses
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -103,8 +103,6 @@ class Captured:
     template: Forward | None = None
     graph: torch.fx.GraphModule | None = None
     run: Callable | None = None
-    spec: Any = None
-    leaves: list = field(default_factory=list)  # the batch's leaves, tensors as None
     why: str = ""  # non-empty: this signature runs eagerly, and why
     counts: tuple[int, int] = (0, 0)  # extremes, samples among the graph's outputs
 
@@ -141,14 +139,13 @@ def capture(rec: StaticRecorder, model: torch.nn.Module, batch: Any,
     except Exception as exc:
         if rec.reads:
             return Captured(why=_reads_why(rec.reads)), None
-        return Captured(why=f"capture failed ({type(exc).__name__}: {_first_line(exc)})"), None
+        return Captured(why=f"capture failed ({type(exc).__name__}: {first_line(exc)})"), None
     if rec.reads:
         return Captured(why=_reads_why(rec.reads)), None
     fw = done[-1]
     template = dataclasses.replace(fw, extremes=[], samples=[], internal=[
         (site, kind, None, ctx) for site, kind, _, ctx in fw.internal])
-    return Captured(template=template, graph=gm, spec=spec, leaves=kept,
-                    counts=(len(fw.extremes), len(fw.samples))), fw
+    return Captured(template=template, graph=gm, counts=(len(fw.extremes), len(fw.samples))), fw
 
 
 @contextlib.contextmanager
@@ -191,7 +188,7 @@ def _reads_why(reads: list[str]) -> str:
             "cannot stand for every batch")
 
 
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return text[0][:200] if text else ""
 

@@ -31,6 +31,7 @@ from fp16lens.watch._compiled import (
     StaticRecorder,
     capture,
     compile_graph,
+    first_line,
     run_compiled,
     signature,
 )
@@ -102,8 +103,11 @@ class CompiledScan:
         except Exception as exc:
             if not first:
                 raise
-            cap.why = f"Inductor could not compile the captured graph ({type(exc).__name__}: {_line(exc)})"
+            cap.why = f"torch.compile could not compile the captured graph ({type(exc).__name__}: {first_line(exc)})"
             cap.run = cap.graph = None
+            fw = None
+        if fw is None:  # outside the except block: the recorder reads a raised exception
+            # there as the forward raising (sys.exc_info)
             self._fell_back(cap.why)
             return self._eager(batch)
         if first:
@@ -137,11 +141,6 @@ class CompiledScan:
                 detail=f"{FALLBACK}: {why}; those batches were watched eagerly (the reference path)",
             ))
         return report
-
-
-def _line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0][:200] if text else ""
 
 
 def _device_of(batch: Any, model: torch.nn.Module) -> torch.device:

@@ -126,6 +126,20 @@ def test_data_dependent_model_falls_back_to_the_eager_report_with_a_note(cls, wh
     assert compiled.spans == eager.spans  # MaskedRows: its sum overflows in every batch
 
 
+def test_compile_failure_falls_back_to_the_eager_report_with_a_note():
+    model, inputs = models.gelu_span()
+    batches = _batches(inputs, 4)
+    eager = fp16lens.scan(model, batches, progress=False)
+    compiled, timings = scan_compiled(model, batches, progress=False, backend="no-such-backend")
+    notes = _notes(compiled)
+    assert len(notes) == 1 and "torch.compile could not compile the captured graph" in notes[0]
+    assert (timings.eager_batches, timings.traced_batches, timings.compiled_batches) == (3, 1, 0)
+    compiled.findings = [f for f in compiled.findings if f.detail not in notes]
+    assert compiled.spans == eager.spans and list(compiled.sites) == list(eager.sites)
+    for name, want in eager.sites.items():
+        assert compiled.sites[name].absmax == pytest.approx(want.absmax, rel=1e-6)
+
+
 def test_compile_refuses_an_onnx_model():
     with pytest.raises(WatchError, match="compile=True applies to torch modules"):
         fp16lens.scan("model.onnx", [{"x": torch.ones(1)}], compile=True)
