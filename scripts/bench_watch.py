@@ -16,6 +16,9 @@ forward, measured in the same process after resetting the peak.
     python scripts/bench_watch.py                  # ResNet-50 (4x3x224x224) and a BERT-base-sized encoder
     python scripts/bench_watch.py --quick          # small inputs, for CI
     python scripts/bench_watch.py --device cuda    # the same ratios on a GPU
+    python scripts/bench_watch.py --compile        # plus scan(compile=True): steady state,
+                                                   # compile time, break-even, peak memory
+                                                   # (scripts/bench_watch_compiled.py)
 """
 
 from __future__ import annotations
@@ -237,6 +240,8 @@ def main(argv=None) -> int:
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
                         help="where the models and inputs live (cuda: synchronized timings, "
                         "peak CUDA memory)")
+    parser.add_argument("--compile", action="store_true",
+                        help="add a scan(compile=True) row per model (compile time, break-even)")
     args = parser.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda needs a CUDA GPU (torch.cuda.is_available() is False)")
@@ -247,6 +252,10 @@ def main(argv=None) -> int:
         model, inputs = MODELS[name](args.quick)
         model, inputs = model.to(device), tuple(x.to(device) for x in inputs)
         rows += _bench_model(name, model, inputs, reps, device, args)
+        if args.compile:
+            from bench_watch_compiled import compiled_row
+
+            rows.append(compiled_row(name, model, inputs, reps, device, args))
     if args.json:
         print(json.dumps(rows, indent=1))
         return 0

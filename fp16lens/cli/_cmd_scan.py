@@ -32,6 +32,10 @@ def add_parser(sub) -> None:
     p.add_argument("--threshold", type=float, default=None, help="overflow limit (default 65504)")
     p.add_argument("--json", action="store_true", help="print a JSON summary")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    p.add_argument("--compile", action="store_true",
+                   help="long scans: record through one graph per input shape compiled with "
+                        "torch.compile/Inductor (first batch eager; eager with a note where "
+                        "the model cannot be captured)")
     p.set_defaults(run=run)
 
 
@@ -47,7 +51,12 @@ def run(args: argparse.Namespace) -> int:
     else:
         loaded = load_model(args.model, parse_kwargs(args.kwargs))
         batches = batches_from_args(args, loaded.example_inputs, loaded.model)
-        report = watch_batches(loaded.model, batches, not args.no_progress, **options)
+        if args.compile:
+            scan = stage("fp16lens.watch", "scan", "scan")
+            report = scan(loaded.model, batches, progress=not args.no_progress and len(batches) > 1,
+                          compile=True, **options)
+        else:
+            report = watch_batches(loaded.model, batches, not args.no_progress, **options)
     if args.save:
         report.save(args.save)
     failed = violations(report, args.fail_on)
@@ -66,6 +75,9 @@ def _scan_onnx(args: argparse.Namespace, options: dict) -> Report:
     scan = stage("fp16lens.watch", "scan", "scan")
     if args.kwargs:
         raise ReportError("--kwargs applies to a module:callable MODEL, not to an .onnx file")
+    if args.compile:
+        raise ReportError("--compile applies to a torch MODEL; an .onnx file runs in ONNX Runtime "
+                          "(leave --compile out)")
     return scan(args.model, onnx_batches(args), progress=not args.no_progress, **options)
 
 

@@ -31,7 +31,7 @@ def call_model(model: torch.nn.Module, batch: Any):
 
 
 def scan(model: torch.nn.Module, batches: Iterable[Any], *, progress: bool = True,
-         description: str = "watching", **watch_options: Any) -> Report:
+         description: str = "watching", compile: bool = False, **watch_options: Any) -> Report:
     """Run ``model`` on every batch under watch() (and torch.no_grad) and return the report.
 
     ``batches`` is an iterable of batches (a list, a DataLoader): ``[x]`` for one batch of
@@ -39,16 +39,29 @@ def scan(model: torch.nn.Module, batches: Iterable[Any], *, progress: bool = Tru
     ``model`` may also be an ONNX file (``"model.onnx"``) or an ``onnx.ModelProto``: it
     then runs in ONNX Runtime, with dict batches keyed by graph input name
     (``base_dir=`` names the folder of a proto's external data).
+
+    ``compile=True`` (long scans of a torch module): the recorder's statistics are
+    captured into one graph per input signature with the model's ops and compiled by
+    Inductor (a CUDA graph on CUDA); the first batch runs eagerly, the second is
+    captured, the third compiles. Where capture or compile fails, batches run eagerly
+    and the report carries a note saying why.
     """
     from fp16lens.watch.onnx import is_onnx_model, scan_onnx
 
     if is_onnx_model(model):
         _check_batches(batches)
+        if compile:
+            raise WatchError("compile=True applies to torch modules; an ONNX model runs in ONNX Runtime "
+                             "(leave compile out)")
         return scan_onnx(model, batches, progress=progress, description=description, **watch_options)
     from rich.console import Console
     from rich.progress import Progress
 
     _check_batches(batches)
+    if compile:
+        from fp16lens.watch._compiled_scan import scan_compiled
+
+        return scan_compiled(model, batches, progress=progress, description=description, **watch_options)[0]
     total = len(batches) if hasattr(batches, "__len__") else None
     progress_bar = Progress(console=Console(stderr=True), transient=True, disable=not progress)
     seen = 0

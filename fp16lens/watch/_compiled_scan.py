@@ -1,0 +1,184 @@
+"""scan(model, batches, compile=True): a long scan at compiled speed, eager as reference.
+
+Per input signature (structure, shapes, dtypes of a batch): the first batch of the whole
+scan runs on the eager path (it also learns the dtypes a ``.half()`` model computes in);
+the first batch of each signature after that is captured into a graph (see _compiled)
+and its own statistics are kept; the next one compiles that graph with Inductor, and
+every later batch of the signature runs compiled. The events of all three kinds of
+batches go to the one accumulator of the eager path, so the report is built as watch()
+builds it.
+
+Where capture or compile fails, that signature's batches run eagerly and the report
+carries a note (a ``note`` finding) saying why.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from fp16lens._core import WatchError
+from fp16lens._core.sites import Mechanism
+from fp16lens.report import Finding, Report
+from fp16lens.watch import _distributed
+from fp16lens.watch._accumulate import Accumulator
+from fp16lens.watch._build import build_report
+from fp16lens.watch._compiled import (
+    Captured,
+    StaticRecorder,
+    capture,
+    compile_graph,
+    first_line,
+    run_compiled,
+    signature,
+)
+from fp16lens.watch._lens import _ACTIVE, _check_model
+from fp16lens.watch._options import WatchOptions
+from fp16lens.watch._params import check_parameters
+
+FALLBACK = "compile=True fell back to the eager path"  # how a fallback note begins
+
+
+@dataclass
+class Timings:
+    """Where a compiled scan's time went (seconds), for the benchmark."""
+
+    capture: float = 0.0
+    compile: float = 0.0  # the first compiled call: Inductor's compile and one run
+    eager_batches: int = 0
+    traced_batches: int = 0
+    compiled_batches: int = 0
+    fallbacks: list[str] = field(default_factory=list)
+
+
+class CompiledScan:
+    """The state of one compiled scan: ``step(batch)`` per batch, ``report()`` at the end."""
+
+    def __init__(self, model: torch.nn.Module, options: WatchOptions, backend: str = "inductor"):
+        _check_model(model)
+        self.model = model
+        self.options = options
+        self.params = check_parameters(model, options) if options.params else []
+        self.rec = StaticRecorder(model, options, on_forward_end=self._add)
+        self.acc = Accumulator(options.threshold, self.rec.sites)
+        self.backend = backend
+        self.graphs: dict[tuple, Captured] = {}
+        self.timings = Timings()
+
+    def _add(self, fw) -> None:
+        self.acc.add(fw)
+
+    def step(self, batch: Any) -> None:
+        from fp16lens.watch._scan import call_model
+
+        if self.rec.forwards == 0:
+            return self._eager(batch)
+        key = signature(batch)
+        cap = self.graphs.get(key)
+        if cap is None:
+            t0, forwards = time.perf_counter(), self.rec.forwards
+            cap, fw = capture(self.rec, self.model, batch, call_model)
+            self.timings.capture += time.perf_counter() - t0
+            self.graphs[key] = cap
+            if fw is None:  # undo what the capture began, then the batch runs eagerly
+                self._fell_back(cap.why)
+                self.rec.forward, self.rec.forwards = None, forwards
+                return self._eager(batch)
+            self.timings.traced_batches += 1
+            return self.acc.add(fw)
+        if cap.why:
+            return self._eager(batch)
+        self._compiled(cap, batch)
+
+    def _compiled(self, cap: Captured, batch: Any) -> None:
+        first = cap.run is None
+        t0 = time.perf_counter()
+        try:
+            if first:
+                cap.run = compile_graph(cap, _device_of(batch, self.model), self.backend)
+            fw = run_compiled(cap, batch, self.rec.forwards)
+        except Exception as exc:
+            if not first:
+                raise
+            cap.why = f"torch.compile could not compile the captured graph ({type(exc).__name__}: {first_line(exc)})"
+            cap.run = cap.graph = None
+            fw = None
+        if fw is None:  # outside the except block: the recorder reads a raised exception
+            # there as the forward raising (sys.exc_info)
+            self._fell_back(cap.why)
+            return self._eager(batch)
+        if first:
+            self.timings.compile += time.perf_counter() - t0
+        self.rec.forwards += 1
+        self.timings.compiled_batches += 1
+        self.acc.add(fw)
+
+    def _eager(self, batch: Any) -> None:
+        from fp16lens.watch._scan import _call
+
+        self.timings.eager_batches += 1
+        try:
+            with self.rec.tracker, self.rec:
+                _call(self.model, batch)
+        except BaseException:
+            self.rec.abort_forward()
+            raise
+
+    def _fell_back(self, why: str) -> None:
+        if why not in self.timings.fallbacks:
+            self.timings.fallbacks.append(why)
+
+    def report(self) -> Report:
+        report = build_report(self.acc, self.rec.sites, self.params, self.model, self.options.threshold)
+        if _distributed.enabled(self.options.distributed):
+            report = _distributed.merge_over_ranks(report)
+        for why in self.timings.fallbacks:
+            report.findings.append(Finding(
+                site="", mechanism=Mechanism.NOTE, peak=0.0,
+                detail=f"{FALLBACK}: {why}; those batches were watched eagerly (the reference path)",
+            ))
+        return report
+
+
+def _device_of(batch: Any, model: torch.nn.Module) -> torch.device:
+    from fp16lens.watch._compiled import tensors_of
+
+    for t in tensors_of(batch):
+        if t.is_floating_point() or t.device.type != "cpu":
+            return t.device
+    p = next(iter(model.parameters()), None)
+    return p.device if p is not None else torch.device("cpu")
+
+
+def scan_compiled(model: torch.nn.Module, batches, *, progress: bool = True, description: str = "watching",
+                  options: WatchOptions | None = None, backend: str = "inductor",
+                  **option_values: Any) -> tuple[Report, Timings]:
+    """The body of ``scan(..., compile=True)``; returns the report and where the time went.
+    ``backend``: torch.compile's backend, or "fx" for the captured graph run as it is."""
+    from rich.console import Console
+    from rich.progress import Progress
+
+    if options is None:
+        options = WatchOptions(**option_values)
+    elif option_values:
+        raise ValueError("pass either options=WatchOptions(...) or keyword options, not both")
+    run = CompiledScan(model, options, backend)
+    total = len(batches) if hasattr(batches, "__len__") else None
+    bar = Progress(console=Console(stderr=True), transient=True, disable=not progress)
+    _ACTIVE.add(model)
+    try:
+        with torch.no_grad(), bar:
+            task = bar.add_task(description, total=total)
+            for batch in batches:
+                run.step(batch)
+                bar.advance(task)
+    finally:
+        _ACTIVE.discard(model)
+    if run.acc.batches == 0:
+        from fp16lens.watch._scan import _HOW
+
+        raise WatchError(f"scan() got no batch (the iterable was empty); {_HOW}")
+    return run.report(), run.timings
