@@ -20,6 +20,8 @@ import math
 
 import torch
 
+from fp16lens._core import threads
+
 _RAMP = 97  # the columns (a prime: rows of a weight are rarely a multiple of it)
 _TOLERANCE = 1e-9  # (the float64 format of older reports)
 _MASK = (1 << 32) - 1
@@ -72,7 +74,7 @@ def fingerprint(model: torch.nn.Module) -> dict[str, list[float]]:
 def _rows(named: list[tuple[str, torch.Tensor]]) -> dict[str, list[float]]:
     if not named:
         return {}
-    cols = [_columns(t) for _, t in named]
+    cols = [threads.on_threads(_columns, t) for _, t in named]
     same = len({c.device for c in cols}) == 1  # one transfer, not one sync per tensor
     cols = (torch.stack(cols).cpu() if same else torch.stack([c.cpu() for c in cols]))
     cols = cols.to(torch.int64) & _MASK

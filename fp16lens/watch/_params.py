@@ -15,6 +15,7 @@ import torch
 from fp16lens._core import FP16_MIN_NORMAL, FP16_MIN_SUBNORMAL
 from fp16lens._core.flush import FlushLoss, flush_loss
 from fp16lens._core.sites import FindingKind, Mechanism
+from fp16lens._core.threads import on_threads
 from fp16lens.report import Finding
 from fp16lens.watch._options import WatchOptions
 
@@ -133,7 +134,7 @@ def check_parameters(model: torch.nn.Module, options: WatchOptions) -> list[Para
     if not named:
         return checks
     folded = [_owner(n)[1] in _FOLDED_STATS for n, _ in named]
-    screens = [_screen(t, f) for (_, t), f in zip(named, folded)]
+    screens = [on_threads(_screen, t, f) for (_, t), f in zip(named, folded)]
     same = len({s.device for s in screens}) == 1  # one transfer, not one sync per tensor
     values = (torch.stack(screens).cpu() if same else torch.stack([s.cpu() for s in screens])).tolist()
     for (name, t), skip_small, (peak, l1) in zip(named, folded, values):

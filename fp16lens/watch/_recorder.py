@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from fp16lens._core import threads
 from fp16lens._core.compat import dispatch_mode_paused
 from fp16lens.report import SATURATED
 from fp16lens.watch import _fused, _internal
@@ -136,7 +137,11 @@ class Recorder(TorchDispatchMode):
             if not raised and isinstance(output, torch.Tensor) and output.is_floating_point() and output.numel():
                 site = self.table.site(frame, "")
                 self.last_site = self.sites[site].name
-                eid = self._add_event(site, self._producers(args, {}), output)
+                previous = threads.narrow(output.numel()) if output.is_cpu else 0
+                try:
+                    eid = self._add_event(site, self._producers(args, {}), output)
+                finally:
+                    threads.restore(previous)
                 self._mark_fp32(site, eid, frame.fp32)
             self._resume()
         if not self.stack:
@@ -415,6 +420,15 @@ class Recorder(TorchDispatchMode):
             for t in outs:
                 self._remember(t, prods, *(rng or (None, None)), int(info.mutable))
             return out
+        previous = threads.narrow(first.numel()) if first.is_cpu else 0
+        try:
+            self._record(func, info, args, kwargs, first, prods)
+        finally:
+            threads.restore(previous)
+        return out
+
+    def _record(self, func, info: OpInfo, args, kwargs, first: torch.Tensor, prods: tuple[int, ...]) -> None:
+        """The op's event (statistics of its first output) and its internal check."""
         if info.fused:  # the kernel's inner steps become events: its output is the last
             site, prods = self._record_fused(info.name, func, args, kwargs, prods)
         else:
@@ -429,4 +443,3 @@ class Recorder(TorchDispatchMode):
             if found is not None:
                 self.forward.internal.append((site, *found))
                 self.forward.internal_of.append(eid)
-        return out
