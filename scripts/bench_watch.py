@@ -231,6 +231,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small inputs and few repetitions (CI)")
     parser.add_argument("--models", nargs="*", default=list(MODELS))
+    parser.add_argument("--methods", nargs="*", default=list(METHODS), choices=list(METHODS),
+                        help="the methods to time (plain always runs: the ratios' reference)")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--reps", type=int, default=None, help="interleaved repetitions (default 15, quick 3)")
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory measurements")
@@ -273,7 +275,8 @@ def _x(ratio: float | None) -> str:
 
 
 def _bench_model(name: str, model, inputs, reps: int, device: torch.device, args) -> list[dict]:
-    methods = [m for m in METHODS if available(m) is None]
+    chosen = [m for m in METHODS if m == "plain" or m in args.methods]
+    methods = [m for m in chosen if available(m) is None]
     spread = time_ratio_spread(model, inputs, methods, reps, device=device)
     one = time_ratio_spread(model, inputs, methods, reps, device=device, timer=_one_batch)
     memory = {}
@@ -282,7 +285,7 @@ def _bench_model(name: str, model, inputs, reps: int, device: torch.device, args
             memory[m] = (peak_cuda_mb(model, inputs, m, device) if device.type == "cuda"
                          else peak_rss_mb(name, m, args.quick))
     rows = []
-    for m in METHODS:
+    for m in chosen:
         why = available(m)
         if why:
             rows.append({"model": name, "method": m, "time": None, "memory": None, "note": why})
