@@ -292,10 +292,10 @@ def _bench_model(name: str, model, inputs, reps: int, device: torch.device, args
             continue
         lo, mid, hi = spread[m]
         rows.append({"model": name, "method": m, "device": device.type, "time": mid,
-                     "time_iqr": [lo, hi], "one_batch": one[m][1],
+                     "time_iqr": [lo, hi], "one_batch": one[m][1], "one_batch_iqr": [one[m][0], one[m][2]],
                      "memory": memory[m] / memory["plain"] if memory else None, "note": ""})
         print(f"# {name} {m} ({device.type}): time {mid:.2f}x (IQR {lo:.2f}-{hi:.2f}), "
-              f"one batch {one[m][1]:.2f}x", file=sys.stderr, flush=True)
+              f"one batch {one[m][1]:.2f}x (IQR {one[m][0]:.2f}-{one[m][2]:.2f})", file=sys.stderr, flush=True)
     return rows
 
 
