@@ -234,6 +234,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small inputs and few repetitions (CI)")
     parser.add_argument("--models", nargs="*", default=list(MODELS))
+    parser.add_argument("--methods", nargs="*", default=list(METHODS), choices=list(METHODS),
+                        help="the methods to time (plain always runs: the ratios' reference)")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--reps", type=int, default=None, help="interleaved repetitions (default 15, quick 3)")
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory measurements")
@@ -282,7 +284,8 @@ def _x(ratio: float | None) -> str:
 
 
 def _bench_model(name: str, model, inputs, reps: int, device: torch.device, args) -> list[dict]:
-    methods = [m for m in METHODS if available(m) is None]
+    chosen = [m for m in METHODS if m == "plain" or m in args.methods]
+    methods = [m for m in chosen if available(m) is None]
     spread = time_ratio_spread(model, inputs, methods, reps, device=device)
     one = time_ratio_spread(model, inputs, methods, reps, device=device, timer=_one_batch)
     memory = {}
@@ -291,17 +294,17 @@ def _bench_model(name: str, model, inputs, reps: int, device: torch.device, args
             memory[m] = (peak_cuda_mb(model, inputs, m, device) if device.type == "cuda"
                          else peak_rss_mb(name, m, args.quick))
     rows = []
-    for m in METHODS:
+    for m in chosen:
         why = available(m)
         if why:
             rows.append({"model": name, "method": m, "time": None, "memory": None, "note": why})
             continue
         lo, mid, hi = spread[m]
         rows.append({"model": name, "method": m, "device": device.type, "time": mid,
-                     "time_iqr": [lo, hi], "one_batch": one[m][1],
+                     "time_iqr": [lo, hi], "one_batch": one[m][1], "one_batch_iqr": [one[m][0], one[m][2]],
                      "memory": memory[m] / memory["plain"] if memory else None, "note": ""})
         print(f"# {name} {m} ({device.type}): time {mid:.2f}x (IQR {lo:.2f}-{hi:.2f}), "
-              f"one batch {one[m][1]:.2f}x", file=sys.stderr, flush=True)
+              f"one batch {one[m][1]:.2f}x (IQR {one[m][0]:.2f}-{one[m][2]:.2f})", file=sys.stderr, flush=True)
     return rows
 
 

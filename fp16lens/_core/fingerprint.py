@@ -1,11 +1,17 @@
 """A cheap fingerprint of a model's weights, so that a report is not applied to other weights.
 
-Per floating parameter/buffer: [numel, Σv, Σ|v|, Σv·r] in float64, with r = 1 + (i mod 97)
-a position ramp (a permutation changes it). One pass per tensor, on the tensor's device, one
-host transfer at the end. Two fingerprints match when every number agrees within 1e-9 of
-the tensor's magnitude Σ|v| (×97 for the ramp sum): the same weights on another device
-reduce in another order and differ in the last bits (float64: ~1e-16 per term); a change
-smaller than that cannot move a range a report holds.
+Per floating parameter/buffer, from its bits, in one pass: the tensor's bytes read as 32-bit
+integer words (16- or 8-bit where the size needs it), laid out in rows of 97 in memory order
+of the contiguous tensor, and summed per column in integer arithmetic. Integer addition does
+not depend on the order, so the sums modulo 2^32 are the same on every device and torch
+release, and exact: a changed value changes one column sum by a non-zero amount modulo 2^32.
+A row holds [numel, Σ c_j, -1 - Σ (2j+1)·c_j, Σ (2j+1)²·c_j], each sum modulo 2^32 over
+the 97 column sums c_j (odd weights keep every change visible; different weights per column
+make moving values to another column, such as permuting channels, a change).
+
+Reports made before this hold [numel, Σv, Σ|v|, Σv·ramp] in float64 (r = 1 + (i mod 97));
+their third number is never negative, this format's always is, so ``changed`` tells them
+apart and checks an old report the old way, within 1e-9 of the tensor's magnitude Σ|v|.
 """
 
 from __future__ import annotations
@@ -14,8 +20,12 @@ import math
 
 import torch
 
-_RAMP = 97
-_TOLERANCE = 1e-9
+from fp16lens._core import threads
+
+_RAMP = 97  # the columns (a prime: rows of a weight are rarely a multiple of it)
+_TOLERANCE = 1e-9  # (the float64 format of older reports)
+_MASK = (1 << 32) - 1
+_WORDS = (torch.int32, torch.int16, torch.int8)
 
 
 def _tensors(model: torch.nn.Module):
@@ -25,17 +35,56 @@ def _tensors(model: torch.nn.Module):
     return [(n, t) for n, t in named if torch.is_tensor(t) and t.is_floating_point()]
 
 
+def _words(t: torch.Tensor) -> torch.Tensor:
+    """The tensor's bytes as a flat tensor of the widest integer words that tile them."""
+    v = t.detach()
+    v = (v if v.is_contiguous() else v.contiguous()).reshape(-1)
+    if v.numel() == 0:
+        return v.new_zeros(0, dtype=torch.int32)
+    raw = v.view(torch.uint8)
+    for dtype in _WORDS:
+        size = torch.empty(0, dtype=dtype).element_size()
+        if raw.numel() % size == 0 and raw.storage_offset() % size == 0:
+            return raw.view(dtype)
+    return raw.view(torch.int8)
+
+
+def _columns(t: torch.Tensor) -> torch.Tensor:
+    """The 97 column sums of ``t``'s words, modulo 2^32 (int32)."""
+    w = _words(t)
+    full = w.numel() - w.numel() % _RAMP
+    cols = (w[:full].view(-1, _RAMP).sum(0, dtype=torch.int32) if full
+            else torch.zeros(_RAMP, dtype=torch.int32, device=w.device))
+    if full < w.numel():
+        cols[: w.numel() - full] += w[full:]
+    return cols
+
+
+def _coefficients() -> torch.Tensor:
+    odd = torch.arange(1, 2 * _RAMP, 2, dtype=torch.int64)
+    return torch.stack([torch.ones_like(odd), odd, odd * odd], dim=1)  # (97, 3)
+
+
 @torch.no_grad()
 def fingerprint(model: torch.nn.Module) -> dict[str, list[float]]:
     """Pure: the fingerprint of ``model``'s floating parameters and buffers, by name."""
-    names, rows = [], []
-    for name, t in _tensors(model):
-        v = t.detach().reshape(-1).double()
-        ramp = torch.arange(v.numel(), device=v.device, dtype=torch.int64) % _RAMP + 1
-        rows.append(torch.stack([v.sum(), v.abs().sum(), (v * ramp).sum()]).cpu())
-        names.append((name, t.numel()))
-    values = torch.stack(rows).tolist() if rows else []
-    return {name: [float(n), *row] for (name, n), row in zip(names, values)}
+    return _rows(_tensors(model))
+
+
+def _rows(named: list[tuple[str, torch.Tensor]]) -> dict[str, list[float]]:
+    if not named:
+        return {}
+    cols = [threads.on_threads(_columns, t) for _, t in named]
+    same = len({c.device for c in cols}) == 1  # one transfer, not one sync per tensor
+    cols = (torch.stack(cols).cpu() if same else torch.stack([c.cpu() for c in cols]))
+    cols = cols.to(torch.int64) & _MASK
+    sums = ((cols @ _coefficients()) & _MASK).tolist()  # < 97 * 193² * 2^32 < 2^63: exact
+    return {name: [float(t.numel()), float(a), -1.0 - b, float(c)]
+            for (name, t), (a, b, c) in zip(named, sums)}
+
+
+def _is_bits(row: list[float]) -> bool:
+    return row[2] < 0  # Σ|v| in the older float64 format, never negative
 
 
 def changed(recorded: dict[str, list[float]], model: torch.nn.Module) -> list[str]:
@@ -44,15 +93,33 @@ def changed(recorded: dict[str, list[float]], model: torch.nn.Module) -> list[st
     has mean another architecture, which patch's site check names as such."""
     if not recorded:
         return []
-    now = fingerprint(model)
-    out = []
-    for name in recorded.keys() & now.keys():
-        (n0, *a), (n1, *b) = recorded[name], now[name]
-        scale = _TOLERANCE * max(abs(a[1]), abs(b[1]))
-        tolerances = (scale, scale, scale * _RAMP)
-        if n0 != n1 or not all(_same(x, y, t) for x, y, t in zip(a, b, tolerances)):
-            out.append(name)
+    tensors = {n: t for n, t in _tensors(model) if n in recorded}
+    bits = [n for n in tensors if _is_bits(recorded[n])]
+    now = _rows([(n, tensors[n]) for n in bits])
+    out = [n for n in bits if not _same_bits(recorded[n], now[n])]
+    out += [n for n in tensors.keys() - set(bits) if not _same_float(recorded[n], _float_row(tensors[n]))]
     return sorted(out)
+
+
+def _same_bits(a: list[float], b: list[float]) -> bool:
+    """Integers compared as such (a JSON round trip or a last-bit change of the float that
+    carries one cannot make two of them differ)."""
+    return all(math.isfinite(x) and round(x) == round(y) for x, y in zip(a, b))
+
+
+@torch.no_grad()
+def _float_row(t: torch.Tensor) -> list[float]:
+    """The older float64 format of one tensor: [numel, Σv, Σ|v|, Σv·ramp]."""
+    v = t.detach().reshape(-1).double()
+    ramp = torch.arange(v.numel(), device=v.device, dtype=torch.int64) % _RAMP + 1
+    return [float(v.numel()), *torch.stack([v.sum(), v.abs().sum(), (v * ramp).sum()]).tolist()]
+
+
+def _same_float(recorded: list[float], now: list[float]) -> bool:
+    (n0, *a), (n1, *b) = recorded, now
+    scale = _TOLERANCE * max(abs(a[1]), abs(b[1]))
+    tolerances = (scale, scale, scale * _RAMP)
+    return n0 == n1 and all(_same(x, y, t) for x, y, t in zip(a, b, tolerances))
 
 
 def _same(x: float, y: float, tolerance: float) -> bool:

@@ -7,6 +7,7 @@ batches (and over ranks by ``_distributed``).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -130,6 +131,10 @@ class Accumulator:
     input_shapes: list[list[list[int]]] = field(default_factory=list)
     # per site: HIST_BINS binade counts, zeros, non-finite, overflow (float64, on the CPU)
     table: torch.Tensor = field(default_factory=lambda: torch.zeros(0, SAMPLE_LEN, dtype=torch.float64))
+    # marks the events of a forward that a .half() model computes in FP32, where the
+    # recorder did not know them yet (Recorder.half_dtypes_of); called only for a forward
+    # with a value out of range, the only place where it changes anything
+    half_dtypes: Callable[[Forward], None] | None = None
 
     def counts(self) -> dict[int, SiteCounts]:
         rows = self.table.tolist()
@@ -161,6 +166,10 @@ class Accumulator:
                 if fw.sites[e] != INPUT_SITE:
                     maxes[e] = finite
         oor = [m > self.threshold if bad_input else not m <= self.threshold for m in maxes]
+        peaks = self._internal_peaks(fw, bad_input)
+        if self.half_dtypes is not None and (any(p is not None for p in peaks) or any(
+                o and s != INPUT_SITE for o, s in zip(oor, fw.sites))):
+            self.half_dtypes(fw)
         for e in fw.half_fp32:
             if oor[e] and math.isfinite(maxes[e]):
                 sid = fw.sites[e]
@@ -172,7 +181,7 @@ class Accumulator:
         self._add_inputs(fw, maxes, rows)
         self._add_edges(fw)
         self._add_spans(fw, maxes, oor)
-        self._add_internal(fw, bad_input)
+        self._add_internal(fw, peaks)
 
     def _add_sites(self, fw: Forward, maxes, rows: torch.Tensor) -> None:
         rows = rows.to("cpu", torch.float64)
@@ -259,12 +268,17 @@ class Accumulator:
         )
         return members_ok and ends_ok and not fs.reaches_output
 
-    def _add_internal(self, fw: Forward, bad_input: bool) -> None:
+    def _internal_peaks(self, fw: Forward, bad_input: bool) -> list[float | None]:
+        """The peak of each internal entry of ``fw`` that passes the threshold, else None."""
         if not fw.internal:
-            return
+            return []
         peaks = torch.stack([p.float().cpu() for _, _, p, _ in fw.internal]).tolist()
-        for (sid, kind, _, ctx), peak in zip(fw.internal, peaks):
-            if peak > self.threshold or (not bad_input and math.isnan(peak)):
+        return [p if p > self.threshold or (not bad_input and math.isnan(p)) else None for p in peaks]
+
+    def _add_internal(self, fw: Forward, peaks: list[float | None]) -> None:
+        for i, ((sid, kind, _, ctx), peak) in enumerate(zip(fw.internal, peaks)):
+            if peak is not None and not (fw.half_fp32 and fw.internal_of
+                                         and fw.internal_of[i] in fw.half_fp32):
                 key = (sid, kind)
                 cur = self.internal.get(key)
                 if cur is None or _gt(peak, cur.peak):

@@ -8,6 +8,9 @@ promote what they touch. Values there may exceed 65504 without any FP16 overflow
 Watching the FP32 model cannot tell an upcast from a no-op, so the model is run once
 more, in FP16 on the ``meta`` device (shapes and dtypes only, no arithmetic, no memory),
 and every site call whose output is FP32 there is remembered by (site, call number).
+That run only matters where some value passes the threshold, so it is deferred: the
+first forward call's inputs are kept as meta tensors (``FirstCall``) and the trace runs
+at the end of the first forward call that has a value out of range, if any.
 A model whose forward needs real values (``.item()``, data-dependent shapes) cannot run
 on ``meta``: then nothing is known and every op counts as FP16, as before.
 """
@@ -76,8 +79,10 @@ def _snapshot(model: torch.nn.Module) -> list:
     return saved
 
 
-def _restore(saved: list) -> None:
+def _restore(saved: list, training: bool = False) -> None:
     for m, attrs in saved:
+        if training:
+            m.training = attrs["training"]
         for k in [k for k in m.__dict__ if k not in attrs]:
             del m.__dict__[k]
         for k, v in attrs.items():
@@ -89,6 +94,27 @@ def _restore(saved: list) -> None:
                 cur.update(v) if not isinstance(cur, list) else cur.extend(v)
             else:
                 m.__dict__[k] = v
+
+
+class FirstCall:
+    """The first forward call, as the deferred meta trace needs it: the module called,
+    meta copies of its inputs (FP16 where floating), and its modules' attributes then."""
+
+    def __init__(self, module: torch.nn.Module, args, kwargs):
+        self.module = module
+        self.args = tree_map(_to_meta, tuple(args))
+        self.kwargs = tree_map(_to_meta, dict(kwargs or {}))
+        self.state = _snapshot(module)
+
+    def run_half_on_meta(self) -> None:
+        """``run_half_on_meta`` on this call, with the modules' attributes (caches the
+        forward calls since made, train/eval flags) as they were before it."""
+        now = _snapshot(self.module)
+        _restore(self.state, training=True)
+        try:
+            run_half_on_meta(self.module, self.args, self.kwargs)
+        finally:
+            _restore(now, training=True)
 
 
 def fp32_compute_ops(model: torch.nn.Module, args, kwargs=None) -> set[int] | None:

@@ -61,7 +61,7 @@ class Lens:
         _check_model(self.model)
         self._params = check_parameters(self.model, self.options) if self.options.params else []
         rec = Recorder(self.model, self.options, on_forward_end=self._on_forward_end)
-        self._acc = Accumulator(self.options.threshold, rec.sites)
+        self._acc = Accumulator(self.options.threshold, rec.sites, half_dtypes=rec.half_dtypes_of)
         self._recorder = rec
         _ACTIVE.add(self.model)
         self._entered = contextlib.ExitStack()
@@ -82,6 +82,7 @@ class Lens:
         try:
             rec.abort_forward()
         finally:
+            rec.first = None  # the first call's meta inputs: no trace runs after the block
             try:
                 self._entered.close()  # the mode left, then the hooks removed
             finally:

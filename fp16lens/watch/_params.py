@@ -7,6 +7,7 @@ problem only where the change is visible at the FP16 precision of those values, 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -14,6 +15,7 @@ import torch
 from fp16lens._core import FP16_MIN_NORMAL, FP16_MIN_SUBNORMAL
 from fp16lens._core.flush import FlushLoss, flush_loss
 from fp16lens._core.sites import FindingKind, Mechanism
+from fp16lens._core.threads import on_threads
 from fp16lens.report import Finding
 from fp16lens.watch._options import WatchOptions
 
@@ -83,23 +85,67 @@ def _small(name: str, af: torch.Tensor, options: WatchOptions) -> Finding | None
     )
 
 
+# One pass per tensor (a norm per chunk of _CHUNK values) rules out most problems before any
+# exact pass runs: max |v| is at most the largest chunk's Σ|v|, and values below 2^-14 carry
+# at most numel * 2^-14 of the magnitude Σ|v|. A chunk's float32 sum is within
+# _CHUNK * 2^-24 < 2^-10 of the exact one; the bounds allow for that, and the share bound
+# must clear the options' shares by a factor _MARGIN (the exact pass rounds too).
+_CHUNK = 4096
+_SLACK = 2.0**-10
+_MARGIN = 1.25
+
+
+def _screen(t: torch.Tensor, folded: bool) -> torch.Tensor:
+    """[an upper bound of max |v|, a lower bound of Σ|v| (NaN when ``folded``)] of ``t``
+    in float64, from one pass; batch-norm statistics get their exact max |v| instead."""
+    v = t.detach().reshape(-1)
+    if folded:
+        lo, hi = torch.aminmax(v)
+        nan = torch.full((), math.nan, dtype=torch.float64, device=v.device)
+        return torch.stack([torch.maximum(-lo, hi).double(), nan])
+    dtype = None if v.dtype in (torch.float32, torch.float64) else torch.float32
+    full = v.numel() - v.numel() % _CHUNK
+    tail = torch.linalg.vector_norm(v[full:], 1, dtype=dtype).double()
+    peak, total = tail, tail
+    if full:
+        rows = torch.linalg.vector_norm(v[:full].view(-1, _CHUNK), 1, dim=1, dtype=dtype)
+        peak = torch.maximum(rows.max().double(), tail)
+        total = total + rows.sum(dtype=torch.float64)
+    return torch.stack([peak * (1 + _SLACK), total * (1 - _SLACK)])
+
+
+def _negligible(numel: int, l1: float, options: WatchOptions) -> bool:
+    """Whether the values below 2^-14 cannot reach either share of the magnitude (or the
+    tensor is all zeros, which ``_small`` passes by too)."""
+    share = min(options.param_subnormal_share, options.param_underflow_share)
+    return l1 == 0 or (l1 > 0 and math.isfinite(l1) and numel * FP16_MIN_NORMAL / l1 * _MARGIN < share)
+
+
 @torch.no_grad()
 def check_parameters(model: torch.nn.Module, options: WatchOptions) -> list[ParamCheck]:
-    """One check per problem per parameter/buffer tensor, with counts and FP16 loss."""
+    """One check per problem per parameter/buffer tensor, with counts and FP16 loss. Each
+    tensor is read once (``_screen``); the exact passes run only where that does not rule a
+    problem out."""
     checks: list[ParamCheck] = []
     named = list(model.named_parameters(remove_duplicate=True)) + list(
         model.named_buffers(remove_duplicate=True)
     )
-    for name, t in named:
-        if not torch.is_tensor(t) or not t.is_floating_point() or t.numel() == 0:
+    named = [(n, t) for n, t in named if torch.is_tensor(t) and t.is_floating_point() and t.numel()]
+    if not named:
+        return checks
+    folded = [_owner(n)[1] in _FOLDED_STATS for n, _ in named]
+    screens = [on_threads(_screen, t, f) for (_, t), f in zip(named, folded)]
+    same = len({s.device for s in screens}) == 1  # one transfer, not one sync per tensor
+    values = (torch.stack(screens).cpu() if same else torch.stack([s.cpu() for s in screens])).tolist()
+    for (name, t), skip_small, (peak, l1) in zip(named, folded, values):
+        threshold = options.threshold
+        if not peak <= threshold:  # (NaN included)
+            over = _overflow(name, t, t.detach().abs(), threshold)
+            if over is not None:
+                checks.append(ParamCheck(over))
+        if skip_small or _negligible(t.numel(), l1, options):
             continue
-        a = t.detach().abs()
-        over = _overflow(name, t, a, options.threshold)
-        if over is not None:
-            checks.append(ParamCheck(over))
-        if _owner(name)[1] in _FOLDED_STATS:
-            continue
-        small = _small(name, a.float(), options)
+        small = _small(name, t.detach().abs().float(), options)
         if small is not None:
             checks.append(ParamCheck(small, name.endswith("bias"), flush_loss(t)))
     return checks

@@ -13,10 +13,11 @@ from dataclasses import dataclass, field
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from fp16lens._core import threads
 from fp16lens._core.compat import dispatch_mode_paused
 from fp16lens.report import SATURATED
 from fp16lens.watch import _fused, _internal
-from fp16lens.watch._halfdtypes import HalfTrace, run_half_on_meta
+from fp16lens.watch._halfdtypes import FirstCall, HalfTrace
 from fp16lens.watch._ops import OpInfo
 from fp16lens.watch._options import WatchOptions
 from fp16lens.watch._sitetable import SiteInfo, SiteTable
@@ -47,6 +48,8 @@ class Forward:
     finite_max: dict[int, float] = field(default_factory=dict)  # event holding NaN -> max |v|
     # of its finite values: used when the inputs carry NaN/inf (the data's problem)
     internal: list[tuple[int, str, torch.Tensor, dict]] = field(default_factory=list)
+    internal_of: list[int] = field(default_factory=list)  # the event of each internal entry
+    # (-1: none that can be FP32), to drop those of FP32 events found after the call
     outputs: tuple[int, ...] = ()
     input_shapes: list[list[int]] = field(default_factory=list)
 
@@ -90,8 +93,10 @@ class Recorder(TorchDispatchMode):
         self.table = SiteTable(model, self.tracker.names)
         self.sites: list[SiteInfo] = self.table.sites
         # (site id, call number within a forward) that a .half() model computes in FP32
-        # (see _halfdtypes); None until traced, on the first forward call
+        # (see _halfdtypes); None until traced, at the end of the first forward call with
+        # a value out of range (``half_dtypes_of``), from the first call's inputs
         self.half_fp32: set[tuple[int, int]] | None = None if options.half_dtypes else set()
+        self.first: FirstCall | None = None
         self.trace: HalfTrace | None = None  # the meta FP16 run, while it runs
         self.paused = None  # (frame, exit stack): the Linear recorded at its boundary
         self.calls: dict[int, int] = {}  # site id -> calls so far in this forward
@@ -132,7 +137,11 @@ class Recorder(TorchDispatchMode):
             if not raised and isinstance(output, torch.Tensor) and output.is_floating_point() and output.numel():
                 site = self.table.site(frame, "")
                 self.last_site = self.sites[site].name
-                eid = self._add_event(site, self._producers(args, {}), output)
+                previous = threads.narrow(output.numel()) if output.is_cpu else 0
+                try:
+                    eid = self._add_event(site, self._producers(args, {}), output)
+                finally:
+                    threads.restore(previous)
                 self._mark_fp32(site, eid, frame.fp32)
             self._resume()
         if not self.stack:
@@ -145,8 +154,11 @@ class Recorder(TorchDispatchMode):
 
     # ---- forward boundaries ------------------------------------------------------
     def _begin_forward(self, frame: Frame, args, kwargs) -> None:
-        if self.half_fp32 is None:
-            self._trace_half_dtypes(frame.module, args, kwargs)
+        if self.half_fp32 is None and self.first is None:
+            try:
+                self.first = FirstCall(frame.module, args, kwargs)
+            except Exception:  # inputs that cannot go to meta: nothing known, as on a failed trace
+                self.half_fp32 = set()
         self.calls = {}
         fw = self.forward = Forward(index=self.forwards)
         self.raised_in = ""
@@ -168,16 +180,38 @@ class Recorder(TorchDispatchMode):
         self.known.clear()
         self.on_forward_end(fw)
 
-    def _trace_half_dtypes(self, module, args, kwargs) -> None:
-        """Run ``module`` in FP16 on meta once, recording which site calls come out FP32;
-        this mode is paused meanwhile, the trace's own mode sees the ops."""
+    def half_dtypes_of(self, fw: Forward) -> None:
+        """Mark the events of ``fw`` (recorded before the meta trace ran) that a .half()
+        model computes in FP32, running the trace first; the accumulator calls this for
+        a forward with a value out of range. Events of later calls are marked as recorded."""
+        if self.half_fp32 is not None:
+            return
+        self._trace_half_dtypes()
+        if not self.half_fp32:
+            return
+        calls: dict[int, int] = {}  # call numbers as _call_number gives them: in event order
+        for e, site in enumerate(fw.sites):
+            if site == INPUT_SITE:
+                continue
+            k = calls.get(site, 0)
+            calls[site] = k + 1
+            if (site, k) in self.half_fp32:
+                fw.half_fp32.add(e)
+                fw.fp32.add(e)
+
+    def _trace_half_dtypes(self) -> None:
+        """Run the first forward call's module in FP16 on meta once, recording which site
+        calls come out FP32; this mode is paused meanwhile, the trace's own mode sees the ops."""
+        first, self.first = self.first, None
         self.half_fp32 = set()
+        if first is None:
+            return
         depth = len(self.stack)
         self.trace = trace = HalfTrace(self.tracker, self.table, self.ops, self.options.ops)
         try:
             with dispatch_mode_paused(self), trace:
                 try:
-                    run_half_on_meta(module, args, kwargs)
+                    first.run_half_on_meta()
                 finally:
                     trace.unpause()
             self.half_fp32 = trace.found
@@ -191,7 +225,8 @@ class Recorder(TorchDispatchMode):
         """Whether the event's values are FP32 in a .half() model (an island, or the
         model's own FP32 compute; ``island``: run inside an FP32 island): such values
         cannot overflow FP16."""
-        upcast = (site, self._call_number(site)) in self.half_fp32
+        half = self.half_fp32  # None: not known yet (half_dtypes_of marks them later)
+        upcast = bool(half) and (site, self._call_number(site)) in half
         if upcast:
             self.forward.half_fp32.add(eid)
         if upcast or island:
@@ -229,6 +264,7 @@ class Recorder(TorchDispatchMode):
             fp32 = st.value is not None and self._mark_fp32(site, eids[-1], self.stack[-1].fp32)
             if st.internal is not None and self.options.internal and not fp32 and not self.stack[-1].fp32:
                 self.forward.internal.append((site, *st.internal))
+                self.forward.internal_of.append(eids[-1] if st.value is not None else -1)
         return out
 
     def _lookup(self, t: torch.Tensor):
@@ -384,6 +420,15 @@ class Recorder(TorchDispatchMode):
             for t in outs:
                 self._remember(t, prods, *(rng or (None, None)), int(info.mutable))
             return out
+        previous = threads.narrow(first.numel()) if first.is_cpu else 0
+        try:
+            self._record(func, info, args, kwargs, first, prods)
+        finally:
+            threads.restore(previous)
+        return out
+
+    def _record(self, func, info: OpInfo, args, kwargs, first: torch.Tensor, prods: tuple[int, ...]) -> None:
+        """The op's event (statistics of its first output) and its internal check."""
         if info.fused:  # the kernel's inner steps become events: its output is the last
             site, prods = self._record_fused(info.name, func, args, kwargs, prods)
         else:
@@ -397,4 +442,4 @@ class Recorder(TorchDispatchMode):
                                     self.options.threshold)
             if found is not None:
                 self.forward.internal.append((site, *found))
-        return out
+                self.forward.internal_of.append(eid)

@@ -338,7 +338,7 @@ class CachesInForward(nn.Module):
 
 def test_half_dtype_trace_does_not_leave_meta_tensors_in_model_state():
     model = CachesInForward()
-    x = torch.rand(2, 8)
+    x = torch.rand(2, 8) * 1e5  # past the threshold: the trace runs
     with torch.no_grad(), watch(model) as lens:
         out = model(x)
     assert lens._recorder.half_fp32  # traced: x * 2 + arange (FP32) is FP32 under .half()
@@ -361,6 +361,8 @@ class TiedEmbedding(nn.Module):
 
 def test_half_dtype_trace_runs_with_tied_weights():
     model = TiedEmbedding()
+    with torch.no_grad():
+        model.emb.weight.mul_(1e3)  # head outputs past the threshold: the trace runs
     with torch.no_grad(), watch(model) as lens:
         model(torch.tensor([[1, 2, 3]]))
     assert lens._recorder.half_fp32  # traced: the add with an FP32 arange is FP32
