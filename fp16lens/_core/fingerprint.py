@@ -132,8 +132,9 @@ _ONNX_FLOATS = (1, 10, 11, 16)  # FLOAT, FLOAT16, DOUBLE, BFLOAT16
 
 def onnx_fingerprint(model) -> dict[str, list[float]]:
     """Pure: the fingerprint of an ONNX ``model``'s (a ModelProto, external data loaded)
-    float initializers, by initializer name: the same four numbers per tensor as
-    ``fingerprint`` gives a module's parameters, in float64 with numpy."""
+    float initializers, by initializer name: four float64 sums per tensor (numel, Σv,
+    Σ|v|, Σv·ramp), the format module fingerprints had before their integer form;
+    ``differing`` compares them within a relative tolerance."""
     import numpy as np
     from onnx import numpy_helper
 

@@ -129,7 +129,9 @@ class Recorder(TorchDispatchMode):
             return
         if self.forward is None:
             return
-        raised = sys.exc_info()[1] is not None  # always_call hooks also run after a raise
+        # always_call hooks also run after a raise, with output None; an exception being
+        # handled around the whole watch (watch called in an except block) is not a raise
+        raised = output is None and sys.exc_info()[1] is not None
         if not self.raised_in and raised:
             self.raised_in = frame.name
         if self.paused is not None and self.paused[0] is frame:

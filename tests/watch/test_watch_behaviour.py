@@ -85,6 +85,21 @@ def test_forward_that_raises_inside_a_linear_cleans_up():
     assert lens.report.sites["2"].absmax == float(out.detach().abs().max())
 
 
+def test_watch_inside_an_except_block_records_every_site():
+    """A watch opened while the caller handles an exception (a retry, a fallback) is not
+    a raising forward: the Linear sites, recorded at their boundary, are all there."""
+    model, (x,) = models.gelu_span()
+    with watch(model) as lens:
+        model(x)
+    try:
+        raise ValueError("the caller's own exception")
+    except ValueError:
+        with watch(model) as inside:
+            model(x)
+    assert set(inside.report.sites) == set(lens.report.sites) and len(lens.report.sites) >= 3
+    assert inside.report.spans == lens.report.spans
+
+
 class TwoAdds(nn.Module):
     def __init__(self):
         super().__init__()
