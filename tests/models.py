@@ -1513,3 +1513,36 @@ def timm_vit_tiny(plant: str | None = "blocks.0.mlp.fc2"):
     nn.init.normal_(model.head.weight, std=0.2)
     inputs = (torch.rand(2, 3, 32, 32),)
     return (plant_linear(model, inputs, plant) if plant else model), inputs
+
+
+@torch.no_grad()
+def timm_convnext_atto(plant: str | None = "stages.1.blocks.1.mlp.fc2"):
+    """timm's convnext_atto at 64 px: a conv net whose residual stream is scaled by a layer
+    scale (``x.mul(self.gamma.reshape(1, -1, 1, 1))``) before each add; ``plant``: the MLP
+    output raised to ~4 x 65504 (the stream passes 65504 after its layer scale)."""
+    need_torchvision()
+    import pytest
+
+    timm = pytest.importorskip("timm")
+    _seeded(7)
+    model = timm.create_model("convnext_atto", pretrained=False, num_classes=8).eval()
+    for blk in model.modules():  # trained layer scales are not 1e-6: make them matter
+        if isinstance(getattr(blk, "gamma", None), nn.Parameter):
+            blk.gamma.copy_(torch.rand_like(blk.gamma) + 0.5)
+    inputs = (torch.randn(1, 3, 64, 64),)
+    return (plant_linear(model, inputs, plant) if plant else model), inputs
+
+
+class ScaledProducts(nn.Module):
+    """A span through ``x * 0.5`` (a number: homogeneous) and, with ``square``, ``x * x``
+    (degree 2: no scale of degree 1 passes)."""
+
+    def __init__(self, square: bool):
+        super().__init__()
+        self.square = square
+        self.fc1, self.fc2 = nn.Linear(8, 8), nn.Linear(8, 4)
+        nn.init.normal_(self.fc2.weight, std=0.01)  # the output stays in range
+
+    def forward(self, x):
+        h = self.fc1(x) * 0.5
+        return self.fc2(h * h if self.square else h)

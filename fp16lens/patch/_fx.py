@@ -22,8 +22,10 @@ _OPS = {
     "add": {operator.add, operator.iadd, torch.add, "add", "add_", "__add__", "__iadd__", "__radd__"},
     "sub": {operator.sub, operator.isub, torch.sub, "sub", "sub_", "__sub__", "__isub__"},
     "cat": {torch.cat, torch.concat, torch.concatenate},
+    "mul": {operator.mul, operator.imul, torch.mul, "mul", "mul_", "__mul__", "__imul__", "__rmul__"},
 }
-_ATEN = {"add": "add", "add_": "add", "sub": "sub", "sub_": "sub", "cat": "cat", "concat": "cat"}
+_ATEN = {"add": "add", "add_": "add", "sub": "sub", "sub_": "sub", "cat": "cat", "concat": "cat",
+         "mul": "mul", "mul_": "mul"}
 _PASS = {"view", "reshape", "flatten", "contiguous", "permute", "transpose", "clone"}
 _SHAPES = {"shape", "ndim", "dtype", "device", "size", "dim", "numel"}  # non-tensor results
 _RETRACED = "_fp16lens_retraced"  # a GraphModule this module traced (its node names are fx's)
@@ -61,7 +63,7 @@ def _none_defaults(mod: nn.Module) -> dict[str, None] | None:
 
 
 def op_of(node: fx.Node) -> str | None:
-    """"add", "sub" or "cat" for a node running one of them on tensors, else None."""
+    """"add", "sub", "cat" or "mul" for a node running one of them on tensors, else None."""
     if node.op not in ("call_function", "call_method"):
         return None
     target = node.target
@@ -314,6 +316,40 @@ def _param_of(root, mod: nn.Module) -> str | None:
     return str(root.target) if ok else None
 
 
+def _site_node(mod: nn.Module, site: str, seen: int, graphs: dict) -> fx.Node | None:
+    """The fx node of functional ``site`` in its module ``mod``'s traced forward, when that
+    forward runs as many such ops as the ``seen`` ones the report saw in it."""
+    name = parse_site(site)
+    if isinstance(mod, fx.GraphModule):  # its nodes are named as watch named the sites
+        try:
+            return find_op(mod, site)
+        except PatchError:
+            return None
+    if name.module not in graphs:
+        graphs[name.module] = _analysis_trace(mod)
+    nodes = [nd for nd in graphs[name.module].nodes if op_of(nd) == name.op] if graphs[name.module] else []
+    if len(nodes) != seen or not 0 < name.nth <= len(nodes):
+        return None
+    return nodes[name.nth - 1]
+
+
+def constant_factor(model: nn.Module, site: str, seen: int, graphs: dict) -> bool:
+    """Whether product ``site`` (fed by one tensor in the report) multiplies that tensor by
+    a constant: a number, or a parameter or buffer read through views (ConvNeXt's layer
+    scale ``x.mul(self.gamma.reshape(1, -1, 1, 1))``): homogeneous of degree 1. False for
+    ``x * x`` (degree 2), a tensor computed in forward, or a forward fx cannot follow."""
+    name = parse_site(site)
+    mod = model.get_submodule(name.module) if name.module else model
+    node = _site_node(mod, site, seen, graphs)
+    if node is None:
+        return False
+    roots = [_root(a) for a in operands(node)]
+    tensors = [r for r in roots if isinstance(r, fx.Node) and r.op != "get_attr"]
+    constants = [r for r in roots if (isinstance(r, (int, float)) and not isinstance(r, bool))
+                 or (isinstance(r, fx.Node) and r.op == "get_attr")]
+    return len(roots) == 2 and len(tensors) == 1 and len(constants) == 1
+
+
 def parameter_operands(
     model: nn.Module, site: str, tensors: int, seen: int, graphs: dict
 ) -> tuple[str, ...] | None:
@@ -327,18 +363,9 @@ def parameter_operands(
     caches traces."""
     name = parse_site(site)
     mod = model.get_submodule(name.module) if name.module else model
-    if isinstance(mod, fx.GraphModule):  # its nodes are named as watch named the sites
-        try:
-            node = find_op(mod, site)
-        except PatchError:
-            return None
-    else:
-        if name.module not in graphs:
-            graphs[name.module] = _analysis_trace(mod)
-        nodes = [nd for nd in graphs[name.module].nodes if op_of(nd) == name.op] if graphs[name.module] else []
-        if len(nodes) != seen or not 0 < name.nth <= len(nodes):
-            return None
-        node = nodes[name.nth - 1]
+    node = _site_node(mod, site, seen, graphs)
+    if node is None:
+        return None
     roots = [_root(a) for a in operands(node)]
     params = [p for p in (_param_of(r, mod) for r in roots) if p is not None]
     attrs = [r for r in roots if isinstance(r, fx.Node) and r.op == "get_attr"]

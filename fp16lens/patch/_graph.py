@@ -35,7 +35,12 @@ from fp16lens._core.algebra import (
 from fp16lens._core.sites import is_island
 from fp16lens.patch._classify import HOMOG, JOIN, LINEAR, OPAQUE, POWER, module_kind, op_kind
 from fp16lens.patch._fused import contract
-from fp16lens.patch._fx import FunctionalParams, functional_params, parameter_operands
+from fp16lens.patch._fx import (
+    FunctionalParams,
+    constant_factor,
+    functional_params,
+    parameter_operands,
+)
 from fp16lens.report import Report
 
 
@@ -145,6 +150,7 @@ def build_graph(model: nn.Module, report: Report, binding=None) -> SiteGraph:
         for name in _tied(model, modules):  # rescaling one would rescale the other's parameters
             kinds[name] = OPAQUE
         params = _param_joins(model, report, producers)
+        kinds.update(dict.fromkeys(_constant_products(model, report, producers, carries), HOMOG))
         kinds.update(dict.fromkeys(params, JOIN))  # x + parameter: the parameter takes x's scale
     graph = SiteGraph(producers, consumers, kinds, modules, frozen=binding.frozen(report),
                       owners=binding.owners, carries=carries, params=params, hosts=hosts,
@@ -220,6 +226,17 @@ def _tied(model: nn.Module, modules: dict) -> list[str]:
     ran = {id(m): s for s, m in modules.items() if isinstance(m, nn.Module)}  # module sites
     shared = {ran[m] for mods in holders.values() if sum(m in ran for m in mods) > 1 for m in mods if m in ran}
     return sorted(shared)
+
+
+def _constant_products(model: nn.Module, report: Report, producers: dict, carries: dict) -> list[str]:
+    """Products of one tensor with a constant (a layer scale, a number): x's scale passes."""
+    found, graphs = [], {}
+    ops = Counter((st.module, st.op) for st in report.sites.values() if st.kind != "module")
+    for name, st in report.sites.items():
+        if (st.kind != "module" and is_product(st.op) and name not in carries and len(producers[name]) == 1
+                and constant_factor(model, name, ops[st.module, st.op], graphs)):
+            found.append(name)
+    return found
 
 
 def _param_joins(model: nn.Module, report: Report, producers: dict) -> dict[str, tuple[str, ...]]:

@@ -16,7 +16,17 @@ import fp16lens
 from fp16lens._core.algebra import Kind, fused_kind, input_linear_weight, output_linear_child
 from fp16lens.patch import get_plan, relative_error
 
-from models import embedding_row, hf_tiny, tied_stream, timm_vit_tiny, tv_swin_tiny, tv_vit_tiny
+from models import (
+    ScaledProducts,
+    embedding_row,
+    hf_tiny,
+    plant_linear,
+    tied_stream,
+    timm_convnext_atto,
+    timm_vit_tiny,
+    tv_swin_tiny,
+    tv_vit_tiny,
+)
 from plant import assert_fixed, cosine, run_half, watch_report
 
 
@@ -171,3 +181,28 @@ def test_probes_find_weights_by_what_modules_compute():
     assert output_linear_child(nn.Sequential(nn.Linear(8, 8), nn.GELU()), x) is None
     assert input_linear_weight(nn.Sequential(nn.LayerNorm(8), nn.Linear(8, 8)), x) is None  # the norm: invariant
     assert fused_kind(_XW()) == Kind.LINEAR and fused_kind(_XW(power=2)) is None
+
+
+@pytest.mark.slow
+def test_convnext_layer_scale_passes_the_stream_scale():
+    """ConvNeXt multiplies each block's output by a layer-scale parameter before the add:
+    a product of the stream with a constant passes its scale (found with torch.fx), so the
+    stage is one region from its downsample to the next depthwise convs, no island."""
+    model, inputs = timm_convnext_atto()
+    the_plan, _ = _exact(model, inputs)
+    [region] = the_plan.regions
+    assert {"stages.1.blocks.1:mul", "stages.1.blocks.1:add"} <= set(region.sites)
+    assert "stages.1.blocks.1.mlp.fc2" in region.entries
+
+
+def test_a_product_with_a_number_passes_the_scale_a_square_does_not():
+    torch.manual_seed(0)
+    x = torch.randn(4, 8)
+    model = plant_linear(ScaledProducts(square=False).eval(), (x,), "fc1", target=8 * 65504.0)
+    the_plan, _ = _exact(model, (x,))
+    [region] = the_plan.regions
+    assert ":mul" in region.sites and "fc2" in region.exits
+    square = ScaledProducts(square=True).eval()
+    square.load_state_dict(model.state_dict())
+    graph_plan = fp16lens.plan(square, watch_report(square, (x,)))
+    assert not any(":mul#2" in r.sites for r in graph_plan.regions)  # x * x: degree 2, never in a region
