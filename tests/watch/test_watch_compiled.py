@@ -169,4 +169,7 @@ def test_inductor_transformer_encoder_layer_span_matches_eager_and_real_fp16():
     eager, compiled = _compare(model, inputs, "inductor")
     assert [s.peak for s in compiled.spans] == pytest.approx([s.peak for s in eager.spans], rel=1e-6)
     truth = models.first_inf_site_fp16(model, inputs)  # real FP16 overflows where the span starts
-    assert truth is not None and compiled.spans and site_module(compiled.spans[0].start) == truth[0]
+    assert truth is not None and compiled.spans
+    start = site_module(compiled.spans[0].start)
+    # torch < 2.5 runs the whole layer as one fused op even under hooks: inf shows at 'layer'
+    assert start == truth[0] or start.startswith(truth[0] + "."), (start, truth)
