@@ -185,6 +185,17 @@ def test_silero_vad_onnx_inside_if_branches_is_not_seen():
     assert not report.clean  # what the same network's opset-15 file shows (test above)
 
 
+def test_silero_vad_onnx_if_branches_are_named_as_not_scanned():
+    """What the scan cannot see it says: a note names the If node whose body holds the network."""
+    try:
+        path = zoo_real.silero_onnx("silero_vad.onnx")
+    except zoo_real.Missing as exc:
+        pytest.skip(str(exc))
+    report = fp16lens.scan(path, [zoo_real.vad_feed(raw=True, chunk=5)], progress=False)
+    [note] = [f for f in report.findings if "not scanned" in f.detail]
+    assert note.mechanism == "note" and "(If)" in note.detail
+
+
 # ---- the whole journey on a published ONNX file: scan, patch, export, verify ------------
 
 def _mask_iou(ref, got) -> float:

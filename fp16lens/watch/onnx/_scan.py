@@ -11,7 +11,7 @@ from typing import Any
 from fp16lens._core import WatchError
 from fp16lens._core.fingerprint import onnx_fingerprint
 from fp16lens._core.sites import Mechanism
-from fp16lens.report import Report
+from fp16lens.report import Finding, Report
 from fp16lens.watch._accumulate import Accumulator
 from fp16lens.watch._build import build_report
 from fp16lens.watch._options import WatchOptions
@@ -55,7 +55,29 @@ def scan_onnx(model: Any, batches: Iterable[Any], *, progress: bool = True,
     params = check_constants(graph, options) if options.params else []
     report = build_report(acc, graph.sites, params, None, options.threshold,
                           source=(graph.name, onnx_fingerprint(graph.proto)))
+    _note_hidden_subgraphs(report, graph.proto)
     return _name_decomposed_norms(report, graph)
+
+
+def _note_hidden_subgraphs(report: Report, proto) -> None:
+    """A note naming the control-flow nodes (If/Loop/Scan) whose bodies the scan cannot see:
+    ONNX Runtime exposes no tensor computed inside a subgraph, so a clean verdict there says
+    nothing about the values inside."""
+    from onnx import AttributeProto
+
+    hidden = [n for n in proto.graph.node
+              if any(a.type in (AttributeProto.GRAPH, AttributeProto.GRAPHS) for a in n.attribute)]
+    if not hidden:
+        return
+    names = ", ".join(f"{n.name or n.output[0]} ({n.op_type})" for n in hidden[:3])
+    more = f" and {len(hidden) - 3} more" if len(hidden) > 3 else ""
+    report.findings.append(Finding(
+        site="", mechanism=Mechanism.NOTE, peak=0.0,
+        detail=f"{len(hidden)} control-flow node(s) hold subgraphs whose tensors ONNX Runtime does "
+               f"not expose: {names}{more}; values computed inside them were not scanned. For "
+               "ground truth run verify(..., backend='onnx-fp16'), or export the model with the "
+               "branch taken (no If/Loop) and scan that file",
+    ))
 
 
 def _check_batches(batches: Any) -> None:
