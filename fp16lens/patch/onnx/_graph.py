@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from fp16lens._core import PatchError, import_optional
+from fp16lens._core.onnx_types import elem_types
 
 FLOAT_TYPES = frozenset({1, 10, 11, 16})  # FLOAT, FLOAT16, DOUBLE, BFLOAT16
 FP32_NODES_KEY = "fp16lens.fp32_nodes"
@@ -67,23 +68,10 @@ def load(model):
     return copy
 
 
-def _elem_types(proto) -> dict[str, int]:
-    onnx = onnx_module()
-    try:
-        g = onnx.shape_inference.infer_shapes(proto).graph
-    except Exception:  # custom ops: declared types only
-        g = proto.graph
-    elem = {t.name: t.data_type for t in g.initializer}
-    for vi in (*g.input, *g.value_info, *g.output):
-        if vi.type.HasField("tensor_type"):
-            elem[vi.name] = vi.type.tensor_type.elem_type
-    return elem
-
-
 def read(proto) -> OnnxModel:
     numpy_helper = onnx_module().numpy_helper
     g = proto.graph
-    m = OnnxModel(proto, elem=_elem_types(proto), inits={i.name for i in g.initializer})
+    m = OnnxModel(proto, elem=elem_types(proto, onnx_module()), inits={i.name for i in g.initializer})
     m.inputs = [i.name for i in g.input if i.name not in m.inits]
     for init in g.initializer:
         if init.data_type in FLOAT_TYPES:

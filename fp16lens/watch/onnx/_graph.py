@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from fp16lens._core import WatchError, import_optional
+from fp16lens._core.onnx_types import elem_types
 from fp16lens.watch._recorder import SiteInfo
 
 FLOATS = {1: np.float32, 10: np.float16, 11: np.float64, 16: np.float32}  # 16: bfloat16
@@ -89,19 +90,6 @@ def _tensors_of(graph):
                 yield a.t
 
 
-def _elem_types(proto) -> dict[str, int]:
-    onnx = onnx_module()
-    try:
-        g = onnx.shape_inference.infer_shapes(proto).graph
-    except Exception:  # unknown custom ops: declared types only
-        g = proto.graph
-    elem = {t.name: t.data_type for t in g.initializer}
-    for vi in (*g.input, *g.value_info, *g.output):
-        if vi.type.HasField("tensor_type"):
-            elem[vi.name] = vi.type.tensor_type.elem_type
-    return elem
-
-
 def constants(graph) -> dict[str, np.ndarray]:
     """Float initializers and Constant-node values, by tensor name."""
     numpy_helper = onnx_module().numpy_helper
@@ -121,7 +109,7 @@ def analyse(model, base_dir: str | Path | None = None) -> OnnxGraph:
     proto, name = load(model, base_dir)
     g = proto.graph
     inits = {i.name for i in g.initializer}
-    graph = OnnxGraph(proto, name, elem=_elem_types(proto), consts=constants(g))
+    graph = OnnxGraph(proto, name, elem=elem_types(proto, onnx_module()), consts=constants(g))
     graph.inputs = [i.name for i in g.input if i.name not in inits]
     graph.outputs = [o.name for o in g.output]
     taken: dict[str, int] = {}
