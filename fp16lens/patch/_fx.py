@@ -316,21 +316,22 @@ def _param_of(root, mod: nn.Module) -> str | None:
     return str(root.target) if ok else None
 
 
-def _site_node(mod: nn.Module, site: str, seen: int, graphs: dict) -> fx.Node | None:
-    """The fx node of functional ``site`` in its module ``mod``'s traced forward, when that
-    forward runs as many such ops as the ``seen`` ones the report saw in it."""
+def _site_node(model: nn.Module, site: str, seen: int, graphs: dict) -> tuple[nn.Module, fx.Node | None]:
+    """The module owning functional ``site`` and the site's fx node in its traced forward,
+    when that forward runs as many such ops as the ``seen`` ones the report saw in it."""
     name = parse_site(site)
+    mod = model.get_submodule(name.module) if name.module else model
     if isinstance(mod, fx.GraphModule):  # its nodes are named as watch named the sites
         try:
-            return find_op(mod, site)
+            return mod, find_op(mod, site)
         except PatchError:
-            return None
+            return mod, None
     if name.module not in graphs:
         graphs[name.module] = _analysis_trace(mod)
     nodes = [nd for nd in graphs[name.module].nodes if op_of(nd) == name.op] if graphs[name.module] else []
     if len(nodes) != seen or not 0 < name.nth <= len(nodes):
-        return None
-    return nodes[name.nth - 1]
+        return mod, None
+    return mod, nodes[name.nth - 1]
 
 
 def constant_factor(model: nn.Module, site: str, seen: int, graphs: dict) -> bool:
@@ -338,9 +339,7 @@ def constant_factor(model: nn.Module, site: str, seen: int, graphs: dict) -> boo
     a constant: a number, or a parameter or buffer read through views (ConvNeXt's layer
     scale ``x.mul(self.gamma.reshape(1, -1, 1, 1))``): homogeneous of degree 1. False for
     ``x * x`` (degree 2), a tensor computed in forward, or a forward fx cannot follow."""
-    name = parse_site(site)
-    mod = model.get_submodule(name.module) if name.module else model
-    node = _site_node(mod, site, seen, graphs)
+    _, node = _site_node(model, site, seen, graphs)
     if node is None:
         return False
     roots = [_root(a) for a in operands(node)]
@@ -361,9 +360,7 @@ def parameter_operands(
     is read elsewhere in the forward, the owner does not trace, or its traced forward runs
     another number of such joins than the ``seen`` ones the report saw in it. ``graphs``
     caches traces."""
-    name = parse_site(site)
-    mod = model.get_submodule(name.module) if name.module else model
-    node = _site_node(mod, site, seen, graphs)
+    mod, node = _site_node(model, site, seen, graphs)
     if node is None:
         return None
     roots = [_root(a) for a in operands(node)]
@@ -373,7 +370,8 @@ def parameter_operands(
         return None  # a buffer, a parameter read elsewhere too, or a number
     if len({r for r in roots if r.op != "get_attr"}) != tensors:
         return None  # operands from more tensors than the report's producers
-    prefix = f"{name.module}." if name.module else ""
+    owner = parse_site(site).module
+    prefix = f"{owner}." if owner else ""
     every = [t for _, t in model.named_parameters(remove_duplicate=False)]
     if any(sum(t is mod.get_parameter(p) for t in every) != 1 for p in params):
         return None  # tied to another module's parameter: scaling it would change that one
