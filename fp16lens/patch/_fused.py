@@ -24,6 +24,21 @@ def contract(model: nn.Module, report: Report) -> Report:
     if not units:
         return report
     rename = {s: st.module for s, st in report.sites.items() if st.kind == "op" and st.module in units}
+    sites, edges = merge_sites(report, rename, lambda unit: dataclasses.replace(
+        _output_site(report, unit, rename), name=unit, kind="module", op=type(units[unit]).__name__,
+        module=unit))
+    return dataclasses.replace(
+        report,
+        sites=sites,
+        edges=edges,
+        spans=[rename_span(sp, rename) for sp in report.spans],
+        findings=[dataclasses.replace(f, site=rename.get(f.site, f.site)) for f in report.findings],
+    )
+
+
+def merge_sites(report: Report, rename: dict[str, str], unit_site) -> tuple[dict, list]:
+    """``report``'s sites and edges with the sites in ``rename`` merged into their unit
+    (``unit_site(unit)``: the unit's one site), self-edges dropped."""
     edges = list(dict.fromkeys(
         (rename.get(p, p), rename.get(c, c)) for p, c in report.edges if rename.get(p, p) != rename.get(c, c)
     ))  # fmt: skip
@@ -33,17 +48,8 @@ def contract(model: nn.Module, report: Report) -> Report:
         if unit is None:
             sites[name] = st
         elif unit not in sites:
-            out = _output_site(report, unit, rename)
-            sites[unit] = dataclasses.replace(
-                out, name=unit, kind="module", op=type(units[unit]).__name__, module=unit
-            )
-    return dataclasses.replace(
-        report,
-        sites=sites,
-        edges=edges,
-        spans=[_span(sp, rename) for sp in report.spans],
-        findings=[dataclasses.replace(f, site=rename.get(f.site, f.site)) for f in report.findings],
-    )
+            sites[unit] = unit_site(unit)
+    return sites, edges
 
 
 def _units(model: nn.Module, report: Report) -> dict[str, nn.Module]:
@@ -71,7 +77,7 @@ def _output_site(report: Report, unit: str, rename: dict[str, str]):
     return report.sites[(leaving or last or own)[-1]]
 
 
-def _span(span, rename: dict[str, str]):
+def rename_span(span, rename: dict[str, str]):
     def r(s):
         return rename.get(s, s)
 

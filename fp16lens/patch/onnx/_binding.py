@@ -12,6 +12,7 @@ from torch import nn
 from fp16lens._core import PatchError
 from fp16lens._core.algebra import ONNX_JOINS, Kind, OpClass, onnx_class
 from fp16lens._core.sites import FindingKind, Mechanism
+from fp16lens.patch._fused import merge_sites, rename_span
 from fp16lens.patch.onnx._graph import OnnxModel, attr
 from fp16lens.patch.onnx._norms import Unit, decomposed_norms
 from fp16lens.report import Finding, Report
@@ -151,15 +152,8 @@ def _drop_constants(report: Report, m: OnnxModel) -> Report:
 
 def _merge(report: Report, rename: dict[str, str], units: dict[str, Unit]) -> Report:
     r = lambda s: rename.get(s, s)  # noqa: E731
-    edges = list(dict.fromkeys((r(p), r(c)) for p, c in report.edges if r(p) != r(c)))
-    sites = {}
-    for name, st in report.sites.items():
-        unit = rename.get(name)
-        if unit is None:
-            sites[name] = st
-        elif unit not in sites:
-            out = report.sites[units[unit].output]
-            sites[unit] = dataclasses.replace(out, name=unit, op="decomposed norm", module=unit)
+    sites, edges = merge_sites(report, rename, lambda unit: dataclasses.replace(
+        report.sites[units[unit].output], name=unit, op="decomposed norm", module=unit))
     spans, findings, inside = [], [], set()
     for sp in report.spans:
         names = {r(s) for s in sp.sites}
@@ -169,10 +163,7 @@ def _merge(report: Report, rename: dict[str, str], units: dict[str, Unit]) -> Re
                                     "(x-mean)^2 of a decomposed norm beyond FP16",
                                     kind=FindingKind.NORM_VARIANCE, tensor="(x-mean)^2"))
             continue
-        spans.append(dataclasses.replace(
-            sp, start=r(sp.start), end=None if sp.end is None else r(sp.end),
-            peak_site=r(sp.peak_site), sites=list(dict.fromkeys(map(r, sp.sites))),
-            ends=list(dict.fromkeys(map(r, sp.ends)))))
+        spans.append(rename_span(sp, rename))
     for f in report.findings:
         if f.mechanism == Mechanism.OUTPUT and r(f.site) in inside:
             continue  # the span's own finding, now internal
