@@ -13,7 +13,8 @@ On CUDA (``--device cuda``) every timing is bracketed by ``torch.cuda.synchroniz
 memory is the peak CUDA memory (``torch.cuda.max_memory_allocated``) relative to a plain
 forward, measured in the same process after resetting the peak.
 
-    python scripts/bench_watch.py                  # ResNet-50 (4x3x224x224) and a BERT-base-sized encoder
+    python scripts/bench_watch.py                  # ResNet-50 (4x3x224x224) and a BERT-base-sized
+                                                   # encoder (4x128 tokens); --batch 32 for b32
     python scripts/bench_watch.py --quick          # small inputs, for CI
     python scripts/bench_watch.py --device cuda    # the same ratios on a GPU
     python scripts/bench_watch.py --compile        # plus scan(compile=True): steady state,
@@ -39,17 +40,19 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 
 # ---- models ------------------------------------------------------------------------------
-def resnet50(quick: bool):
+def resnet50(quick: bool, batch: int = 4):
     from torchvision_compat import ensure_torchvision
 
     tv = ensure_torchvision()
     model = tv.models.resnet50().eval()
-    return model, (torch.randn(1 if quick else 4, 3, 64 if quick else 224, 64 if quick else 224),)
+    side = 64 if quick else 224
+    return model, (torch.randn(1 if quick else batch, 3, side, side),)
 
 
-def bert_base(quick: bool):
+def bert_base(quick: bool, batch: int = 4):
     """BERT-base-sized encoder with random weights (transformers' BertModel if installed)."""
     layers, seq = (2, 32) if quick else (12, 128)
+    batch = 1 if quick else batch
     try:
         from torchvision_compat import ensure_torchvision
 
@@ -59,12 +62,12 @@ def bert_base(quick: bool):
         cfg = BertConfig(num_hidden_layers=layers, hidden_size=768, num_attention_heads=12,
                          intermediate_size=3072, attn_implementation="eager")
         model = BertModel(cfg).eval()
-        return model, (torch.randint(0, cfg.vocab_size, (1, seq)),)
+        return model, (torch.randint(0, cfg.vocab_size, (batch, seq)),)
     except ImportError:
         enc = torch.nn.TransformerEncoder(
             torch.nn.TransformerEncoderLayer(768, 12, 3072, batch_first=True), layers
         ).eval()
-        return enc, (torch.randn(1, seq, 768),)
+        return enc, (torch.randn(batch, seq, 768),)
 
 
 MODELS = {"resnet50": resnet50, "bert-base": bert_base}
@@ -216,12 +219,12 @@ def peak_cuda_mb(model, inputs, method: str, device: torch.device) -> float:
     return torch.cuda.max_memory_allocated(device) / 2**20
 
 
-def peak_rss_mb(model_name: str, method: str, quick: bool) -> float:
+def peak_rss_mb(model_name: str, method: str, quick: bool, batch: int) -> float:
     """Peak resident memory of a fresh process running 2 forwards with the method."""
     here = os.path.dirname(os.path.abspath(__file__))
     code = (
         f"import sys, resource, torch; sys.path.insert(0, {here!r}); import bench_watch as b\n"
-        f"model, inputs = b.MODELS[{model_name!r}]({quick!r})\n"
+        f"model, inputs = b.MODELS[{model_name!r}]({quick!r}, {batch!r})\n"
         f"with torch.no_grad(), b.METHODS[{method!r}](model):\n"
         "    model(*inputs); model(*inputs)\n"
         "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)\n"
@@ -242,6 +245,7 @@ def main(argv=None) -> int:
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
                         help="where the models and inputs live (cuda: synchronized timings, "
                         "peak CUDA memory)")
+    parser.add_argument("--batch", type=int, default=4, help="batch size of both models (default 4)")
     parser.add_argument("--compile", action="store_true",
                         help="add a scan(compile=True) row per model (compile time, break-even)")
     args = parser.parse_args(argv)
@@ -251,7 +255,7 @@ def main(argv=None) -> int:
     reps = args.reps or (3 if args.quick else 15)
     rows = []
     for name in args.models:
-        model, inputs = MODELS[name](args.quick)
+        model, inputs = MODELS[name](args.quick, args.batch)
         model, inputs = model.to(device), tuple(x.to(device) for x in inputs)
         rows += _bench_model(name, model, inputs, reps, device, args)
         if args.compile:
@@ -292,7 +296,7 @@ def _bench_model(name: str, model, inputs, reps: int, device: torch.device, args
     if not args.no_memory:
         for m in methods:
             memory[m] = (peak_cuda_mb(model, inputs, m, device) if device.type == "cuda"
-                         else peak_rss_mb(name, m, args.quick))
+                         else peak_rss_mb(name, m, args.quick, args.batch))
     rows = []
     for m in chosen:
         why = available(m)

@@ -91,7 +91,7 @@ def _iqr(values: list[float]) -> list[float]:
     return [q[0], q[2]]
 
 
-def peak_rss_ratio(model_name: str, quick: bool) -> float:
+def peak_rss_ratio(model_name: str, quick: bool, batch: int) -> float:
     """Peak resident memory of a fresh process scanning 4 batches compiled (compile
     included), over one running 2 plain forwards."""
     here = os.path.dirname(os.path.abspath(__file__))
@@ -99,7 +99,7 @@ def peak_rss_ratio(model_name: str, quick: bool) -> float:
     def rss(body: str) -> float:
         code = (
             f"import sys, resource, torch; sys.path.insert(0, {here!r}); import bench_watch as b\n"
-            f"model, inputs = b.MODELS[{model_name!r}]({quick!r})\n"
+            f"model, inputs = b.MODELS[{model_name!r}]({quick!r}, {batch!r})\n"
             f"{body}\n"
             "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)\n"
         )
@@ -121,7 +121,7 @@ def compiled_row(name: str, model, inputs: tuple, reps: int, device: torch.devic
         row["note"] = f"fell back to eager: {n['fallback']}"
         return row
     if device.type == "cpu" and not args.no_memory:
-        row["memory"] = peak_rss_ratio(name, args.quick)
+        row["memory"] = peak_rss_ratio(name, args.quick, args.batch)
     even = "never" if n["break_even"] is None else f"{n['break_even']} batches"
     row["note"] = (f"compile {n['compile_s']:.0f}s, capture {n['capture_s']:.1f}s; eager watch "
                    f"{n['eager_time']:.2f}x here; breaks even at {even}")

@@ -45,3 +45,38 @@ def register_state_dict_post_hook(module: torch.nn.Module, hook) -> object:
     local_metadata)`` the same way."""
     register = getattr(module, "register_state_dict_post_hook", None)
     return (register or module._register_state_dict_hook)(hook)
+
+
+@contextlib.contextmanager
+def mha_fast_path_under_make_fx() -> Iterator[None]:
+    """nn.MultiheadAttention leaves its fused fast path when it sees make_fx's mode on the
+    stack; the eager path takes it (and records the steps the fused kernel stores as their
+    own sites), so the capture must take it too. Nothing changes where torch has no such
+    check (``torch.nn.modules.activation._is_make_fx_tracing``, a private name)."""
+    from torch.nn.modules import activation
+
+    saved = getattr(activation, "_is_make_fx_tracing", None)
+    if saved is None:
+        yield
+        return
+    activation._is_make_fx_tracing = lambda: False
+    try:
+        yield
+    finally:
+        activation._is_make_fx_tracing = saved
+
+
+@contextlib.contextmanager
+def torch_function_metadata_mode_off() -> Iterator[None]:
+    """Inside make_fx: its torch-function mode (source metadata, which this graph does not
+    need) taken off while the forward runs, since any torch-function mode makes
+    nn.MultiheadAttention leave its fast path (``has_torch_function``). The mode's class
+    and ``_pop_mode_temporarily`` are private; nothing changes where the mode is absent."""
+    from torch.overrides import _get_current_function_mode_stack, _pop_mode_temporarily
+
+    stack = _get_current_function_mode_stack()
+    if not stack or type(stack[-1]).__name__ != "TorchFunctionMetadataMode":
+        yield
+        return
+    with _pop_mode_temporarily():
+        yield

@@ -96,6 +96,8 @@ class FindingKind(_Names):
     SOFTMAX_EXP = "softmax-exp"
     MASK_CONSTANT = "mask-constant"
     FP32_UPCAST = "fp32-upcast"
+    UNSCANNED = "unscanned"  # values the scan could not see (ONNX If/Loop/Scan bodies)
+    COMPILE_FALLBACK = "compile-fallback"  # scan(compile=True) watched batches eagerly
 
 
 class Backend(_Names):

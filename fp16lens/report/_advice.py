@@ -153,6 +153,12 @@ def _note_fix(f: Finding) -> str:
                     "FP32: move them into a submodule and export(..., fp32_modules=[it])")
         return (f"none for a .half() model; for an FP16 ONNX/TensorRT graph keep {module} in FP32: "
                 f"export(..., fp32_modules=[{module!r}])")
+    if f.kind == FindingKind.UNSCANNED:
+        return ("for ground truth inside those bodies run verify(..., backend='onnx-fp16'), or export "
+                "the model with the branch taken (no If/Loop) and scan that file")
+    if f.kind == FindingKind.COMPILE_FALLBACK:
+        return ("none for the report (those batches were watched eagerly); to compile them, keep "
+                "forward free of values read into Python (.item(), `if tensor:`) and of value-made shapes")
     if f.kind in (FindingKind.PARAM_UNDERFLOW, FindingKind.PARAM_SUBNORMAL):
         return (
             f"none: what {param_name(f)} loses in FP16 is below the FP16 precision of the values it "

@@ -7,7 +7,7 @@ import math
 from rich.console import Group, RenderableType
 from rich.text import Text
 
-from fp16lens._core.sites import Mechanism
+from fp16lens._core.sites import FindingKind, Mechanism
 from fp16lens.report import _fmt
 from fp16lens.report._blocks import ViewOptions, fix_line, heading, indent, more, peak_key
 from fp16lens.report._model import Report, SiteStats, Span
@@ -43,6 +43,12 @@ def verdict(report: Report) -> RenderableType:
     where = f"worst headroom {_fmt.bits(worst.headroom)} bits at {worst.name}"
     if report.clean:
         notes = report.findings_by(Mechanism.NOTE)
+        if any(f.kind == FindingKind.UNSCANNED for f in notes):
+            return Text.assemble(
+                ("? ", "bold yellow"),
+                f"{name}: {len(report.sites)} sites in range over {batches}, but not every value "
+                f"was scanned (see the notes); {where} (|x| ≤ {_fmt.value(worst.absmax)})",
+            )
         return Text.assemble(
             ("✓ ", "bold green"),
             f"{name} is FP16-safe: {len(report.sites)} sites in range over {batches}; "

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from fp16lens._core import WatchError
-from fp16lens._core.sites import Mechanism
+from fp16lens._core.sites import FindingKind, Mechanism
 from fp16lens.report import Finding, Report
 from fp16lens.watch import _distributed
 from fp16lens.watch._accumulate import Accumulator
@@ -137,7 +137,7 @@ class CompiledScan:
             report = _distributed.merge_over_ranks(report)
         for why in self.timings.fallbacks:
             report.findings.append(Finding(
-                site="", mechanism=Mechanism.NOTE, peak=0.0,
+                site="", mechanism=Mechanism.NOTE, kind=FindingKind.COMPILE_FALLBACK, peak=0.0,
                 detail=f"{FALLBACK}: {why}; those batches were watched eagerly (the reference path)",
             ))
         return report

@@ -110,6 +110,10 @@ class Recorder(TorchDispatchMode):
         self.last_site = ""
         self.raised_in = ""  # the innermost module whose forward raised
         self.on_forward_end = on_forward_end
+        # True while a compiled scan captures a forward into a graph (watch/_compiled.py):
+        # every event then takes the off-CPU path (tensor extremes, no host sync, nothing
+        # derived from earlier values), so what runs is the same for every batch
+        self.static = False
 
     # ---- module boundaries (the tracker's callbacks) -------------------------------
     def _enter(self, frame: Frame, args, kwargs) -> None:
@@ -324,7 +328,8 @@ class Recorder(TorchDispatchMode):
         fw.samples.append(take_sample(flat, self.options.sample_size))
         fw.numels.append(t.numel())
         fw.shapes.append(t.shape)
-        if t.device.type != "cpu":  # no host sync per op: extremes are reduced per forward
+        if self.static or t.device.type != "cpu":  # no host sync per op: extremes are
+            # reduced per forward
             fw.extremes.append(extremes(flat))
             self._remember(out, (eid,))
             return eid

@@ -21,7 +21,8 @@ from torch.utils._pytree import tree_map
 
 import fp16lens
 from fp16lens._core import WatchError
-from fp16lens._core.sites import site_module
+from fp16lens._core.sites import FindingKind, Mechanism, site_module
+from fp16lens.report._advice import suggest_fix
 from fp16lens.watch._compiled_scan import FALLBACK, scan_compiled
 
 import models
@@ -34,7 +35,10 @@ def _batches(inputs: tuple, n: int) -> list[tuple]:
 
 
 def _notes(report) -> list[str]:
-    return [f.detail for f in report.findings if f.detail.startswith(FALLBACK)]
+    found = [f for f in report.findings if f.detail.startswith(FALLBACK)]
+    assert all(f.kind == FindingKind.COMPILE_FALLBACK and f.mechanism == Mechanism.NOTE for f in found)
+    assert all("watched eagerly" in suggest_fix(report, f) for f in found)
+    return [f.detail for f in found]
 
 
 def _compare(model: nn.Module, inputs: tuple, backend: str, n: int = 4):

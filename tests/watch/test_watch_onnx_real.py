@@ -23,6 +23,7 @@ import zoo_real  # noqa: E402
 
 import fp16lens  # noqa: E402
 from fp16lens._core.sites import Mechanism  # noqa: E402
+from fp16lens.report._advice import suggest_fix  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -185,7 +186,7 @@ def test_silero_vad_onnx_inside_if_branches_is_not_seen():
     assert not report.clean  # what the same network's opset-15 file shows (test above)
 
 
-def test_silero_vad_onnx_if_branches_are_named_as_not_scanned():
+def test_silero_vad_onnx_if_branches_are_named_as_not_scanned(tmp_path):
     """What the scan cannot see it says: a note names the If node whose body holds the network."""
     try:
         path = zoo_real.silero_onnx("silero_vad.onnx")
@@ -193,7 +194,10 @@ def test_silero_vad_onnx_if_branches_are_named_as_not_scanned():
         pytest.skip(str(exc))
     report = fp16lens.scan(path, [zoo_real.vad_feed(raw=True, chunk=5)], progress=False)
     [note] = [f for f in report.findings if "not scanned" in f.detail]
-    assert note.mechanism == "note" and "(If)" in note.detail
+    assert note.mechanism == "note" and note.kind == "unscanned" and "(If)" in note.detail
+    assert "backend='onnx-fp16'" in suggest_fix(report, note)
+    verdict = report.save(tmp_path / "report.txt").read_text().splitlines()[0]
+    assert "FP16-safe" not in verdict and "not every value" in verdict
 
 
 # ---- the whole journey on a published ONNX file: scan, patch, export, verify ------------

@@ -10,7 +10,7 @@ from typing import Any
 
 from fp16lens._core import WatchError
 from fp16lens._core.fingerprint import onnx_fingerprint
-from fp16lens._core.sites import Mechanism
+from fp16lens._core.sites import FindingKind, Mechanism
 from fp16lens.report import Finding, Report
 from fp16lens.watch._accumulate import Accumulator
 from fp16lens.watch._build import build_report
@@ -72,11 +72,9 @@ def _note_hidden_subgraphs(report: Report, proto) -> None:
     names = ", ".join(f"{n.name or n.output[0]} ({n.op_type})" for n in hidden[:3])
     more = f" and {len(hidden) - 3} more" if len(hidden) > 3 else ""
     report.findings.append(Finding(
-        site="", mechanism=Mechanism.NOTE, peak=0.0,
+        site="", mechanism=Mechanism.NOTE, kind=FindingKind.UNSCANNED, peak=0.0,
         detail=f"{len(hidden)} control-flow node(s) hold subgraphs whose tensors ONNX Runtime does "
-               f"not expose: {names}{more}; values computed inside them were not scanned. For "
-               "ground truth run verify(..., backend='onnx-fp16'), or export the model with the "
-               "branch taken (no If/Loop) and scan that file",
+               f"not expose: {names}{more}; values computed inside them were not scanned",
     ))
 
 
