@@ -16,7 +16,14 @@ from fp16lens.report import HIST_BINS, HIST_MIN_EXP, SATURATED
 from fp16lens.watch._ops import MATMUL_LIKE
 from fp16lens.watch._recorder import INPUT_SITE, Forward, SiteInfo
 from fp16lens.watch._spans import find_spans
-from fp16lens.watch._tensorstats import S_NONFINITE, S_OVER, S_ZEROS, SAMPLE_LEN, reduce_samples
+from fp16lens.watch._tensorstats import (
+    S_NONFINITE,
+    S_OVER,
+    S_ZEROS,
+    SAMPLE_LEN,
+    reduce_samples,
+    stack_extremes,
+)
 
 # histogram bins wholly below 2^-14 (subnormal in FP16) and below 2^-24 (become 0)
 _SUBNORMAL_BINS = -14 - HIST_MIN_EXP + 1
@@ -31,11 +38,11 @@ def _gt(a: float, b: float) -> bool:
 def _maxes(extremes: list) -> tuple[list[float], list[int]]:
     """max |v| per event from (min, max) pairs: tensors (one sync) or Python floats; and
     the events whose pair was a tensor (reduced off the CPU without a host sync)."""
-    device = [e for e, x in enumerate(extremes) if torch.is_tensor(x)]
-    flat = iter(torch.stack([extremes[e] for e in device]).cpu().tolist()) if device else iter(())
+    device = [e for e, x in enumerate(extremes) if torch.is_tensor(x[0])]
+    flat = iter(stack_extremes([extremes[e] for e in device]).cpu().tolist()) if device else iter(())
     out = []
     for e in extremes:
-        lo, hi = next(flat) if torch.is_tensor(e) else e
+        lo, hi = next(flat) if torch.is_tensor(e[0]) else e
         out.append(hi if hi >= -lo else -lo)  # NaN stays NaN
     return out, device
 

@@ -112,7 +112,7 @@ def capture(rec: StaticRecorder, model: torch.nn.Module, batch: Any,
         finally:
             rec.static, rec.on_forward_end = False, end
         fw = done[-1]
-        return [*fw.extremes, *fw.samples, *(p for _, _, p, _ in fw.internal)]
+        return [*(x for pair in fw.extremes for x in pair), *fw.samples, *(p for _, _, p, _ in fw.internal)]
 
     try:
         with mha_fast_path_under_make_fx():
@@ -172,10 +172,11 @@ def run_compiled(cap: Captured, batch: Any, index: int) -> Forward:
         mark()  # CUDA graphs: the previous outputs were reduced already
     outs = cap.run(*tensors_of(batch))
     n_ext, n_smp = cap.counts
+    n_ext *= 2  # a (min, max) pair per event
     peaks = outs[n_ext + n_smp:]
     fw = copy.copy(cap.template)
     fw.index = index
-    fw.extremes = list(outs[:n_ext])
+    fw.extremes = list(zip(outs[0:n_ext:2], outs[1:n_ext:2]))
     fw.samples = list(outs[n_ext:n_ext + n_smp])
     fw.internal = [(site, kind, p, ctx) for (site, kind, _, ctx), p in zip(cap.template.internal, peaks)]
     for name in ("exact_over", "saturated", "finite_max"):  # filled per batch by the accumulator

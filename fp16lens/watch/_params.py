@@ -114,6 +114,38 @@ def _screen(t: torch.Tensor, folded: bool) -> torch.Tensor:
     return torch.stack([peak * (1 + _SLACK), total * (1 - _SLACK)])
 
 
+# Small float32 tensors (most of a model's: biases, norm weights, BN statistics) are read
+# together, two multi-tensor norms for all of them, rather than a dozen ops each: their
+# exact max |v|, and Σ|v| summed in float32, within _SLACK of exact for at most _SMALL values.
+_SMALL = 1 << 14
+
+
+def _screen_small(tensors: list[torch.Tensor], folded: list[bool]) -> torch.Tensor:
+    """``_screen`` of many small float32 tensors on one device: (n, 2) float64."""
+    peaks = torch.stack(torch._foreach_norm(tensors, math.inf)).double()
+    l1 = torch.stack(torch._foreach_norm(tensors, 1)).double() * (1 - _SLACK)
+    l1[torch.tensor(folded, device=l1.device)] = math.nan
+    return torch.stack([peaks, l1], dim=1)
+
+
+def _screens(named: list[tuple[str, torch.Tensor]], folded: list[bool]) -> list[list[float]]:
+    """[bound of max |v|, bound of Σ|v|] per tensor, with one transfer to the host."""
+    small: dict[torch.device, list[int]] = {}
+    for i, (_, t) in enumerate(named):
+        if t.dtype == torch.float32 and t.numel() <= _SMALL:
+            small.setdefault(t.device, []).append(i)
+    rows: list[torch.Tensor | None] = [None] * len(named)
+    for at in small.values():
+        got = _screen_small([named[i][1].detach() for i in at], [folded[i] for i in at])
+        for i, row in zip(at, got.unbind(0)):
+            rows[i] = row
+    for i, ((_, t), f) in enumerate(zip(named, folded)):
+        if rows[i] is None:
+            rows[i] = on_threads(_screen, t, f)
+    same = len({r.device for r in rows}) == 1  # one transfer, not one sync per tensor
+    return (torch.stack(rows).cpu() if same else torch.stack([r.cpu() for r in rows])).tolist()
+
+
 def _negligible(numel: int, l1: float, options: WatchOptions) -> bool:
     """Whether the values below 2^-14 cannot reach either share of the magnitude (or the
     tensor is all zeros, which ``_small`` passes by too)."""
@@ -134,9 +166,7 @@ def check_parameters(model: torch.nn.Module, options: WatchOptions) -> list[Para
     if not named:
         return checks
     folded = [_owner(n)[1] in _FOLDED_STATS for n, _ in named]
-    screens = [on_threads(_screen, t, f) for (_, t), f in zip(named, folded)]
-    same = len({s.device for s in screens}) == 1  # one transfer, not one sync per tensor
-    values = (torch.stack(screens).cpu() if same else torch.stack([s.cpu() for s in screens])).tolist()
+    values = _screens(named, folded)
     for (name, t), skip_small, (peak, l1) in zip(named, folded, values):
         threshold = options.threshold
         if not peak <= threshold:  # (NaN included)

@@ -20,10 +20,25 @@ S_ZEROS, S_NONFINITE, S_OVER = HIST_BINS, HIST_BINS + 1, HIST_BINS + 2
 SAMPLE_LEN = HIST_BINS + 3
 
 
-def extremes(flat: torch.Tensor) -> torch.Tensor:  # flat: dense, in memory order
-    """(min, max) of a tensor as float32 on its device (NaN if it holds NaN)."""
-    lo, hi = torch.aminmax(flat)
-    return torch.stack([lo, hi]).float()
+def extremes(flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # flat: dense,
+    # in memory order
+    """(min, max) of a tensor as two 0-d tensors of its dtype on its device (NaN if it
+    holds NaN): one kernel; ``stack_extremes`` gathers a forward's pairs in one more."""
+    return torch.aminmax(flat)
+
+
+def stack_extremes(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+    """(n, 2) float32 on the pairs' device: one stack per dtype among the pairs (one in
+    all for a model of one dtype), not one per op."""
+    flat = [x for pair in pairs for x in pair]
+    dtypes = {x.dtype for x in flat}
+    if len(dtypes) == 1:
+        return torch.stack(flat).float().view(-1, 2)
+    out = torch.empty(len(flat), dtype=torch.float32, device=flat[0].device)
+    for dtype in dtypes:
+        at = [i for i, x in enumerate(flat) if x.dtype == dtype]
+        out[torch.tensor(at, device=out.device)] = torch.stack([flat[i] for i in at]).float()
+    return out.view(-1, 2)
 
 
 def absmax(t: torch.Tensor) -> torch.Tensor:

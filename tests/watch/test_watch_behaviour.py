@@ -382,3 +382,32 @@ def test_half_dtype_trace_runs_with_tied_weights():
         model(torch.tensor([[1, 2, 3]]))
     assert lens._recorder.half_fp32  # traced: the add with an FP32 arange is FP32
     assert model.head.weight is model.emb.weight
+
+
+@pytest.mark.parametrize("name", ["upcast_norm", "seed_case", "masked_softmax"])
+@pytest.mark.parametrize("half", [False, True])
+def test_the_no_sync_path_of_gpus_gives_the_cpu_report(name, half):
+    """Off the CPU (and while a compiled scan captures) every op's extremes stay on the
+    device and are gathered once per forward; run here on the CPU by switching the
+    recorder to that path. A .half() model mixes FP16 and FP32 extremes (upcast_norm's
+    own FP32 norm): both gathered. Peaks, spans and FP32 marks equal the CPU path's."""
+    model, inputs = getattr(models, name)()
+    if half:
+        model, inputs = model.half(), tuple(x.half() for x in inputs)
+    with torch.no_grad(), watch(model) as cpu:
+        model(*inputs)
+    with torch.no_grad(), watch(model) as lens:
+        lens._recorder.static = True
+        model(*inputs)
+    got, want = lens.report, cpu.report
+    assert list(got.sites) == list(want.sites) and repr(got.spans) == repr(want.spans)  # (NaN peaks)
+    for site, s in want.sites.items():
+        if s.saturated:  # inf beside finite values: the largest finite one comes from the
+            # sample off the CPU (no exact pass), at most the exact one
+            assert got.sites[site].saturated and 0 <= got.sites[site].absmax <= s.absmax, site
+            continue
+        assert repr(got.sites[site].absmax) == repr(s.absmax), site
+    assert [(f.site, f.kind) for f in got.findings] == [(f.site, f.kind) for f in want.findings]
+    if half and name == "upcast_norm":  # FP16 and FP32 events in one forward
+        assert {p.dtype for p in model.parameters()} == {torch.float16}
+        assert any(s.absmax > 65504 for s in want.sites.values())

@@ -65,6 +65,21 @@ def test_rows_are_the_exact_integer_sums_of_the_bits():
         assert row == expected_row(tensors[name]), name
 
 
+def test_small_tensors_summed_together_give_each_its_own_row():
+    """Small float32 tensors go through one batched pass (their words end to end): each
+    still gets exactly its own row, whatever its length against the 97 columns."""
+    torch.manual_seed(1)
+    m = nn.Module()
+    for i, n in enumerate([1, 96, 97, 98, 194, 5000, 16384, 16385]):
+        m.register_parameter(f"p{i}", nn.Parameter(torch.randn(n) * 10.0 ** (i % 5 * 9 - 18)))
+    m.register_buffer("strided", torch.randn(40, 30).t())  # not contiguous: the one-by-one path
+    got = fingerprint(m)
+    tensors = dict(m.named_parameters()) | dict(m.named_buffers())
+    assert len(got) == 9
+    for name, row in got.items():
+        assert row == expected_row(tensors[name]), name
+
+
 def test_same_weights_same_rows_in_any_layout_and_thread_count():
     m = _mixed_model()
     before = fingerprint(m)
