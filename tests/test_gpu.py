@@ -133,3 +133,17 @@ def test_torch_verify_backends_on_cuda(backend):
     assert result and result.cosine == pytest.approx(
         fp16lens.verify(gm, patched, gx, backend=backend).cosine, abs=1e-4)
     assert next(cpu_patched.parameters()).device.type == "cpu"
+
+
+@pytest.mark.parametrize("case", ["seed", "layernorm", "clean"])
+def test_compiled_scan_on_cuda_replays_a_cuda_graph_and_reports_as_eager(case):
+    """scan(compile=True) on CUDA: Inductor with CUDA graphs (the batches after the third
+    replay one), the report the eager scan gives on the same device, no fallback note."""
+    model, inputs = _on(*CASES[case]())
+    batches = [tuple(x * (1 + 0.25 * i) if x.is_floating_point() else x for x in inputs) for i in range(5)]
+    eager = fp16lens.scan(model, batches, progress=False)
+    compiled = fp16lens.scan(model, batches, progress=False, compile=True)
+    assert not [f for f in compiled.findings if f.kind == "compile-fallback"]
+    assert _shape(compiled) == _shape(eager)
+    for name, s in eager.sites.items():
+        assert compiled.sites[name].absmax == pytest.approx(s.absmax, rel=1e-5), name
