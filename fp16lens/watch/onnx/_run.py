@@ -19,16 +19,21 @@ from fp16lens.watch.onnx._graph import FLOATS, OnnxGraph
 
 
 def session(graph: OnnxGraph):
+    """A session returning every event tensor of ``graph``."""
+    return ort_session(graph.exposed(), graph.name)
+
+
+def ort_session(proto, name: str):
     ort = import_optional("onnxruntime", "onnx", "scanning an ONNX model")
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     options.log_severity_level = 3
     try:
-        return ort.InferenceSession(graph.exposed().SerializeToString(), options,
+        return ort.InferenceSession(proto.SerializeToString(), options,
                                     providers=["CPUExecutionProvider"])
     except Exception as exc:  # opset/IR versions this ONNX Runtime lacks, unknown ops
         raise WatchError(
-            f"ONNX Runtime cannot load {graph.name} ({str(exc).splitlines()[0]}); upgrade "
+            f"ONNX Runtime cannot load {name} ({str(exc).splitlines()[0]}); upgrade "
             "onnxruntime, or re-export the model at an opset it supports"
         ) from exc
 
