@@ -17,9 +17,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from fp16lens._core.sites import IF_BRANCHES, branch_site
 from fp16lens.watch.onnx._graph import onnx_module
-
-BRANCHES = {True: "then", False: "else"}
 
 
 def node_site(node) -> str:
@@ -67,9 +66,9 @@ def inline_if(model, index: int, cond: bool) -> str:
     onnx = onnx_module()
     g = model.graph
     node = g.node[index]
-    prefix = f"{node_site(node)}/{BRANCHES[cond]}/"
+    prefix = branch_site(node_site(node), cond, "")
     branch = onnx.GraphProto()
-    branch.CopyFrom(_attr_graph(node, f"{BRANCHES[cond]}_branch"))
+    branch.CopyFrom(_attr_graph(node, f"{IF_BRANCHES[cond]}_branch"))
     outer = _names(g, skip=node)
     local = {t for n in branch.node for t in n.output if t} | {i.name for i in branch.initializer}
     names = {t: prefix + t for t in local if t in outer}
@@ -202,6 +201,6 @@ class Inliner:
         copy.CopyFrom(model)
         done = []
         for i, cond in sorted(zip(ifs, conds), reverse=True):  # last first: indices stay valid
-            done.append((node_site(copy.graph.node[i]), BRANCHES[cond]))
+            done.append((node_site(copy.graph.node[i]), IF_BRANCHES[cond]))
             inline_if(copy, i, cond)
         return copy, (*taken, *reversed(done))
