@@ -34,7 +34,7 @@ def _c(name: str, value):
 
 
 def _vi(name: str, elem: int = F32):
-    return helper.make_tensor_value_info(name, elem, None)
+    return helper.make_tensor_value_info(name, elem, [2, 4])
 
 
 def _branch(nodes, out: str, inits, name: str):
@@ -69,11 +69,16 @@ def _model(nodes, inputs, out: str, inits):
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
 
 
-def gate(flat: bool | None = None):
+def gate(flat: bool | None = None, lift: bool = False):
     """x -> Relu ``pre`` -> If ``gate`` on the input ``flag`` (then: x1024 /1024, else: x0.5)
-    -> Add ``post`` with x."""
+    -> Add ``post`` with x. ``lift``: MatMuls x1024 ``up`` and /1024 ``down`` instead of
+    the Relu (a span in the main graph)."""
     then, els = _amp("h", "t_"), _half("h", "e_")
     pre = helper.make_node("Relu", ["x"], ["h"], name="pre")
+    if lift:
+        pre = [helper.make_node("MatMul", ["x", "w_up"], ["u"], name="up"),
+               helper.make_node("MatMul", ["u", "w_down"], ["h"], name="down")]
+        lifts = [_c("w_up", np.eye(4) * 1024), _c("w_down", np.eye(4) / 1024)]
     post = helper.make_node("Add", ["g", "x"], ["y"], name="post")
     if flat is None:
         ifn = helper.make_node("If", ["flag"], ["g"], name="gate",
@@ -84,7 +89,8 @@ def gate(flat: bool | None = None):
         nodes, o, inits = then if flat else els
         body = _flat(nodes, f"gate/{'then' if flat else 'else'}/", o, "g")
     inputs = [_vi("x"), helper.make_tensor_value_info("flag", TensorProto.BOOL, [])]
-    return _model([pre, *body, post], inputs, "y", [_c("gain", 1024), *inits])
+    pre = pre if lift else [pre]
+    return _model([*pre, *body, post], inputs, "y", [_c("gain", 1024), *inits, *(lifts if lift else [])])
 
 
 def nested(flat: bool | None = None):
@@ -231,6 +237,19 @@ def test_patch_refuses_spans_inside_an_inlined_branch():
     model = gate()
     report = fp16lens.scan(model, [_feed(X, True)], progress=False)
     before = model.SerializeToString()
-    with pytest.raises(PatchError, match=r"inside the If 'gate'.*gate/then/amp"):
+    with pytest.raises(PatchError, match=r"gate/then/amp lie inside the If 'gate'"):
         fp16lens.patch(model, report)
     assert model.SerializeToString() == before
+
+
+def test_patch_fixes_a_main_graph_span_before_an_if(tmp_path):
+    """The If's inlined sites fold back into the If node: the span before it is patched,
+    and real FP16 storage of the patched graph keeps FP32's output."""
+    model, feed = gate(lift=True), _feed(X, False)
+    report = fp16lens.scan(model, [feed], progress=False)
+    out16, first = _truth(model, feed, tmp_path)
+    assert not np.isfinite(out16).all() and report.spans[0].start == first == "up"
+    patched = fp16lens.patch(model, report)
+    fixed16, first = _truth(patched, feed, tmp_path)
+    assert first is None and np.allclose(fixed16, _fp32(model, feed), rtol=1e-3)
+    assert [n.op_type for n in patched.graph.node].count("If") == 1
