@@ -10,6 +10,8 @@ so a graph typed FP16 would hide the overflow.)
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -22,6 +24,7 @@ from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 import fp16lens  # noqa: E402
 from fp16lens._core import PatchError  # noqa: E402
 from fp16lens._core.sites import FindingKind, Mechanism  # noqa: E402
+from fp16lens.report._advice import suggest_fix  # noqa: E402
 from fp16lens.watch.onnx import _variants  # noqa: E402
 
 F32 = TensorProto.FLOAT
@@ -69,16 +72,19 @@ def _model(nodes, inputs, out: str, inits):
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
 
 
-def gate(flat: bool | None = None, lift: bool = False):
+def gate(flat: bool | None = None, lift: str = ""):
     """x -> Relu ``pre`` -> If ``gate`` on the input ``flag`` (then: x1024 /1024, else: x0.5)
-    -> Add ``post`` with x. ``lift``: MatMuls x1024 ``up`` and /1024 ``down`` instead of
-    the Relu (a span in the main graph)."""
+    -> Add ``post`` with x. A span in the main graph instead of the Relu: ``lift="down"``,
+    MatMuls x1024 ``up`` and /1024 ``down``; ``lift="relu"``, MatMul ``up`` (x-1024 on the
+    first column) and Relu ``act``, read by the If's branches."""
     then, els = _amp("h", "t_"), _half("h", "e_")
     pre = helper.make_node("Relu", ["x"], ["h"], name="pre")
     if lift:
+        up = np.diag([-1024.0, 1, 1, 1]) if lift == "relu" else np.eye(4) * 1024
         pre = [helper.make_node("MatMul", ["x", "w_up"], ["u"], name="up"),
-               helper.make_node("MatMul", ["u", "w_down"], ["h"], name="down")]
-        lifts = [_c("w_up", np.eye(4) * 1024), _c("w_down", np.eye(4) / 1024)]
+               helper.make_node("MatMul", ["u", "w_down"], ["h"], name="down") if lift == "down"
+               else helper.make_node("Relu", ["u"], ["h"], name="act")]
+        lifts = [_c("w_up", up), *([_c("w_down", np.eye(4) / 1024)] if lift == "down" else [])]
     post = helper.make_node("Add", ["g", "x"], ["y"], name="post")
     if flat is None:
         ifn = helper.make_node("If", ["flag"], ["g"], name="gate",
@@ -228,6 +234,7 @@ def test_loop_bodies_stay_unscanned_and_only_they_are_named(tmp_path):
     report = fp16lens.scan(_with_loop(gate()), [_feed(SMALL, False)], progress=False)
     [unseen] = [f for f in report.findings if f.kind == FindingKind.UNSCANNED]
     assert "repeat (Loop)" in unseen.detail and "gate" not in unseen.detail
+    assert "backend='onnx-fp16'" in suggest_fix(report, unseen)
     assert "gate (else, 1 batch)" in _inlined_note(report) and "gate/else/half" in report.sites
     verdict = _verdict(report, tmp_path)
     assert "FP16-safe" not in verdict and "not every value" in verdict
@@ -242,14 +249,24 @@ def test_patch_refuses_spans_inside_an_inlined_branch():
     assert model.SerializeToString() == before
 
 
-def test_patch_fixes_a_main_graph_span_before_an_if(tmp_path):
+@pytest.mark.parametrize("lift", ["down", "relu"])
+def test_patch_fixes_a_main_graph_span_before_an_if(lift, tmp_path):
     """The If's inlined sites fold back into the If node: the span before it is patched,
-    and real FP16 storage of the patched graph keeps FP32's output."""
-    model, feed = gate(lift=True), _feed(X, False)
+    and real FP16 storage of the patched graph keeps FP32's output. ``relu``: the region
+    ends at the If, an FP32 island whose branch reads the Relu's output multiplied back."""
+    model, feed = gate(lift=lift), _feed(X, False)
     report = fp16lens.scan(model, [feed], progress=False)
     out16, first = _truth(model, feed, tmp_path)
-    assert not np.isfinite(out16).all() and report.spans[0].start == first == "up"
+    assert report.spans[0].start == first == "up"
+    assert np.isfinite(out16).all() == (lift == "relu")  # Relu turns -inf into 0
     patched = fp16lens.patch(model, report)
     fixed16, first = _truth(patched, feed, tmp_path)
     assert first is None and np.allclose(fixed16, _fp32(model, feed), rtol=1e-3)
     assert [n.op_type for n in patched.graph.node].count("If") == 1
+    if lift == "relu":  # the branch reads h multiplied back by the region's factor
+        meta = {p.key: p.value for p in patched.metadata_props}
+        assert "gate" in json.loads(meta["fp16lens.fp32_nodes"])
+        [mul] = [n for n in patched.graph.node if n.op_type == "Mul" and n.input[0] == "h"]
+        [branch] = [a.g for n in patched.graph.node if n.op_type == "If" for a in n.attribute
+                    if a.name == "else_branch"]
+        assert branch.node[0].input[0] == mul.output[0]
