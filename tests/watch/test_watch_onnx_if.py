@@ -270,3 +270,23 @@ def test_patch_fixes_a_main_graph_span_before_an_if(lift, tmp_path):
         [branch] = [a.g for n in patched.graph.node if n.op_type == "If" for a in n.attribute
                     if a.name == "else_branch"]
         assert branch.node[0].input[0] == mul.output[0]
+
+
+def test_a_computed_condition_is_checked_in_the_scans_own_run(monkeypatch):
+    """A batch first runs on the graph of the batch before, whose run computes the inner
+    If's condition (max(h) > 10): the conditions are learnt apart only when the path
+    changes, and a batch on another path is scanned on its own graph."""
+    from fp16lens.watch.onnx._inline import Inliner
+
+    resolved = []
+    resolve = Inliner.resolve
+    monkeypatch.setattr(Inliner, "resolve", lambda self, feed: resolved.append(1) or resolve(self, feed))
+    batches = [_feed(X, True), _feed(X, True), _feed(SMALL, True), _feed(X, True)]
+    report = fp16lens.scan(nested(), batches, progress=False)
+    assert len(resolved) == 3  # the first batch, and the two changes of path
+    [span] = report.spans
+    assert span.start == "route/then/inner/then/amp" and span.batches == 3
+    assert report.sites["route/then/inner/else/pass"].calls == 1
+    resolved.clear()
+    assert fp16lens.scan(nested(), batches[:2] * 5, progress=False).spans[0].batches == 10
+    assert len(resolved) == 1

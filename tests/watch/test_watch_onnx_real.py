@@ -188,7 +188,7 @@ def _inlined(path: str, feed: dict, tmp_path) -> str:
     from fp16lens.watch.onnx._inline import Inliner
     from fp16lens.watch.onnx._run import ort_session
 
-    _, model, _ = Inliner(onnx.load(path), lambda m: ort_session(m, "conditions")).resolve(feed)
+    _, model, _, _ = Inliner(onnx.load(path), lambda m: ort_session(m, "conditions")).resolve(feed)
     assert not [n for n in model.graph.node if n.op_type == "If"]
     out = str(tmp_path / "inlined.onnx")
     onnx.save(model, out)

@@ -3,7 +3,9 @@ each batch the scan learns every If's condition (a small run of the nodes it dep
 and scans a copy of the graph in which each If is replaced by the nodes of its taken
 branch. Nested Ifs come up to the main graph that way and are resolved in the next round,
 until none is left or a condition depends on a Loop/Scan. Inlined graphs are cached per
-tuple of conditions, so a scan of many batches down one path builds one graph.
+tuple of conditions, so a scan of many batches down one path builds one graph; a batch is
+first run on the graph of the batch before, whose run computes the conditions it assumes
+(``OnnxGraph.checks``): the conditions are learnt apart only when the path changes.
 
 An inlined node's site is ``<If site>/<then|else>/<node site>`` (``If_0/then//stft/Conv``):
 the If that holds it, the branch and its name inside. The branch's outputs take the If's
@@ -17,6 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from fp16lens._core import WatchError
 from fp16lens._core.sites import IF_BRANCHES, branch_site
 from fp16lens.watch.onnx._graph import onnx_module
 
@@ -131,7 +134,13 @@ class Probe:
         if self.session is not None:
             order = [o.name for o in self.session.get_outputs()]
             fed = {i.name: feed[i.name] for i in self.session.get_inputs()}
-            got = dict(zip(order, self.session.run(order, fed)))
+            try:
+                got = dict(zip(order, self.session.run(order, fed)))
+            except Exception as exc:  # onnxruntime's Fail/InvalidArgument: shapes, dtypes
+                raise WatchError(
+                    f"ONNX Runtime failed computing the conditions of If nodes {', '.join(order[:3])} "
+                    f"({str(exc).splitlines()[0][:300]}); give inputs of the shapes and dtypes the "
+                    "model was exported for") from exc
         values = {**self.consts, **got, **feed}
         return tuple(bool(np.asarray(values[c]).reshape(-1)[0]) for c in self.conds)
 
@@ -172,7 +181,9 @@ def probe(model, make_session) -> Probe:
 @dataclass
 class Inliner:
     """Per batch, the graph to scan: ``resolve(feed)`` -> (key, inlined ModelProto, the
-    (If site, branch) pairs inlined). The key is the conditions met, stage by stage."""
+    (If site, branch) pairs inlined, the (condition tensor, value) pairs it assumes: each is
+    a tensor of the inlined graph too, so a later batch can be checked in the scan's own
+    run). The key is the conditions met, stage by stage."""
 
     root: object
     make_session: object  # ModelProto -> an ONNX Runtime session
@@ -181,15 +192,16 @@ class Inliner:
 
     def resolve(self, feed: dict):
         key: tuple = ()
-        model, taken = self.root, ()
+        model, taken, checks = self.root, (), ()
         while True:
             if key not in self._probes:
                 self._probes[key] = probe(model, self.make_session)
             p = self._probes[key]
             if not p.ifs:
-                return key, model, taken
+                return key, model, taken, list(dict.fromkeys(checks))
             conds = p.run(feed)
             key = (*key, conds)
+            checks = (*checks, *((c, v) for c, v in zip(p.conds, conds) if c not in p.consts))
             if key not in self._models:
                 self._models[key] = self._inline(model, p.ifs, conds, taken)
             model, taken = self._models[key]

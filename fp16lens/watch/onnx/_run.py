@@ -55,7 +55,9 @@ def _array(a: Any, elem: int | None) -> np.ndarray:
 
 
 def run_batch(graph: OnnxGraph, sess, batch: Any, index: int, threshold: float,
-              sample_size: int) -> Forward:
+              sample_size: int) -> Forward | None:
+    """The batch's ``Forward``; None when the batch meets other If conditions than the
+    inlined ``graph`` assumes (``graph.checks``)."""
     values = feed(graph, batch)
     names = [t for _, t in graph.events]
     order = [o.name for o in sess.get_outputs()]
@@ -67,6 +69,8 @@ def run_batch(graph: OnnxGraph, sess, batch: Any, index: int, threshold: float,
             f"ONNX Runtime failed on batch {index} ({shapes}): {str(exc).splitlines()[0][:300]}; "
             "give inputs of the shapes and dtypes the model was exported for"
         ) from exc
+    if not assumed(graph.checks, {**values, **got}):
+        return None
     fw = Forward(index=index)
     event_of: dict[str, int] = {}
     for n in graph.inputs:
@@ -83,6 +87,10 @@ def run_batch(graph: OnnxGraph, sess, batch: Any, index: int, threshold: float,
     fw.internal = internal_checks(graph, {**values, **got}, maxes, threshold)
     del got, names
     return fw
+
+
+def assumed(checks: list[tuple[str, bool]], values: dict) -> bool:
+    return all(bool(np.asarray(values[t]).reshape(-1)[0]) == v for t, v in checks)
 
 
 def _absmax(lo_hi: tuple[float, float]) -> float:

@@ -10,6 +10,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from fp16lens._core import WatchError
 from fp16lens.watch._recorder import INPUT_SITE, Forward, SiteInfo
 from fp16lens.watch.onnx._graph import OnnxGraph, analyse
 from fp16lens.watch.onnx._inline import Inliner
@@ -18,6 +19,7 @@ from fp16lens.watch.onnx._run import feed, ort_session, run_batch, session
 
 @dataclass
 class Variant:
+    key: tuple
     graph: OnnxGraph
     session: Any
     ids: list[int]  # global site id of each of the graph's sites
@@ -33,24 +35,38 @@ class Graphs:
     _ids: dict[str, int] = field(default_factory=dict)
     _where: dict[str, tuple[OnnxGraph, int]] = field(default_factory=dict)
     _inliner: Inliner | None = None
+    _last: Variant | None = None  # the graph of the batch before
 
     def __post_init__(self):
         if any(n.op_type == "If" for n in self.root.proto.graph.node):
             self._inliner = Inliner(self.root.proto, lambda m: ort_session(m, self.root.name))
 
     def run(self, batch: Any, index: int, threshold: float, sample_size: int) -> Forward:
-        key, model, taken = ((), None, ()) if self._inliner is None \
-            else self._inliner.resolve(feed(self.root, batch))
-        v = self.variants.get(key) or self._variant(key, model, taken)
-        self.batches[key] += 1
-        fw = run_batch(v.graph, v.session, batch, index, threshold, sample_size)
+        fw = None
+        if self._last is not None:  # the batch before's path: its run checks the conditions
+            v = self._last
+            try:
+                fw = run_batch(v.graph, v.session, batch, index, threshold, sample_size)
+            except WatchError:  # a branch this batch does not take may not run on it
+                if not v.graph.checks:
+                    raise
+        if fw is None:
+            key, model, taken, checks = ((), None, (), []) if self._inliner is None \
+                else self._inliner.resolve(feed(self.root, batch))
+            v = self.variants.get(key) or self._variant(key, model, taken, checks)
+            fw = run_batch(v.graph, v.session, batch, index, threshold, sample_size)
+            if fw is None:
+                raise WatchError(f"the If conditions of batch {index} changed between two runs of "
+                                 f"{self.root.name}; please report it with the model")
+        self._last = v
+        self.batches[v.key] += 1
         fw.sites = [s if s == INPUT_SITE else v.ids[s] for s in fw.sites]
         fw.internal = [(v.ids[s], *rest) for s, *rest in fw.internal]
         return fw
 
-    def _variant(self, key: tuple, model, taken) -> Variant:
+    def _variant(self, key: tuple, model, taken, checks) -> Variant:
         graph = self.root if model is None or model is self.root.proto else analyse(model)
-        graph.name = self.root.name
+        graph.name, graph.checks = self.root.name, checks
         ids = []
         for local, info in enumerate(graph.sites):
             self._where.setdefault(info.name, (graph, local))
@@ -58,7 +74,7 @@ class Graphs:
                 self._ids[info.name] = len(self.sites)
                 self.sites.append(dataclasses.replace(info, order=len(self.sites)))
             ids.append(self._ids[info.name])
-        v = self.variants[key] = Variant(graph, session(graph), ids, taken)
+        v = self.variants[key] = Variant(key, graph, session(graph), ids, taken)
         return v
 
     def of_site(self, name: str) -> tuple[OnnxGraph, int] | None:
