@@ -290,3 +290,19 @@ def test_a_computed_condition_is_checked_in_the_scans_own_run(monkeypatch):
     resolved.clear()
     assert fp16lens.scan(nested(), batches[:2] * 5, progress=False).spans[0].batches == 10
     assert len(resolved) == 1
+
+
+def test_a_branch_value_named_like_an_outer_one_is_renamed_when_inlined():
+    """ONNX Runtime lets a branch reuse an outer name (here the graph output ``y``): the
+    inlined copy renames the branch's own value, so the scan sees the same span."""
+    model = gate()
+    [branch] = [a.g for a in model.graph.node[1].attribute if a.name == "then_branch"]
+    for n in branch.node:
+        n.input[:] = ["y" if t == "t_big" else t for t in n.input]
+        n.output[:] = ["y" if t == "t_big" else t for t in n.output]
+    feed = _feed(X, True)
+    assert np.array_equal(_fp32(model, feed), _fp32(gate(), feed))
+    report = fp16lens.scan(model, [feed], progress=False)
+    [span] = report.spans
+    assert (span.start, span.end, span.peak) == ("gate/then/amp", "gate/then/shrink", 102400)
+    assert report.sites["post"].absmax == 200
