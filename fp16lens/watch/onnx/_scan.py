@@ -83,7 +83,8 @@ def _note_inlined(report: Report, graphs: Graphs) -> None:
     report.findings.append(Finding(
         site="", mechanism=Mechanism.NOTE, peak=0.0,
         detail=f"{len(taken)} If branch(es) taken by the batches were scanned inlined in the "
-               f"main graph, their sites named '<If>/<branch>/<node>': {names}{more}",
+               f"main graph, their sites named '<If>/<branch>/<node>': {names}{more}; patch "
+               "rewrites the main graph only, and fp16lens.export keeps If nodes FP32",
     ))
 
 
