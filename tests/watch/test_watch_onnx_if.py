@@ -276,7 +276,7 @@ def test_a_computed_condition_is_checked_in_the_scans_own_run(monkeypatch):
     """A batch first runs on the graph of the batch before, whose run computes the inner
     If's condition (max(h) > 10): the conditions are learnt apart only when the path
     changes, and a batch on another path is scanned on its own graph."""
-    from fp16lens.watch.onnx._inline import Inliner
+    from fp16lens.watch.onnx._paths import Inliner
 
     resolved = []
     resolve = Inliner.resolve

@@ -185,7 +185,7 @@ def vad_if():
 def _inlined(path: str, feed: dict, tmp_path) -> str:
     """The graph with every If replaced by the branch ``feed`` takes (fp16lens's inliner,
     a graph rewrite; its FP32 output is checked against the original's here), saved."""
-    from fp16lens.watch.onnx._inline import Inliner
+    from fp16lens.watch.onnx._paths import Inliner
     from fp16lens.watch.onnx._run import ort_session
 
     _, model, _, _ = Inliner(onnx.load(path), lambda m: ort_session(m, "conditions")).resolve(feed)

@@ -13,7 +13,7 @@ from typing import Any
 from fp16lens._core import WatchError
 from fp16lens.watch._recorder import INPUT_SITE, Forward, SiteInfo
 from fp16lens.watch.onnx._graph import OnnxGraph, analyse
-from fp16lens.watch.onnx._inline import Inliner
+from fp16lens.watch.onnx._paths import Inliner
 from fp16lens.watch.onnx._run import feed, ort_session, run_batch, session
 
 
