@@ -60,6 +60,20 @@ def site_module(site: str) -> str:
     return site.partition(":")[0]
 
 
+IF_BRANCHES = {True: "then", False: "else"}  # an ONNX If's branch by its condition
+
+
+def branch_site(if_site: str, cond: bool, site: str) -> str:
+    """An ONNX node that the scan inlined from the branch of the If ``if_site`` taken when
+    its condition is ``cond``: ``If_0/then//stft/Conv``."""
+    return f"{if_site}/{IF_BRANCHES[cond]}/{site}"
+
+
+def branch_owner(site: str, if_sites) -> str | None:
+    """The If (of ``if_sites``, a main graph's) whose inlined branch holds ``site``, or None."""
+    return next((s for s in if_sites for c in IF_BRANCHES if site.startswith(branch_site(s, c, ""))), None)
+
+
 class _Names(str, Enum):
     """An enum whose members are their strings: equal to them, formatted and JSON-dumped as them."""
 

@@ -22,8 +22,8 @@ pytest.importorskip("onnxruntime")
 import zoo_real  # noqa: E402
 
 import fp16lens  # noqa: E402
+from fp16lens._core import PatchError  # noqa: E402
 from fp16lens._core.sites import Mechanism  # noqa: E402
-from fp16lens.report._advice import suggest_fix  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -173,31 +173,64 @@ def test_silero_vad_onnx_on_raw_int16_misses_speech_where_the_scan_says(vad):
     assert span.start == first and first.startswith("/model/stft/") and span.peak > 65504
 
 
-@pytest.mark.xfail(strict=True, reason="ONNX Runtime returns no tensor from inside an If body, "
-                   "and silero_vad.onnx holds its whole network in If branches: the scan sees 3 "
-                   "sites (the If, its Identity, the sample-rate test) and calls the raw input clean")
-def test_silero_vad_onnx_inside_if_branches_is_not_seen():
+@pytest.fixture(scope="module")
+def vad_if():
+    """silero_vad.onnx: the whole network inside If branches (8 and 16 kHz)."""
     try:
-        path = zoo_real.silero_onnx("silero_vad.onnx")
+        return zoo_real.silero_onnx("silero_vad.onnx")
     except zoo_real.Missing as exc:
         pytest.skip(str(exc))
-    report = fp16lens.scan(path, [zoo_real.vad_feed(raw=True, chunk=5)], progress=False)
-    assert len(report.sites) == 3
-    assert not report.clean  # what the same network's opset-15 file shows (test above)
 
 
-def test_silero_vad_onnx_if_branches_are_named_as_not_scanned(tmp_path):
-    """What the scan cannot see it says: a note names the If node whose body holds the network."""
-    try:
-        path = zoo_real.silero_onnx("silero_vad.onnx")
-    except zoo_real.Missing as exc:
-        pytest.skip(str(exc))
-    report = fp16lens.scan(path, [zoo_real.vad_feed(raw=True, chunk=5)], progress=False)
-    [note] = [f for f in report.findings if "not scanned" in f.detail]
-    assert note.mechanism == "note" and note.kind == "unscanned" and "(If)" in note.detail
-    assert "backend='onnx-fp16'" in suggest_fix(report, note)
+def _inlined(path: str, feed: dict, tmp_path) -> str:
+    """The graph with every If replaced by the branch ``feed`` takes (fp16lens's inliner,
+    a graph rewrite; its FP32 output is checked against the original's here), saved."""
+    from fp16lens.watch.onnx._paths import Inliner
+    from fp16lens.watch.onnx._run import ort_session
+
+    _, model, _, _ = Inliner(onnx.load(path), lambda m: ort_session(m, "conditions")).resolve(feed)
+    assert not [n for n in model.graph.node if n.op_type == "If"]
+    out = str(tmp_path / "inlined.onnx")
+    onnx.save(model, out)
+    assert _vad_fp32(out, feed) == _vad_fp32(path, feed)
+    return out
+
+
+def test_silero_vad_onnx_inside_if_branches_on_raw_int16_overflows_where_real_fp16_does(vad_if, tmp_path):
+    """The scan inlines the branches the batch takes (sample rate 16 kHz: If_0's then
+    branch, then the decoder's Ifs): raw int16 overflows at the STFT node where real FP16
+    storage of the inlined graph first holds inf, the node the opset-15 file's test names."""
+    feed = zoo_real.vad_feed(raw=True, chunk=5)
+    report = fp16lens.scan(vad_if, [feed], progress=False)
+    inlined = _inlined(vad_if, feed, tmp_path)
+    prob16, first = _vad_truth(inlined, feed)
+    assert _vad_fp32(vad_if, feed) > 0.5 and prob16 < 0.01
+    assert not report.clean and len(report.sites) > 60
+    span = report.spans[0]
+    assert span.start == first == "If_0/then/If_0_then_branch__Inline_0__/stft/Conv" and span.peak > 65504
+    assert _truth(zoo_real.silero_onnx(), feed)[1] == "/model/stft/Conv"  # the opset-15 file
+    assert not any(f.kind == "unscanned" for f in report.findings)
+    [note] = [f for f in report.findings if "inlined" in f.detail]
+    assert note.mechanism == "note" and "If_0 (then, 1 batch)" in note.detail
+
+
+def test_silero_vad_onnx_inside_if_branches_on_speech_is_clean(vad_if, tmp_path):
+    """A clean model gets a clean verdict: speech scaled to [-1, 1], every branch seen."""
+    feed = zoo_real.vad_feed(raw=False, chunk=5)
+    report = fp16lens.scan(vad_if, [feed], progress=False)
+    prob16, first = _vad_truth(_inlined(vad_if, feed, tmp_path), feed)
+    assert first is None and prob16 == pytest.approx(_vad_fp32(vad_if, feed), abs=0.01)
+    assert _vad_fp32(vad_if, feed) > 0.5
+    assert report.clean and not report.spans and len(report.sites) > 60
     verdict = report.save(tmp_path / "report.txt").read_text().splitlines()[0]
-    assert "FP16-safe" not in verdict and "not every value" in verdict
+    assert "is FP16-safe" in verdict
+
+
+def test_silero_vad_onnx_patch_refuses_the_spans_inside_its_if(vad_if):
+    """patch rewrites the main graph only: the raw-input spans lie in If_0's branch."""
+    report = fp16lens.scan(vad_if, [zoo_real.vad_feed(raw=True, chunk=5)], progress=False)
+    with pytest.raises(PatchError, match=r"/stft/Conv lie inside the If 'If_0'.*fp16lens.export keeps If nodes FP32"):
+        fp16lens.patch(vad_if, report)
 
 
 # ---- the whole journey on a published ONNX file: scan, patch, export, verify ------------

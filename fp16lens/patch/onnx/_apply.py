@@ -11,6 +11,7 @@ import torch
 from fp16lens._core.compat import BN_AFFINE_EPS, BN_AFFINE_VAR
 from fp16lens.patch._plan import Plan, Reparam
 from fp16lens.patch._rules import bn_affine, scale_bn, scale_linear, scale_norm_eps
+from fp16lens.patch.onnx._branches import outer_reads, read_as
 from fp16lens.patch.onnx._graph import FLOAT_TYPES, OnnxModel, attr, onnx_module
 from fp16lens.patch.onnx._norms import Unit
 
@@ -110,12 +111,12 @@ def apply(m: OnnxModel, plan: Plan, units: dict[str, Unit]) -> list[str]:
             for slot, t in enumerate(join.input):
                 if t == tensor:
                     join.input[slot] = node.output[0]
-    fp32 = [n for i in plan.islands for n in _island(ed, units, i)]
+    fp32 = [n for i in plan.islands for n in _island(ed, units, i, plan.regions)]
     ed.commit()
     return fp32
 
 
-def _island(ed: Editor, units: dict[str, Unit], island) -> list[str]:
+def _island(ed: Editor, units: dict[str, Unit], island, regions) -> list[str]:
     m = ed.m
     sites = units[island.module].members if island.module in units else (island.module,)
     nodes = [m.nodes[s] for s in sites]
@@ -130,6 +131,7 @@ def _island(ed: Editor, units: dict[str, Unit], island) -> list[str]:
                     mul = ed.multiply(t, island.in_scale, nodes[0])
                     node.input[slot] = mul.output[0]
                     made.append(mul.name)
+            made += _unscale_branch_reads(ed, units, island, node, regions)
     if island.out_scale != 1:
         last = nodes[-1]
         for i, t in enumerate(last.output):
@@ -144,6 +146,20 @@ def _island(ed: Editor, units: dict[str, Unit], island) -> list[str]:
                 ed.added.append((_next(ed, last), mul))
                 made.append(mul.name)
     return made
+
+
+def _unscale_branch_reads(ed: Editor, units: dict[str, Unit], island, node, regions) -> list[str]:
+    """An If (Loop, Scan) island: the scaled tensors its branches read from the main graph
+    (those of the regions it exits) are multiplied back before it."""
+    reads = outer_reads(node)
+    if not reads:
+        return []
+    sites = [s for r in regions if island.module in r.exits for s in r.sites]
+    members = [x for s in sites for x in (units[s].members if s in units else (s,))]
+    scaled = {t for x in members for t in ed.m.nodes[x].output}
+    muls = {t: ed.multiply(t, island.in_scale, node) for t in sorted(reads & scaled)}
+    read_as(node, {t: mul.output[0] for t, mul in muls.items()})
+    return [mul.name for mul in muls.values()]
 
 
 def _next(ed: Editor, node):

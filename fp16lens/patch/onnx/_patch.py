@@ -23,6 +23,7 @@ from fp16lens.patch._plan import Plan
 from fp16lens.patch._planner import build_plan
 from fp16lens.patch.onnx._apply import apply
 from fp16lens.patch.onnx._binding import OnnxBinding
+from fp16lens.patch.onnx._branches import fold_branches
 from fp16lens.patch.onnx._graph import (
     FLOAT_TYPES,
     FP32_NODES_KEY,
@@ -84,6 +85,7 @@ def patch_onnx(model: Any, report: Report, options: PatchOptions, out: str | Pat
 
 def _plan(m: OnnxModel, report: Report, options: PatchOptions):
     _require(m, report)
+    report = fold_branches(m, report)
     binding = OnnxBinding(m, set(fp32_nodes(m.proto)))
     return build_plan(None, report, options, binding), binding
 

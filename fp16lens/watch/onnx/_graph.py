@@ -38,9 +38,12 @@ class OnnxGraph:
     consts: dict[str, np.ndarray] = field(default_factory=dict)  # float constants by name
     consumers: dict[str, list[int]] = field(default_factory=dict)  # tensor -> site ids
     outputs: list[str] = field(default_factory=list)
+    # an inlined graph (watch/onnx/_inline.py): the If conditions it assumes, (tensor, value)
+    checks: list[tuple[str, bool]] = field(default_factory=list)
 
     def exposed(self):
-        """A copy returning every event tensor (graph outputs first, as the graph has them)."""
+        """A copy returning every event tensor (graph outputs first, as the graph has them)
+        and the computed conditions of ``checks``."""
         onnx = onnx_module()
         model = onnx.ModelProto()
         model.CopyFrom(self.proto)
@@ -48,6 +51,10 @@ class OnnxGraph:
         for _, t in self.events:
             if t not in present:
                 model.graph.output.append(onnx.helper.make_tensor_value_info(t, self.elem[t], None))
+                present.add(t)
+        for t, _ in self.checks:
+            if t not in present and t not in self.inputs:
+                model.graph.output.append(onnx.helper.make_tensor_value_info(t, onnx.TensorProto.BOOL, None))
                 present.add(t)
         return model
 

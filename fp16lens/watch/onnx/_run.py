@@ -19,16 +19,21 @@ from fp16lens.watch.onnx._graph import FLOATS, OnnxGraph
 
 
 def session(graph: OnnxGraph):
+    """A session returning every event tensor of ``graph``."""
+    return ort_session(graph.exposed(), graph.name)
+
+
+def ort_session(proto, name: str):
     ort = import_optional("onnxruntime", "onnx", "scanning an ONNX model")
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     options.log_severity_level = 3
     try:
-        return ort.InferenceSession(graph.exposed().SerializeToString(), options,
+        return ort.InferenceSession(proto.SerializeToString(), options,
                                     providers=["CPUExecutionProvider"])
     except Exception as exc:  # opset/IR versions this ONNX Runtime lacks, unknown ops
         raise WatchError(
-            f"ONNX Runtime cannot load {graph.name} ({str(exc).splitlines()[0]}); upgrade "
+            f"ONNX Runtime cannot load {name} ({str(exc).splitlines()[0]}); upgrade "
             "onnxruntime, or re-export the model at an opset it supports"
         ) from exc
 
@@ -50,7 +55,9 @@ def _array(a: Any, elem: int | None) -> np.ndarray:
 
 
 def run_batch(graph: OnnxGraph, sess, batch: Any, index: int, threshold: float,
-              sample_size: int) -> Forward:
+              sample_size: int) -> Forward | None:
+    """The batch's ``Forward``; None when the batch meets other If conditions than the
+    inlined ``graph`` assumes (``graph.checks``)."""
     values = feed(graph, batch)
     names = [t for _, t in graph.events]
     order = [o.name for o in sess.get_outputs()]
@@ -62,6 +69,8 @@ def run_batch(graph: OnnxGraph, sess, batch: Any, index: int, threshold: float,
             f"ONNX Runtime failed on batch {index} ({shapes}): {str(exc).splitlines()[0][:300]}; "
             "give inputs of the shapes and dtypes the model was exported for"
         ) from exc
+    if not assumed(graph.checks, {**values, **got}):
+        return None
     fw = Forward(index=index)
     event_of: dict[str, int] = {}
     for n in graph.inputs:
@@ -78,6 +87,10 @@ def run_batch(graph: OnnxGraph, sess, batch: Any, index: int, threshold: float,
     fw.internal = internal_checks(graph, {**values, **got}, maxes, threshold)
     del got, names
     return fw
+
+
+def assumed(checks: list[tuple[str, bool]], values: dict) -> bool:
+    return all(bool(np.asarray(values[t]).reshape(-1)[0]) == v for t, v in checks)
 
 
 def _absmax(lo_hi: tuple[float, float]) -> float:

@@ -17,8 +17,9 @@ from fp16lens.watch._build import build_report
 from fp16lens.watch._options import WatchOptions
 from fp16lens.watch.onnx._checks import decomposed_norm
 from fp16lens.watch.onnx._graph import analyse
+from fp16lens.watch.onnx._inline import has_subgraph, node_site
 from fp16lens.watch.onnx._params import check_constants
-from fp16lens.watch.onnx._run import run_batch, session
+from fp16lens.watch.onnx._variants import Graphs
 
 _HOW = "pass a list of batches: scan('model.onnx', [x]), [(x1, x2)] or [{'input': x}]"
 
@@ -41,32 +42,57 @@ def scan_onnx(model: Any, batches: Iterable[Any], *, progress: bool = True,
     options = WatchOptions(**watch_options)
     _check_batches(batches)
     graph = analyse(model, base_dir)
-    sess = session(graph)
-    acc = Accumulator(options.threshold, graph.sites)
+    graphs = Graphs(graph)
+    acc = Accumulator(options.threshold, graphs.sites)
     total = len(batches) if hasattr(batches, "__len__") else None
     bar = Progress(console=Console(stderr=True), transient=True, disable=not progress)
     with bar:
         task = bar.add_task(description, total=total)
         for i, batch in enumerate(batches):
-            acc.add(run_batch(graph, sess, batch, i, options.threshold, options.sample_size))
+            acc.add(graphs.run(batch, i, options.threshold, options.sample_size))
             bar.advance(task)
     if not acc.batches:
         raise WatchError(f"scan() got no batch (the iterable was empty); {_HOW}")
-    params = check_constants(graph, options) if options.params else []
-    report = build_report(acc, graph.sites, params, None, options.threshold,
+    params = _params(graphs, options) if options.params else []
+    report = build_report(acc, graphs.sites, params, None, options.threshold,
                           source=(graph.name, onnx_fingerprint(graph.proto)))
-    _note_hidden_subgraphs(report, graph.proto)
-    return _name_decomposed_norms(report, graph)
+    _note_inlined(report, graphs)
+    _note_hidden_subgraphs(report, [v.graph.proto for v in graphs.variants.values()])
+    return _name_decomposed_norms(report, graphs)
 
 
-def _note_hidden_subgraphs(report: Report, proto) -> None:
+def _params(graphs: Graphs, options: WatchOptions) -> list:
+    """The constants of every graph scanned, each tensor once."""
+    out = {}
+    for v in graphs.variants.values():
+        for c in check_constants(v.graph, options):
+            out.setdefault((c.finding.tensor, c.finding.kind), c)
+    return list(out.values())
+
+
+def _note_inlined(report: Report, graphs: Graphs) -> None:
+    """A note naming the If branches the scan saw by inlining them, and on how many batches."""
+    taken: dict[tuple[str, str], int] = {}
+    for key, v in graphs.variants.items():
+        for pair in v.taken:
+            taken[pair] = taken.get(pair, 0) + graphs.batches[key]
+    if not taken:
+        return
+    names = ", ".join(f"{s} ({b}, {n} batch{'es' if n > 1 else ''})" for (s, b), n in list(taken.items())[:3])
+    more = f" and {len(taken) - 3} more" if len(taken) > 3 else ""
+    report.findings.append(Finding(
+        site="", mechanism=Mechanism.NOTE, peak=0.0,
+        detail=f"{len(taken)} If branch(es) taken by the batches were scanned inlined in the "
+               f"main graph, their sites named '<If>/<branch>/<node>': {names}{more}; patch "
+               "rewrites the main graph only, and fp16lens.export keeps If nodes FP32",
+    ))
+
+
+def _note_hidden_subgraphs(report: Report, protos: list) -> None:
     """A note naming the control-flow nodes (If/Loop/Scan) whose bodies the scan cannot see:
     ONNX Runtime exposes no tensor computed inside a subgraph, so a clean verdict there says
     nothing about the values inside."""
-    from onnx import AttributeProto
-
-    hidden = [n for n in proto.graph.node
-              if any(a.type in (AttributeProto.GRAPH, AttributeProto.GRAPHS) for a in n.attribute)]
+    hidden = list({node_site(n): n for p in protos for n in p.graph.node if has_subgraph(n)}.values())
     if not hidden:
         return
     names = ", ".join(f"{n.name or n.output[0]} ({n.op_type})" for n in hidden[:3])
@@ -86,12 +112,11 @@ def _check_batches(batches: Any) -> None:
         raise WatchError(f"scan() needs an iterable of batches, got {type(batches).__name__}; {_HOW}")
 
 
-def _name_decomposed_norms(report: Report, graph) -> Report:
+def _name_decomposed_norms(report: Report, graphs: Graphs) -> Report:
     """A span starting at the Pow of a decomposed norm says so."""
-    ids = {s.name: i for i, s in enumerate(graph.sites)}
     for i, f in enumerate(report.findings):
-        sid = ids.get(f.site)
-        if f.mechanism == Mechanism.OUTPUT and sid is not None and decomposed_norm(graph, sid):
+        where = graphs.of_site(f.site) if f.mechanism == Mechanism.OUTPUT else None
+        if where is not None and decomposed_norm(*where):
             report.findings[i] = dataclasses.replace(f, detail=(
                 "(x-mean)^2 of a decomposed norm (ReduceMean, Sub, Pow, ReduceMean: a "
                 "LayerNorm/GroupNorm exported below opset 17/18) is stored in FP16; "
