@@ -69,6 +69,11 @@ def branch_site(if_site: str, cond: bool, site: str) -> str:
     return f"{if_site}/{IF_BRANCHES[cond]}/{site}"
 
 
+def in_branch(site: str) -> bool:
+    """Whether ``site`` has the form ``branch_site`` gives (a node inlined from an If)."""
+    return any(f"/{b}/" in site for b in IF_BRANCHES.values())
+
+
 def branch_owner(site: str, if_sites) -> str | None:
     """The If (of ``if_sites``, a main graph's) whose inlined branch holds ``site``, or None."""
     return next((s for s in if_sites for c in IF_BRANCHES if site.startswith(branch_site(s, c, ""))), None)
@@ -111,6 +116,7 @@ class FindingKind(_Names):
     MASK_CONSTANT = "mask-constant"
     FP32_UPCAST = "fp32-upcast"
     UNSCANNED = "unscanned"  # values the scan could not see (ONNX If/Loop/Scan bodies)
+    INLINED = "inlined-branch"  # ONNX If branches the scan saw inlined into the main graph
     COMPILE_FALLBACK = "compile-fallback"  # scan(compile=True) watched batches eagerly
 
 

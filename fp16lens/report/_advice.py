@@ -156,6 +156,8 @@ def _note_fix(f: Finding) -> str:
     if f.kind == FindingKind.UNSCANNED:
         return ("for ground truth inside those bodies run verify(..., backend='onnx-fp16'), or export "
                 "the model with the branch taken (no If/Loop) and scan that file")
+    if f.kind == FindingKind.INLINED:
+        return "none: the report names those branches' nodes '<If>/<branch>/<node>'"
     if f.kind == FindingKind.COMPILE_FALLBACK:
         return ("none for the report (those batches were watched eagerly); to compile them, keep "
                 "forward free of values read into Python (.item(), `if tensor:`) and of value-made shapes")

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fp16lens._core.algebra import is_product, product_carrier, rescale_exponent, site_class
+from fp16lens._core.sites import FindingKind, in_branch
 from fp16lens.report import _opclass as oc
 from fp16lens.report._fmt import collapse, value
 from fp16lens.report._model import Report, Span
@@ -217,6 +218,17 @@ def _island_text(report: Report, span: Span, plan: SpanPlan) -> str:
     )
 
 
+def _branch_text(span: Span) -> str:
+    """A span that starts inside an ONNX If branch the scan inlined: patch rewrites the
+    main graph only (it refuses this span), and export keeps If nodes FP32."""
+    return (
+        f"{span.start} lies inside an If branch: fp16lens.export keeps If nodes in FP32 (no "
+        "overflow, no FP16 speed there); to run the branch in FP16, feed the input the model "
+        "expects (its scale, e.g. audio in [-1, 1]) or export the model with that branch's "
+        "path fixed (no If) and patch that file"
+    )
+
+
 def span_fix(report: Report, span: Span) -> str:
     """What patch does for ``span``, in one sentence."""
     plan = plan_span(report, span)
@@ -225,7 +237,9 @@ def span_fix(report: Report, span: Span) -> str:
             f"fix the model at {span.start} first: it produces inf/NaN already in FP32 "
             "(a division by zero, log(0), an exploding weight); no FP16 setting can help"
         )
-    if plan.opaque:
+    if in_branch(span.start) and any(f.kind == FindingKind.INLINED for f in report.findings):
+        fix = _branch_text(span)
+    elif plan.opaque:
         fix = _opaque_text(report, span, plan)
     elif plan.problem:
         fix = _island_text(report, span, plan)

@@ -154,7 +154,7 @@ def _fp32(model, feed: dict) -> np.ndarray:
 
 def _inlined_note(report) -> str:
     [note] = [f for f in report.findings if "inlined" in f.detail]
-    assert note.mechanism == Mechanism.NOTE and not note.kind
+    assert note.mechanism == Mechanism.NOTE and note.kind == FindingKind.INLINED
     return note.detail
 
 

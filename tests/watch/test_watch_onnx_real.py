@@ -211,7 +211,9 @@ def test_silero_vad_onnx_inside_if_branches_on_raw_int16_overflows_where_real_fp
     assert _truth(zoo_real.silero_onnx(), feed)[1] == "/model/stft/Conv"  # the opset-15 file
     assert not any(f.kind == "unscanned" for f in report.findings)
     [note] = [f for f in report.findings if "inlined" in f.detail]
-    assert note.mechanism == "note" and "If_0 (then, 1 batch)" in note.detail
+    assert note.mechanism == "note" and note.kind == "inlined-branch" and "If_0 (then, 1 batch)" in note.detail
+    advice = suggest_fix(report, span)  # what patch (which refuses it) and export really do
+    assert "lies inside an If branch" in advice and "export keeps If nodes in FP32" in advice
 
 
 def test_silero_vad_onnx_inside_if_branches_on_speech_is_clean(vad_if, tmp_path):

@@ -81,7 +81,7 @@ def _note_inlined(report: Report, graphs: Graphs) -> None:
     names = ", ".join(f"{s} ({b}, {n} batch{'es' if n > 1 else ''})" for (s, b), n in list(taken.items())[:3])
     more = f" and {len(taken) - 3} more" if len(taken) > 3 else ""
     report.findings.append(Finding(
-        site="", mechanism=Mechanism.NOTE, peak=0.0,
+        site="", mechanism=Mechanism.NOTE, kind=FindingKind.INLINED, peak=0.0,
         detail=f"{len(taken)} If branch(es) taken by the batches were scanned inlined in the "
                f"main graph, their sites named '<If>/<branch>/<node>': {names}{more}; patch "
                "rewrites the main graph only, and fp16lens.export keeps If nodes FP32",
