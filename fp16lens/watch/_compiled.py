@@ -153,7 +153,7 @@ def compile_graph(cap: Captured, device: torch.device, backend: str = "inductor"
         return torch.compile(cap.graph, backend=backend, fullgraph=True, dynamic=False)
     # torch.compile takes a mode or options, not both: "reduce-overhead" is the option
     # triton.cudagraphs
-    options = {"freezing": True}
+    options = {"freezing": True, "freezing_discard_parameters": False}  # the user's weights stay
     options.update({"triton.cudagraphs": True} if device.type == "cuda" else {"layout_optimization": False})
     return torch.compile(cap.graph, backend=backend, fullgraph=True, dynamic=False, options=options)
 

@@ -44,7 +44,13 @@ def _notes(report) -> list[str]:
 def _compare(model: nn.Module, inputs: tuple, backend: str, n: int = 4):
     batches = _batches(inputs, n)
     eager = fp16lens.scan(model, batches, progress=False)
+    with torch.no_grad():
+        before = ({k: v.clone() for k, v in model.state_dict().items()}, model(*inputs))
     compiled, timings = scan_compiled(model, batches, progress=False, backend=backend)
+    with torch.no_grad():  # Inductor froze the weights into its graph: the model keeps them
+        state = model.state_dict()
+        assert all(torch.equal(state[k], v) for k, v in before[0].items())
+        assert torch.equal(torch.as_tensor(model(*inputs)[0]), torch.as_tensor(before[1][0]))
     assert timings.fallbacks == [] and not _notes(compiled)
     assert timings.compiled_batches == n - 2  # eager first, captured second, compiled after
     assert list(compiled.sites) == list(eager.sites)

@@ -24,6 +24,7 @@ import zoo_real  # noqa: E402
 import fp16lens  # noqa: E402
 from fp16lens._core import PatchError  # noqa: E402
 from fp16lens._core.sites import Mechanism  # noqa: E402
+from fp16lens.report._advice import suggest_fix  # noqa: E402
 
 
 @pytest.fixture(scope="module")
