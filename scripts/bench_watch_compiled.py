@@ -2,7 +2,8 @@
 
 Per model: the steady state of ``scan(model, batches, compile=True)`` (one compiled batch,
 reduced into the report's accumulator) against a plain forward, side by side with the
-eager watch's steady state in the same repetitions; the one-off costs (the first, eager
+eager watch's steady state and the compiled graph alone (no accumulation) in the same
+repetitions; the one-off costs (the first, eager
 batch; the capture; Inductor's compile with the first compiled run); the number of
 batches from which the compiled scan takes less time in all than the eager one; and the
 peak memory (CUDA: allocated, in this process; CPU: resident, a fresh process scanning
@@ -44,6 +45,7 @@ def break_even(one_off: float, eager: float, compiled: float) -> int | None:
 def compiled_numbers(model, inputs: tuple, reps: int, device: torch.device) -> dict:
     import fp16lens
     from fp16lens.watch import WatchOptions
+    from fp16lens.watch._compiled import run_compiled
     from fp16lens.watch._compiled_scan import CompiledScan
 
     with torch.no_grad():
@@ -54,16 +56,19 @@ def compiled_numbers(model, inputs: tuple, reps: int, device: torch.device) -> d
         compile_s = _timed(lambda: run.step(inputs), device)
         if run.timings.fallbacks:
             return {"fallback": run.timings.fallbacks[0], "compile_s": compile_s}
-        plain, eager, compiled = [], [], []
-        for _ in range(reps):  # each repetition times the three back to back
+        cap = next(iter(run.graphs.values()))
+        plain, eager, compiled, graph = [], [], [], []
+        for _ in range(reps):  # each repetition times the four back to back
             p = _timed(lambda: model(*inputs), device)
             with fp16lens.watch(model):
                 model(*inputs)  # the block's first forward (its meta trace) is not steady state
                 w = _timed(lambda: model(*inputs), device)
             c = _timed(lambda: run.step(inputs), device)
+            g = _timed(lambda: run_compiled(cap, inputs, 0), device)  # no accumulation
             plain.append(p)
             eager.append(w / p)
             compiled.append(c / p)
+            graph.append(g / p)
         memory = None
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
@@ -78,7 +83,8 @@ def compiled_numbers(model, inputs: tuple, reps: int, device: torch.device) -> d
     e, c = statistics.median(eager), statistics.median(compiled)
     one_off = first + capture + compile_s - 3 * c * p
     return {
-        "time": c, "time_iqr": _iqr(compiled), "eager_time": e, "plain_s": p,
+        "time": c, "time_iqr": _iqr(compiled), "eager_time": e, "graph_time": statistics.median(graph),
+        "plain_s": p,
         "first_s": first, "capture_s": capture, "compile_s": compile_s,
         "break_even": break_even(one_off, e * p, c * p), "memory": memory,
     }
@@ -123,8 +129,8 @@ def compiled_row(name: str, model, inputs: tuple, reps: int, device: torch.devic
     if device.type == "cpu" and not args.no_memory:
         row["memory"] = peak_rss_ratio(name, args.quick, args.batch)
     even = "never" if n["break_even"] is None else f"{n['break_even']} batches"
-    row["note"] = (f"compile {n['compile_s']:.0f}s, capture {n['capture_s']:.1f}s; eager watch "
-                   f"{n['eager_time']:.2f}x here; breaks even at {even}")
+    row["note"] = (f"compile {n['compile_s']:.0f}s, capture {n['capture_s']:.1f}s; the graph alone "
+                   f"{n['graph_time']:.2f}x; eager watch {n['eager_time']:.2f}x here; breaks even at {even}")
     print(f"# {name} compiled ({device.type}): time {n['time']:.2f}x, {row['note']}",
           file=sys.stderr, flush=True)
     return row
