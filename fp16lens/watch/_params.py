@@ -124,6 +124,7 @@ def _screen_small(tensors: list[torch.Tensor], folded: list[bool]) -> torch.Tens
     """``_screen`` of many small float32 tensors on one device: (n, 2) float64."""
     peaks = torch.stack(torch._foreach_norm(tensors, math.inf)).double()
     l1 = torch.stack(torch._foreach_norm(tensors, 1)).double() * (1 - _SLACK)
+    peaks[l1.isnan()] = math.nan  # a sum keeps NaN on every device; a max may not
     l1[torch.tensor(folded, device=l1.device)] = math.nan
     return torch.stack([peaks, l1], dim=1)
 
