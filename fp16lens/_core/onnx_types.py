@@ -1,4 +1,6 @@
-"""Element types of an ONNX graph's tensors (the scan and the ONNX patch read them)."""
+"""What the ONNX stages read alike from a graph: its tensors' element types, and the
+control-flow bodies (If branches, Loop and Scan bodies) of its nodes with the outer values
+they read. The scan, the ONNX patch and the FP16 export use these."""
 
 from __future__ import annotations
 
@@ -15,3 +17,43 @@ def elem_types(proto, onnx) -> dict[str, int]:
         if vi.type.HasField("tensor_type"):
             elem[vi.name] = vi.type.tensor_type.elem_type
     return elem
+
+
+def subgraphs(node):
+    """The bodies a node holds (If branches, a Loop or Scan body), in attribute order."""
+    for a in node.attribute:
+        if a.type == a.GRAPH:
+            yield a.g
+        elif a.type == a.GRAPHS:
+            yield from a.graphs
+
+
+def has_subgraph(node) -> bool:
+    """Whether ``node`` holds a control-flow body."""
+    return any(a.type in (a.GRAPH, a.GRAPHS) for a in node.attribute)
+
+
+def outer_names(graph) -> set[str]:
+    """Tensors a (sub)graph reads from its enclosing scopes, nested bodies included: as node
+    inputs, or returned as they are (a branch whose output is an outer value)."""
+    defined = {v.name for v in graph.input} | {i.name for i in graph.initializer}
+    defined |= {o for n in graph.node for o in n.output}
+    used = {t for n in graph.node for t in n.input if t} | {o.name for o in graph.output}
+    used |= {t for n in graph.node for g in subgraphs(n) for t in outer_names(g)}
+    return used - defined
+
+
+def rename_reads(graph, names: dict[str, str]) -> None:
+    """Every read of an outer value ``t`` in ``graph`` and its nested bodies (where no inner
+    value shadows it), node inputs and returned outputs, reads ``names[t]`` instead."""
+    inner = {v.name for v in graph.input} | {i.name for i in graph.initializer}
+    inner |= {o for n in graph.node for o in n.output}
+    names = {t: new for t, new in names.items() if t not in inner}
+    if not names:
+        return
+    for n in graph.node:
+        n.input[:] = [names.get(t, t) for t in n.input]
+        for g in subgraphs(n):
+            rename_reads(g, names)
+    for o in graph.output:
+        o.name = names.get(o.name, o.name)

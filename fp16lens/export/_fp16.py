@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from onnx import helper, numpy_helper, shape_inference
 
+from fp16lens._core.onnx_types import outer_names, rename_reads, subgraphs
 from fp16lens.export._artifact import default_opset
 from fp16lens.export._naming import NodeOrigin, stamp
 from fp16lens.export._ranges import clamp_mask_constants, subnormal_summary, to_fp16_checked
@@ -76,7 +77,7 @@ def _keep_fp32_constants(graph, typing: dict[str, NodeTyping]) -> None:
     for n in graph.node:
         for i, t in enumerate(n.input):
             readers.setdefault(t, []).append((n.name, i))
-        for t in {t for body in _subgraphs(n) for t in outer_names(body)}:
+        for t in {t for body in subgraphs(n) for t in outer_names(body)}:
             readers.setdefault(t, []).append((n.name, None))  # a body reads it, in FP32
     outputs = {o.name for o in graph.output}
     for n in graph.node:
@@ -91,34 +92,6 @@ def _wanted(typing: NodeTyping, i: int | None) -> int | None:
     if i is None:
         return FLOAT
     return typing.inputs[i] if i < len(typing.inputs) else None
-
-
-def _subgraphs(node):
-    for a in node.attribute:
-        if a.type == a.GRAPH:
-            yield a.g
-        elif a.type == a.GRAPHS:
-            yield from a.graphs
-
-
-def outer_names(graph) -> set[str]:
-    """Tensors a (sub)graph reads from its enclosing scopes, nested bodies included."""
-    defined = {v.name for v in graph.input} | {i.name for i in graph.initializer}
-    defined |= {o for n in graph.node for o in n.output}
-    used = {t for n in graph.node for t in n.input if t}
-    used |= {t for n in graph.node for g in _subgraphs(n) for t in outer_names(g)}
-    return used - defined
-
-
-def _rename_reads(graph, old: str, new: str) -> None:
-    """Every read of ``old`` in ``graph`` and its nested bodies (not shadowed) reads ``new``."""
-    inner = {v.name for v in graph.input} | {o for n in graph.node for o in n.output}
-    if old in inner:
-        return
-    for n in graph.node:
-        n.input[:] = [new if t == old else t for t in n.input]
-        for g in _subgraphs(n):
-            _rename_reads(g, old, new)
 
 
 def _explicit_default_dtype(node) -> None:
@@ -143,7 +116,7 @@ class _Rewriter:
         self.alias: dict[tuple[str, int], str] = {}  # (tensor, dtype) -> tensor holding it
         self.producer = {t: n for n in self.g.node for t in n.output}
         self.graph_outputs = {o.name for o in self.g.output}
-        self.body_reads = {t for n in self.g.node for b in _subgraphs(n) for t in outer_names(b)}
+        self.body_reads = {t for n in self.g.node for b in subgraphs(n) for t in outer_names(b)}
         self.consumers: dict[str, list] = {}
         for n in self.g.node:
             for t in n.input:
@@ -242,10 +215,10 @@ class _Rewriter:
     def _feed_bodies(self, node, new_nodes: list) -> None:
         """A control-flow body stays FP32: the outer tensors it reads that are FP16 now are
         read through a Cast to FP32 placed before the node."""
-        for body in _subgraphs(node):
+        for body in subgraphs(node):
             for name in sorted(outer_names(body)):
                 if self.actual.get(name) == FLOAT16:
-                    _rename_reads(body, name, self._cast(name, FLOAT, node, new_nodes))
+                    rename_reads(body, {name: self._cast(name, FLOAT, node, new_nodes)})
 
     def _cast(self, name: str, dtype: int, consumer, new_nodes: list) -> str:
         key = (name, dtype)

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 from onnx import TensorProto, defs
 
+from fp16lens._core.onnx_types import has_subgraph
+
 FLOAT, FLOAT16 = TensorProto.FLOAT, TensorProto.FLOAT16
 
 
@@ -37,11 +39,6 @@ def _formal(params, i: int):
     if last is not None and last.option == defs.OpSchema.FormalParameterOption.Variadic:
         return last
     return None
-
-
-def has_subgraph(node) -> bool:
-    """Whether ``node`` holds a control-flow body (If branches, a Loop or Scan body)."""
-    return any(a.type in (a.GRAPH, a.GRAPHS) for a in node.attribute)
 
 
 def _is_float(elem: dict[str, int], name: str) -> bool:

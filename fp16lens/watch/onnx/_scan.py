@@ -10,6 +10,7 @@ from typing import Any
 
 from fp16lens._core import WatchError
 from fp16lens._core.fingerprint import onnx_fingerprint
+from fp16lens._core.onnx_types import has_subgraph
 from fp16lens._core.sites import FindingKind, Mechanism
 from fp16lens.report import Finding, Report
 from fp16lens.watch._accumulate import Accumulator
@@ -17,7 +18,7 @@ from fp16lens.watch._build import build_report
 from fp16lens.watch._options import WatchOptions
 from fp16lens.watch.onnx._checks import decomposed_norm
 from fp16lens.watch.onnx._graph import analyse
-from fp16lens.watch.onnx._inline import has_subgraph, node_site
+from fp16lens.watch.onnx._inline import node_site
 from fp16lens.watch.onnx._params import check_constants
 from fp16lens.watch.onnx._variants import Graphs
 
