@@ -142,8 +142,8 @@ def first_line(exc: BaseException) -> str:
 
 def compile_graph(cap: Captured, device: torch.device, backend: str = "inductor") -> Callable:
     """Inductor over the captured graph, with the weights frozen into it (a scan never
-    changes them; on the CPU the convolutions then run on prepacked oneDNN weights, about
-    10% faster than eager ones). On CUDA the graph is replayed as a CUDA graph
+    changes them; on the CPU the convolutions then run on prepacked oneDNN weights:
+    ResNet-50's compiled scan went from 1.07x to 1.03-1.04x a plain forward). On CUDA the graph is replayed as a CUDA graph
     (mode="reduce-overhead", as its option); on the CPU convolutions keep their NCHW layout (the C++
     backend's channels-last rewrite falls back to a slow convolution). ``backend="fx"``
     runs the captured graph as it is (op by op, no compiler: what the tests compare)."""
