@@ -96,6 +96,7 @@ class Mechanism(_Names):
     INTERNAL = "internal"  # inside an op, never at its output
     PARAMETER = "parameter"  # a parameter or buffer
     INPUT = "input"  # the model's input
+    UNDERFLOW = "underflow"  # values FP16 flushes to zero reach an op where zero is singular
     NOTE = "note"  # advice; does not make a report unclean
 
 
@@ -114,6 +115,7 @@ class FindingKind(_Names):
     ATTENTION_SCORES = "attention-scores"
     SOFTMAX_EXP = "softmax-exp"
     MASK_CONSTANT = "mask-constant"
+    FLUSH_SINGULAR = "flush-singular"  # a flushed value makes log/div/rsqrt non-finite
     FP32_UPCAST = "fp32-upcast"
     UNSCANNED = "unscanned"  # values the scan could not see (ONNX If/Loop/Scan bodies)
     INLINED = "inlined-branch"  # ONNX If branches the scan saw inlined into the main graph

@@ -5,11 +5,12 @@ from __future__ import annotations
 from fp16lens._core.sites import Mechanism
 from fp16lens.report import Report
 
-POLICIES = ("overflow", "internal", "parameter", "any")
+POLICIES = ("overflow", "internal", "parameter", "underflow", "any")
 POLICY_HELP = (
     "exit 1 when the report has: overflow (a stored value beyond the FP16 range: a span or "
     "an output/input finding), internal (overflow inside an op, or a span TensorRT fuses "
-    "away), parameter (a weight/buffer FP16 cannot hold), any (anything at all); repeatable"
+    "away), parameter (a weight/buffer FP16 cannot hold), underflow (values FP16 flushes to zero "
+    "reaching a log, a divide, an rsqrt or a negative power), any (anything at all); repeatable"
 )
 
 
@@ -33,7 +34,8 @@ def _check(report: Report, policy: str) -> list[str]:
         "overflow": (Mechanism.OUTPUT, Mechanism.INPUT),
         "internal": (Mechanism.INTERNAL,),
         "parameter": (Mechanism.PARAMETER,),
-        "any": (Mechanism.OUTPUT, Mechanism.INPUT, Mechanism.INTERNAL, Mechanism.PARAMETER),
+        "underflow": (Mechanism.UNDERFLOW,),
+        "any": (Mechanism.OUTPUT, Mechanism.INPUT, Mechanism.INTERNAL, Mechanism.PARAMETER, Mechanism.UNDERFLOW),
     }[policy]
     in_spans = {site for span in report.spans for site in span.sites}
     for f in report.findings:

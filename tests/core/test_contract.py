@@ -83,4 +83,4 @@ def test_finding_kinds_and_mechanisms_survive_json():
     again = Report.from_dict(data)
     assert again.findings == report.findings
     assert again.findings_by(Mechanism.INTERNAL) == report.findings_by("internal")
-    assert MECHANISMS == ("output", "internal", "parameter", "input", "note")
+    assert MECHANISMS == ("output", "internal", "parameter", "input", "underflow", "note")
