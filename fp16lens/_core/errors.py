@@ -50,5 +50,10 @@ class OutputPathError(Fp16LensError, OSError):
     """An output path cannot be written; raised before any work so nothing is half-written."""
 
 
+class OptionError(Fp16LensError, ValueError):
+    """An option has a value it cannot take (a threshold of -1, a tolerance of 2): a user
+    problem for the CLI (one line, exit 2) and still a ``ValueError`` for Python callers."""
+
+
 class UnknownBackendError(VerifyError, ValueError):
     """verify() was asked for a backend no one registered; the message lists the known ones."""

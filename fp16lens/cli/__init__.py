@@ -1,12 +1,16 @@
 """The ``fp16lens`` command (also ``python -m fp16lens``).
 
 User and environment problems (``Fp16LensError``) print ``fp16lens: error: <message>``
-on stderr and exit 2 without a traceback, as Polygraphy's tools do; anything else is a
-bug in fp16lens and keeps its traceback.
+on stderr and exit 2 without a traceback, as Polygraphy's tools do; so does a model that
+refuses the inputs it was given (checked by running it again outside fp16lens, see
+``_refusal``). Ctrl-C exits 130 with one line. Anything else is a bug in fp16lens and
+keeps its traceback; ``--verbose`` (or ``FP16LENS_TRACEBACK=1``) shows the traceback of
+every error.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 
 from fp16lens._core import Fp16LensError
@@ -25,9 +29,25 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # --help/--version (0) or a usage error (2), already printed
         return exc.code if isinstance(exc.code, int) else 2
+    tracebacks = getattr(args, "verbose", False) or os.environ.get("FP16LENS_TRACEBACK") == "1"
     try:
         return args.run(args)
+    except KeyboardInterrupt:
+        print("fp16lens: interrupted", file=sys.stderr)
+        return 130
     except Fp16LensError as exc:
-        message = " ".join(str(exc).split())
-        print(f"fp16lens: error: {message}", file=sys.stderr)
-        return 2
+        if tracebacks:
+            raise
+        return _error(str(exc))
+    except Exception as exc:
+        from fp16lens.cli._refusal import refusal
+
+        why = None if tracebacks else refusal(args, exc)
+        if why is None:
+            raise  # a bug in fp16lens: keep its traceback
+        return _error(why)
+
+
+def _error(message: str) -> int:
+    print(f"fp16lens: error: {' '.join(message.split())}", file=sys.stderr)
+    return 2

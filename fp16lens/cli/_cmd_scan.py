@@ -56,7 +56,10 @@ def run(args: argparse.Namespace) -> int:
             report = scan(loaded.model, batches, progress=not args.no_progress and len(batches) > 1,
                           compile=True, **options)
         else:
-            report = watch_batches(loaded.model, batches, not args.no_progress, **options)
+            try:
+                report = watch_batches(loaded.model, batches, not args.no_progress, **options)
+            except ScanInterrupted as stop:
+                return _save_partial(stop, args)
     if args.save:
         report.save(args.save)
     failed = violations(report, args.fail_on)
@@ -120,12 +123,49 @@ def watch_batches(model, batches: list, progress: bool = True, **options) -> Rep
     watch = stage("fp16lens.watch", "watch", "scan")
     call_model = stage("fp16lens.watch", "call_model", "scan")
     bar = Progress(console=err_console(), transient=True, disable=not progress or len(batches) < 2)
+    done = 0
     with watch(model, **options) as lens, torch.no_grad(), bar:
         task = bar.add_task("watching", total=len(batches))
-        for batch in batches:
-            call_model(model, batch)
-            bar.advance(task)
+        try:
+            for batch in batches:
+                call_model(model, batch)
+                done += 1
+                bar.advance(task)
+        except KeyboardInterrupt:  # the report holds what ran, the batch cut short included
+            interrupted = ScanInterrupted(done, len(batches))
+        else:
+            interrupted = None
+    if interrupted is not None:
+        interrupted.report = lens.report
+        raise interrupted
     return lens.report
+
+
+class ScanInterrupted(KeyboardInterrupt):
+    """Ctrl-C after ``done`` whole batches: ``report`` holds what ran (the statistics of the
+    batch cut short up to the interrupt included, as watch keeps those of a forward that
+    raises)."""
+
+    def __init__(self, done: int, total: int):
+        super().__init__(f"interrupted after {done} of {total} batches")
+        self.done, self.total = done, total
+        self.report: Report | None = None
+
+
+def _save_partial(stop: ScanInterrupted, args: argparse.Namespace) -> int:
+    """Ctrl-C: the report of the batches done so far is saved when --save asked for one."""
+    import sys
+
+    where = "nothing saved (add --save PATH to keep a partial report)"
+    if args.save:
+        stop.report.save(args.save)
+        where = f"the report of what ran is saved to {args.save}"
+    print(
+        f"fp16lens: interrupted during batch {stop.done + 1} of {stop.total} "
+        f"({stop.done} ran whole); {where}",
+        file=sys.stderr,
+    )
+    return 130
 
 
 def _print_gate(failed: list[str], args: argparse.Namespace) -> None:

@@ -46,8 +46,9 @@ def add_input_arguments(parser: argparse.ArgumentParser, batches: bool = True) -
         "--range",
         default=None,
         metavar="LOW,HIGH",
-        help="value range of generated inputs (default 0,1 for floats, 0,10 for integers); "
-        "a negative LOW works as written: --range -1,1",
+        help="value range of generated inputs: floats LOW <= x < HIGH (default 0,1), integers "
+        "LOW <= x < HIGH as in range() (default 0,10: token ids for a vocabulary of 100 are "
+        "--range 0,100); a negative LOW works as written: --range -1,1",
     )
     group.add_argument("--seed", type=int, default=0, help="seed of generated inputs")
     group.add_argument(
@@ -71,8 +72,12 @@ def batches_from_args(
 ) -> list[Batch]:
     """The batches the options describe, or ``default`` (the model source's own inputs);
     float inputs of another dtype than ``model``'s are cast to it, with a note on stderr."""
+    from fp16lens.cli._refusal import remember
+
     batches = _batches(args, default)
-    return batches if model is None else match_model_dtype(batches, model)
+    batches = batches if model is None else match_model_dtype(batches, model)
+    remember(args, model, batches)
+    return batches
 
 
 def match_model_dtype(batches: list[Batch], model) -> list[Batch]:

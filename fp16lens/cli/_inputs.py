@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from fp16lens._core import Fp16LensError
+from fp16lens._core import Fp16LensError, OptionError
 
 DTYPES = {
     "float32": torch.float32,
@@ -83,15 +83,15 @@ class InputSpec:
 
     def __post_init__(self):
         if not self.shapes:
-            raise ValueError("shapes must name at least one input, e.g. ((1, 3, 224, 224),)")
+            raise OptionError("shapes must name at least one input, e.g. ((1, 3, 224, 224),)")
         if len(self.dtypes) != len(self.shapes):
-            raise ValueError(
+            raise OptionError(
                 f"need one dtype per shape, got {len(self.dtypes)} for {len(self.shapes)}"
             )
         if not isinstance(self.batches, int) or self.batches < 1:
-            raise ValueError(f"batches must be an int >= 1, got {self.batches!r}")
+            raise OptionError(f"batches must be an int >= 1, got {self.batches!r}")
         if not self.low < self.high:
-            raise ValueError(f"low must be < high, got {self.low}, {self.high}")
+            raise OptionError(f"low must be < high, got {self.low}, {self.high}")
 
     def make(self) -> list[Batch]:
         g = torch.Generator().manual_seed(self.seed)
@@ -106,7 +106,12 @@ def _random(shape, dtype, low: float, high: float, g: torch.Generator) -> torch.
         return (torch.rand(shape, generator=g) * (high - low) + low).to(dtype)
     if dtype == torch.bool:
         return torch.rand(shape, generator=g) < 0.5
-    return torch.randint(math.floor(low), math.ceil(high) + 1, shape, generator=g).to(dtype)
+    # integers are drawn from LOW <= x < HIGH, as torch.randint and range() do: --range 0,100
+    # gives valid token ids for a vocabulary of 100
+    lo, hi = math.ceil(low), math.ceil(high)
+    if hi <= lo:
+        raise Fp16LensError(f"--range {low:g},{high:g} holds no integer; write e.g. --range 0,100")
+    return torch.randint(lo, hi, shape, generator=g).to(dtype)
 
 
 def is_file_spec(spec: str) -> bool:

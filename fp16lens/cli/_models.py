@@ -141,6 +141,9 @@ def _import(module_name: str):
 def _import_file(path: Path):
     if not path.is_file():
         raise Fp16LensError(f"model file {path} does not exist; check the path")
+    folder = str(path.resolve().parent)
+    if folder not in sys.path:  # as `python file.py` would: the file imports its neighbours
+        sys.path.insert(0, folder)
     name = f"_fp16lens_user_{path.stem}"
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
@@ -159,6 +162,7 @@ def _from_callable(spec: str, kwargs: dict) -> LoadedModel:
             f"{module_name!r} has no callable {attr!r}; MODEL is package.module:callable, "
             "where callable(**kwargs) returns an nn.Module"
         )
+    _check_kwargs(target, spec, kwargs)
     result = target(**kwargs)
     inputs = None
     if isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], nn.Module):
@@ -168,4 +172,43 @@ def _from_callable(spec: str, kwargs: dict) -> LoadedModel:
         raise Fp16LensError(
             f"{spec} returned a {type(result).__name__}, not an nn.Module (or (module, inputs))"
         )
+    require_weights(result, spec)
     return LoadedModel(result.eval(), spec, inputs)
+
+
+def _check_kwargs(target, spec: str, kwargs: dict) -> None:
+    """--kwargs the callable does not take: one line naming those it does."""
+    import inspect
+
+    try:
+        signature = inspect.signature(target)
+    except (TypeError, ValueError):  # builtins and C callables: let the call say it
+        return
+    try:
+        signature.bind(**kwargs)
+    except TypeError as exc:
+        takes = [n for n, p in signature.parameters.items() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+        raise Fp16LensError(
+            f"--kwargs does not fit {spec} ({exc}); it takes "
+            f"{', '.join(takes) if takes else 'no keyword arguments'}"
+        ) from None
+
+
+def require_weights(model: nn.Module, source: str) -> None:
+    """A model whose tensors are on the meta device has no values to watch or export."""
+    from torch.nn.parameter import UninitializedParameter
+
+    tensors = [*model.named_parameters(), *model.named_buffers()]
+    lazy = next((n for n, t in tensors if isinstance(t, UninitializedParameter)), None)
+    if lazy is not None:
+        raise Fp16LensError(
+            f"{source} has uninitialized lazy parameters ({lazy}); run the model once on an "
+            "example input inside the callable before returning it"
+        )
+    meta = next((n for n, t in tensors if t.is_meta), None)
+    if meta is not None:
+        raise Fp16LensError(
+            f"{source} has no weights: {meta} (and maybe others) is on the meta device; load real "
+            "weights first (model.to_empty(device='cpu') then load_state_dict, or build it "
+            "outside torch.device('meta'))"
+        )

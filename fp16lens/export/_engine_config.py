@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from fp16lens._core import ExportError
+from fp16lens._core import ExportError, OptionError
 from fp16lens.export._calib_cache import parse_version
 
 STRONGLY_TYPED_SINCE = (10, 12)
@@ -41,7 +41,7 @@ def engine_config(
 ) -> EngineConfig:
     """The build for ``precision`` ("fp32" | "fp16" | "int8") on TensorRT ``trt_version``."""
     if precision not in ("fp32", "fp16", "int8"):
-        raise ValueError(f"precision must be one of fp32, fp16, int8; got {precision!r}")
+        raise OptionError(f"precision must be one of fp32, fp16, int8; got {precision!r}")
     version = parse_version(trt_version)
     typed = version >= STRONGLY_TYPED_SINCE if strongly_typed is None else strongly_typed
     if not typed and version[0] >= FLAGS_REMOVED_IN:

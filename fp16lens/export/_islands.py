@@ -7,14 +7,14 @@ from collections.abc import Iterable
 
 import torch
 
-from fp16lens._core import ExportError
+from fp16lens._core import ExportError, OptionError
 from fp16lens._core.sites import PLAN_ATTR
 
 
 def resolve_fp32_modules(model: torch.nn.Module, extra: Iterable[str] | None) -> tuple[str, ...]:
     """The FP32 islands: the patch plan's ``fp32_modules`` plus ``extra``, each checked."""
     if isinstance(extra, str):
-        raise ValueError(f"fp32_modules must be a list of module names, got the string {extra!r}")
+        raise OptionError(f"fp32_modules must be a list of module names, got the string {extra!r}")
     plan = getattr(model, PLAN_ATTR, None)
     wanted = [*(getattr(plan, "fp32_modules", None) or []), *(extra or [])]
     names = {n for n, _ in model.named_modules()}

@@ -15,7 +15,7 @@ import json
 from collections.abc import Iterable
 from pathlib import Path
 
-from fp16lens._core import ExportError, import_optional
+from fp16lens._core import ExportError, OptionError, import_optional
 from fp16lens.export._naming import MODULE_KEY, NodeOrigin, map_nodes, stamp
 from fp16lens.export._onnx_meta import in_islands
 
@@ -130,7 +130,7 @@ def prepare(model, fp32_nodes: Iterable[str] | None, fp32_modules: Iterable[str]
     """(FP32 proto with named, stamped nodes, its island nodes) of an ONNX source."""
     for arg, what in ((fp32_nodes, "fp32_nodes"), (fp32_modules, "fp32_modules")):
         if isinstance(arg, str):
-            raise ValueError(f"{what} must be a list of names, got the string {arg!r}")
+            raise OptionError(f"{what} must be a list of names, got the string {arg!r}")
     proto = load_source(model)
     src = model if isinstance(model, (str, Path)) else "the ONNX model"
     check_fp32_source(proto, src)

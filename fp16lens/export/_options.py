@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from fp16lens._core import OptionError
+
 PRECISIONS = ("fp32", "fp16", "int8")
 IO_DTYPES = ("fp32", "fp16")
 EXPORTERS = ("auto", "dynamo", "torchscript")
@@ -32,13 +34,13 @@ class ExportOptions:
         _one_of("io_dtype", self.io_dtype, IO_DTYPES)
         _one_of("exporter", self.exporter, EXPORTERS)
         if self.opset is not None and (not isinstance(self.opset, int) or self.opset < MIN_OPSET):
-            raise ValueError(
+            raise OptionError(
                 f"opset must be an int >= {MIN_OPSET} (LayerNorm stays one node), got {self.opset!r}"
             )
         if isinstance(self.fp32_modules, str) or not all(
             isinstance(m, str) for m in self.fp32_modules
         ):
-            raise ValueError(
+            raise OptionError(
                 f"fp32_modules must be a list of module names, got {self.fp32_modules!r}"
             )
         object.__setattr__(self, "fp32_modules", tuple(self.fp32_modules))
@@ -46,4 +48,4 @@ class ExportOptions:
 
 def _one_of(name: str, value: object, allowed: tuple[str, ...]) -> None:
     if value not in allowed:
-        raise ValueError(f"{name} must be one of {', '.join(allowed)}; got {value!r}")
+        raise OptionError(f"{name} must be one of {', '.join(allowed)}; got {value!r}")

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from rich.padding import Padding
 from rich.text import Text
 
+from fp16lens._core import OptionError
 from fp16lens.report._advice import suggest_fix
 from fp16lens.report._model import Finding, Report, Span
 
@@ -22,9 +23,9 @@ class ViewOptions:
 
     def __post_init__(self):
         if not isinstance(self.top, int) or self.top < 1:
-            raise ValueError(f"top must be an integer >= 1, got {self.top!r}")
+            raise OptionError(f"top must be an integer >= 1, got {self.top!r}")
         if not isinstance(self.path_keep, int) or self.path_keep < 3:
-            raise ValueError(f"path_keep must be an integer >= 3, got {self.path_keep!r}")
+            raise OptionError(f"path_keep must be an integer >= 3, got {self.path_keep!r}")
 
 
 def indent(text: Text, left: int = 4) -> Padding:

@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from fp16lens._core import ReportError, import_optional
+from fp16lens._core import OptionError, ReportError, import_optional
 from fp16lens._core.sites import Mechanism
 from fp16lens.report._fmt import LOG2_MAX, LOG2_MIN_NORMAL, log2_abs
 from fp16lens.report._model import Report
@@ -30,11 +30,11 @@ class PlotOptions:
 
     def __post_init__(self):
         if not (self.width > 0 and self.height > 0):
-            raise ValueError(f"width and height must be > 0, got {self.width} x {self.height}")
+            raise OptionError(f"width and height must be > 0, got {self.width} x {self.height}")
         if not isinstance(self.dpi, int) or self.dpi < 20:
-            raise ValueError(f"dpi must be an integer >= 20, got {self.dpi!r}")
+            raise OptionError(f"dpi must be an integer >= 20, got {self.dpi!r}")
         if not isinstance(self.span_labels, int) or self.span_labels < 0:
-            raise ValueError(f"span_labels must be an integer >= 0, got {self.span_labels!r}")
+            raise OptionError(f"span_labels must be an integer >= 0, got {self.span_labels!r}")
 
 
 def _positions(report: Report) -> tuple[dict[str, int], list[float]]:

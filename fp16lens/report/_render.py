@@ -12,7 +12,7 @@ from typing import Any
 
 from rich.console import Console, ConsoleOptions, RenderableType
 
-from fp16lens._core import ReportError
+from fp16lens._core import OptionError, ReportError
 from fp16lens.report import _findview, _sections, _tables
 from fp16lens.report._blocks import ViewOptions
 from fp16lens.report._model import Report
@@ -90,7 +90,7 @@ def export_text(report: Report, fmt: str, *, width: int = EXPORT_WIDTH, **view: 
     if fmt not in _FORMATS:
         raise ReportError(f"cannot export a report as {fmt!r}; use one of {', '.join(_FORMATS)}")
     if not isinstance(width, int) or width < 40:
-        raise ValueError(f"width must be an integer >= 40, got {width!r}")
+        raise OptionError(f"width must be an integer >= 40, got {width!r}")
     console = _recording_console(fmt, width)
     console.print(ReportView(report, ViewOptions(**view)))
     if fmt == "html":

@@ -6,6 +6,8 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
+from fp16lens._core import OptionError
+
 
 @dataclass(frozen=True)
 class Tolerance:
@@ -26,15 +28,15 @@ class Tolerance:
 
     def __post_init__(self):
         if not (isinstance(self.min_cosine, (int, float)) and -1.0 <= self.min_cosine <= 1.0):
-            raise ValueError(f"min_cosine must be in [-1, 1], got {self.min_cosine!r}")
+            raise OptionError(f"min_cosine must be in [-1, 1], got {self.min_cosine!r}")
         if self.max_rel is not None and not _positive(self.max_rel):
-            raise ValueError(f"max_rel must be a finite number > 0 or None, got {self.max_rel!r}")
+            raise OptionError(f"max_rel must be a finite number > 0 or None, got {self.max_rel!r}")
         if self.min_sqnr_db is not None and not _finite(self.min_sqnr_db):
-            raise ValueError(
+            raise OptionError(
                 f"min_sqnr_db must be a finite number or None, got {self.min_sqnr_db!r}"
             )
         if not _positive(self.site_rel):
-            raise ValueError(f"site_rel must be a finite number > 0, got {self.site_rel!r}")
+            raise OptionError(f"site_rel must be a finite number > 0, got {self.site_rel!r}")
 
 
 def resolve_tolerance(tolerance: Tolerance | float | None, default: Tolerance) -> Tolerance:

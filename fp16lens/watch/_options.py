@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from fp16lens._core import FP16_MAX
+from fp16lens._core import FP16_MAX, OptionError
 
 
 @dataclass(frozen=True)
@@ -45,17 +45,17 @@ class WatchOptions:
         if not isinstance(self.threshold, (int, float)) or not (
             math.isfinite(self.threshold) and self.threshold > 0
         ):
-            raise ValueError(
+            raise OptionError(
                 f"threshold must be a finite number > 0, got {self.threshold!r}; "
                 "the FP16 limit is 65504"
             )
         if not isinstance(self.sample_size, int) or self.sample_size < 16:
-            raise ValueError(f"sample_size must be an int >= 16, got {self.sample_size!r}")
+            raise OptionError(f"sample_size must be an int >= 16, got {self.sample_size!r}")
         for name in ("param_subnormal_share", "param_underflow_share"):
             v = getattr(self, name)
             if not 0 <= v <= 1:
-                raise ValueError(f"{name} must be within [0, 1], got {v!r}")
+                raise OptionError(f"{name} must be within [0, 1], got {v!r}")
         if self.distributed not in (True, False, "auto"):
-            raise ValueError(
+            raise OptionError(
                 f"distributed must be True, False or 'auto', got {self.distributed!r}"
             )

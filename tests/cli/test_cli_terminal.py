@@ -1,0 +1,261 @@
+"""Terminal mistakes of issue #27: each exits 2 with one line naming the problem and the
+fix (no traceback), ``--verbose``/FP16LENS_TRACEBACK=1 shows the traceback, Ctrl-C during
+a scan keeps the report of the batches done, and a bug of fp16lens still has its traceback.
+The models are tiny files written by the tests, run through ``main(argv)``."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from fp16lens import Report
+from fp16lens._core import Fp16LensError, OptionError
+from fp16lens.cli import main
+
+MODELS = '''
+import torch
+from torch import nn
+
+
+def cnn():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU()).eval()
+
+
+class Ids(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(100, 8)
+
+    def forward(self, ids):
+        return self.emb(ids)
+
+
+def ids():
+    torch.manual_seed(0)
+    return Ids().eval()
+
+
+class Interrupts(nn.Module):
+    """Ctrl-C on the third call, as a user would press it during a long scan."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += 1
+        if self.calls == 3:
+            raise KeyboardInterrupt
+        return self.fc(x)
+
+
+def interrupts():
+    torch.manual_seed(0)
+    return Interrupts().eval()
+
+
+def meta():
+    with torch.device("meta"):
+        return nn.Linear(4, 4)
+
+
+def lazy():
+    return nn.Sequential(nn.LazyLinear(4))
+'''
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("terminal")
+    (folder / "models.py").write_text(MODELS)
+    pkg = folder / "project"
+    pkg.mkdir()
+    (pkg / "blocks.py").write_text("from torch import nn\n\ndef stem():\n    return nn.Linear(4, 2)\n")
+    (pkg / "net.py").write_text(
+        textwrap.dedent(
+            """
+            from blocks import stem  # a sibling module, as real model files import them
+
+
+            def build():
+                return stem().eval()
+            """
+        )
+    )
+    np.savez(folder / "two.npz", np.ones((1, 3, 8, 8), "f4"), np.ones((1, 3, 8, 8), "f4"))
+    return folder
+
+
+def one_line(capsys, argv: list[str], *needles: str) -> str:
+    code = main(argv)
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert code == 2, err
+    assert len(lines) == 1 and lines[0].startswith("fp16lens: error: "), err
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+    return lines[0]
+
+
+def test_input_shape_the_model_refuses(capsys, files):
+    one_line(capsys, ["scan", f"{files}/models.py:cnn", "--input", "1x4x8x8", "--no-progress"],
+             "refused its input", "1x4x8x8 float32", "3 channels", "--input")
+
+
+def test_integer_input_for_a_cnn(capsys, files):
+    one_line(capsys, ["scan", f"{files}/models.py:cnn", "--input", "1x3x8x8", "--dtype", "int64"],
+             "1x3x8x8 int64", "--dtype")
+
+
+def test_npz_with_two_arrays_for_a_one_input_model(capsys, files):
+    one_line(capsys, ["scan", f"{files}/models.py:cnn", "--input", str(files / "two.npz")],
+             "2 inputs", "positional")
+
+
+def test_float_ids_for_an_embedding(capsys, files):
+    one_line(capsys, ["scan", f"{files}/models.py:ids", "--input", "1x5"], "float32", "--dtype")
+
+
+def test_integer_range_is_half_open_so_a_vocabulary_bound_works(capsys, files):
+    """--range 0,100 for a vocabulary of 100 ids: every id valid (it was an IndexError)."""
+    code = main(["scan", f"{files}/models.py:ids", "--input", "64x50", "--dtype", "int64",
+                 "--range", "0,100", "--no-progress"])
+    assert code == 0, capsys.readouterr().err
+    from fp16lens.cli._inputs import InputSpec
+
+    (ids,) = InputSpec(((4096,),), (torch.int64,), 0, 100).make()[0]
+    assert int(ids.min()) == 0 and int(ids.max()) == 99
+    one_line(capsys, ["scan", f"{files}/models.py:ids", "--input", "1x5", "--dtype", "int64",
+                      "--range", "0.2,0.7"], "holds no integer")
+
+
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["scan", "{m}:cnn", "--input", "1x3x8x8", "--threshold", "-1"], "threshold must be"),
+        (["verify", "{m}:cnn", "{m}:cnn", "--input", "1x3x8x8", "--tolerance", "2"], "min_cosine"),
+        (["scan", "{m}:cnn", "--input", "1x3x8x8", "--kwargs", '{"sed": 1}'], "takes no keyword"),
+        (["scan", "{m}:meta", "--input", "1x4"], "meta device"),
+        (["scan", "{m}:lazy", "--input", "1x4"], "lazy"),
+    ],
+)
+def test_option_and_model_mistakes(capsys, files, argv, needle):
+    one_line(capsys, [a.replace("{m}", f"{files}/models.py") for a in argv], needle)
+
+
+def test_option_errors_stay_value_errors_in_python():
+    from fp16lens.verify import Tolerance
+    from fp16lens.watch import WatchOptions
+
+    for make in (lambda: WatchOptions(threshold=-1), lambda: Tolerance(min_cosine=2)):
+        with pytest.raises(ValueError) as info:
+            make()
+        assert isinstance(info.value, OptionError) and isinstance(info.value, Fp16LensError)
+
+
+def test_a_file_imports_its_neighbours(capsys, files):
+    code = main(["scan", f"{files}/project/net.py:build", "--input", "1x4", "--no-progress"])
+    assert code == 0, capsys.readouterr().err
+
+
+def test_verbose_shows_the_traceback(files, monkeypatch):
+    monkeypatch.setenv("FP16LENS_TRACEBACK", "1")
+    with pytest.raises(OptionError):
+        main(["scan", f"{files}/models.py:cnn", "--input", "1x3x8x8", "--threshold", "-1"])
+    with pytest.raises(RuntimeError, match="3 channels"):
+        main(["scan", f"{files}/models.py:cnn", "--input", "1x4x8x8", "--no-progress"])
+
+
+def test_a_bug_of_fp16lens_keeps_its_traceback(files, monkeypatch):
+    """The model runs its input fine outside fp16lens: the error is fp16lens's own."""
+    import fp16lens.cli._cmd_scan as cmd
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("a bug inside fp16lens")
+
+    monkeypatch.setattr(cmd, "watch_batches", broken)
+    with pytest.raises(RuntimeError, match="a bug inside fp16lens"):
+        main(["scan", f"{files}/models.py:cnn", "--input", "1x3x8x8"])
+
+
+def test_ctrl_c_saves_the_report_of_the_batches_done(capsys, files, tmp_path):
+    saved = tmp_path / "partial.json"
+    code = main(["scan", f"{files}/models.py:interrupts", "--input", "2x4", "--batches", "5",
+                 "--save", str(saved), "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 130
+    assert "interrupted during batch 3 of 5 (2 ran whole)" in err and str(saved) in err
+    assert "Traceback" not in err
+    report = Report.load(saved)
+    assert report.sites["fc"].calls == 2  # the third call stopped before fc ran
+
+
+def test_ctrl_c_without_save_exits_130_in_one_line(capsys, files, tmp_path):
+    code = main(["scan", f"{files}/models.py:interrupts", "--input", "2x4", "--batches", "2",
+                 "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 0, err  # two calls: no Ctrl-C
+    code = main(["scan", f"{files}/models.py:interrupts", "--input", "2x4", "--batches", "5",
+                 "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 130 and err.strip().splitlines() == [
+        "fp16lens: interrupted during batch 3 of 5 (2 ran whole); nothing saved (add --save PATH "
+        "to keep a partial report)"
+    ]
+
+
+SLOW = '''
+import os, time
+import torch
+from torch import nn
+
+
+class Slow(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += 1
+        if self.calls == 3:
+            open(os.environ["MARK"], "w").close()  # the test sends SIGINT from here on
+        time.sleep(0.05)
+        return self.fc(x)
+
+
+def build():
+    torch.manual_seed(0)
+    return Slow().eval()
+'''
+
+
+def test_sigint_during_a_scan_saves_a_partial_report(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    (tmp_path / "slow.py").write_text(SLOW)
+    mark, saved = tmp_path / "started", tmp_path / "partial.json"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fp16lens", "scan", f"{tmp_path}/slow.py:build", "--input", "2x4",
+         "--batches", "300", "--save", str(saved), "--no-progress"],
+        env={**os.environ, "MARK": str(mark)}, stderr=subprocess.PIPE, text=True,
+    )
+    deadline = time.monotonic() + 120
+    while not mark.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "interrupted during batch" in err
+    report = Report.load(saved)
+    assert 2 <= report.sites["fc"].calls < 300
