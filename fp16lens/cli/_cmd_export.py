@@ -52,11 +52,6 @@ def add_parser(sub) -> None:
     )
     add_input_arguments(p)
     p.add_argument("--json", action="store_true", help="print a JSON summary")
-    p.add_argument(
-        "--verbose",
-        action="store_true",
-        help="let torch's and ONNX Runtime's own warnings and log output through",
-    )
     p.set_defaults(run=run)
 
 

@@ -21,13 +21,20 @@ from fp16lens.report import Report
 def add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", metavar="MODEL", help=MODEL_HELP)
     p.add_argument("--kwargs", default=None, help="JSON keyword arguments for a MODEL callable")
+    p.add_argument(
+        "--verbose",
+        action="store_true",
+        help="show the traceback of an error, and let torch's and ONNX Runtime's own warnings "
+        "and log output through",
+    )
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("scan", help="find where values leave the FP16 range", description=__doc__)
     add_model_arguments(p)
     add_input_arguments(p)
-    p.add_argument("--save", metavar="PATH", help="save the report (.json, .html, .svg or .txt)")
+    p.add_argument("--save", metavar="PATH", action="append",
+                   help="save the report (.json, .html, .svg or .txt); repeatable")
     p.add_argument("--fail-on", action="append", choices=POLICIES, help=POLICY_HELP)
     p.add_argument("--threshold", type=float, default=None, help="overflow limit (default 65504)")
     p.add_argument("--json", action="store_true", help="print a JSON summary")
@@ -43,8 +50,8 @@ REPORT_SUFFIXES = (".json", ".html", ".svg", ".txt")
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.save:
-        check_report_path(args.save)
+    for path in args.save or []:
+        check_report_path(path)
     options = {} if args.threshold is None else {"threshold": args.threshold}
     if is_onnx_file(args.model):
         report = _scan_onnx(args, options)
@@ -60,12 +67,14 @@ def run(args: argparse.Namespace) -> int:
                 report = watch_batches(loaded.model, batches, not args.no_progress, **options)
             except ScanInterrupted as stop:
                 return _save_partial(stop, args)
-    if args.save:
-        report.save(args.save)
+    for path in args.save or []:
+        report.save(path)
     failed = violations(report, args.fail_on)
     if args.json:
         summary = report_summary(report)
-        emit_json({**summary, "saved": args.save, "fail_on": args.fail_on or [], "failed": failed})
+        saved = args.save or []
+        emit_json({**summary, "saved": saved[0] if saved else None, "saved_all": saved,
+                   "fail_on": args.fail_on or [], "failed": failed})
     else:
         print_report(report)
         _print_gate(failed, args)
@@ -158,8 +167,9 @@ def _save_partial(stop: ScanInterrupted, args: argparse.Namespace) -> int:
 
     where = "nothing saved (add --save PATH to keep a partial report)"
     if args.save:
-        stop.report.save(args.save)
-        where = f"the report of what ran is saved to {args.save}"
+        for path in args.save:
+            stop.report.save(path)
+        where = f"the report of what ran is saved to {', '.join(args.save)}"
     print(
         f"fp16lens: interrupted during batch {stop.done + 1} of {stop.total} "
         f"({stop.done} ran whole); {where}",
@@ -170,8 +180,8 @@ def _save_partial(stop: ScanInterrupted, args: argparse.Namespace) -> int:
 
 def _print_gate(failed: list[str], args: argparse.Namespace) -> None:
     con = console()
-    if args.save:
-        con.print(f"report saved to {args.save}")
+    for path in args.save or []:
+        con.print(f"report saved to {path}")
     if failed:
         con.print(f"[bold red]--fail-on {','.join(args.fail_on)}: {len(failed)} violation(s)")
         for line in failed:

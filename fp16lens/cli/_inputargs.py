@@ -114,6 +114,14 @@ def _batches(args: argparse.Namespace, default: Batch | None) -> list[Batch]:
                 f"{args.model} needs example inputs: give --input with a shape per input "
                 "(e.g. --input 1x3x224x224) or a .pt/.npz file of batches"
             )
+        if getattr(args, "batches", 1) > 1:
+            import sys
+
+            print(
+                f"fp16lens: note: --batches {args.batches} does not apply: {args.model} brings its "
+                "own inputs (one batch); give --input SHAPE or a file of batches for more",
+                file=sys.stderr,
+            )
         return [default]
     files = [s for s in specs if is_file_spec(s)]
     if files:

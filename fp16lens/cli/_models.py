@@ -102,11 +102,19 @@ def _load_torchscript(path: Path) -> nn.Module:
 
 
 def _load_exported(path: Path) -> tuple[nn.Module, tuple | None]:
+    import zipfile
+
     import torch
 
+    from fp16lens._core.quiet import quiet
+
+    if not zipfile.is_zipfile(path):
+        raise Fp16LensError(
+            f"{path} is not a torch.export program (not a zip archive); save one with "
+            "torch.export.save(torch.export.export(model, (x,)), path)"
+        )
     try:
-        with warnings.catch_warnings():  # torch's own deprecation notices while unpickling
-            warnings.simplefilter("ignore", FutureWarning)
+        with quiet():  # torch logs its own traceback and deprecation notices while loading
             program = torch.export.load(str(path))
     except Exception as exc:  # zip/pickle/version errors of torch.export.load
         raise Fp16LensError(

@@ -196,6 +196,11 @@ class Report:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Report:
+        if isinstance(data, dict) and "schema_version" not in data and {"clean", "spans"} <= set(data):
+            raise ReportError(
+                "this is the summary `fp16lens scan --json` prints, not a report; save the report "
+                "itself with `fp16lens scan MODEL --save report.json` (or report.save(path))"
+            )
         if not isinstance(data, dict) or "schema_version" not in data:
             raise ReportError(
                 "not an fp16lens report (no 'schema_version'); create one with "

@@ -259,3 +259,43 @@ def test_sigint_during_a_scan_saves_a_partial_report(tmp_path):
     assert "Traceback" not in err and "interrupted during batch" in err
     report = Report.load(saved)
     assert 2 <= report.sites["fc"].calls < 300
+
+
+def test_save_is_repeatable_and_a_json_summary_is_not_taken_for_a_report(capsys, files, tmp_path):
+    a, b = tmp_path / "a.json", tmp_path / "b.html"
+    code = main(["scan", f"{files}/models.py:cnn", "--input", "1x3x8x8", "--save", str(a),
+                 "--save", str(b), "--json"])
+    out = capsys.readouterr().out
+    assert code == 0 and a.is_file() and b.is_file() and "<html" in b.read_text().lower()
+    summary = tmp_path / "summary.json"
+    summary.write_text(out)
+    one_line(capsys, ["show", str(summary)], "summary", "--save report.json")
+    assert main(["show", str(a)]) == 0
+
+
+def test_a_file_that_is_not_a_pt2_says_so_in_one_line(capfd, tmp_path):
+    import zipfile
+
+    (tmp_path / "text.pt2").write_text("hello")
+    with zipfile.ZipFile(tmp_path / "zip.pt2", "w") as z:
+        z.writestr("x", "y")
+    for name in ("text.pt2", "zip.pt2"):
+        code = main(["scan", str(tmp_path / name), "--input", "1x3"])
+        err = capfd.readouterr().err
+        assert code == 2 and err.strip().splitlines() == [err.strip()], err
+        assert "is not a torch.export program" in err
+
+
+@pytest.mark.parametrize("command", ["scan", "verify"])
+def test_verbose_flag_shows_the_traceback(files, command):
+    model = f"{files}/models.py:cnn"
+    argv = [command, model, *([model] if command == "verify" else []), "--input", "1x4x8x8",
+            "--verbose"]
+    with pytest.raises(RuntimeError, match="3 channels"):
+        main(argv)
+
+
+def test_batches_that_do_not_apply_are_said(capsys):
+    code = main(["scan", "demo", "--batches", "3", "--no-progress"])
+    err = capsys.readouterr().err
+    assert code in (0, 1) and "--batches 3 does not apply" in err
