@@ -25,6 +25,13 @@ def remember(args: argparse.Namespace, model, batches: list) -> None:
 def refusal(args: argparse.Namespace, exc: BaseException) -> str | None:
     """One line naming the inputs and what the model said, or None (not the inputs)."""
     probe = getattr(args, PROBE_ATTR, None)
+    if _onnx_feed_error(exc):  # ONNX Runtime checks every feed against the graph's inputs
+        said = str(exc).split("INVALID_ARGUMENT :")[-1].strip().splitlines()[0]
+        batch = f" ({describe(probe[1])})" if probe else ""
+        return (
+            f"an ONNX file refused the inputs{batch}: {said}; check that the ONNX file was "
+            "exported from this model, and give inputs of the shapes its graph declares"
+        )
     if probe is None:
         return None
     import torch
@@ -43,6 +50,10 @@ def refusal(args: argparse.Namespace, exc: BaseException) -> str | None:
             "(--input SHAPE|FILE, --dtype, --range)"
         )
     return None
+
+
+def _onnx_feed_error(exc: BaseException) -> bool:
+    return type(exc).__module__.startswith("onnxruntime") and "INVALID_ARGUMENT" in str(exc)
 
 
 def describe(batch) -> str:

@@ -299,3 +299,15 @@ def test_batches_that_do_not_apply_are_said(capsys):
     code = main(["scan", "demo", "--batches", "3", "--no-progress"])
     err = capsys.readouterr().err
     assert code in (0, 1) and "--batches 3 does not apply" in err
+
+
+def test_verify_against_the_onnx_file_of_another_model(capsys, files, tmp_path):
+    pytest.importorskip("onnxruntime")
+    (tmp_path / "lin.py").write_text(
+        "import torch\n\ndef build():\n    return torch.nn.Linear(4, 4).eval()\n"
+    )
+    onnx_path = tmp_path / "lin.onnx"
+    assert main(["export", f"{tmp_path}/lin.py:build", "--input", "2x4", "-o", str(onnx_path)]) == 0
+    capsys.readouterr()
+    one_line(capsys, ["verify", f"{files}/models.py:cnn", str(onnx_path), "--input", "1x3x8x8"],
+             "ONNX file refused the inputs", "Invalid rank", "exported from this model")
