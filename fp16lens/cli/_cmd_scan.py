@@ -36,7 +36,8 @@ def add_parser(sub) -> None:
     p.add_argument("--save", metavar="PATH", action="append",
                    help="save the report (.json, .html, .svg or .txt); repeatable")
     p.add_argument("--fail-on", action="append", choices=POLICIES, help=POLICY_HELP)
-    p.add_argument("--threshold", type=float, default=None, help="overflow limit (default 65504)")
+    p.add_argument("--threshold", type=float, default=None,
+                   help="overflow limit, at most 65504 (the default): a lower one keeps a margin")
     p.add_argument("--json", action="store_true", help="print a JSON summary")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.add_argument("--compile", action="store_true",

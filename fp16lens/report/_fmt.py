@@ -69,3 +69,11 @@ def collapse(names: list[str], keep: int) -> list[str]:
 
 def plural(n: int, word: str, many: str | None = None) -> str:
     return f"{n} {word if n == 1 else (many or word + 's')}"
+
+
+def limit(report) -> str:
+    """The limit spans are judged by, in words: ±65504, or a lower --threshold named as one."""
+    threshold = report.meta.threshold
+    if threshold < FP16_MAX:
+        return f"±{threshold:g} (the threshold, a margin below FP16's 65504)"
+    return "±65504"

@@ -114,7 +114,7 @@ def spans(report: Report, view: ViewOptions) -> list[RenderableType]:
         )
     )
     out: list[RenderableType] = [
-        heading(f"Overflow spans ({len(report.spans)})", "values stored beyond ±65504")
+        heading(f"Overflow spans ({len(report.spans)})", f"values stored beyond {_fmt.limit(report)}")
     ]
     for span in shown:
         i = report.spans.index(span) + 1

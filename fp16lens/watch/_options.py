@@ -43,11 +43,12 @@ class WatchOptions:
 
     def __post_init__(self):
         if not isinstance(self.threshold, (int, float)) or not (
-            math.isfinite(self.threshold) and self.threshold > 0
+            math.isfinite(self.threshold) and 0 < self.threshold <= FP16_MAX
         ):
             raise OptionError(
-                f"threshold must be a finite number > 0, got {self.threshold!r}; "
-                "the FP16 limit is 65504"
+                f"threshold must be a number in (0, 65504], got {self.threshold!r}: FP16 holds "
+                "nothing beyond 65504, so a higher one would pass values real FP16 makes inf; "
+                "a lower one keeps a safety margin"
             )
         if not isinstance(self.sample_size, int) or self.sample_size < 16:
             raise OptionError(f"sample_size must be an int >= 16, got {self.sample_size!r}")

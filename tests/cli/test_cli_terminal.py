@@ -311,3 +311,35 @@ def test_verify_against_the_onnx_file_of_another_model(capsys, files, tmp_path):
     capsys.readouterr()
     one_line(capsys, ["verify", f"{files}/models.py:cnn", str(onnx_path), "--input", "1x3x8x8"],
              "ONNX file refused the inputs", "Invalid rank", "exported from this model")
+
+
+def test_a_threshold_never_lets_real_fp16_overflow_pass(capsys, tmp_path):
+    """--threshold 1e9 would have passed a model whose real FP16 is inf; a margin below
+    65504 is named as the limit of the spans."""
+    (tmp_path / "big.py").write_text(textwrap.dedent(
+        """
+        import torch
+
+        def build():
+            torch.manual_seed(0)
+            fc = torch.nn.Linear(4, 4)
+            with torch.no_grad():
+                fc.weight.fill_(2.0e4)
+            return torch.nn.Sequential(fc, torch.nn.ReLU()).eval()
+        """))
+    model = f"{tmp_path}/big.py:build"
+    import copy
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("big_for_truth", tmp_path / "big.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    m = mod.build()
+    x = torch.rand(1, 4) + 1.0
+    assert torch.isinf(copy.deepcopy(m).half()(x.half())).any()  # ground truth: real FP16
+    one_line(capsys, ["scan", model, "--input", "1x4", "--threshold", "1e9", "--fail-on", "any"],
+             "(0, 65504]")
+    code = main(["scan", model, "--input", "1x4", "--range", "1,2", "--threshold", "32768",
+                 "--fail-on", "any"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert code == 1 and "±32768 (the threshold, a margin below FP16's 65504)" in out
