@@ -61,6 +61,11 @@ def _names(text: str | None) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     export = stage("fp16lens.export", "export", "export")
+    if Path(args.output).suffix.lower() != ".onnx":
+        raise Fp16LensError(
+            f"-o {args.output}: export writes an ONNX file; name it with the .onnx suffix "
+            "(build a TensorRT engine from it with fp16lens.export.build_engine)"
+        )
     check_writable(args.output)
     if is_onnx_file(args.model):
         artifact = _export_onnx(export, args)

@@ -268,6 +268,7 @@ class Report:
                 "use .json, .html, .svg or .txt (or report.plot('x.png') for the plot)"
             )
         try:
+            path.parent.mkdir(parents=True, exist_ok=True)  # as export, patch and demo do
             path.write_text(text, encoding="utf-8")
         except OSError as exc:
             raise ReportError(

@@ -343,3 +343,16 @@ def test_a_threshold_never_lets_real_fp16_overflow_pass(capsys, tmp_path):
                  "--fail-on", "any"])
     out = " ".join(capsys.readouterr().out.split())
     assert code == 1 and "±32768 (the threshold, a margin below FP16's 65504)" in out
+
+
+def test_output_paths_follow_one_rule(capsys, files, tmp_path):
+    """Missing parent folders are made for every output (scan --save included); a suffix
+    that is not the format written is refused before any work."""
+    deep = tmp_path / "new" / "deeper" / "r.json"
+    assert main(["scan", f"{files}/models.py:cnn", "--input", "1x3x8x8", "--save", str(deep)]) == 0
+    assert Report.load(deep).sites
+    capsys.readouterr()
+    out = tmp_path / "model.pt"
+    one_line(capsys, ["export", f"{files}/models.py:cnn", "--input", "1x3x8x8", "-o", str(out)],
+             ".onnx suffix")
+    assert not out.exists()
