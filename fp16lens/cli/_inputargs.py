@@ -88,7 +88,9 @@ def match_model_dtype(batches: list[Batch], model) -> list[Batch]:
     from fp16lens._core.model_dtype import model_float_dtype
 
     want = model_float_dtype(model)
-    found = {t.dtype for b in batches for t in b if _is_float(t) and t.dtype != want}
+    made = hasattr(batches, "map")  # generated batches share their dtypes: look at one
+    found = {t.dtype for b in (batches[:1] if made else batches) for t in b
+             if _is_float(t) and t.dtype != want}
     if want is None or not found:
         return batches
     names = ", ".join(sorted(str(d).removeprefix("torch.") for d in found))
@@ -96,7 +98,10 @@ def match_model_dtype(batches: list[Batch], model) -> list[Batch]:
         f"fp16lens: note: {names} inputs cast to the model's {str(want).removeprefix('torch.')}",
         file=sys.stderr,
     )
-    return [tuple(t.to(want) if _is_float(t) else t for t in b) for b in batches]
+    def cast(b):
+        return tuple(t.to(want) if _is_float(t) else t for t in b)
+
+    return batches.map(cast) if hasattr(batches, "map") else [cast(b) for b in batches]
 
 
 def _is_float(t) -> bool:

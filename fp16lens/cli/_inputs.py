@@ -6,6 +6,7 @@ A batch is a tuple of positional arguments for ``model(*batch)``.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -93,12 +94,36 @@ class InputSpec:
         if not self.low < self.high:
             raise OptionError(f"low must be < high, got {self.low}, {self.high}")
 
-    def make(self) -> list[Batch]:
-        g = torch.Generator().manual_seed(self.seed)
-        return [
-            tuple(_random(s, d, self.low, self.high, g) for s, d in zip(self.shapes, self.dtypes))
-            for _ in range(self.batches)
-        ]
+    def make(self) -> Batches:
+        """The batches, each made when it is read (``--batches 1000`` holds one at a time)."""
+        return Batches(self.batches, self.batch)
+
+    def batch(self, i: int) -> Batch:
+        """Batch ``i``: the same tensors whenever it is asked for (seeded by seed and i)."""
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + i)
+        return tuple(_random(s, d, self.low, self.high, g) for s, d in zip(self.shapes, self.dtypes))
+
+
+class Batches(Sequence):
+    """``count`` batches made on demand by ``make(i)``: a sequence with a length (progress
+    bars, ``batches[0]``) that never holds more than the batch in use."""
+
+    def __init__(self, count: int, make: Callable[[int], Batch]):
+        self._count, self._make = count, make
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(self._count))]
+        if not -self._count <= i < self._count:
+            raise IndexError(i)
+        return self._make(i % self._count)
+
+    def map(self, fn: Callable[[Batch], Batch]) -> Batches:
+        """The same batches, each passed through ``fn`` when it is made."""
+        return Batches(self._count, lambda i: fn(self._make(i)))
 
 
 def _random(shape, dtype, low: float, high: float, g: torch.Generator) -> torch.Tensor:

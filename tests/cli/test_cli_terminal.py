@@ -356,3 +356,24 @@ def test_output_paths_follow_one_rule(capsys, files, tmp_path):
     one_line(capsys, ["export", f"{files}/models.py:cnn", "--input", "1x3x8x8", "-o", str(out)],
              ".onnx suffix")
     assert not out.exists()
+
+
+def test_generated_batches_are_made_one_at_a_time():
+    """--batches 1000 of 1x3x224x224 held 1000 tensors (1.18 GB) before the first forward."""
+    import gc
+    import weakref
+
+    from fp16lens.cli._inputs import InputSpec
+
+    spec = InputSpec(((1, 3, 224, 224),), (torch.float32,), batches=1000)
+    batches = spec.make()
+    assert len(batches) == 1000
+    first = batches[0][0]
+    alive = weakref.ref(first)
+    assert torch.equal(first, batches[0][0]) and not torch.equal(first, batches[1][0])
+    del first
+    gc.collect()
+    assert alive() is None  # nothing keeps a made batch
+    cast = batches.map(lambda b: tuple(t.half() for t in b))
+    assert len(cast) == 1000 and cast[999][0].dtype == torch.float16
+    assert torch.equal(cast[5][0], batches[5][0].half())
