@@ -38,6 +38,7 @@ class LoadedModel:
     model: nn.Module
     source: str
     example_inputs: tuple | None = None
+    fp32_modules: tuple[str, ...] = ()  # the FP32 islands a file saved by fp16lens names
 
 
 def parse_kwargs(text: str | None) -> dict:
@@ -65,35 +66,43 @@ def load_model(spec: str, kwargs: dict | None = None) -> LoadedModel:
     if ":" not in spec or suffix in (".pt", ".pth", ".pt2"):
         if kwargs:
             raise Fp16LensError("--kwargs applies to a module:callable MODEL, not to a file")
-        model, inputs = _load_file(Path(spec))
-        return LoadedModel(model.eval(), spec, inputs)
+        model, inputs, islands = _load_file(Path(spec))
+        return LoadedModel(model.eval(), spec, inputs, islands)
     return _from_callable(spec, kwargs or {})
 
 
-def _load_file(path: Path) -> tuple[nn.Module, tuple | None]:
-    """The module, and the example inputs stored with it (torch.export programs have them)."""
+def _load_file(path: Path) -> tuple[nn.Module, tuple | None, tuple[str, ...]]:
+    """The module, the example inputs stored with it (torch.export programs have them) and
+    the FP32 islands its fp16lens metadata names (marked on the module where it has them)."""
     if not path.suffix:
         raise Fp16LensError(f"MODEL {str(path)!r} is not understood; give {MODEL_HELP}")
     if not path.is_file():
         raise Fp16LensError(f"model file {path} does not exist; check the path")
+    from fp16lens.patch._portable import ISLANDS_FILE, mark_islands, read_islands
+
+    extra = {ISLANDS_FILE: ""}
     if path.suffix.lower() == ".pt2":
-        return _load_exported(path)
-    if path.suffix.lower() in (".pt", ".pth"):
-        return _load_torchscript(path), None
-    if path.suffix.lower() == ".onnx":
+        model, inputs = _load_exported(path, extra)
+    elif path.suffix.lower() in (".pt", ".pth"):
+        model, inputs = _load_torchscript(path, extra), None
+    elif path.suffix.lower() == ".onnx":
         raise Fp16LensError(
             f"{path.name} is an ONNX file: `fp16lens scan`, `patch`, `export` and `verify` read "
             "it, but this needs the PyTorch model; give the model as "
             "package.module:callable, .pt or .pt2"
         )
-    raise Fp16LensError(f"cannot load a model from a {path.suffix} file; give {MODEL_HELP}")
+    else:
+        raise Fp16LensError(f"cannot load a model from a {path.suffix} file; give {MODEL_HELP}")
+    islands = read_islands(extra[ISLANDS_FILE])
+    mark_islands(model, islands)
+    return model, inputs, tuple(islands)
 
 
-def _load_torchscript(path: Path) -> nn.Module:
+def _load_torchscript(path: Path, extra: dict) -> nn.Module:
     import torch
 
     try:
-        return torch.jit.load(str(path), map_location="cpu")
+        return torch.jit.load(str(path), map_location="cpu", _extra_files=extra)
     except RuntimeError as exc:
         raise Fp16LensError(
             f"{path} is not a TorchScript file ({str(exc).splitlines()[0]}); save one with "
@@ -101,7 +110,7 @@ def _load_torchscript(path: Path) -> nn.Module:
         ) from exc
 
 
-def _load_exported(path: Path) -> tuple[nn.Module, tuple | None]:
+def _load_exported(path: Path, extra: dict) -> tuple[nn.Module, tuple | None]:
     import zipfile
 
     import torch
@@ -115,7 +124,7 @@ def _load_exported(path: Path) -> tuple[nn.Module, tuple | None]:
         )
     try:
         with quiet():  # torch logs its own traceback and deprecation notices while loading
-            program = torch.export.load(str(path))
+            program = torch.export.load(str(path), extra_files=extra)
     except Exception as exc:  # zip/pickle/version errors of torch.export.load
         raise Fp16LensError(
             f"{path} is not a torch.export program ({type(exc).__name__}); save one with "

@@ -34,12 +34,18 @@ def save_model(model: nn.Module, example: tuple, path: str | Path) -> Path:
     path = check_save_path(path)
     suffix = path.suffix.lower()
     path.parent.mkdir(parents=True, exist_ok=True)
+    from fp16lens.patch._portable import ISLANDS_FILE, islands_metadata, portable
+
     model = model.eval()
+    meta = {ISLANDS_FILE: islands_metadata(model)}
+    # FP32 islands in a form that a file keeps: they stay FP32 under a later .half()
+    model = portable(model, "bits" if suffix == ".pt2" else "const")
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # torch's own deprecation notices
         if suffix == ".pt2":
-            torch.export.save(torch.export.export(model, tuple(example)), str(path))
+            program = torch.export.export(model, tuple(example))
+            torch.export.save(program, str(path), extra_files=meta)
         else:
             traced = torch.jit.trace(model, tuple(example), strict=False, check_trace=False)
-            traced.save(str(path))
+            traced.save(str(path), _extra_files=meta)
     return path

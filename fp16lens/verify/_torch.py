@@ -9,6 +9,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten
 
+from fp16lens._core import VerifyError
 from fp16lens._core.sites import Backend
 from fp16lens.verify._align import first_departure
 from fp16lens.verify._batches import cast_floats, model_device
@@ -73,6 +74,12 @@ class TorchEmulated(TorchFp16):
     name = Backend.TORCH_EMULATED
 
     def __init__(self, candidate: nn.Module, fusions: bool = False, device=None):
+        if isinstance(candidate, torch.jit.ScriptModule):
+            raise VerifyError(
+                "the torch-emulated backend follows every module with hooks, which a TorchScript "
+                "candidate has not; verify it with --backend torch-fp16 (real FP16), or save the "
+                "model as a torch.export program (.pt2)"
+            )
         self.reference = candidate
         self.device = _device(candidate, device)
         self.fusions = fusions

@@ -1,0 +1,135 @@
+"""A patched model saved by fp16lens keeps its FP32 islands (issue #27): the saved file runs
+in FP32 as the patched model does and, after a plain ``.half()`` outside fp16lens, in real
+FP16 with its islands working; ``fp16lens export`` of the file keeps the islands FP32
+without being told, and ``fp16lens verify`` passes the file and its ONNX export.
+
+Ground truth: the original model's real FP16 (``copy.deepcopy(m).half()``) breaks, the
+saved file loaded with torch alone and cast with ``.half()`` does not."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import torch
+
+import fp16lens
+from fp16lens._core.compat import TORCH_VERSION
+from fp16lens.cli import main
+from fp16lens.patch import Fp32Island, patch, relative_error
+from fp16lens.patch._portable import PortableIsland, portable
+
+
+def _island_cases():
+    """The island kinds of tests/patch/test_patch_islands.py (attention, embedding, GELU,
+    conv and batch norm; placed by patch() or directly)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parents[1] / "patch" / "test_patch_islands.py"
+    spec = importlib.util.spec_from_file_location("_island_cases", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.CASES
+
+
+CASES = _island_cases()
+
+
+def _half_args(inputs):
+    return tuple(a.half() if a.is_floating_point() else a for a in inputs)
+
+pytestmark = pytest.mark.skipif(
+    TORCH_VERSION < (2, 5), reason="exporting a patched model with FP32 islands needs torch >= 2.5"
+)
+
+
+def _load(path, suffix):
+    if suffix == ".pt2":
+        return torch.export.load(str(path)).module()
+    return torch.jit.load(str(path))
+
+
+@pytest.mark.parametrize("storage", ["bits", "const"])
+@pytest.mark.parametrize("name", list(CASES))
+def test_portable_islands_survive_a_file_and_half(name, storage, tmp_path):
+    model, patched, inputs, _ = CASES[name]()
+    assert any(isinstance(m, Fp32Island) for m in patched.modules())
+    saved = portable(patched, storage)
+    assert sum(isinstance(m, PortableIsland) for m in saved.modules()) >= 1
+    path = tmp_path / ("m.pt2" if storage == "bits" else "m.pt")
+    with torch.no_grad():
+        want = model(*inputs)
+        assert relative_error(want, saved(*inputs)) <= 1e-6  # FP32: the same model
+        if storage == "bits":
+            torch.export.save(torch.export.export(saved, inputs), str(path))
+        else:
+            torch.jit.trace(saved, inputs, strict=False, check_trace=False).save(str(path))
+        loaded = _load(path, path.suffix)
+        assert relative_error(want, loaded(*inputs)) <= 1e-6
+        broken = copy.deepcopy(model).half()(*_half_args(inputs)).float()
+        assert not relative_error(want, broken) <= 0.5  # real FP16 of the original breaks
+        got = loaded.half()(*_half_args(inputs))  # torch alone, as a user would
+    assert got.dtype == torch.float16 and torch.isfinite(got).all()
+    assert relative_error(want, got.float()) <= 3e-3
+
+
+def _cli(capsys, *argv) -> tuple[int, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out + err
+
+
+@pytest.mark.parametrize("suffix", [".pt2", ".pt"])
+@pytest.mark.parametrize("name", ["gelu_span", "attention_span"])
+def test_terminal_journey_scan_patch_export_verify(name, suffix, capsys, tmp_path):
+    """The README's journey from a terminal, on a model whose fix is an FP32 island."""
+    import models
+
+    model, inputs = getattr(models, name)()
+    spec = f"models:{name}"
+    report, saved, onnx_file = tmp_path / "r.json", tmp_path / f"p{suffix}", tmp_path / "m.onnx"
+    batch = tmp_path / "x.pt"
+    torch.save(inputs, batch)
+    assert _cli(capsys, "scan", spec, "--save", str(report))[0] == 0
+    code, out = _cli(capsys, "patch", spec, "--report", str(report), "-o", str(saved))
+    assert code == 0, out
+    with torch.no_grad():  # torch alone: the saved file under .half() keeps its islands
+        want = model(*inputs)
+        got = _load(saved, suffix).half()(*_half_args(inputs))
+    assert torch.isfinite(got).all() and relative_error(want, got.float()) <= 3e-3
+    code, out = _cli(capsys, "verify", spec, str(saved), "--backend", "torch-fp16")
+    assert code == 0, out
+    code, out = _cli(capsys, "export", str(saved), "-o", str(onnx_file), "--precision", "fp16",
+                     "--input", str(batch), "--json")
+    assert code == 0, out
+    summary = json.loads(out[out.index("{"):])
+    assert summary["fp32_nodes"], summary  # the islands, taken from the file's metadata
+    code, out = _cli(capsys, "verify", spec, str(onnx_file), "--backend", "onnx-fp16")
+    assert code == 0, out
+    # the same file exported with its islands dropped fails: the metadata is what keeps them
+    if suffix == ".pt2":
+        bare = tmp_path / "bare.pt2"
+        program = torch.export.load(str(saved))
+        torch.export.save(program, str(bare))  # no fp16lens metadata
+        code, out = _cli(capsys, "export", str(bare), "-o", str(tmp_path / "bare.onnx"),
+                         "--precision", "fp16")
+        if code == 0:
+            code, out = _cli(capsys, "verify", spec, str(tmp_path / "bare.onnx"),
+                             "--backend", "onnx-fp16")
+            assert code != 0, out
+
+
+def test_torch_emulated_refuses_a_torchscript_candidate_in_one_line(capsys, tmp_path):
+    import models
+
+    model, inputs = models.gelu_span()
+    with fp16lens.watch(model) as lens:
+        model(*inputs)
+    saved = tmp_path / "p.pt"
+    from fp16lens.cli._save import save_model
+
+    save_model(patch(model, lens.report), inputs, saved)
+    code, out = _cli(capsys, "verify", "models:gelu_span", str(saved), "--backend", "torch-emulated")
+    assert code == 2 and "torch-fp16" in out and "Traceback" not in out
