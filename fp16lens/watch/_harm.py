@@ -11,6 +11,12 @@ sites, at their typical magnitude m: the lower edge of the median binade of |y|)
   when the lost |w| of every channel is at most 2^-11 of that channel's sum of |w| (no more
   than the rounding FP16 applies to its other weights anyway).
 
+A guard (an eps or a clip bound: every value positive and added, or a Max/Clip bound) is
+harmless only when the values it joins never flush: where at least ``GUARD_SHARE`` of them
+(at its site, or at a producer feeding it) are below 2^-24, FP16 makes those values 0 and
+the vanished guard no longer keeps them off 0, which a log or a divide after it turns into
+-inf/NaN (``watch/onnx/_underflow.py`` checks that op itself).
+
 Anything else, or a module with no recorded values, stays a problem. Overflow always does.
 """
 
@@ -23,6 +29,20 @@ from fp16lens._core.flush import REL_STEP, percent
 from fp16lens._core.sites import Mechanism
 from fp16lens.report import Finding, SiteStats
 from fp16lens.watch._params import ParamCheck
+
+GUARD_SHARE = 2.0**-10
+"""Share of values below 2^-24 that makes a vanished guard visible: values that cross 0
+(a conv output) have far fewer, a square or an exp of a quiet signal far more."""
+
+
+def _flushing(joined: list[SiteStats], edges: list[tuple[str, str]],
+              sites: dict[str, SiteStats]) -> SiteStats | None:
+    """The producer feeding ``joined`` (or a joined site itself) with the largest share of
+    values below 2^-24, when that share reaches ``GUARD_SHARE``."""
+    names = {s.name for s in joined}
+    near = [sites[p] for p, c in edges if c in names and p in sites and p not in names]
+    best = max([*near, *joined], key=lambda s: s.underflow_share, default=None)
+    return best if best is not None and best.underflow_share >= GUARD_SHARE else None
 
 
 def _joined(module: str, sites: dict[str, SiteStats]) -> list[SiteStats]:
@@ -44,6 +64,13 @@ def _verdict(check: ParamCheck, sites: dict[str, SiteStats],
     if check.additive:
         if not joined:
             return False, "not judged: no recorded values of the module it joins"
+        flushing = _flushing(joined, edges, sites) if check.guard else None
+        if flushing is not None:
+            return False, (
+                f"visible: the values it joins flush too ({percent(flushing.underflow_share)} of "
+                f"{flushing.name}'s values are below 2^-24 and become 0 in FP16), and without it "
+                "nothing keeps them off 0 (a log or a divide after it gives -inf/NaN)"
+            )
         site = min(joined, key=lambda s: s.quantile_low(0.5))
         m = site.quantile_low(0.5)
         change, what = loss.value, f"a change of ≤ {loss.value:.2g} per value"
