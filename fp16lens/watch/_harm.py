@@ -13,9 +13,11 @@ sites, at their typical magnitude m: the lower edge of the median binade of |y|)
 
 A guard (an eps or a clip bound: every value positive and added, or a Max/Clip bound) is
 harmless only when the values it joins never flush: where at least ``GUARD_SHARE`` of them
-(at its site, or at a producer feeding it) are below 2^-24, FP16 makes those values 0 and
-the vanished guard no longer keeps them off 0, which a log or a divide after it turns into
--inf/NaN (``watch/onnx/_underflow.py`` checks that op itself).
+(at its site, or at a producer feeding it) are below 2^-24 and they go on to an op where 0
+is singular (a log, a divide, an rsqrt, a negative power: ``SINGULAR_OPS``, within
+``_REACH`` sites), FP16 makes those values 0 and the vanished guard no longer keeps them
+off 0 (``watch/onnx/_underflow.py`` checks that op itself). Read by a Conv, the flush is
+harmless.
 
 Anything else, or a module with no recorded values, stays a problem. Overflow always does.
 """
@@ -33,6 +35,25 @@ from fp16lens.watch._params import ParamCheck
 GUARD_SHARE = 2.0**-10
 """Share of values below 2^-24 that makes a vanished guard visible: values that cross 0
 (a conv output) have far fewer, a square or an exp of a quiet signal far more."""
+
+
+SINGULAR_OPS = frozenset({
+    "Log", "Div", "Reciprocal", "Pow",  # ONNX op types
+    "log", "log2", "log10", "div", "true_divide", "reciprocal", "rsqrt", "pow", "atan2",  # aten
+})
+_REACH = 3
+
+
+def _reaches_singular(names: set[str], edges: list[tuple[str, str]],
+                      sites: dict[str, SiteStats]) -> str | None:
+    """A site with a singular op within ``_REACH`` edges downstream of ``names``."""
+    front = set(names)
+    for _ in range(_REACH):
+        front = {c for p, c in edges if p in front and c in sites}
+        hit = next((c for c in sorted(front) if sites[c].op in SINGULAR_OPS), None)
+        if hit is not None:
+            return hit
+    return None
 
 
 def _flushing(joined: list[SiteStats], edges: list[tuple[str, str]],
@@ -65,11 +86,12 @@ def _verdict(check: ParamCheck, sites: dict[str, SiteStats],
         if not joined:
             return False, "not judged: no recorded values of the module it joins"
         flushing = _flushing(joined, edges, sites) if check.guard else None
-        if flushing is not None:
+        singular = _reaches_singular({s.name for s in joined}, edges, sites) if flushing else None
+        if singular is not None:
             return False, (
                 f"visible: the values it joins flush too ({percent(flushing.underflow_share)} of "
                 f"{flushing.name}'s values are below 2^-24 and become 0 in FP16), and without it "
-                "nothing keeps them off 0 (a log or a divide after it gives -inf/NaN)"
+                f"nothing keeps them off 0 where they reach {sites[singular].op} {singular}"
             )
         site = min(joined, key=lambda s: s.quantile_low(0.5))
         m = site.quantile_low(0.5)
