@@ -78,6 +78,27 @@ def _input_peak(joined: list[SiteStats], edges: list[tuple[str, str]],
     return max(peaks) if peaks else None
 
 
+GUARD_FIX = ("keep {start} through {end} in FP32 (fp16lens.patch makes them an FP32 island), or "
+             "use a guard FP16 holds (an eps of at least 6.1e-05)")
+
+
+def _guard(check: ParamCheck, sites: dict[str, SiteStats],
+           edges: list[tuple[str, str]]) -> tuple[str, str] | None:
+    """(why, fix) when ``check`` is a vanished guard whose joined values flush and reach a
+    singular op; None otherwise."""
+    joined = _joined(check.finding.site, sites) if check.guard else []
+    flushing = _flushing(joined, edges, sites) if joined else None
+    singular = _reaches_singular({s.name for s in joined}, edges, sites) if flushing else None
+    if singular is None:
+        return None
+    return (
+        f"visible: the values it joins flush too ({percent(flushing.underflow_share)} of "
+        f"{flushing.name}'s values are below 2^-24 and become 0 in FP16), and without it "
+        f"nothing keeps them off 0 where they reach {sites[singular].op} {singular}",
+        GUARD_FIX.format(start=flushing.name, end=singular),
+    )
+
+
 def _verdict(check: ParamCheck, sites: dict[str, SiteStats],
              edges: list[tuple[str, str]]) -> tuple[bool, str]:
     loss = check.loss
@@ -85,14 +106,6 @@ def _verdict(check: ParamCheck, sites: dict[str, SiteStats],
     if check.additive:
         if not joined:
             return False, "not judged: no recorded values of the module it joins"
-        flushing = _flushing(joined, edges, sites) if check.guard else None
-        singular = _reaches_singular({s.name for s in joined}, edges, sites) if flushing else None
-        if singular is not None:
-            return False, (
-                f"visible: the values it joins flush too ({percent(flushing.underflow_share)} of "
-                f"{flushing.name}'s values are below 2^-24 and become 0 in FP16), and without it "
-                f"nothing keeps them off 0 where they reach {sites[singular].op} {singular}"
-            )
         site = min(joined, key=lambda s: s.quantile_low(0.5))
         m = site.quantile_low(0.5)
         change, what = loss.value, f"a change of ≤ {loss.value:.2g} per value"
@@ -127,9 +140,10 @@ def judge(checks: list[ParamCheck], sites: dict[str, SiteStats],
         if check.loss is None:
             out.append(check.finding)
             continue
-        harmless, why = _verdict(check, sites, edges)
+        guard = _guard(check, sites, edges)
+        harmless, why = (False, guard[0]) if guard else _verdict(check, sites, edges)
         out.append(dataclasses.replace(
             check.finding, mechanism=Mechanism.NOTE if harmless else Mechanism.PARAMETER,
-            detail=f"{check.finding.detail}; {why}",
+            detail=f"{check.finding.detail}; {why}", fix=guard[1] if guard else check.finding.fix,
         ))
     return out

@@ -111,3 +111,13 @@ def test_basic_pitch_on_raw_int16_samples_overflows_first(pitch):
     assert report.spans and not report.clean
     first = _first_nonfinite(pitch, {BASIC_PITCH_IN: x})
     assert first == report.spans[0].start
+
+
+def test_basic_pitch_cli_scan_fails_on_any(pitch, tmp_path, capsys):
+    from fp16lens.cli import main
+
+    np.savez(tmp_path / "in.npz", **{BASIC_PITCH_IN: zoo_real.pitch_frame("speech")})
+    argv = ["scan", pitch, "--input", str(tmp_path / "in.npz"), "--no-progress", "--fail-on"]
+    assert main([*argv, "any"]) == 1
+    assert main([*argv, "underflow"]) == 1
+    assert "underflow" in capsys.readouterr().out.lower()

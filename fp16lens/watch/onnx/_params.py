@@ -11,6 +11,7 @@ import torch
 
 from fp16lens._core.flush import flush_loss
 from fp16lens._core.sites import FindingKind, Mechanism
+from fp16lens.watch._harm import GUARD_FIX
 from fp16lens.watch._options import WatchOptions
 from fp16lens.watch._params import ParamCheck, _overflow, _small
 
@@ -56,13 +57,15 @@ def check_constants(graph, options: WatchOptions) -> list[ParamCheck]:
 
 def guard_constants(report, guards: dict[str, str]) -> None:
     """A constant whose vanishing the underflow check saw at a singular node (``guards``:
-    guard site -> singular site) is a problem, whatever its magnitude next to the values."""
+    guard site -> singular site) is a problem, whatever its magnitude next to the values
+    (``watch._harm`` says so already where the joined values' statistics show the flush)."""
     for i, f in enumerate(report.findings):
         target = guards.get(f.site)
-        if target is None or f.kind != FindingKind.PARAM_UNDERFLOW:
+        if target is None or f.kind != FindingKind.PARAM_UNDERFLOW or f.mechanism != Mechanism.NOTE:
             continue
-        detail = f.detail if "visible" in f.detail else f.detail.split("; harmless")[0]
         report.findings[i] = dataclasses.replace(
             f, mechanism=Mechanism.PARAMETER,
-            detail=f"{detail}; it guards {target}, which real FP16 makes non-finite without it",
+            detail=f"{f.detail.split('; harmless')[0]}; visible: it guards {target}, which real "
+                   "FP16 makes non-finite without it",
+            fix=GUARD_FIX.format(start=f.site, end=target),
         )
