@@ -89,6 +89,9 @@ def test_basic_pitch_underflow_found_and_fixed(pitch, kind, tmp_path):
     assert _first_nonfinite(pitch, feed) == LOG
     report = fp16lens.scan(pitch, [x], progress=False)
     assert not report.clean and not report.spans  # nothing overflows: it is underflow
+    plain = fp16lens.export(pitch, None, tmp_path / "plain16.onnx", precision="fp16")
+    verdict = fp16lens.verify(pitch, plain.path, (x,), backend="onnx-fp16")
+    assert not verdict and verdict.nonfinite  # verify fails it too: scan and verify agree
     (f,) = report.findings_by("underflow")
     assert f.site == LOG and f.tensor == SQUARE and f.kind == "flush-singular"
     assert "1e-10" in f.detail and ADD in f.detail and f.peak > 0.1

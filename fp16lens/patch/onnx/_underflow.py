@@ -33,7 +33,7 @@ def _members(m: OnnxModel, site: str) -> list[str]:
         if up is None or id(up) not in names or up.op_type == "Constant":
             break
         chain.append(names[id(up)])
-        live = [i for i in up.input if i and i not in m.consts and i in m.producer]
+        live = [i for i in up.input if i and i not in m.consts]
         if up.op_type in _PASS:
             t = up.input[0]
         elif up.op_type in _GUARDS and len(live) == 1:
