@@ -15,8 +15,9 @@ from fp16lens.patch.onnx._graph import OnnxModel
 # the singular input of each singular op (as watch/onnx/_underflow.py judges them)
 _SLOT = {"Log": 0, "Div": 1, "Reciprocal": 0, "Pow": 0}
 _GUARDS = ("Add", "Sub", "Max", "Min", "Clip")
+# value-keeping nodes; a sum or mean of values FP16 flushed is 0 where all of them were
 _PASS = ("Sqrt", "Abs", "Identity", "Relu", "Reshape", "Squeeze", "Unsqueeze", "Flatten",
-         "Transpose")
+         "Transpose", "ReduceSum", "ReduceMean", "ReduceSumSquare", "ReduceL2")
 _STEPS = 8  # nodes walked back from the singular node to the producer
 
 

@@ -27,8 +27,9 @@ SINGULAR = {
     "Pow": (0, "0 to a negative power = inf"),
 }
 _GUARDS = ("Add", "Sub", "Max", "Min", "Clip")  # a constant that keeps values off 0
+# value-keeping nodes; a sum or mean of values FP16 flushed is 0 where all of them were
 _PASS = ("Sqrt", "Abs", "Identity", "Relu", "Reshape", "Squeeze", "Unsqueeze", "Flatten",
-         "Transpose")
+         "Transpose", "ReduceSum", "ReduceMean", "ReduceSumSquare", "ReduceL2")
 _TRACE = 8  # nodes walked back to the producer
 
 
