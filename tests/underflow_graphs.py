@@ -76,3 +76,11 @@ def quiet(shape=(4, 16), seed: int = 0):
     rng = np.random.default_rng(seed)
     mag = 10.0 ** rng.uniform(-6, 0, shape)
     return (mag * rng.choice([-1, 1], shape)).astype(np.float32)
+
+
+def div_no_nan(eps: float = 1e-10):
+    """TensorFlow's div_no_nan of x by x² + eps: Where(den == 0, 0, x / den)."""
+    return _model([*_square_eps(eps), helper.make_node("Div", ["x", "den"], ["q"], name="div"),
+                   helper.make_node("Equal", ["den", "zero"], ["is0"], name="is_zero"),
+                   helper.make_node("Where", ["is0", "zero", "q"], ["y"], name="where")],
+                  [_const("eps", eps), _const("zero", 0.0)])

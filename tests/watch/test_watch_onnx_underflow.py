@@ -15,6 +15,7 @@ import pytest
 onnx = pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
 from underflow_graphs import (  # noqa: E402
+    div_no_nan,
     log_eps,
     lp_norm,
     pow_neg,
@@ -68,6 +69,23 @@ def test_flagged_exactly_where_real_fp16_goes_non_finite(name, model, x, breaks,
         assert f.kind == "flush-singular" and 0 < f.peak <= 1 and f.count > 0
         assert f.site in ("log", "div", "recip", "rsqrt")
         assert "non-finite" in f.detail and f.fix
+
+
+def test_a_masked_divide_is_no_underflow_but_its_vanished_eps_still_shows(tmp_path):
+    """TensorFlow's div_no_nan: Where(den == 0, 0, x / den). Real FP16 stays finite (the
+    Where takes the 0), so there is no underflow finding; but where FP16 flushed den the
+    output is 0 instead of x / eps, so the eps that kept den off 0 is a problem."""
+    import onnxruntime as ort
+
+    x = quiet()
+    assert not _real_breaks(div_no_nan(), x, tmp_path)
+    report = fp16lens.scan(div_no_nan(), [x], progress=False)
+    assert report.findings_by("underflow") == []
+    (eps,) = [p for p in report.findings if p.tensor == "eps"]
+    assert eps.mechanism == "parameter" and "flush too" in eps.detail
+    ref = ort.InferenceSession(str(tmp_path / "m.onnx")).run(None, {"x": x})[0]
+    half = onnx_real_fp16(str(tmp_path / "m.onnx"), {"x": x})["y"]
+    assert ((half == 0) & (np.abs(ref) > 1)).any()  # what the vanished eps costs
 
 
 def test_the_finding_names_the_flushing_producer_and_the_vanished_eps():

@@ -71,7 +71,25 @@ class _GraphView:
         self.producer = {o: n for n in graph.proto.graph.node for o in n.output if o}
         self.site = {id(n): graph.sites[s].name for s, n in enumerate(graph.nodes)}
         self.ints = _int_consts(graph.proto)
-        self.singular = [(self.site[id(n)], n) for n in graph.nodes if self._singular(n)]
+        self.readers: dict[str, list] = {}
+        for n in graph.proto.graph.node:
+            for i in n.input:
+                self.readers.setdefault(i, []).append(n)
+        self.singular = [(self.site[id(n)], n) for n in graph.nodes
+                         if self._singular(n) and not self._masked(n)]
+
+    def _masked(self, node) -> bool:
+        """A divide whose every reader is Where(Equal(den, 0), ..., ...): TensorFlow's
+        div_no_nan, which replaces what a zero denominator gives."""
+        if node.op_type != "Div":
+            return False
+        den = node.input[1]
+        readers = self.readers.get(node.output[0], [])
+        def guarded(w) -> bool:
+            cond = self.producer.get(w.input[0])
+            return (w.op_type == "Where" and cond is not None and cond.op_type == "Equal"
+                    and den in cond.input and w.input[0] != node.output[0])
+        return bool(readers) and all(guarded(w) for w in readers)
 
     def _singular(self, node) -> bool:
         spec = SINGULAR.get(node.op_type)
