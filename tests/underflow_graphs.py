@@ -84,3 +84,10 @@ def div_no_nan(eps: float = 1e-10):
                    helper.make_node("Equal", ["den", "zero"], ["is0"], name="is_zero"),
                    helper.make_node("Where", ["is0", "zero", "q"], ["y"], name="where")],
                   [_const("eps", eps), _const("zero", 0.0)])
+
+
+def log_clip(bound: float = 1e-12):
+    """log(max(x², bound)): the clip-bound form of the guard (torch.clamp_min exported)."""
+    return _model([helper.make_node("Mul", ["x", "x"], ["sq"], name="square"),
+                   helper.make_node("Max", ["sq", "lo"], ["den"], name="clamp"),
+                   helper.make_node("Log", ["den"], ["y"], name="log")], [_const("lo", bound)])

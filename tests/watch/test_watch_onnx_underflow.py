@@ -16,6 +16,7 @@ onnx = pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
 from underflow_graphs import (  # noqa: E402
     div_no_nan,
+    log_clip,
     log_eps,
     lp_norm,
     pow_neg,
@@ -44,12 +45,14 @@ def _real_breaks(model, x, tmp_path) -> bool:
 
 CASES = [  # (name, graph, input, real FP16 breaks)
     ("log", log_eps(), quiet(), True),
+    ("log-clamp", log_clip(), quiet(), True),
     ("sqrt-div", sqrt_div(), quiet(), True),
     ("reciprocal", reciprocal(), quiet(), True),
     ("pow-0.5", pow_neg(), quiet(), True),
     ("softmax", softmax_by_hand(), np.random.default_rng(1).uniform(-40, -20, (4, 16)).astype(np.float32), True),
     # clean controls: an eps FP16 holds, values that never flush, a flush that meets a Conv
     ("log-eps-1e-3", log_eps(1e-3), quiet(), False),
+    ("log-clamp-1e-4", log_clip(1e-4), quiet(), False),
     ("log-loud", log_eps(), np.random.default_rng(3).uniform(0.5, 2, (4, 16)).astype(np.float32), False),
     ("softmax-mild", softmax_by_hand(), np.random.default_rng(1).uniform(-4, 4, (4, 16)).astype(np.float32), False),
     ("conv", square_into_conv(), quiet((4, 1, 16)), False),
@@ -98,6 +101,14 @@ def test_the_finding_names_the_flushing_producer_and_the_vanished_eps():
     # the eps, harmless by magnitude, is a problem in this context (constant harm in context)
     (eps,) = [p for p in report.findings if p.tensor == "eps"]
     assert eps.mechanism == "parameter" and "flush too" in eps.detail and "log" in eps.detail
+
+
+def test_a_flushed_clamp_bound_is_named_and_a_problem():
+    report = fp16lens.scan(log_clip(), [quiet()], progress=False)
+    (f,) = report.findings_by("underflow")
+    assert f.site == "log" and f.tensor == "square" and "1e-12 at clamp" in f.detail
+    (lo,) = [p for p in report.findings if p.tensor == "lo"]
+    assert lo.mechanism == "parameter" and "flush too" in lo.detail
 
 
 def test_a_flushed_eps_joining_values_that_never_flush_stays_a_note():
