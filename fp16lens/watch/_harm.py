@@ -11,6 +11,14 @@ sites, at their typical magnitude m: the lower edge of the median binade of |y|)
   when the lost |w| of every channel is at most 2^-11 of that channel's sum of |w| (no more
   than the rounding FP16 applies to its other weights anyway).
 
+A guard (an eps or a clip bound: every value positive and added, or a Max/Clip bound) is
+harmless only when the values it joins never flush: where at least ``GUARD_SHARE`` of them
+(at its site, or at a producer feeding it) are below 2^-24 and they go on to an op where 0
+is singular (a log, a divide, an rsqrt, a negative power: ``SINGULAR_OPS``, within
+``_REACH`` sites), FP16 makes those values 0 and the vanished guard no longer keeps them
+off 0 (``watch/onnx/_underflow.py`` checks that op itself). Read by a Conv, the flush is
+harmless.
+
 Anything else, or a module with no recorded values, stays a problem. Overflow always does.
 """
 
@@ -24,6 +32,39 @@ from fp16lens._core.sites import Mechanism
 from fp16lens.report import Finding, SiteStats
 from fp16lens.watch._params import ParamCheck
 
+GUARD_SHARE = 2.0**-10
+"""Share of values below 2^-24 that makes a vanished guard visible: values that cross 0
+(a conv output) have far fewer, a square or an exp of a quiet signal far more."""
+
+
+SINGULAR_OPS = frozenset({
+    "Log", "Div", "Reciprocal", "Pow",  # ONNX op types
+    "log", "log2", "log10", "div", "true_divide", "reciprocal", "rsqrt", "pow", "atan2",  # aten
+})
+_REACH = 3
+
+
+def _reaches_singular(names: set[str], edges: list[tuple[str, str]],
+                      sites: dict[str, SiteStats]) -> str | None:
+    """A site with a singular op within ``_REACH`` edges downstream of ``names``."""
+    front = set(names)
+    for _ in range(_REACH):
+        front = {c for p, c in edges if p in front and c in sites}
+        hit = next((c for c in sorted(front) if sites[c].op in SINGULAR_OPS), None)
+        if hit is not None:
+            return hit
+    return None
+
+
+def _flushing(joined: list[SiteStats], edges: list[tuple[str, str]],
+              sites: dict[str, SiteStats]) -> SiteStats | None:
+    """The producer feeding ``joined`` (or a joined site itself) with the largest share of
+    values below 2^-24, when that share reaches ``GUARD_SHARE``."""
+    names = {s.name for s in joined}
+    near = [sites[p] for p, c in edges if c in names and p in sites and p not in names]
+    best = max([*near, *joined], key=lambda s: s.underflow_share, default=None)
+    return best if best is not None and best.underflow_share >= GUARD_SHARE else None
+
 
 def _joined(module: str, sites: dict[str, SiteStats]) -> list[SiteStats]:
     """The sites whose values the module's parameters join (with values recorded)."""
@@ -35,6 +76,27 @@ def _input_peak(joined: list[SiteStats], edges: list[tuple[str, str]],
     names = {s.name for s in joined}
     peaks = [sites[p].absmax for p, c in edges if c in names and p in sites]
     return max(peaks) if peaks else None
+
+
+GUARD_FIX = ("keep {start} through {end} in FP32 (fp16lens.patch makes them an FP32 island), or "
+             "use a guard FP16 holds (an eps of at least 6.1e-05)")
+
+
+def _guard(check: ParamCheck, sites: dict[str, SiteStats],
+           edges: list[tuple[str, str]]) -> tuple[str, str] | None:
+    """(why, fix) when ``check`` is a vanished guard whose joined values flush and reach a
+    singular op; None otherwise."""
+    joined = _joined(check.finding.site, sites) if check.guard else []
+    flushing = _flushing(joined, edges, sites) if joined else None
+    singular = _reaches_singular({s.name for s in joined}, edges, sites) if flushing else None
+    if singular is None:
+        return None
+    return (
+        f"visible: the values it joins flush too ({percent(flushing.underflow_share)} of "
+        f"{flushing.name}'s values are below 2^-24 and become 0 in FP16), and without it "
+        f"nothing keeps them off 0 where they reach {sites[singular].op} {singular}",
+        GUARD_FIX.format(start=flushing.name, end=singular),
+    )
 
 
 def _verdict(check: ParamCheck, sites: dict[str, SiteStats],
@@ -78,9 +140,10 @@ def judge(checks: list[ParamCheck], sites: dict[str, SiteStats],
         if check.loss is None:
             out.append(check.finding)
             continue
-        harmless, why = _verdict(check, sites, edges)
+        guard = _guard(check, sites, edges)
+        harmless, why = (False, guard[0]) if guard else _verdict(check, sites, edges)
         out.append(dataclasses.replace(
             check.finding, mechanism=Mechanism.NOTE if harmless else Mechanism.PARAMETER,
-            detail=f"{check.finding.detail}; {why}",
+            detail=f"{check.finding.detail}; {why}", fix=guard[1] if guard else check.finding.fix,
         ))
     return out

@@ -29,6 +29,7 @@ class ParamCheck:
     finding: Finding
     additive: bool = False  # a bias: added to the values it joins, not multiplied
     loss: FlushLoss | None = None  # None: overflow, always a problem
+    guard: bool = False  # an eps or a clip bound: keeps the values it joins off 0 (see _harm)
 
 
 def _owner(name: str) -> tuple[str, str]:
@@ -178,5 +179,7 @@ def check_parameters(model: torch.nn.Module, options: WatchOptions) -> list[Para
             continue
         small = _small(name, t.detach().abs().float(), options)
         if small is not None:
-            checks.append(ParamCheck(small, name.endswith("bias"), flush_loss(t)))
+            additive = name.endswith("bias")
+            guard = additive and bool((t.detach() > 0).all())
+            checks.append(ParamCheck(small, additive, flush_loss(t), guard))
     return checks

@@ -32,6 +32,7 @@ from fp16lens.patch.onnx._graph import (
     onnx_module,
     read,
 )
+from fp16lens.patch.onnx._underflow import underflow_islands
 from fp16lens.report import Report
 
 TOLERANCE = 1e-6
@@ -87,7 +88,10 @@ def _plan(m: OnnxModel, report: Report, options: PatchOptions):
     _require(m, report)
     report = fold_branches(m, report)
     binding = OnnxBinding(m, set(fp32_nodes(m.proto)))
-    return build_plan(None, report, options, binding), binding
+    the_plan = build_plan(None, report, options, binding)
+    taken = {i.module for i in the_plan.islands} | set(fp32_nodes(m.proto))
+    the_plan.islands.extend(underflow_islands(m, report, taken))
+    return the_plan, binding
 
 
 def _set_fp32_nodes(proto, names: list[str]) -> None:

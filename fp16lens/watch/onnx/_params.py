@@ -10,12 +10,19 @@ import dataclasses
 import torch
 
 from fp16lens._core.flush import flush_loss
+from fp16lens._core.sites import FindingKind, Mechanism
+from fp16lens.watch._harm import GUARD_FIX
 from fp16lens.watch._options import WatchOptions
 from fp16lens.watch._params import ParamCheck, _overflow, _small
 
 _BIAS_SLOT = {"Conv": 2, "ConvTranspose": 2, "Gemm": 2, "BatchNormalization": 2,
               "InstanceNormalization": 2, "LayerNormalization": 2, "GroupNormalization": 2}
 _BN_STATS = (3, 4)  # running mean and variance: folded in FP32 before deployment
+
+
+def _is_guard(node, slot: int) -> bool:
+    """Whether input ``slot`` of ``node`` keeps values off 0: an added eps, a Max/Clip bound."""
+    return node.op_type in ("Add", "Max") or (node.op_type == "Clip" and slot == 1)
 
 
 def _uses(graph, name: str) -> list[tuple[object, int]]:
@@ -40,8 +47,25 @@ def check_constants(graph, options: WatchOptions) -> list[ParamCheck]:
             continue
         small = _small(name, a, options)
         if small is not None:
-            additive = all(n.op_type in ("Add", "Sub") or _BIAS_SLOT.get(n.op_type) == i
-                           for n, i in uses)
+            guard = bool((t > 0).all()) and all(_is_guard(n, i) for n, i in uses)
+            additive = guard or all(n.op_type in ("Add", "Sub") or _BIAS_SLOT.get(n.op_type) == i
+                                    for n, i in uses)
             checks.append(ParamCheck(dataclasses.replace(small, site=site, tensor=name),
-                                     additive, flush_loss(t)))
+                                     additive, flush_loss(t), guard))
     return checks
+
+
+def guard_constants(report, guards: dict[str, str]) -> None:
+    """A constant whose vanishing the underflow check saw at a singular node (``guards``:
+    guard site -> singular site) is a problem, whatever its magnitude next to the values
+    (``watch._harm`` says so already where the joined values' statistics show the flush)."""
+    for i, f in enumerate(report.findings):
+        target = guards.get(f.site)
+        if target is None or f.kind != FindingKind.PARAM_UNDERFLOW or f.mechanism != Mechanism.NOTE:
+            continue
+        report.findings[i] = dataclasses.replace(
+            f, mechanism=Mechanism.PARAMETER,
+            detail=f"{f.detail.split('; harmless')[0]}; visible: it guards {target}, which real "
+                   "FP16 makes non-finite without it",
+            fix=GUARD_FIX.format(start=f.site, end=target),
+        )

@@ -4,6 +4,7 @@ only one batch of intermediates is ever held."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -55,9 +56,10 @@ def _array(a: Any, elem: int | None) -> np.ndarray:
 
 
 def run_batch(graph: OnnxGraph, sess, batch: Any, index: int, threshold: float,
-              sample_size: int) -> Forward | None:
+              sample_size: int, observe: Callable | None = None) -> Forward | None:
     """The batch's ``Forward``; None when the batch meets other If conditions than the
-    inlined ``graph`` assumes (``graph.checks``)."""
+    inlined ``graph`` assumes (``graph.checks``). ``observe(graph, values, index)`` sees
+    every tensor of the batch by name before they are dropped."""
     values = feed(graph, batch)
     names = [t for _, t in graph.events]
     order = [o.name for o in sess.get_outputs()]
@@ -85,6 +87,8 @@ def run_batch(graph: OnnxGraph, sess, batch: Any, index: int, threshold: float,
     fw.outputs = tuple(event_of[o] for o in graph.outputs if o in event_of)
     maxes = {t: _absmax(fw.extremes[e]) for t, e in event_of.items()}
     fw.internal = internal_checks(graph, {**values, **got}, maxes, threshold)
+    if observe is not None:
+        observe(graph, {**values, **got}, index)
     del got, names
     return fw
 

@@ -19,7 +19,8 @@ from fp16lens.watch._options import WatchOptions
 from fp16lens.watch.onnx._checks import decomposed_norm
 from fp16lens.watch.onnx._graph import analyse
 from fp16lens.watch.onnx._inline import node_site
-from fp16lens.watch.onnx._params import check_constants
+from fp16lens.watch.onnx._params import check_constants, guard_constants
+from fp16lens.watch.onnx._underflow import UnderflowScan
 from fp16lens.watch.onnx._variants import Graphs
 
 _HOW = "pass a list of batches: scan('model.onnx', [x]), [(x1, x2)] or [{'input': x}]"
@@ -45,18 +46,21 @@ def scan_onnx(model: Any, batches: Iterable[Any], *, progress: bool = True,
     graph = analyse(model, base_dir)
     graphs = Graphs(graph)
     acc = Accumulator(options.threshold, graphs.sites)
+    under = UnderflowScan()
     total = len(batches) if hasattr(batches, "__len__") else None
     bar = Progress(console=Console(stderr=True), transient=True, disable=not progress)
     with bar:
         task = bar.add_task(description, total=total)
         for i, batch in enumerate(batches):
-            acc.add(graphs.run(batch, i, options.threshold, options.sample_size))
+            acc.add(graphs.run(batch, i, options.threshold, options.sample_size, under.observe))
             bar.advance(task)
     if not acc.batches:
         raise WatchError(f"scan() got no batch (the iterable was empty); {_HOW}")
     params = _params(graphs, options) if options.params else []
     report = build_report(acc, graphs.sites, params, None, options.threshold,
                           source=(graph.name, onnx_fingerprint(graph.proto)))
+    report.findings.extend(under.findings())
+    guard_constants(report, under.guards())
     _note_inlined(report, graphs)
     _note_hidden_subgraphs(report, [v.graph.proto for v in graphs.variants.values()])
     return _name_decomposed_norms(report, graphs)

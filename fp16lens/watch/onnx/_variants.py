@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,12 +42,13 @@ class Graphs:
         if any(n.op_type == "If" for n in self.root.proto.graph.node):
             self._inliner = Inliner(self.root.proto, lambda m: ort_session(m, self.root.name))
 
-    def run(self, batch: Any, index: int, threshold: float, sample_size: int) -> Forward:
+    def run(self, batch: Any, index: int, threshold: float, sample_size: int,
+            observe: Callable | None = None) -> Forward:
         fw = None
         if self._last is not None:  # the batch before's path: its run checks the conditions
             v = self._last
             try:
-                fw = run_batch(v.graph, v.session, batch, index, threshold, sample_size)
+                fw = run_batch(v.graph, v.session, batch, index, threshold, sample_size, observe)
             except WatchError:  # a branch this batch does not take may not run on it
                 if not v.graph.checks:
                     raise
@@ -54,7 +56,7 @@ class Graphs:
             key, model, taken, checks = ((), None, (), []) if self._inliner is None \
                 else self._inliner.resolve(feed(self.root, batch))
             v = self.variants.get(key) or self._variant(key, model, taken, checks)
-            fw = run_batch(v.graph, v.session, batch, index, threshold, sample_size)
+            fw = run_batch(v.graph, v.session, batch, index, threshold, sample_size, observe)
             if fw is None:
                 raise WatchError(f"the If conditions of batch {index} changed between two runs of "
                                  f"{self.root.name}; please report it with the model")
