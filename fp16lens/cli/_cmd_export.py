@@ -86,7 +86,7 @@ def _export_torch(export, args: argparse.Namespace):
     islands = list(dict.fromkeys([*loaded.fp32_modules, *_names(args.fp32_modules)]))
     model = loaded.model
     if loaded.fp32_modules:
-        from fp16lens.patch._portable import rehydrate
+        from fp16lens.patch import rehydrate
 
         rehydrate(model)  # the islands' stored bits as FP32 tensors, which ONNX can hold
     with verbose(args.verbose):

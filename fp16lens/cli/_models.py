@@ -78,7 +78,7 @@ def _load_file(path: Path) -> tuple[nn.Module, tuple | None, tuple[str, ...]]:
         raise Fp16LensError(f"MODEL {str(path)!r} is not understood; give {MODEL_HELP}")
     if not path.is_file():
         raise Fp16LensError(f"model file {path} does not exist; check the path")
-    from fp16lens.patch._portable import ISLANDS_FILE, mark_islands, read_islands
+    from fp16lens.patch import ISLANDS_FILE, mark_islands, read_islands
 
     extra = {ISLANDS_FILE: ""}
     if path.suffix.lower() == ".pt2":

@@ -34,7 +34,7 @@ def save_model(model: nn.Module, example: tuple, path: str | Path) -> Path:
     path = check_save_path(path)
     suffix = path.suffix.lower()
     path.parent.mkdir(parents=True, exist_ok=True)
-    from fp16lens.patch._portable import ISLANDS_FILE, islands_metadata, portable
+    from fp16lens.patch import ISLANDS_FILE, islands_metadata, portable
 
     model = model.eval()
     meta = {ISLANDS_FILE: islands_metadata(model)}

@@ -12,22 +12,38 @@ from fp16lens.patch._island import Fp32Island
 from fp16lens.patch._options import PatchOptions
 from fp16lens.patch._patch import get_plan, patch, plan
 from fp16lens.patch._plan import Island, Multiply, Plan, Region, Reparam, Unresolved
+from fp16lens.patch._portable import (
+    ISLANDS_FILE,
+    PortableIsland,
+    islands_metadata,
+    mark_islands,
+    portable,
+    read_islands,
+    rehydrate,
+)
 from fp16lens.patch._rules import bn_affine, scale_bn, scale_linear, scale_norm_eps
 
 __all__ = [
+    "ISLANDS_FILE",
     "Fp32Island",
     "Island",
     "Multiply",
     "PatchOptions",
     "Plan",
+    "PortableIsland",
     "Region",
     "Reparam",
     "Unresolved",
     "bn_affine",
     "check_equivalent",
     "get_plan",
+    "islands_metadata",
+    "mark_islands",
     "patch",
     "plan",
+    "portable",
+    "read_islands",
+    "rehydrate",
     "relative_error",
     "scale_bn",
     "scale_linear",
