@@ -126,10 +126,19 @@ def _load_exported(path: Path, extra: dict) -> tuple[nn.Module, tuple | None]:
         with quiet():  # torch logs its own traceback and deprecation notices while loading
             program = torch.export.load(str(path), extra_files=extra)
     except Exception as exc:  # zip/pickle/version errors of torch.export.load
-        raise Fp16LensError(
-            f"{path} is not a torch.export program ({type(exc).__name__}); save one with "
-            "torch.export.save(torch.export.export(model, (x,)), path)"
-        ) from exc
+        imported = _import_output_types(path)  # e.g. transformers' ModelOutput pytrees
+        try:
+            if not imported:
+                raise exc
+            with quiet():
+                program = torch.export.load(str(path), extra_files=extra)
+        except Exception as again:
+            raise Fp16LensError(
+                f"{path} is not a torch.export program fp16lens can load ({type(again).__name__}"
+                f"{': ' + ', '.join(imported) + ' imported' if imported else ''}); save one with "
+                "torch.export.save(torch.export.export(model, (x,)), path), and install the "
+                "packages its inputs and outputs come from"
+            ) from exc
     example = program.example_inputs[0] if program.example_inputs else None
     try:  # the module hierarchy back, so that sites keep their qualified names
         with warnings.catch_warnings():  # torch's own deprecation notices (tree specs)
@@ -137,6 +146,32 @@ def _load_exported(path: Path, extra: dict) -> tuple[nn.Module, tuple | None]:
             return torch.export.unflatten(program), example
     except Exception:  # unflatten is best effort; the flat module still runs
         return program.module(), example
+
+
+def _import_output_types(path: Path) -> list[str]:
+    """Import the modules that define the classes a program's input/output pytrees name
+    (transformers registers each ModelOutput class as it is defined; a .pt2 of a
+    transformers model loads only after that). Returns the modules imported."""
+    import re
+    import zipfile
+
+    names: set[str] = set()
+    with zipfile.ZipFile(path) as archive:
+        for member in archive.namelist():
+            if member.endswith(".json"):
+                text = archive.read(member).decode("utf-8", "replace")
+                names |= set(re.findall(r"\b([A-Za-z_]\w*(?:\.\w+)+)\.[A-Z]\w*\b", text))
+    imported = []
+    for module in sorted(names):
+        top = module.split(".")[0]
+        if top in ("torch", "builtins", "collections") or importlib.util.find_spec(top) is None:
+            continue
+        try:
+            importlib.import_module(module)
+        except Exception:  # a module path that is not one, or a package that fails to import
+            continue
+        imported.append(module)
+    return imported
 
 
 def _import(module_name: str):

@@ -35,8 +35,14 @@ def export_fp32(
     try:
         return _torchscript(model, args, opset), "torchscript", notes
     except Exception as exc:
+        if isinstance(model, torch.jit.ScriptModule) and "prim::DictConstruct" in str(exc):
+            raise ExportError(
+                "this TorchScript model returns a dict (a transformers ModelOutput, say), which "
+                "torch's ONNX exporter cannot export from TorchScript; save the model as a "
+                "torch.export program instead (`fp16lens patch ... -o patched.pt2`) and export that"
+            ) from exc
         raise ExportError(
-            f"torch.onnx.export failed with the TorchScript exporter: {exc}. "
+            f"torch.onnx.export failed with the TorchScript exporter: {_first_line(exc)}. "
             "Check that the model runs on the example inputs and traces without data-dependent control flow."
         ) from exc
 

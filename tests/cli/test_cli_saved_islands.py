@@ -133,3 +133,45 @@ def test_torch_emulated_refuses_a_torchscript_candidate_in_one_line(capsys, tmp_
     save_model(patch(model, lens.report), inputs, saved)
     code, out = _cli(capsys, "verify", "models:gelu_span", str(saved), "--backend", "torch-emulated")
     assert code == 2 and "torch-fp16" in out and "Traceback" not in out
+
+
+HF_MODEL = '''
+import torch
+
+
+def build():
+    import transformers as tr
+
+    torch.manual_seed(0)
+    m = tr.BertModel(tr.BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2,
+                                   num_attention_heads=2, intermediate_size=64,
+                                   max_position_embeddings=32)).eval()
+    with torch.no_grad():
+        m.embeddings.word_embeddings.weight.mul_(2e5)  # a table of values near 1e4
+    return m, (torch.randint(0, 100, (2, 12)),)
+'''
+
+
+def test_transformers_model_output_program_exports_and_verifies(capsys, tmp_path):
+    """A .pt2 whose outputs are a transformers ModelOutput loads for export (its pytree
+    classes are imported from the names the file holds) and the FP16 ONNX verifies; the
+    TorchScript file of the same model says how to export instead of a traceback."""
+    import models
+
+    models.need_torchvision()  # transformers imports torchvision (the tests' compat step)
+    pytest.importorskip("transformers")
+    (tmp_path / "hf.py").write_text(HF_MODEL)
+    spec = f"{tmp_path}/hf.py:build"
+    report, saved, onnx_file = tmp_path / "r.json", tmp_path / "p.pt2", tmp_path / "m.onnx"
+    assert _cli(capsys, "scan", spec, "--save", str(report))[0] == 0
+    assert _cli(capsys, "patch", spec, "--report", str(report), "-o", str(saved))[0] in (0, 1)
+    code, out = _cli(capsys, "export", str(saved), "-o", str(onnx_file), "--precision", "fp16")
+    assert code == 0, out
+    code, out = _cli(capsys, "verify", spec, str(onnx_file))
+    assert code == 0, out
+    script = tmp_path / "p.pt"
+    assert _cli(capsys, "patch", spec, "--report", str(report), "-o", str(script))[0] in (0, 1)
+    ids = tmp_path / "ids.pt"
+    torch.save((torch.randint(0, 100, (2, 12)),), ids)
+    code, out = _cli(capsys, "export", str(script), "-o", str(tmp_path / "s.onnx"), "--input", str(ids))
+    assert code == 2 and "torch.export program" in out and "Traceback" not in out
