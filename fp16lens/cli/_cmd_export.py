@@ -26,6 +26,9 @@ def add_parser(sub) -> None:
     add_model_arguments(p)
     p.add_argument("-o", "--output", required=True, help="the ONNX file to write")
     p.add_argument("--precision", choices=("fp16", "int8", "fp32"), default="fp16")
+    p.add_argument("--io-dtype", choices=("fp32", "fp16"), default="fp32",
+                   help="dtype of the graph's float inputs and outputs in an FP16 export "
+                   "(default fp32: Casts at the boundary; fp16: the caller feeds half tensors)")
     p.add_argument(
         "--calibration",
         metavar="FILE",
@@ -97,6 +100,7 @@ def _export_torch(export, args: argparse.Namespace):
             precision=args.precision,
             calibration=calibration,
             fp32_modules=islands or None,
+            io_dtype=args.io_dtype,
             exporter=args.exporter,
         )
 
@@ -125,6 +129,7 @@ def _export_onnx(export, args: argparse.Namespace):
             calibration=calibration,
             fp32_modules=_names(args.fp32_modules) or None,
             fp32_nodes=_names(args.fp32_nodes) or None,
+            io_dtype=args.io_dtype,
         )
 
 

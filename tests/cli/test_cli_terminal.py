@@ -377,3 +377,16 @@ def test_generated_batches_are_made_one_at_a_time():
     cast = batches.map(lambda b: tuple(t.half() for t in b))
     assert len(cast) == 1000 and cast[999][0].dtype == torch.float16
     assert torch.equal(cast[5][0], batches[5][0].half())
+
+
+def test_export_io_dtype_from_the_terminal(capsys, files, tmp_path):
+    onnx = pytest.importorskip("onnx")
+    out = {}
+    for io in ("fp32", "fp16"):
+        path = tmp_path / f"{io}.onnx"
+        code = main(["export", f"{files}/models.py:cnn", "--input", "1x3x8x8", "-o", str(path),
+                     "--io-dtype", io])
+        assert code == 0, capsys.readouterr().err
+        graph = onnx.load(str(path)).graph
+        out[io] = {graph.input[0].type.tensor_type.elem_type, graph.output[0].type.tensor_type.elem_type}
+    assert out == {"fp32": {onnx.TensorProto.FLOAT}, "fp16": {onnx.TensorProto.FLOAT16}}
