@@ -26,6 +26,10 @@ def add_parser(sub) -> None:
     add_model_arguments(p)
     p.add_argument("-o", "--output", required=True, help="the ONNX file to write")
     p.add_argument("--precision", choices=("fp16", "int8", "fp32"), default="fp16")
+    p.add_argument("--dynamic", metavar="AXES", default="",
+                   help="symbolic axes of the graph: batch (dimension 0 of every input and "
+                   "output) and/or sequence (dimension 1 of inputs of rank 2-3), e.g. "
+                   "--dynamic batch,sequence")
     p.add_argument("--io-dtype", choices=("fp32", "fp16"), default="fp32",
                    help="dtype of the graph's float inputs and outputs in an FP16 export "
                    "(default fp32: Casts at the boundary; fp16: the caller feeds half tensors)")
@@ -102,6 +106,7 @@ def _export_torch(export, args: argparse.Namespace):
             fp32_modules=islands or None,
             io_dtype=args.io_dtype,
             exporter=args.exporter,
+            dynamic=_names(args.dynamic),
         )
 
 
@@ -109,6 +114,8 @@ def _export_onnx(export, args: argparse.Namespace):
     """An .onnx MODEL re-typed; the batches (--calibration, else --input) calibrate INT8."""
     if args.kwargs:
         raise Fp16LensError("--kwargs applies to a module:callable MODEL, not to an .onnx file")
+    if args.dynamic:
+        raise Fp16LensError("--dynamic applies to a PyTorch MODEL; an .onnx file keeps its axes")
     calibration = None
     if args.precision == "int8":
         if args.calibration:

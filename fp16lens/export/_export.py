@@ -18,6 +18,7 @@ from fp16lens.export._artifact import (
     default_opset,
     records,
 )
+from fp16lens.export._io import dynamic_failure, io_spec
 from fp16lens.export._islands import resolve_fp32_modules
 from fp16lens.export._naming import map_nodes, stamp
 from fp16lens.export._onnx_in import ONNX_EXPORTER, is_onnx_source
@@ -41,6 +42,7 @@ def export(
     exporter: str = "auto",
     calibration: Iterable | None = None,
     calibration_cache: str | Path | None = None,
+    dynamic: Iterable[str] | str = (),
 ) -> ExportArtifact:
     """Export ``model(*example_inputs)`` to ``path``.
 
@@ -54,8 +56,17 @@ def export(
     ``example_inputs=None``): its graph is re-typed, the FP32 islands being the nodes
     ``fp16lens.patch`` recorded in it, ``fp32_nodes`` (node names) and the nodes of
     ``fp32_modules`` (in a file fp16lens exported).
+
+    A PyTorch model's graph inputs are named after its ``forward`` parameters and its
+    outputs after what it returns; ``dynamic=("batch",)`` (or ``("batch", "sequence")``)
+    makes those axes symbolic.
     """
     if is_onnx_source(model):
+        if dynamic:
+            raise ExportError(
+                "dynamic= applies to a PyTorch model; an ONNX file keeps the axes it was "
+                "exported with"
+            )
         return _export_onnx(model, path, precision, fp32_modules, fp32_nodes, io_dtype, opset,
                             exporter, calibration, calibration_cache)
     _check_model(model)
@@ -66,7 +77,7 @@ def export(
         )
     path = _check_writable(Path(path))
     islands = resolve_fp32_modules(model, fp32_modules)
-    options = ExportOptions(precision, io_dtype, islands, opset, exporter)
+    options = ExportOptions(precision, io_dtype, islands, opset, exporter, dynamic)
     args = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
     _check_calibration(precision, calibration)
     proto, used, notes = _export_fp32(model, args, options)
@@ -210,9 +221,19 @@ def _export_fp32(model: torch.nn.Module, args: tuple, options: ExportOptions):
     model.eval()
     try:
         with torch.no_grad():
-            proto, used, notes = export_fp32(model, args, options.exporter, options.opset)
+            spec = io_spec(model, args, options.dynamic)
+            io = spec.kwargs()
+            proto, used, notes = export_fp32(model, args, options.exporter, options.opset, io)
+            failed = dynamic_failure(proto, model, args, spec) if spec.dynamic_axes else None
     finally:
         model.train(was_training)
+    if failed:
+        why = "; ".join(n for n in notes if "failed" in n) or f"the {used} exporter"
+        raise ExportError(
+            f"the exported graph does not take other {' and '.join(options.dynamic)} sizes "
+            f"({failed}): {why} fixed them at the example's; export with fixed shapes (leave "
+            "out dynamic=) or make the model exportable by torch.export with dynamic shapes"
+        )
     _name_nodes(proto.graph)
     return proto, used, notes
 

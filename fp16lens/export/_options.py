@@ -20,7 +20,9 @@ class ExportOptions:
     ``fp32_modules`` are module qualified names that stay FP32 (the plan's islands);
     ``io_dtype`` is the dtype of float graph inputs/outputs in an FP16 export;
     ``exporter`` picks torch's dynamo exporter, the TorchScript one, or dynamo with a
-    TorchScript fallback ("auto"); ``opset`` None keeps the exporter's default.
+    TorchScript fallback ("auto"); ``opset`` None keeps the exporter's default; ``dynamic``
+    names the symbolic axes ("batch": dimension 0 of inputs and outputs, "sequence":
+    dimension 1 of inputs of rank 2 or 3).
     """
 
     precision: str = "fp16"
@@ -28,8 +30,12 @@ class ExportOptions:
     fp32_modules: tuple[str, ...] = ()
     opset: int | None = None
     exporter: str = "auto"
+    dynamic: tuple[str, ...] = ()
 
     def __post_init__(self):
+        from fp16lens.export._io import check_dynamic
+
+        object.__setattr__(self, "dynamic", check_dynamic(self.dynamic))
         _one_of("precision", self.precision, PRECISIONS)
         _one_of("io_dtype", self.io_dtype, IO_DTYPES)
         _one_of("exporter", self.exporter, EXPORTERS)

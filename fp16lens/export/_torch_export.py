@@ -14,14 +14,16 @@ _PURPOSE = "ONNX export"
 
 
 def export_fp32(
-    model: torch.nn.Module, args: tuple, exporter: str, opset: int | None
+    model: torch.nn.Module, args: tuple, exporter: str, opset: int | None, io: dict | None = None
 ) -> tuple[Any, str, list[str]]:
-    """Export ``model(*args)`` in FP32. Returns (ModelProto, exporter used, warnings)."""
+    """Export ``model(*args)`` in FP32. Returns (ModelProto, exporter used, warnings).
+    ``io``: input/output names and dynamic axes (``_io.IoSpec.kwargs()``)."""
+    io = io or {}
     import_optional("onnx", "onnx", _PURPOSE)
     notes: list[str] = []
     if exporter in ("auto", "dynamo"):
         try:
-            return _dynamo(model, args, opset), "dynamo", notes
+            return _dynamo(model, args, opset, io), "dynamo", notes
         except Exception as exc:  # torch raises many kinds; fall back or re-raise below
             if exporter == "dynamo":
                 raise ExportError(
@@ -33,7 +35,7 @@ def export_fp32(
                 "used the TorchScript exporter instead"
             )
     try:
-        return _torchscript(model, args, opset), "torchscript", notes
+        return _torchscript(model, args, opset, io), "torchscript", notes
     except Exception as exc:
         if isinstance(model, torch.jit.ScriptModule) and "prim::DictConstruct" in str(exc):
             raise ExportError(
@@ -47,9 +49,9 @@ def export_fp32(
         ) from exc
 
 
-def _dynamo(model: torch.nn.Module, args: tuple, opset: int | None):
+def _dynamo(model: torch.nn.Module, args: tuple, opset: int | None, io: dict):
     import_optional("onnxscript", "onnx", _PURPOSE)
-    kwargs = {} if opset is None else {"opset_version": opset}
+    kwargs = dict(io) if opset is None else {"opset_version": opset, **io}
     with quiet("torch.onnx"):
         program = torch.onnx.export(
             model, args, dynamo=True, external_data=False, verbose=False, **kwargs
@@ -57,12 +59,13 @@ def _dynamo(model: torch.nn.Module, args: tuple, opset: int | None):
     return program.model_proto
 
 
-def _torchscript(model: torch.nn.Module, args: tuple, opset: int | None):
+def _torchscript(model: torch.nn.Module, args: tuple, opset: int | None, names: dict):
     onnx = import_optional("onnx", "onnx", _PURPOSE)
     buffer = io.BytesIO()
     with quiet("torch.onnx"):
         torch.onnx.export(
-            model, args, buffer, dynamo=False, opset_version=opset or 18, do_constant_folding=True
+            model, args, buffer, dynamo=False, opset_version=opset or 18, do_constant_folding=True,
+            **names,
         )
     return onnx.load_from_string(buffer.getvalue())
 

@@ -175,3 +175,21 @@ def test_transformers_model_output_program_exports_and_verifies(capsys, tmp_path
     torch.save((torch.randint(0, 100, (2, 12)),), ids)
     code, out = _cli(capsys, "export", str(script), "-o", str(tmp_path / "s.onnx"), "--input", str(ids))
     assert code == 2 and "torch.export program" in out and "Traceback" not in out
+    # dynamic axes: exported and checked on other sizes, or refused when an exporter fixed them
+    dyn = tmp_path / "dyn.onnx"
+    code, out = _cli(capsys, "export", spec, "-o", str(dyn), "--dynamic", "batch,sequence")
+    assert code == 0, out
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(dyn), providers=["CPUExecutionProvider"])
+    assert [i.name for i in session.get_inputs()] == ["input_ids"]
+    assert [o.name for o in session.get_outputs()] == ["last_hidden_state", "pooler_output"]
+    hidden, pooled = session.run(None, {"input_ids": torch.randint(0, 100, (3, 7)).numpy()})
+    assert hidden.shape == (3, 7, 32) and pooled.shape == (3, 32)
+    code, out = _cli(capsys, "export", str(saved), "-o", str(dyn), "--dynamic", "batch,sequence")
+    if code != 0:  # a saved program's shapes are static: refused in one line, never a bad file
+        assert code == 2 and "does not take other batch and sequence sizes" in out, out
+    else:
+        session = ort.InferenceSession(str(dyn), providers=["CPUExecutionProvider"])
+        (first, *_), = [session.get_inputs()]
+        assert session.run(None, {first.name: torch.randint(0, 100, (3, 7)).numpy()})[0].shape[:2] == (3, 7)

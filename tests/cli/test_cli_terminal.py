@@ -390,3 +390,32 @@ def test_export_io_dtype_from_the_terminal(capsys, files, tmp_path):
         graph = onnx.load(str(path)).graph
         out[io] = {graph.input[0].type.tensor_type.elem_type, graph.output[0].type.tensor_type.elem_type}
     assert out == {"fp32": {onnx.TensorProto.FLOAT}, "fp16": {onnx.TensorProto.FLOAT16}}
+
+
+def test_export_names_inputs_and_outputs_and_takes_dynamic_axes(capsys, files, tmp_path):
+    onnx = pytest.importorskip("onnx")
+    ort = pytest.importorskip("onnxruntime")
+    path = tmp_path / "d.onnx"
+    code = main(["export", f"{files}/models.py:cnn", "--input", "2x3x8x8", "-o", str(path),
+                 "--dynamic", "batch"])
+    assert code == 0, capsys.readouterr().err
+    graph = onnx.load(str(path)).graph
+
+    def dims(v):
+        return [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim]
+
+    assert [(v.name, dims(v)) for v in (*graph.input, *graph.output)] == [
+        ("input", ["batch", 3, 8, 8]), ("output", ["batch", 4, 6, 6])]
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    x = np.random.default_rng(0).random((5, 3, 8, 8), dtype=np.float32)
+    (got,) = session.run(None, {"input": x})
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("terminal_models", files / "models.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    with torch.no_grad():
+        want = mod.cnn()(torch.from_numpy(x)).numpy()
+    assert got.shape == (5, 4, 6, 6) and np.abs(got - want).max() <= 2e-2 * np.abs(want).max()
+    one_line(capsys, ["export", f"{files}/models.py:cnn", "--input", "2x3x8x8", "-o", str(path),
+                      "--dynamic", "time"], "batch, sequence")
