@@ -193,3 +193,76 @@ def test_transformers_model_output_program_exports_and_verifies(capsys, tmp_path
         session = ort.InferenceSession(str(dyn), providers=["CPUExecutionProvider"])
         (first, *_), = [session.get_inputs()]
         assert session.run(None, {first.name: torch.randint(0, 100, (3, 7)).numpy()})[0].shape[:2] == (3, 7)
+
+
+FAMILIES = '''
+import torch
+from torch import nn
+
+
+class Cnn(nn.Module):
+    """A batch norm of weight 3e5 (its output passes 65504) and a SiLU: an island."""
+
+    def __init__(self):
+        super().__init__()
+        self.block1 = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU())
+        self.block2 = nn.Sequential(nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8), nn.SiLU())
+        self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 4))
+
+    def forward(self, x):
+        return self.head(self.block2(self.block1(x)))
+
+
+def cnn():
+    torch.manual_seed(0)
+    m = Cnn().eval()
+    with torch.no_grad():
+        m.block2[1].weight.fill_(3e5)
+    return m, (torch.rand(1, 3, 16, 16),)
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("spec", ["fam:cnn", "models:attention_span"], ids=["cnn", "encoder"])
+def test_the_journey_as_a_user_runs_it(spec, tmp_path):
+    """scan -> patch -o p.pt2 -> export p.pt2 -> verify, each a `python -m fp16lens`
+    process; the saved program under .half() in a fresh interpreter with torch alone."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    (tmp_path / "fam.py").write_text(FAMILIES)
+    tests = str(Path(__file__).parents[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), tests])}
+
+    def fp16lens_cli(*argv):
+        done = subprocess.run([sys.executable, "-m", "fp16lens", *argv], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=600)
+        assert "Traceback" not in done.stderr, done.stderr
+        return done.returncode, done.stdout + done.stderr
+
+    assert fp16lens_cli("scan", spec, "--save", "r.json", "--fail-on", "any")[0] == 1
+    code, out = fp16lens_cli("patch", spec, "--report", "r.json", "-o", "p.pt2")
+    assert code == 0, out
+    truth = f"""
+import copy, sys, torch
+module, name = {spec!r}.split(":")
+model, inputs = getattr(__import__(module), name)()
+half = tuple(a.half() for a in inputs)
+with torch.no_grad():
+    want = model(*inputs)
+    before = copy.deepcopy(model).half()(*half)
+    after = torch.export.load("p.pt2").module().half()(*half)
+cos = torch.nn.functional.cosine_similarity(after.double().flatten(), want.double().flatten(), dim=0)
+print(bool(torch.isfinite(before).all()), bool(torch.isfinite(after).all()), float(cos))
+"""
+    done = subprocess.run([sys.executable, "-c", truth], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=600)
+    before, after, cos = done.stdout.split()
+    assert before == "False" and after == "True" and float(cos) >= 0.999, done.stdout + done.stderr
+    code, out = fp16lens_cli("export", "p.pt2", "-o", "m.onnx", "--precision", "fp16")
+    assert code == 0, out
+    assert fp16lens_cli("verify", spec, "p.pt2", "--backend", "torch-fp16")[0] == 0
+    code, out = fp16lens_cli("verify", spec, "m.onnx")
+    assert code == 0, out
