@@ -128,11 +128,12 @@ def check_report_path(path: str) -> None:
 def watch_batches(model, batches: list, progress: bool = True, **options) -> Report:
     """watch() over every batch, with a progress bar on stderr when there are several."""
     import torch
-    from rich.progress import Progress
+
+    from fp16lens._core.progress import progress_bar as make_bar
 
     watch = stage("fp16lens.watch", "watch", "scan")
     call_model = stage("fp16lens.watch", "call_model", "scan")
-    bar = Progress(console=err_console(), transient=True, disable=not progress or len(batches) < 2)
+    bar = make_bar(err_console(), disable=not progress or len(batches) < 2)
     done = 0
     with watch(model, **options) as lens, torch.no_grad(), bar:
         task = bar.add_task("watching", total=len(batches))

@@ -73,10 +73,11 @@ def _shapes(shapes: dict) -> str:
 
 def _progress():
     from rich.console import Console
-    from rich.progress import Progress
+
+    from fp16lens._core.progress import progress_bar as make_bar
 
     console = Console(stderr=True)
-    return Progress(console=console, transient=True, disable=not console.is_terminal)
+    return make_bar(console, disable=not console.is_terminal)
 
 
 def quantize_int8(proto, calibration: Iterable, exclude: list[str], path: Path, cache_path):

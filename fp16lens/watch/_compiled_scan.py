@@ -158,8 +158,7 @@ def scan_compiled(model: torch.nn.Module, batches, *, progress: bool = True, des
                   **option_values: Any) -> tuple[Report, Timings]:
     """The body of ``scan(..., compile=True)``; returns the report and where the time went.
     ``backend``: torch.compile's backend, or "fx" for the captured graph run as it is."""
-    from rich.console import Console
-    from rich.progress import Progress
+    from fp16lens._core.progress import progress_bar as make_bar
 
     if options is None:
         options = WatchOptions(**option_values)
@@ -167,7 +166,7 @@ def scan_compiled(model: torch.nn.Module, batches, *, progress: bool = True, des
         raise ValueError("pass either options=WatchOptions(...) or keyword options, not both")
     run = CompiledScan(model, options, backend)
     total = len(batches) if hasattr(batches, "__len__") else None
-    bar = Progress(console=Console(stderr=True), transient=True, disable=not progress)
+    bar = make_bar(disable=not progress)
     _ACTIVE.add(model)
     try:
         with torch.no_grad(), bar:

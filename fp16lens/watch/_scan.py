@@ -54,8 +54,7 @@ def scan(model: torch.nn.Module, batches: Iterable[Any], *, progress: bool = Tru
             raise WatchError("compile=True applies to torch modules; an ONNX model runs in ONNX Runtime "
                              "(leave compile out)")
         return scan_onnx(model, batches, progress=progress, description=description, **watch_options)
-    from rich.console import Console
-    from rich.progress import Progress
+    from fp16lens._core.progress import progress_bar as make_bar
 
     _check_batches(batches)
     if compile:
@@ -63,7 +62,7 @@ def scan(model: torch.nn.Module, batches: Iterable[Any], *, progress: bool = Tru
 
         return scan_compiled(model, batches, progress=progress, description=description, **watch_options)[0]
     total = len(batches) if hasattr(batches, "__len__") else None
-    progress_bar = Progress(console=Console(stderr=True), transient=True, disable=not progress)
+    progress_bar = make_bar(disable=not progress)
     seen = 0
     with watch(model, **watch_options) as lens, torch.no_grad(), progress_bar as bar:
         task = bar.add_task(description, total=total)

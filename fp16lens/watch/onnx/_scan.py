@@ -38,8 +38,7 @@ def scan_onnx(model: Any, batches: Iterable[Any], *, progress: bool = True,
               **watch_options: Any) -> Report:
     """Run the ONNX ``model`` (a path or a ModelProto; ``base_dir``: the folder of a
     proto's external data) on every batch and return the report."""
-    from rich.console import Console
-    from rich.progress import Progress
+    from fp16lens._core.progress import progress_bar as make_bar
 
     options = WatchOptions(**watch_options)
     _check_batches(batches)
@@ -48,7 +47,7 @@ def scan_onnx(model: Any, batches: Iterable[Any], *, progress: bool = True,
     acc = Accumulator(options.threshold, graphs.sites)
     under = UnderflowScan()
     total = len(batches) if hasattr(batches, "__len__") else None
-    bar = Progress(console=Console(stderr=True), transient=True, disable=not progress)
+    bar = make_bar(disable=not progress)
     with bar:
         task = bar.add_task(description, total=total)
         for i, batch in enumerate(batches):
