@@ -11,17 +11,32 @@ from fp16lens.patch._check import check_equivalent, relative_error
 from fp16lens.patch._island import Fp32Island
 from fp16lens.patch._options import PatchOptions
 from fp16lens.patch._patch import get_plan, patch, plan
-from fp16lens.patch._plan import Island, Multiply, Plan, Region, Reparam, Unresolved
+from fp16lens.patch._plan import (
+    BatchProof,
+    Island,
+    Multiply,
+    Plan,
+    Region,
+    Reparam,
+    SpanFp32,
+    Unresolved,
+)
 from fp16lens.patch._rules import bn_affine, scale_bn, scale_linear, scale_norm_eps
+from fp16lens.patch._warn import PatchWarning
+from fp16lens.patch._widen import Fp32Span
 
 __all__ = [
+    "BatchProof",
     "Fp32Island",
+    "Fp32Span",
     "Island",
     "Multiply",
     "PatchOptions",
+    "PatchWarning",
     "Plan",
     "Region",
     "Reparam",
+    "SpanFp32",
     "Unresolved",
     "bn_affine",
     "check_equivalent",
