@@ -118,6 +118,11 @@ def widen(plan: Plan, model: nn.Module, report: Report, spans, modules) -> Plan:
             continue
         reaches = m == "" and any(s.reaches_output for s in report.spans)
         plan.widened.append(SpanFp32(-1, (m,), (m,) if reaches else (), f"{m or 'the model'} kept FP32 whole"))
+    outer = [m for w in plan.widened for m in w.modules]
+    covered = [u for u in plan.unresolved if any(_inside(host(report, u.site), o) for o in outer)]
+    for u in covered:  # what the planner could not fix runs in FP32 now
+        plan.notes.append(f"{u.site}: kept FP32 (was: {u.reason})")
+    plan.unresolved = [u for u in plan.unresolved if u not in covered]
     return plan
 
 
