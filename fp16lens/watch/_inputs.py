@@ -18,7 +18,7 @@ def _entry(name: str, v: Any) -> dict | None:
         v = torch.from_numpy(v)
     if torch.is_tensor(v):
         lo = hi = 0.0
-        if v.numel():
+        if v.numel() and v.device.type != "meta":
             with torch.no_grad():
                 w = v.detach()
                 w = w.int() if w.dtype == torch.bool else w

@@ -171,8 +171,9 @@ class Recorder(TorchDispatchMode):
         fw = self.forward = Forward(index=self.forwards)
         self.raised_in = ""
         self.forwards += 1
-        with dispatch_mode_paused(self):  # fp16lens's own reductions are not the model's ops
-            fw.input_specs = describe_inputs(args, kwargs)
+        if not self.static:  # a captured forward has no values to read (nor needs them again)
+            with dispatch_mode_paused(self):  # fp16lens's own reductions are not the model's ops
+                fw.input_specs = describe_inputs(args, kwargs)
         for t in _float_tensors((args, kwargs), []):
             fw.input_shapes.append(list(t.shape))
             if t.numel():  # an empty input has no range to record
