@@ -25,7 +25,7 @@ from fp16lens.patch._prove import (
     statistics_problems,
 )
 from fp16lens.patch._warn import PatchWarning
-from fp16lens.patch._widen import apply_widened, widen
+from fp16lens.patch._widen import apply_widened, span_hosts, widen
 from fp16lens.report import Report
 from fp16lens.watch.onnx import is_onnx_model
 
@@ -129,7 +129,8 @@ def _proven(model: nn.Module, report: Report, opts: PatchOptions, batches: list 
         the_plan, patched, report = _apply_checked(model, report, opts, batches)
         if batches is None:
             problems = statistics_problems(the_plan, report)
-            new = [i for i in spans_for_sites(report, [s for s, _ in problems]) if i not in opts.fp32_spans]
+            new = [i for i in spans_for_sites(report, [s for s, _ in problems]) if i not in opts.fp32_spans
+                   and "" not in span_hosts(report, i, model)[0]]  # never the whole model unproven
             if new and not stats_round:  # the statistics alone show a failing island: widen once
                 stats_round = True
                 opts = dataclasses.replace(opts, fp32_spans=(*opts.fp32_spans, *new))
