@@ -104,6 +104,7 @@ def widen(plan: Plan, model: nn.Module, report: Report, spans, modules) -> Plan:
     """``plan`` with ``spans`` (indices) kept FP32 end to end and ``modules`` kept FP32
     whole, as ``SpanFp32`` entries (applied by ``apply_widened``)."""
     names = set(dict(model.named_modules()))
+    before = plan.fp32_modules
     for i in dict.fromkeys(spans):
         if not 0 <= i < len(report.spans):
             continue
@@ -123,7 +124,24 @@ def widen(plan: Plan, model: nn.Module, report: Report, spans, modules) -> Plan:
     for u in covered:  # what the planner could not fix runs in FP32 now
         plan.notes.append(f"{u.site}: kept FP32 (was: {u.reason})")
     plan.unresolved = [u for u in plan.unresolved if u not in covered]
+    plan.fp16_flops = max(0.0, plan.fp16_flops - _flops_inside(model, report, outer, before))
     return plan
+
+
+def _flops_inside(model: nn.Module, report: Report, outer: list[str], before: list[str]) -> float:
+    """Conv/linear FLOPs of the watched forwards (as ``_flops.conv_linear_flops`` counts
+    them) run by modules inside ``outer`` and not already inside an island (``before``)."""
+    named = dict(model.named_modules())
+    total = 0.0
+    for site, st in report.sites.items():
+        mod = named.get(site) if st.kind == "module" else None
+        if not isinstance(mod, (nn.Linear, nn.modules.conv._ConvNd, nn.Embedding)):
+            continue
+        if not any(_inside(site, o) for o in outer) or any(_inside(site, b) for b in before):
+            continue
+        outputs = getattr(mod, "out_channels", None) or getattr(mod, "out_features", None) or mod.weight.shape[0]
+        total += 2.0 * st.numel * mod.weight.numel() / max(int(outputs), 1)
+    return total
 
 
 def apply_widened(model: nn.Module, plan: Plan) -> nn.Module:

@@ -112,6 +112,7 @@ def test_output_span_is_kept_fp32_by_the_proof_and_hands_fp32_out():
         patched = fp16lens.patch(model, report, batches=[{"input_ids": ids}])
     plan = get_plan(patched)
     assert plan.proven and not plan.unresolved and [w.modules for w in plan.widened] == [("emb", "lin")]
+    assert plan.fp16_flop_share == 0.0  # the only linear runs in FP32 now
     out = _half(patched, ids)
     assert out.dtype == torch.float32 and torch.isfinite(out).all()
     assert _cos(out, model(ids)) > 0.9999
