@@ -85,6 +85,7 @@ def patch_onnx(model: Any, report: Report, options: PatchOptions, out: str | Pat
     if batches is not None:
         m, the_plan = _proven(original, report, options, feeds or _feeds(original, batches), m, the_plan, drop)
     elif the_plan.changes:
+        m, the_plan = _statistics(original, report, options, feeds, m, the_plan, drop)
         the_plan.notes.append(
             "the FP16 check did not run (no batches): the patched graph was not run in FP16; pass "
             "batches= (or --input) to prove it")
@@ -169,6 +170,34 @@ def _fp32_checked(original, report, options, feeds, m, the_plan, binding):
             f"{', '.join(nodes) or 'none'}")
         return m2, plan2, binding2, drop
     raise PatchError(first)
+
+
+def _statistics(original, report, options, feeds, m, the_plan, drop):
+    """Without batches: an island whose recorded output is beyond FP16 hands inf on; its
+    span becomes FP32 nodes (when the FP32 check still passes), else it is unresolved."""
+    from fp16lens.patch._prove import spans_for_sites, statistics_problems
+
+    problems = statistics_problems(the_plan, report)
+    new = [i for i in spans_for_sites(report, [s for s, _ in problems]) if i not in drop]
+    if new:
+        nxt = tuple(dict.fromkeys([*[d for d in drop if d != -1], *new]))
+        m2, plan2, binding2 = _attempt(original, report, options, nxt)
+        try:
+            if feeds:
+                _checks(original, m2.proto, plan2, binding2, feeds)
+            plan2.fp32_checked = the_plan.fp32_checked
+            plan2.notes = [*the_plan.notes, f"islands hand on values beyond FP16 (the report's ranges): kept "
+                           f"{', '.join(_what(report, i) for i in new)} as FP32 nodes"]
+            m, the_plan = m2, plan2
+        except PatchError:
+            pass
+    covered = {i.module for i in the_plan.islands if i.reason.endswith("kept FP32")}  # whole spans FP32
+    for site, value in statistics_problems(the_plan, report):
+        if site not in covered:
+            the_plan.unresolved.append(Unresolved(site, (
+                f"its FP32 island hands on {value:.3g} (the report's range), beyond FP16: pass batches= "
+                "(--input) to prove and widen the fix")))
+    return m, the_plan
 
 
 def _what(report: Report, key) -> str:
