@@ -323,3 +323,13 @@ def test_cli_patch_with_input_proves_the_patched_model(tmp_path, capsys, monkeyp
     assert out["proven"] is True and out["plan"]["widened"] and out["plan"]["proof"][0]["finite"]
     assert main(args) == 0  # without --input: the statistics widen, and the output says FP16 did not run
     assert "warning: the FP16 check did not run" in capsys.readouterr().out
+
+
+def test_merged_reports_widen_the_recorded_input_ranges():
+    from fp16lens.report import merge_reports
+
+    model, _ = _tokens()
+    a = fp16lens.scan(model, [{"input_ids": torch.tensor([[3, 4]])}], progress=False)
+    b = fp16lens.scan(model, [{"input_ids": torch.tensor([[1, 40]])}], progress=False)
+    (spec,) = merge_reports([a, b]).meta.inputs
+    assert (spec["min"], spec["max"]) == (1, 40) and a.meta.inputs[0]["max"] == 4
