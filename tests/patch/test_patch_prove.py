@@ -140,6 +140,7 @@ def test_batches_widen_an_island_that_stops_too_early_until_real_fp16_is_finite(
     assert torch.isfinite(out).all() and _cos(out, model(x)) >= 0.999
     with torch.no_grad():
         assert torch.equal(patched(x), model(x))  # FP32 unchanged
+    assert list(patched.state_dict()) == list(model.state_dict())  # checkpoints load both ways
     assert "spans kept FP32 end to end" in _rendered(plan)
 
 
