@@ -211,6 +211,11 @@ def finish(the_plan: Plan, opts: PatchOptions) -> None:
         if opts.strict:
             raise PatchError(msg)
         warnings.warn(PatchWarning(msg), stacklevel=3)
+    if any("" in w.modules for w in the_plan.widened):
+        warnings.warn(PatchWarning(
+            "real FP16 failed until the whole model was kept FP32 (plan.widened): the patched model "
+            "runs no FP16 arithmetic; move the failing ops into their own nn.Modules so that patch "
+            "can keep only them FP32, then scan and patch again"), stacklevel=3)
     unchecked = [n for n in the_plan.notes if n.startswith(NOT_CHECKED) or n.startswith("the FP16 check did not run")]
     if unchecked:
         warnings.warn(PatchWarning("; ".join(unchecked)), stacklevel=3)

@@ -334,3 +334,32 @@ def test_merged_reports_widen_the_recorded_input_ranges():
     b = fp16lens.scan(model, [{"input_ids": torch.tensor([[1, 40]])}], progress=False)
     (spec,) = merge_reports([a, b]).meta.inputs
     assert (spec["min"], spec["max"]) == (1, 40) and a.meta.inputs[0]["max"] == 4
+
+
+class _RootOps(nn.Module):
+    """A span through functional ops of the model's own forward: no module but the model
+    itself can hold it."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.out = nn.Conv2d(8, 4, 1)
+        with torch.no_grad():
+            self.conv.weight.abs_().mul_(1000.0)
+
+    def forward(self, x):
+        y = self.conv(x)
+        return self.out(y * torch.sigmoid(y) / 65536.0)
+
+
+def test_the_last_resort_keeps_the_whole_model_fp32_and_says_so():
+    torch.manual_seed(0)
+    model, x = _RootOps().eval(), torch.rand(1, 3, 8, 8) * 255
+    report = fp16lens.scan(model, [x], progress=False)
+    assert report.spans and not torch.isfinite(_half(model, x)).all()
+    with pytest.warns(PatchWarning, match="whole model was kept FP32"):
+        patched = fp16lens.patch(model, report, batches=[x])
+    plan = get_plan(patched)
+    assert plan.proven and any("" in w.modules for w in plan.widened) and plan.fp16_flop_share == 0.0
+    out = _half(patched, x)
+    assert torch.isfinite(out).all() and _cos(out, model(x)) >= 0.999
