@@ -82,7 +82,9 @@ def check_equivalent(original: nn.Module, patched: nn.Module, report: Report, ba
     from fp16lens.watch import call_model
 
     device = next((p.device for p in original.parameters()), torch.device("cpu"))
+    floor = 0.0
     if batches is None:
+        floor = _output_floor(report)
         one = report_batch(report, device)
         if one is None:
             return [f"{NOT_CHECKED}: the report holds no inputs to make one from (pass batches=)"]
@@ -97,13 +99,23 @@ def check_equivalent(original: nn.Module, patched: nn.Module, report: Report, ba
                 f"{NOT_CHECKED}: the model does not run on {what} ({type(exc).__name__}: "
                 f"{str(exc).splitlines()[0][:200] if str(exc) else ''}); pass batches="
             ]
-        _compare(want, got)
+        _compare(want, got, floor)
     return []
 
 
-def _compare(want, got) -> None:
+def _output_floor(report: Report) -> float:
+    """The smallest largest-|value| the report recorded at a site no other site reads (the
+    model's outputs): on inputs like the recorded ones an output may be nearly 0 (a
+    saturated sigmoid on random pixels), where relative rounding in the 7th digit would
+    look like a wrong rewrite; its error is measured against at least this scale."""
+    read = {p for p, _ in report.edges}
+    sinks = [s.absmax for n, s in report.sites.items() if n not in read and 0 < s.absmax < float("inf")]
+    return min(sinks, default=0.0)
+
+
+def _compare(want, got, floor: float = 0.0) -> None:
     for i, (a, b) in enumerate(zip(_floats(want), _floats(got))):
-        err = relative_error(a, b)
+        err = relative_error(a, b, floor)
         if not err <= TOLERANCE:
             raise PatchError(
                 f"the patched model's FP32 output {i} differs from the original's (relative "
@@ -114,12 +126,12 @@ def _compare(want, got) -> None:
     return []
 
 
-def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
-    """max |a - b| / max |a| (0 for two all-zero tensors), in float64."""
+def relative_error(a: torch.Tensor, b: torch.Tensor, floor: float = 0.0) -> float:
+    """max |a - b| / max(max |a|, floor) (0 for two all-zero tensors), in float64."""
     a, b = a.detach().double(), b.detach().double()
     if a.shape != b.shape:
         return float("inf")
-    scale = float(a.abs().max()) if a.numel() else 0.0
+    scale = max(float(a.abs().max()) if a.numel() else 0.0, floor)
     diff = float((a - b).abs().max()) if a.numel() else 0.0
     return diff / scale if scale > 0 else diff
 

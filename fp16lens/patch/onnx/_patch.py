@@ -150,7 +150,7 @@ def _fp32_checked(original, report, options, feeds, m, the_plan, binding):
     """The FP32 check; on a mismatch, each span reverted to FP32 nodes in turn (then all)
     until it passes. The plan names the nodes and says why."""
     try:
-        _checks(original, m.proto, the_plan, binding, feeds)
+        _checks(original, m.proto, the_plan, binding, feeds, report)
         the_plan.fp32_checked = True
         return m, the_plan, binding, ()
     except PatchError as exc:
@@ -159,7 +159,7 @@ def _fp32_checked(original, report, options, feeds, m, the_plan, binding):
     for drop in [*((i,) for i in range(len(report.spans))), *((f,) for f in dict.fromkeys(findings)), (-1,)]:
         m2, plan2, binding2 = _attempt(original, report, options, drop)
         try:
-            _checks(original, m2.proto, plan2, binding2, feeds)
+            _checks(original, m2.proto, plan2, binding2, feeds, report)
         except PatchError:
             continue
         nodes = [i.module for i in plan2.islands if i.reason.endswith("kept FP32")]
@@ -184,7 +184,7 @@ def _statistics(original, report, options, feeds, m, the_plan, drop):
         m2, plan2, binding2 = _attempt(original, report, options, nxt)
         try:
             if feeds:
-                _checks(original, m2.proto, plan2, binding2, feeds)
+                _checks(original, m2.proto, plan2, binding2, feeds, report)
             plan2.fp32_checked = the_plan.fp32_checked
             plan2.notes = [*the_plan.notes, f"islands hand on values beyond FP16 (the report's ranges): kept "
                            f"{', '.join(_what(report, i) for i in new)} as FP32 nodes"]
@@ -234,7 +234,7 @@ def _proven(original, report, options, feeds, m, the_plan, drop):
         tried.add(nxt)
         m2, plan2, binding2 = _attempt(original, report, options, nxt)
         try:
-            _checks(original, m2.proto, plan2, binding2, feeds)
+            _checks(original, m2.proto, plan2, binding2, feeds, report)
         except PatchError:
             break
         plan2.fp32_checked = True
@@ -319,25 +319,44 @@ def _session(proto):
     return ort.InferenceSession(proto.SerializeToString(), so, providers=["CPUExecutionProvider"])
 
 
-def _checks(original, patched, the_plan: Plan, binding, feeds) -> list[str]:
+def _output_floors(original, report: Report | None) -> list[float]:
+    """Per graph output, the largest |value| the report recorded at the node producing it
+    (0 when unknown): the scale an error is measured against, so that an output that is
+    nearly 0 on inputs like the recorded ones (a saturated sigmoid on random pixels) does
+    not make rounding in the 7th digit look like a wrong rewrite."""
+    if report is None:
+        return []
+    m = read(load(original))
+    site_of = {id(n): s for s, n in m.nodes.items()}
+    out = []
+    for o in original.graph.output:
+        node = m.producer.get(o.name)
+        st = report.sites.get(site_of.get(id(node), "")) if node is not None else None
+        out.append(st.absmax if st is not None and np.isfinite(st.absmax) else 0.0)
+    return out
+
+
+def _checks(original, patched, the_plan: Plan, binding, feeds, report: Report | None = None) -> list[str]:
+    floors = _output_floors(original, report)
     affine = [r for r in the_plan.reparametrized if r.rule == "bn-affine"]
     if affine:  # the affine forms alone, then the rescaling exact against them
         m = read(load(original))
         apply(m, Plan(reparametrized=[dataclasses.replace(r, s_in=1.0, s_out=1.0) for r in affine]),
               binding.units)
-        _check(original, m.proto, feeds, AFFINE_TOLERANCE)
+        _check(original, m.proto, feeds, AFFINE_TOLERANCE, floors)
         original = m.proto
-    _check(original, patched, feeds, TOLERANCE)
+    _check(original, patched, feeds, TOLERANCE, floors)
     return []
 
 
-def _check(original, patched, feeds, tolerance: float) -> None:
+def _check(original, patched, feeds, tolerance: float, floors=()) -> None:
     a, b = _session(original), _session(patched)
     for feed in feeds:
         for i, (x, y) in enumerate(zip(a.run(None, feed), b.run(None, feed))):
             if not np.issubdtype(np.asarray(x).dtype, np.floating):
                 continue
-            err = relative_error(torch.from_numpy(np.asarray(x)), torch.from_numpy(np.asarray(y)))
+            floor = floors[i] if i < len(floors) else 0.0
+            err = relative_error(torch.from_numpy(np.asarray(x)), torch.from_numpy(np.asarray(y)), floor)
             if not err <= tolerance:
                 raise PatchError(
                     f"the patched graph's FP32 output {i} differs from the original's (relative "
