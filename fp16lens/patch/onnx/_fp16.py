@@ -36,14 +36,21 @@ def fp16_storage(proto):
     for node in g.node:
         for t in node.input:
             fp32_readers.setdefault(t, []).append((node.name or node.output[0]) in keep)
-    for init in g.initializer:
-        if init.data_type == _FLOAT and not all(fp32_readers.get(init.name, [False])):
-            arr = numpy_helper.to_array(init).astype(np.float16).astype(np.float32)
-            init.CopyFrom(numpy_helper.from_array(arr, init.name))
+    with np.errstate(over="ignore"):
+        for init in g.initializer:
+            if init.data_type == _FLOAT and not all(fp32_readers.get(init.name, [False])):
+                arr = numpy_helper.to_array(init).astype(np.float16).astype(np.float32)
+                init.CopyFrom(numpy_helper.from_array(arr, init.name))
     nodes, rounded = [], []
     names = {id(n): s for s, n in m.nodes.items()}
     for k, node in enumerate(list(g.node)):
         nodes.append(node)
+        if node.op_type == "Constant" and not all(fp32_readers.get(node.output[0], [False])):
+            for a in node.attribute:  # a float constant is stored in FP16 too
+                if a.name == "value" and a.t.data_type == _FLOAT:
+                    with np.errstate(over="ignore"):
+                        arr = numpy_helper.to_array(a.t).astype(np.float16).astype(np.float32)
+                    a.t.CopyFrom(numpy_helper.from_array(arr, a.t.name))
         if (node.name or node.output[0]) in keep or node.op_type == "Constant":
             continue
         for slot, t in enumerate(node.output):
