@@ -363,3 +363,38 @@ def test_the_last_resort_keeps_the_whole_model_fp32_and_says_so():
     assert plan.proven and any("" in w.modules for w in plan.widened) and plan.fp16_flop_share == 0.0
     out = _half(patched, x)
     assert torch.isfinite(out).all() and _cos(out, model(x)) >= 0.999
+
+
+def test_ppocr_through_onnx2torch_on_a_raw_sentence_island_widened_until_real_fp16_reads_it():
+    """Issue 25's first repro on the published PP-OCRv4 detector (rapidocr's wheel, through
+    onnx2torch): raw 0-255 pixels of a rendered sentence make the stem's hardswish product
+    ``p2o/Mul/8`` reach 9.1e4, and the planner's island on the Mul alone hands it back in
+    FP16. With the page as batches, the proof keeps the span FP32 end to end."""
+    import importlib.util
+    import pathlib
+
+    import zoo_real
+
+    spec = importlib.util.spec_from_file_location(
+        "_fx_graphs", pathlib.Path(__file__).with_name("test_patch_fx_graphs.py"))
+    fx_graphs = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fx_graphs)
+    try:
+        img = zoo_real.sentence_image()
+    except zoo_real.Missing as exc:
+        pytest.skip(str(exc))
+    model = fx_graphs._ppocr_detector()
+    x = img.expand(1, 3, -1, -1)[..., : img.shape[-1] // 32 * 32].contiguous()  # raw 0-255
+    report = fp16lens.scan(model, [x], progress=False)
+    assert report.spans[0].start == "p2o/Mul/8:mul"
+    with torch.no_grad():
+        want = model(x)
+    assert not torch.isfinite(_half(model, x)).all()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PatchWarning)
+        patched = fp16lens.patch(model, report, batches=[x])
+    plan = get_plan(patched)
+    assert plan.proven and plan.widened[0].modules == ("p2o/Mul/8", "p2o/Div/1")
+    out = _half(patched, x).float()
+    assert torch.isfinite(out).all() and _cos(out, want) >= 0.999
+    assert ((out > 0.3) != (want > 0.3)).float().mean() < 0.005 and (want > 0.3).float().mean() > 0.1
