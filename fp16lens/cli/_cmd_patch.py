@@ -150,7 +150,7 @@ def finish_lines(left: list[dict], islands: list[str], saved) -> list[str]:
         quoted = ", ".join(repr(m) for m in islands)
         lines.append(f"export it with: fp16lens export {saved} -o model.onnx --fp32-modules {names}")
         lines.append(f"  (Python: fp16lens.export(patched, x, path, fp32_modules=[{quoted}]))")
-    from fp16lens.patch._plan import PROOF_SITE
+    from fp16lens.patch import PROOF_SITE
 
     opaque = [u["site"] for u in left if not u["module"] and u["site"] != PROOF_SITE]
     if opaque:
