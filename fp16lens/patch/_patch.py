@@ -124,15 +124,18 @@ def _build(model: nn.Module, report: Report, opts: PatchOptions) -> Plan:
 def _proven(model: nn.Module, report: Report, opts: PatchOptions, batches: list | None):
     """The plan applied to a copy and checked: in FP32 against the original, and with
     ``batches`` in real FP16, widened until it passes or nothing is left to widen."""
-    stats_round = False
+    stats_round, unwidened = False, None
     for _ in range(max(1, opts.max_rounds) + 1):
         the_plan, patched, report = _apply_checked(model, report, opts, batches)
+        if batches is None and unwidened is not None and _half_breaks(patched, report):
+            opts, unwidened = unwidened, None  # the widening would break .half(): not taken
+            the_plan, patched, report = _apply_checked(model, report, opts, batches)
         if batches is None:
             problems = statistics_problems(the_plan, report)
             new = [i for i in spans_for_sites(report, [s for s, _ in problems]) if i not in opts.fp32_spans
                    and "" not in span_hosts(report, i, model)[0]]  # never the whole model unproven
             if new and not stats_round:  # the statistics alone show a failing island: widen once
-                stats_round = True
+                stats_round, unwidened = True, opts
                 opts = dataclasses.replace(opts, fp32_spans=(*opts.fp32_spans, *new))
                 continue
             for site, value in statistics_problems(the_plan, report):
@@ -164,6 +167,18 @@ def _proven(model: nn.Module, report: Report, opts: PatchOptions, batches: list 
         "the inputs may be out of FP16 range themselves (scale them), or the model is not FP16-safe "
         "anywhere; run it in FP32")))
     return patched, the_plan
+
+
+def _half_breaks(patched: nn.Module, report: Report) -> bool:
+    """Whether ``patched.half()`` fails on inputs like the recorded ones (on ``meta``)."""
+    from fp16lens.patch._check import report_batch
+    from fp16lens.patch._prove import _half_fails
+
+    x = report_batch(report)
+    if x is None:
+        return False
+    args, kwargs = ((), x) if isinstance(x, dict) else (x, {})
+    return bool(_half_fails(patched, args, kwargs))
 
 
 def _covers(modules, site: str, report: Report) -> bool:

@@ -77,9 +77,24 @@ def span_hosts(report: Report, index: int, model: nn.Module | None = None) -> tu
         holds_end = any(_inside(e, h) for e in ends)
         st = report.sites.get(h)
         beyond = st is not None and st.kind == "module" and st.absmax > FP16_MAX
-        if not holds_end or beyond or (span.reaches_output and _last(report, span, h)):
+        wanted = not holds_end or beyond or (span.reaches_output and _last(report, span, h))
+        if wanted and _fed_within(report, h, hosts):
             out.append(h)
     return hosts, out
+
+
+def _fed_within(report: Report, h: str, hosts: list[str]) -> bool:
+    """Whether everything that reads module ``h``'s values outside it runs inside one of
+    ``hosts`` (or is the model output): only then may ``h`` hand FP32 onward (an FP16
+    module given FP32 fails under ``.half()``)."""
+    for s in report.sites:
+        if not _inside(host(report, s), h):
+            continue
+        for c in report.consumers(s):
+            ch = host(report, c)
+            if not _inside(ch, h) and not any(_inside(ch, o) for o in hosts):
+                return False
+    return True
 
 
 def _last(report: Report, span, h: str) -> bool:
@@ -112,7 +127,7 @@ def widen(plan: Plan, model: nn.Module, report: Report, spans, modules) -> Plan:
         s = report.spans[i]
         plan.widened.append(SpanFp32(
             i, tuple(hosts), tuple(out),
-            f"span {s.start} -> {s.end or 'output'} kept FP32 end to end (real FP16 failed with the rescaling alone)",
+            f"span {s.start} -> {s.end or 'output'} kept FP32 end to end (the fix alone did not hold it in FP16)",
         ))
     for m in dict.fromkeys(modules):
         if m not in names:

@@ -365,6 +365,7 @@ def test_the_last_resort_keeps_the_whole_model_fp32_and_says_so():
     assert torch.isfinite(out).all() and _cos(out, model(x)) >= 0.999
 
 
+@pytest.mark.slow
 def test_ppocr_through_onnx2torch_on_a_raw_sentence_island_widened_until_real_fp16_reads_it():
     """Issue 25's first repro on the published PP-OCRv4 detector (rapidocr's wheel, through
     onnx2torch): raw 0-255 pixels of a rendered sentence make the stem's hardswish product
