@@ -6,7 +6,7 @@ from fp16lens import export, patch, verify
 from fp16lens._core import Fp16LensError, MissingDependencyError
 from fp16lens._core.version import __version__
 from fp16lens.export import build_engine, compile_torch_tensorrt
-from fp16lens.patch import Plan, plan
+from fp16lens.patch import PatchWarning, Plan, plan
 from fp16lens.report import Finding, Report, SiteStats, Span
 from fp16lens.verify import ParityResult, Tolerance
 from fp16lens.watch import Lens, WatchOptions, scan, watch
@@ -17,6 +17,7 @@ __all__ = [
     "Lens",
     "MissingDependencyError",
     "ParityResult",
+    "PatchWarning",
     "Plan",
     "Report",
     "SiteStats",

@@ -131,3 +131,27 @@ def test_a_missing_package_is_a_skip_with_the_pip_line(monkeypatch):
             zoo_real.CASES["silero_vad/speech"].build()
     finally:
         zoo_real._silero_vad.cache_clear()
+
+
+# ---- patch proves its result on the user's batches (issue 25) ------------------------------
+
+@pytest.mark.parametrize("name", ["silero_vad/raw", "mtcnn.onet/raw"])
+def test_patch_with_batches_is_finite_in_real_fp16_on_raw_inputs(name):
+    """Raw int16 samples into Silero VAD (its STFT overflows), raw 0-255 pixels into MTCNN
+    ONet: the patched model's real FP16 run (``.half()``, no fp16lens) on the user's batch
+    is finite and within parity, FP32 is unchanged, and the plan says it was proven."""
+    import warnings
+
+    run = _case(name)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", fp16lens.PatchWarning)  # proven: nothing to warn about
+        patched = fp16lens.patch(run["model"], run["report"], batches=[run["inputs"]])
+    plan = fp16lens.patch.get_plan(patched)
+    assert plan.proven and all(b.finite for b in plan.proof)
+    with torch.no_grad():
+        got = patched(*run["inputs"])
+    for a, b in zip(zoo_real._floats(got), zoo_real._floats(run["ref"]), strict=True):
+        assert float((a - b).abs().max() / b.abs().max()) <= 1e-5
+    half = zoo_real.real_fp16(patched, run["inputs"])
+    assert all(torch.isfinite(t).all() for t in zoo_real._floats(half))
+    assert zoo_real.cosine(run["ref"], half) >= PARITY

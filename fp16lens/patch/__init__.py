@@ -4,14 +4,29 @@ patched model (``get_plan(model).fp32_modules`` for the exporter).
 
 The module itself is callable, so both spellings of the design work:
 ``fp16lens.patch(model, report)`` and ``fp16lens.patch.plan(model, report)``.
+
+Later stages also use its per-site tracing and FP16 storage emulation (``SiteTracer``,
+``Trace``, ``traced``, ``StorageRounding``, ``round_fp16_``, ``round_module_``: verify's
+torch backends; patch's proof runs them on the caller's batches).
 """
 
 from fp16lens._core.callable_module import make_callable
 from fp16lens.patch._check import check_equivalent, relative_error
+from fp16lens.patch._emulate import StorageRounding, round_fp16_, round_module_
 from fp16lens.patch._island import Fp32Island
 from fp16lens.patch._options import PatchOptions
 from fp16lens.patch._patch import get_plan, patch, plan
-from fp16lens.patch._plan import Island, Multiply, Plan, Region, Reparam, Unresolved
+from fp16lens.patch._plan import (
+    PROOF_SITE,
+    BatchProof,
+    Island,
+    Multiply,
+    Plan,
+    Region,
+    Reparam,
+    SpanFp32,
+    Unresolved,
+)
 from fp16lens.patch._portable import (
     ISLANDS_FILE,
     PortableIsland,
@@ -22,17 +37,28 @@ from fp16lens.patch._portable import (
     rehydrate,
 )
 from fp16lens.patch._rules import bn_affine, scale_bn, scale_linear, scale_norm_eps
+from fp16lens.patch._trace import SiteTracer, Trace, traced
+from fp16lens.patch._warn import PatchWarning
+from fp16lens.patch._widen import Fp32Span
 
 __all__ = [
     "ISLANDS_FILE",
+    "PROOF_SITE",
+    "BatchProof",
     "Fp32Island",
+    "Fp32Span",
     "Island",
     "Multiply",
     "PatchOptions",
+    "PatchWarning",
     "Plan",
     "PortableIsland",
     "Region",
     "Reparam",
+    "SiteTracer",
+    "SpanFp32",
+    "StorageRounding",
+    "Trace",
     "Unresolved",
     "bn_affine",
     "check_equivalent",
@@ -45,9 +71,12 @@ __all__ = [
     "read_islands",
     "rehydrate",
     "relative_error",
+    "round_fp16_",
+    "round_module_",
     "scale_bn",
     "scale_linear",
     "scale_norm_eps",
+    "traced",
 ]
 
 

@@ -1,4 +1,7 @@
-"""The check after a rewrite: the patched model's FP32 outputs equal the original's."""
+"""The check after a rewrite: the patched model's FP32 outputs equal the original's, on
+the caller's batches or, without them, on inputs like the recorded ones
+(``report_batch``: each input's dtype, shape and value range from ``ReportMeta.inputs``,
+so token ids stay integers within the vocabulary)."""
 
 from __future__ import annotations
 
@@ -14,25 +17,105 @@ TOLERANCE = 1e-4
 affine form of a batch norm rounds once (~1e-7); anything near 1e-4 is a wrong rewrite."""
 
 
-@torch.no_grad()
-def check_equivalent(original: nn.Module, patched: nn.Module, report: Report) -> list[str]:
-    """Compare both models on seeded random inputs of the report's first batch shapes.
-    Returns notes (why nothing was compared); raises PatchError on a mismatch."""
-    shapes = report.meta.input_shapes
-    if not shapes:
-        return ["FP32 equivalence not checked: the report holds no input shapes"]
-    device = next((p.device for p in original.parameters()), torch.device("cpu"))
+NOT_CHECKED = "FP32 equivalence not checked"
+"""How a note saying the FP32 check could not run begins (patch turns it into a warning)."""
+
+
+def report_batch(report: Report, device=None):
+    """One batch like the recorded inputs (seeded): a tuple of positional inputs, or a dict
+    when the model was called with keywords; None when the report recorded nothing usable.
+    Floats are uniform in the recorded [min, max], integers uniform in it (token ids),
+    booleans as recorded (all-True attention masks stay all True)."""
     g = torch.Generator().manual_seed(0)
-    inputs = tuple(torch.rand(s, generator=g).to(device) for s in shapes[0])
-    try:
-        want, got = original(*inputs), patched(*inputs)
-    except Exception as exc:  # the report's shapes may not be all the model needs
-        return [
-            f"FP32 equivalence not checked: the model does not run on random inputs of the "
-            f"report's shapes ({type(exc).__name__}: {exc})"
-        ]
+    specs = report.meta.inputs
+    if not specs:
+        shapes = report.meta.input_shapes
+        if not shapes:
+            return None
+        return tuple(torch.rand(s, generator=g).to(device) for s in shapes[0])
+    args, kwargs = [], {}
+    for spec in specs:
+        value = _synth(spec, g)
+        if value is _UNKNOWN:
+            return None
+        if value is not None and torch.is_tensor(value):
+            value = value.to(device)
+        if spec["name"].isdigit():
+            args.append(value)
+        else:
+            kwargs[spec["name"]] = value
+    if kwargs:
+        if args:
+            return None  # positional and keywords together: not a batch form scan takes
+        return kwargs
+    return tuple(args)
+
+
+_UNKNOWN = object()
+
+
+def _synth(spec: dict, g: torch.Generator):
+    kind = spec.get("dtype", "")
+    if kind == "python":
+        return spec.get("value")
+    dtype = getattr(torch, kind, None)
+    if not isinstance(dtype, torch.dtype):
+        return _UNKNOWN
+    shape, lo, hi = spec.get("shape", []), float(spec.get("min", 0.0)), float(spec.get("max", 0.0))
+    if dtype == torch.bool:
+        if lo == hi:
+            return torch.full(shape, bool(lo))
+        return torch.randint(0, 2, shape, generator=g).bool()
+    if dtype.is_floating_point:
+        return (torch.rand(shape, generator=g, dtype=torch.float64) * (hi - lo) + lo).to(dtype)
+    if dtype.is_complex:
+        return _UNKNOWN
+    return torch.randint(int(lo), int(hi) + 1, shape, generator=g).to(dtype)
+
+
+@torch.no_grad()
+def check_equivalent(original: nn.Module, patched: nn.Module, report: Report, batches=None) -> list[str]:
+    """Compare both models in FP32 on ``batches`` (each a tensor, a tuple of positional
+    inputs or a dict of keywords), else on one batch like the report's recorded inputs
+    (``report_batch``). Returns notes (why nothing was compared, beginning with
+    ``NOT_CHECKED``); raises PatchError on a mismatch."""
+    from fp16lens.watch import call_model
+
+    device = next((p.device for p in original.parameters()), torch.device("cpu"))
+    floor = 0.0
+    if batches is None:
+        floor = _output_floor(report)
+        one = report_batch(report, device)
+        if one is None:
+            return [f"{NOT_CHECKED}: the report holds no inputs to make one from (pass batches=)"]
+        batches, what = [one], "inputs like the report's recorded ones"
+    else:
+        what = "the given batches"
+    for batch in batches:
+        try:
+            want, got = call_model(original, batch), call_model(patched, batch)
+        except Exception as exc:  # the report's inputs may not be all the model needs
+            return [
+                f"{NOT_CHECKED}: the model does not run on {what} ({type(exc).__name__}: "
+                f"{str(exc).splitlines()[0][:200] if str(exc) else ''}); pass batches="
+            ]
+        _compare(want, got, floor)
+    return []
+
+
+def _output_floor(report: Report) -> float:
+    """The smallest largest-|value| the report recorded at a site no other site reads (the
+    model's outputs): on inputs like the recorded ones an output may be nearly 0 (a
+    saturated sigmoid on random pixels), where relative rounding in the 7th digit would
+    look like a wrong rewrite; its error is measured against at least this scale."""
+    read = {p for p, _ in report.edges}
+    sinks = [s.absmax for n, s in report.sites.items() if n not in read and 0 < s.absmax < float("inf")]
+    return min(sinks, default=0.0)
+
+
+def _compare(want, got, floor: float = 0.0) -> None:
     for i, (a, b) in enumerate(zip(_floats(want), _floats(got))):
-        err = relative_error(a, b)
+        err = relative_error(a, b, floor)
         if not err <= TOLERANCE:
             raise PatchError(
                 f"the patched model's FP32 output {i} differs from the original's (relative "
@@ -43,12 +126,12 @@ def check_equivalent(original: nn.Module, patched: nn.Module, report: Report) ->
     return []
 
 
-def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
-    """max |a - b| / max |a| (0 for two all-zero tensors), in float64."""
+def relative_error(a: torch.Tensor, b: torch.Tensor, floor: float = 0.0) -> float:
+    """max |a - b| / max(max |a|, floor) (0 for two all-zero tensors), in float64."""
     a, b = a.detach().double(), b.detach().double()
     if a.shape != b.shape:
         return float("inf")
-    scale = float(a.abs().max()) if a.numel() else 0.0
+    scale = max(float(a.abs().max()) if a.numel() else 0.0, floor)
     diff = float((a - b).abs().max()) if a.numel() else 0.0
     return diff / scale if scale > 0 else diff
 

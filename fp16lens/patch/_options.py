@@ -24,7 +24,20 @@ class PatchOptions:
         (zero run-time cost); False, or where growth is blocked, an operand of an
         add/sub/cat that is not itself out of range gets one scalar multiply instead.
     check: after patching, compare the FP32 outputs of the original and the patched model
-        on random inputs of the report's input shapes (when the report has them).
+        on the caller's batches, else on inputs of the dtypes and value ranges the report
+        recorded (never skipped silently: a PatchWarning says when it could not run).
+    strict: raise PatchError where the plan leaves anything unresolved (or the proof in
+        real FP16 fails) instead of warning (PatchWarning).
+    min_cosine: the proof's parity tolerance: with batches, each float output of the
+        patched model in real FP16 must have at least this cosine similarity to the
+        original's FP32 output (0.999, verify's default for FP16), and be finite.
+    max_rel: optionally, also at most this largest |fp16 - fp32| relative to the FP32
+        output's largest |value|.
+    max_rounds: how many times the proof may widen the fix and check again.
+    fp32_spans: indices into ``report.spans`` kept FP32 end to end: every module running
+        one of the span's sites becomes an FP32 island, those whose values are still
+        beyond FP16 hand FP32 onward (the proof's last resort; ``patch/_widen.py``).
+    fp32_modules: modules kept FP32 whole (an island each; "" is the whole model).
     """
 
     factor: float | None = None
@@ -33,6 +46,12 @@ class PatchOptions:
     allow_non_power_of_two: bool = False
     extend: bool = True
     check: bool = True
+    strict: bool = False
+    min_cosine: float = 0.999
+    max_rel: float | None = None
+    max_rounds: int = 8
+    fp32_spans: tuple[int, ...] = ()
+    fp32_modules: tuple[str, ...] = ()
 
     def __post_init__(self):
         f = self.factor
@@ -58,3 +77,9 @@ class PatchOptions:
             )
         if not 0 <= self.low_share < 1:
             raise PatchError(f"low_share must be within [0, 1), got {self.low_share!r}")
+        if not (isinstance(self.min_cosine, (int, float)) and -1 <= self.min_cosine <= 1):
+            raise PatchError(f"min_cosine must be within [-1, 1], got {self.min_cosine!r}; the default is 0.999")
+        if self.max_rel is not None and not (isinstance(self.max_rel, (int, float)) and self.max_rel > 0):
+            raise PatchError(f"max_rel must be a number > 0 or None, got {self.max_rel!r}")
+        object.__setattr__(self, "fp32_spans", tuple(int(i) for i in self.fp32_spans))
+        object.__setattr__(self, "fp32_modules", tuple(str(m) for m in self.fp32_modules))

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
+import warnings
 
 from torch import fx, nn
 
@@ -10,10 +12,20 @@ from fp16lens._core import PatchError, StaleReportError
 from fp16lens._core.fingerprint import changed
 from fp16lens._core.sites import PLAN_ATTR
 from fp16lens.patch._apply import apply_plan
-from fp16lens.patch._check import check_equivalent
+from fp16lens.patch._check import NOT_CHECKED, check_equivalent
 from fp16lens.patch._options import PatchOptions
-from fp16lens.patch._plan import Plan
+from fp16lens.patch._plan import PROOF_SITE, Plan, Unresolved
 from fp16lens.patch._planner import build_plan
+from fp16lens.patch._prove import (
+    as_batches,
+    next_widening,
+    passes,
+    prove_batches,
+    spans_for_sites,
+    statistics_problems,
+)
+from fp16lens.patch._warn import PatchWarning
+from fp16lens.patch._widen import apply_widened, span_hosts, widen
 from fp16lens.report import Report
 from fp16lens.watch.onnx import is_onnx_model
 
@@ -35,7 +47,7 @@ def plan(
 
         return plan_onnx(model, report, opts)
     _require(model, report)
-    return build_plan(model, report, opts)
+    return _build(model, report, opts)
 
 
 def patch(
@@ -46,60 +58,182 @@ def patch(
     *,
     options: PatchOptions | None = None,
     out=None,
+    batches=None,
     **option_fields,
 ) -> nn.Module:
     """Rescale ``model`` so FP16 holds its values: exact power-of-two rescaling of every
     span, FP32 islands only where no rescaling applies. Returns a new module (a deep copy)
     unless ``inplace``; the plan travels with it as ``_fp16lens_plan`` (see get_plan).
 
+    ``batches`` (an iterable of inputs as scan takes them: each a tensor, a tuple of
+    positional inputs or a dict of keywords) proves the result: the patched model runs in
+    real FP16 on them (FP16 storage of every stored tensor on the CPU, ``.half()`` on a
+    GPU) and in FP32 against the original; where FP16 still fails, patch widens the fix
+    (finally keeping the failing span FP32 end to end) and checks again. The plan records
+    what the proof found (``plan.proof``, ``plan.proven``). Without batches the FP32 check
+    runs on inputs like the report's recorded ones and a PatchWarning says that the FP16
+    check did not run. Anything left unresolved gives a PatchWarning naming each site and
+    the way out; ``strict=True`` raises PatchError instead.
+
     ``model`` may be an ONNX file or an ``onnx.ModelProto`` scanned with fp16lens.scan: the
     result is a new ``onnx.ModelProto`` (written to ``out`` when given), its FP32 islands
-    named in its ``metadata_props`` (``fp16lens.patch.onnx.fp32_nodes``)."""
+    named in its ``metadata_props`` (``fp16lens.fp32_nodes``)."""
     opts = _options(options, factor, option_fields)
+    batches = as_batches(batches) if batches is not None else None
     if is_onnx_model(model):
         from fp16lens.patch.onnx import patch_onnx
 
         if inplace:
             raise PatchError("an ONNX model is never patched in place: use the returned ModelProto or out=")
-        return patch_onnx(model, report, opts, out=out)[0]
+        proto, the_plan = patch_onnx(model, report, opts, out=out, batches=batches)
+        finish(the_plan, opts)
+        return proto
     if out is not None:
         raise PatchError(
             "out= writes a patched ONNX model; save a patched PyTorch module with "
             "torch.save / torch.export, or `fp16lens patch MODEL -o patched.pt2`"
         )
     _require(model, report)
-    the_plan = build_plan(model, report, opts)
+    patched, the_plan = _proven(model, report, opts, batches)
     if inplace and not isinstance(model, fx.GraphModule) and the_plan.rewrites_root:
         raise PatchError(
             "the fix rewrites the model's own forward (a multiply on an operand, or an activation "
             "made an FP32 island), which turns the model "
             "into a torch.fx GraphModule: call patch(..., inplace=False) and use the result"
         )
-    try:
-        patched = _apply_checked(model, report, the_plan, opts)
-    except PatchError:
-        if not _powers(report):
-            raise
-        # a report names an op, not its exponent: x ** 3 taken as the square fails the check;
-        # plan again with every pow opaque (the rest of the plan is unchanged)
-        report = _pow_opaque(report)
-        the_plan = build_plan(model, report, opts)
-        patched = _apply_checked(model, report, the_plan, opts)
+    if inplace and any("" in w.modules for w in the_plan.widened):
+        raise PatchError(
+            "the proof keeps the whole model in FP32 (real FP16 failed otherwise), which wraps "
+            "it in an island: call patch(..., inplace=False) and use the result"
+        )
     previous = get_plan(model)
     if previous is not None:
         the_plan.kept = [*previous.kept, *previous.islands]
     if inplace:  # the copy passed its check: the same rewrite on the model cannot fail
-        patched = apply_plan(model, the_plan)
+        patched = apply_widened(apply_plan(model, the_plan), the_plan)
     object.__setattr__(patched, PLAN_ATTR, the_plan)
+    finish(the_plan, opts)
     return patched
 
 
-def _apply_checked(model: nn.Module, report: Report, the_plan: Plan, opts: PatchOptions) -> nn.Module:
-    """The plan applied to a copy, checked for FP32 equivalence (PatchError if it differs)."""
-    patched = apply_plan(copy.deepcopy(model), the_plan)
+def _build(model: nn.Module, report: Report, opts: PatchOptions) -> Plan:
+    """The planner's plan with the options' spans and modules kept FP32 (``_widen``)."""
+    return widen(build_plan(model, report, opts), model, report, opts.fp32_spans, opts.fp32_modules)
+
+
+def _proven(model: nn.Module, report: Report, opts: PatchOptions, batches: list | None):
+    """The plan applied to a copy and checked: in FP32 against the original, and with
+    ``batches`` in real FP16, widened until it passes or nothing is left to widen."""
+    stats_round, unwidened = False, None
+    for _ in range(max(1, opts.max_rounds) + 1):
+        the_plan, patched, report = _apply_checked(model, report, opts, batches)
+        if batches is None and unwidened is not None and _half_breaks(patched, report):
+            opts, unwidened = unwidened, None  # the widening would break .half(): not taken
+            the_plan, patched, report = _apply_checked(model, report, opts, batches)
+        if batches is None:
+            problems = statistics_problems(the_plan, report)
+            new = [i for i in spans_for_sites(report, [s for s, _ in problems]) if i not in opts.fp32_spans
+                   and "" not in span_hosts(report, i, model)[0]]  # never the whole model unproven
+            if new and not stats_round:  # the statistics alone show a failing island: widen once
+                stats_round, unwidened = True, opts
+                opts = dataclasses.replace(opts, fp32_spans=(*opts.fp32_spans, *new))
+                continue
+            for site, value in statistics_problems(the_plan, report):
+                if not any(_covers(w.modules, site, report) for w in the_plan.widened):
+                    the_plan.unresolved.append(Unresolved(site, (
+                        f"its FP32 island hands back {value:.3g} (the report's range), beyond FP16: "
+                        "the island must reach where values are back in range; pass batches= to "
+                        "prove and widen the fix")))
+            if the_plan.changes:
+                the_plan.notes.append(
+                    "the FP16 check did not run (no batches): the patched model was not run in real "
+                    "FP16; pass batches= (fp16lens.patch(model, report, batches=[x])) to prove it"
+                )
+            return patched, the_plan
+        proof = prove_batches(model, patched, batches, opts)
+        the_plan.proof, the_plan.fp16_checked = proof, True
+        failed = [b for b in proof if not passes(b, opts)]
+        if not failed:
+            return patched, the_plan
+        nxt = next_widening(report, patched, failed, opts, model)
+        if nxt is None or _ == opts.max_rounds:
+            break
+        opts = nxt
+    worst = failed[0]
+    the_plan.unresolved.append(Unresolved(PROOF_SITE, (
+        f"real FP16 still fails on batch {worst.batch} after keeping "
+        f"{', '.join(m or 'the model' for w in the_plan.widened for m in w.modules) or 'nothing'} in FP32 "
+        f"({'non-finite at ' + (worst.first_nonfinite or '?') if not worst.finite else f'cosine {worst.cosine:.6f}'}): "
+        "the inputs may be out of FP16 range themselves (scale them), or the model is not FP16-safe "
+        "anywhere; run it in FP32")))
+    return patched, the_plan
+
+
+def _half_breaks(patched: nn.Module, report: Report) -> bool:
+    """Whether ``patched.half()`` fails on inputs like the recorded ones (on ``meta``)."""
+    from fp16lens.patch._check import report_batch
+    from fp16lens.patch._prove import _half_fails
+
+    x = report_batch(report)
+    if x is None:
+        return False
+    args, kwargs = ((), x) if isinstance(x, dict) else (x, {})
+    return bool(_half_fails(patched, args, kwargs))
+
+
+def _covers(modules, site: str, report: Report) -> bool:
+    from fp16lens.patch._widen import host
+
+    h = host(report, site)
+    return any(m == "" or h == m or h.startswith(m + ".") for m in modules)
+
+
+def _apply_checked(model: nn.Module, report: Report, opts: PatchOptions, batches):
+    """The plan applied to a copy, checked for FP32 equivalence (PatchError if it differs).
+    Returns the plan, the patched copy and the report it was planned from."""
+    try:
+        the_plan = _build(model, report, opts)
+        return the_plan, _apply_one(model, report, the_plan, opts, batches), report
+    except PatchError:
+        if not _powers(report):
+            raise
+    # a report names an op, not its exponent: x ** 3 taken as the square fails the check;
+    # plan again with every pow opaque (the rest of the plan is unchanged)
+    report = _pow_opaque(report)
+    the_plan = _build(model, report, opts)
+    return the_plan, _apply_one(model, report, the_plan, opts, batches), report
+
+
+def _apply_one(model: nn.Module, report: Report, the_plan: Plan, opts: PatchOptions, batches) -> nn.Module:
+    patched = apply_widened(apply_plan(copy.deepcopy(model), the_plan), the_plan)
     if opts.check and the_plan.changes:
-        the_plan.notes.extend(check_equivalent(model, patched, report))
+        notes = check_equivalent(model, patched, report, batches)
+        the_plan.notes.extend(notes)
+        the_plan.fp32_checked = not notes
     return patched
+
+
+def finish(the_plan: Plan, opts: PatchOptions) -> None:
+    """Never silent: what is unresolved, or was not checked, becomes a PatchWarning (with
+    ``strict``, unresolved problems raise PatchError)."""
+    if the_plan.unresolved:
+        lines = [f"  {u.site}: {u.reason}" for u in the_plan.unresolved]
+        msg = (
+            f"patch left {len(the_plan.unresolved)} problem(s) unresolved; the patched model is not "
+            "FP16-safe there:\n" + "\n".join(lines) + "\nKeep those modules in FP32 (export(..., "
+            "fp32_modules=[...])) or follow each reason; patch(..., strict=True) raises instead of warning"
+        )
+        if opts.strict:
+            raise PatchError(msg)
+        warnings.warn(PatchWarning(msg), stacklevel=3)
+    if any("" in w.modules for w in the_plan.widened):
+        warnings.warn(PatchWarning(
+            "real FP16 failed until the whole model was kept FP32 (plan.widened): the patched model "
+            "runs no FP16 arithmetic; move the failing ops into their own nn.Modules so that patch "
+            "can keep only them FP32, then scan and patch again"), stacklevel=3)
+    unchecked = [n for n in the_plan.notes if n.startswith(NOT_CHECKED) or n.startswith("the FP16 check did not run")]
+    if unchecked:
+        warnings.warn(PatchWarning("; ".join(unchecked)), stacklevel=3)
 
 
 def _powers(report: Report) -> list[str]:

@@ -8,6 +8,14 @@ from typing import Any
 
 from fp16lens._core.sites import site_module
 
+PROOF_SITE = "fp16-proof"
+"""The site of an Unresolved entry the proof adds: real FP16 still fails on a batch."""
+
+
+def _under(name: str, outer: list[str]) -> bool:
+    """Whether module ``name`` is one of ``outer`` or inside one ("" is the whole model)."""
+    return any(o == "" or name == o or name.startswith(o + ".") for o in outer)
+
 
 @dataclass(frozen=True)
 class Region:
@@ -64,6 +72,32 @@ class Unresolved:
     reason: str
 
 
+@dataclass(frozen=True)
+class SpanFp32:
+    """The last resort for span ``span`` of the report: ``modules`` run in FP32 end to end
+    (each an island), those in ``fp32_out`` hand their output onward in FP32 (their values
+    are still beyond FP16), the others hand it back in the model's dtype (values in range
+    again). Applied after the rest of the plan (``patch/_widen.py``)."""
+
+    span: int  # index into report.spans; -1: not a span (a module kept FP32 whole)
+    modules: tuple[str, ...]
+    fp32_out: tuple[str, ...]
+    reason: str
+
+
+@dataclass(frozen=True)
+class BatchProof:
+    """What patch's proof found on one batch: the patched model in real FP16 (on the CPU
+    FP16 storage of every stored tensor, on a GPU ``.half()``) against the original in FP32."""
+
+    batch: int
+    finite: bool  # every float output of the FP16 run is finite where FP32's is
+    cosine: float  # of the FP16 run's outputs against the original's FP32 outputs (worst output)
+    max_rel: float  # largest |fp16 - fp32| over the FP32 output's largest |value| (worst output)
+    fp32_rel: float  # the patched model's FP32 outputs against the original's (rescaling is exact)
+    first_nonfinite: str = ""  # the first site whose FP16 output is inf/NaN ("" if none)
+
+
 @dataclass
 class Plan:
     regions: list[Region] = field(default_factory=list)
@@ -75,6 +109,10 @@ class Plan:
     kept: list[Island] = field(default_factory=list)  # islands of an earlier patch()
     fp16_flops: float = 0.0  # conv/linear FLOPs of the watched forwards left in FP16
     total_flops: float = 0.0  # all conv/linear FLOPs of the watched forwards
+    widened: list[SpanFp32] = field(default_factory=list)  # spans kept FP32 end to end (the proof's last resort)
+    proof: list[BatchProof] = field(default_factory=list)  # per batch, the final check's findings
+    fp16_checked: bool = False  # whether real FP16 ran on the caller's batches
+    fp32_checked: bool = False  # whether the FP32 equivalence check ran (batches or recorded inputs)
 
     @property
     def fp16_flop_share(self) -> float:
@@ -84,7 +122,17 @@ class Plan:
     @property
     def fp32_modules(self) -> list[str]:
         """Qualified names (in the patched model) of the modules that must run in FP32."""
-        return list(dict.fromkeys(i.module for i in [*self.kept, *self.islands]))
+        outer = [m for w in self.widened for m in w.modules]
+        inside = [i.module for i in [*self.kept, *self.islands] if not _under(i.module, outer)]
+        return list(dict.fromkeys([*inside, *outer]))
+
+    @property
+    def proven(self) -> bool:
+        """Real FP16 ran on the caller's batches and every batch was finite and within the
+        tolerance (the plan's ``proof``); False when the check did not run or failed."""
+        return self.fp16_checked and bool(self.proof) and not any(
+            u.site.startswith(PROOF_SITE) for u in self.unresolved
+        )
 
     @property
     def rewrites_root(self) -> bool:
@@ -96,7 +144,7 @@ class Plan:
 
     @property
     def changes(self) -> bool:
-        return bool(self.islands or self.reparametrized or self.multiplies)
+        return bool(self.islands or self.reparametrized or self.multiplies or self.widened)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -111,6 +159,11 @@ class Plan:
             "fp16_flops": self.fp16_flops,
             "total_flops": self.total_flops,
             "fp16_flop_share": self.fp16_flop_share,
+            "widened": [dataclasses.asdict(w) for w in self.widened],
+            "proof": [dataclasses.asdict(b) for b in self.proof],
+            "fp16_checked": self.fp16_checked,
+            "fp32_checked": self.fp32_checked,
+            "proven": self.proven,
         }
 
     def __rich_console__(self, console, options):
@@ -122,5 +175,7 @@ class Plan:
         return (
             f"Plan({len(self.regions)} regions, {len(self.reparametrized)} re-parametrized, "
             f"{len(self.multiplies)} multiplies, {len(self.islands)} FP32 islands, "
-            f"{len(self.unresolved)} unresolved, FP16 FLOP share {self.fp16_flop_share:.2%})"
+            f"{len(self.widened)} spans kept FP32, {len(self.unresolved)} unresolved, "
+            f"FP16 FLOP share {self.fp16_flop_share:.2%}, "
+            f"{'proven in FP16' if self.proven else 'FP16 not proven'})"
         )

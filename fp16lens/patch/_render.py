@@ -44,10 +44,28 @@ def render(plan):
         for i in plan.islands:
             t.add_row(i.module, f"{i.in_scale:g}", f"{i.out_scale:g}", i.reason)
         yield t
+    if plan.widened:
+        t = Table(title="spans kept FP32 end to end (real FP16 failed without it)", title_justify="left")
+        for col in ("span", "FP32 modules", "hand FP32 onward", "why"):
+            t.add_column(col, overflow="fold")
+        for w in plan.widened:
+            t.add_row(str(w.span) if w.span >= 0 else "-", "\n".join(m or "(the model)" for m in w.modules),
+                      "\n".join(m or "(the model)" for m in w.fp32_out), w.reason)
+        yield t
     if plan.changes:
         yield Text(
             f"{len(plan.fp32_modules)} FP32 island(s); FP16 FLOP share (conv/linear FLOPs left "
             f"in FP16 / all): {plan.fp16_flop_share:.2%}"
+        )
+    if plan.proof:
+        worst = min(plan.proof, key=lambda b: (b.finite, b.cosine))
+        verdict = "proven" if plan.proven else "NOT proven"
+        yield Text(
+            f"real FP16 on {len(plan.proof)} batch(es): {verdict}; worst batch {worst.batch}: "
+            f"{'finite' if worst.finite else 'NON-FINITE at ' + (worst.first_nonfinite or '?')}, "
+            f"cosine {worst.cosine:.6f}, max rel {worst.max_rel:.3g}; FP32 outputs rel "
+            f"{max(b.fp32_rel for b in plan.proof):.2g}",
+            style="green" if plan.proven else "red",
         )
     for u in plan.unresolved:
         yield Text(f"not fixed: {u.site}: {u.reason}", style="red")

@@ -77,6 +77,18 @@ def merge_reports(reports: list[Report]) -> Report:
         out.findings = list(found.values())
         out.edges = sorted(set(out.edges) | set(r.edges))
         out.meta.input_shapes += [s for s in r.meta.input_shapes if s not in out.meta.input_shapes]
+        _merge_inputs(out.meta.inputs, r.meta.inputs)
         out.meta.batches += r.meta.batches
         offset += r.meta.batches
     return out
+
+
+def _merge_inputs(into: list[dict], more: list[dict]) -> None:
+    """Each input's recorded range widened by another report's (same name and dtype)."""
+    by_name = {e["name"]: e for e in into}
+    for e in more:
+        cur = by_name.get(e["name"])
+        if cur is None:
+            into.append(copy.deepcopy(e))
+        elif cur.get("dtype") == e.get("dtype") and "min" in e and "max" in e:
+            cur["min"], cur["max"] = min(cur["min"], e["min"]), max(cur["max"], e["max"])

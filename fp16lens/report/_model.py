@@ -16,9 +16,11 @@ from typing import Any
 from fp16lens._core import FP16_MAX, ReportError, headroom_bits
 from fp16lens._core.sites import Mechanism
 
-SCHEMA_VERSION = 2
-READABLE_VERSIONS = (1, 2)
-"""Version 1 has no weight fingerprint: such reports load, and patch cannot check them."""
+SCHEMA_VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)
+"""Version 1 has no weight fingerprint: such reports load, and patch cannot check them.
+Version 2 has no ``meta.inputs``: patch's FP32 check then falls back to random floats of
+the recorded float input shapes."""
 HIST_MIN_EXP = -26
 """``SiteStats.hist[0]`` counts non-zero |v| < 2**HIST_MIN_EXP (they round to 0 in FP16)."""
 HIST_MAX_EXP = 16
@@ -142,6 +144,10 @@ class ReportMeta:
     weights: dict[str, list[float]] = field(default_factory=dict)
     # the weights the ranges were measured with: tensor name -> [numel, Σv, Σ|v|, Σv·ramp]
     # (fp16lens._core.fingerprint); {} for reports made by hand or before version 2
+    inputs: list[dict[str, Any]] = field(default_factory=list)
+    # per model input (positional "0", "1", ... then keywords by name; ONNX: graph input
+    # names): {"name", "dtype" ("float32", "int64", ..., "python" with "value", "object"),
+    # "shape" (first forward), "min", "max" (over all forwards)}; [] before version 3
 
 
 @dataclass

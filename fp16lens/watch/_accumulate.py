@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 from fp16lens.report import HIST_BINS, HIST_MIN_EXP, SATURATED
+from fp16lens.watch._inputs import merge_inputs
 from fp16lens.watch._ops import MATMUL_LIKE
 from fp16lens.watch._recorder import INPUT_SITE, Forward, SiteInfo
 from fp16lens.watch._spans import find_spans
@@ -136,6 +137,7 @@ class Accumulator:
     edges: set[tuple[int, int]] = field(default_factory=set)
     batches: int = 0
     input_shapes: list[list[list[int]]] = field(default_factory=list)
+    input_specs: list[dict] = field(default_factory=list)  # per input: dtype, shape, min, max
     # per site: HIST_BINS binade counts, zeros, non-finite, overflow (float64, on the CPU)
     table: torch.Tensor = field(default_factory=lambda: torch.zeros(0, SAMPLE_LEN, dtype=torch.float64))
     # marks the events of a forward that a .half() model computes in FP32, where the
@@ -154,6 +156,7 @@ class Accumulator:
         self.batches += 1
         if fw.input_shapes not in self.input_shapes:
             self.input_shapes.append(fw.input_shapes)
+        self.input_specs = merge_inputs(self.input_specs, fw.input_specs)
         if not fw.sites:
             return
         maxes, device = _maxes(fw.extremes)

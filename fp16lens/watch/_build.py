@@ -130,6 +130,6 @@ def build_report(acc: Accumulator, infos: list[SiteInfo], params: list[ParamChec
     meta = ReportMeta(
         model_class=name, batches=acc.batches,
         torch_version=torch.__version__, fp16lens_version=__version__, threshold=threshold,
-        input_shapes=acc.input_shapes, weights=weights,
+        input_shapes=acc.input_shapes, weights=weights, inputs=acc.input_specs,
     )
     return Report(sites=sites, spans=spans, findings=findings, edges=edges, meta=meta)

@@ -18,6 +18,7 @@ from fp16lens._core.compat import dispatch_mode_paused
 from fp16lens.report import SATURATED
 from fp16lens.watch import _fused, _internal
 from fp16lens.watch._halfdtypes import FirstCall, HalfTrace
+from fp16lens.watch._inputs import describe_inputs
 from fp16lens.watch._ops import OpInfo
 from fp16lens.watch._options import WatchOptions
 from fp16lens.watch._sitetable import SiteInfo, SiteTable
@@ -52,6 +53,7 @@ class Forward:
     # (-1: none that can be FP32), to drop those of FP32 events found after the call
     outputs: tuple[int, ...] = ()
     input_shapes: list[list[int]] = field(default_factory=list)
+    input_specs: list[dict] = field(default_factory=list)  # watch/_inputs.describe_inputs
 
 
 def _float_tensors(obj, out: list) -> list:
@@ -169,6 +171,9 @@ class Recorder(TorchDispatchMode):
         fw = self.forward = Forward(index=self.forwards)
         self.raised_in = ""
         self.forwards += 1
+        if not self.static:  # a captured forward has no values to read (nor needs them again)
+            with dispatch_mode_paused(self):  # fp16lens's own reductions are not the model's ops
+                fw.input_specs = describe_inputs(args, kwargs)
         for t in _float_tensors((args, kwargs), []):
             fw.input_shapes.append(list(t.shape))
             if t.numel():  # an empty input has no range to record

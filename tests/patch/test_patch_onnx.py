@@ -263,7 +263,7 @@ def test_ppocr_det_patched_finds_the_word_in_real_fp16(normalized):
     # raw pixels: hardswish's Clip(x + 3) sees x / 16 and runs as an FP32 island (Muls by 16)
     assert [(i.module, i.in_scale) for i in plan.islands] == ([] if normalized else [("p2o.Clip.2", 16.0)])
     original = onnx.load(path)
-    fixed = fp16lens.patch(path, report)
+    fixed = fp16lens.patch(path, report, batches=[{"x": x}])  # proven in FP16 on the page
     onnx.checker.check_model(fixed, full_check=True)
     kept = fp32_nodes(fixed)
     assert len(kept) == (0 if normalized else 2) and all(n.name for n in fixed.graph.node if n.name in kept)

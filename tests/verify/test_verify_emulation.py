@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from fp16lens.verify._emulate import round_fp16_
+from fp16lens.patch._emulate import round_fp16_
 from fp16lens.verify._torch import TorchEmulated, TorchFp16
 from fp16lens.watch._ops import is_builtin_leaf, op_name
 

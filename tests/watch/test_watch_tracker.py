@@ -9,7 +9,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from fp16lens import watch
 from fp16lens._core.compat import dispatch_mode_paused
-from fp16lens.verify._trace import SiteTracer, Trace, traced
+from fp16lens.patch._trace import SiteTracer, Trace, traced
 from fp16lens.watch import Frame, ModuleTracker
 
 import models

@@ -1,10 +1,12 @@
 """patch() of an ONNX graph: the PyTorch planner over an ``OnnxBinding``, the plan applied
 to a copy of the graph, then checked: ``onnx.checker`` (full check) and the FP32 outputs of
-the original and the patched graph in ONNX Runtime (within ``TOLERANCE``). On failure a
-PatchError and nothing is returned or written."""
+the original and the patched graph in ONNX Runtime (within ``TOLERANCE``). Where that check
+fails, the span involved is kept FP32 (its nodes in ``fp16lens.fp32_nodes``) instead of
+refusing; with batches the patched graph is proven in FP16 (``_fp16.py``)."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 from pathlib import Path
@@ -16,10 +18,11 @@ import torch
 from fp16lens._core import PatchError, StaleReportError, import_optional
 from fp16lens._core.feeds import feed_items
 from fp16lens._core.fingerprint import onnx_changed
+from fp16lens._core.sites import Mechanism
+from fp16lens.patch._check import NOT_CHECKED, relative_error, report_batch
 from fp16lens.patch._check import TOLERANCE as AFFINE_TOLERANCE
-from fp16lens.patch._check import relative_error
 from fp16lens.patch._options import PatchOptions
-from fp16lens.patch._plan import Plan
+from fp16lens.patch._plan import PROOF_SITE, Island, Plan, Unresolved
 from fp16lens.patch._planner import build_plan
 from fp16lens.patch.onnx._apply import apply
 from fp16lens.patch.onnx._binding import OnnxBinding
@@ -58,15 +61,53 @@ def plan_onnx(model: Any, report: Report, options: PatchOptions) -> Plan:
 def patch_onnx(model: Any, report: Report, options: PatchOptions, out: str | Path | None = None,
                batches: list | None = None) -> tuple[Any, Plan]:
     """The patched graph (a new ModelProto) and its plan; written to ``out`` when given.
-    The FP32 check runs on ``batches`` (else on seeded random inputs of the report's shapes)."""
+    The FP32 check runs on ``batches`` (else on inputs like the report's recorded ones).
+    Where it fails (a rescaled tensor reaches an output by a path the report's dataflow
+    does not show), the rescaling of the span involved is reverted and its nodes become
+    FP32 nodes (named in the plan); with ``batches`` the patched graph also runs in FP16
+    (FP16 storage of every stored tensor, ``_fp16.py``) and failing spans become FP32
+    nodes likewise, until it passes or nothing is left."""
     onnx = onnx_module()
     original = load(model)
-    m = read(load(original))
-    the_plan, binding = _plan(m, report, options)
-    if not the_plan.changes:  # a clean graph stays as it was
+    _require(read(load(original)), report)
+    feeds = None
+    if options.check:
+        feeds = _feeds(original, batches) if batches is not None else _inputs(original, report)
+    drop: tuple[int, ...] = ()
+    m, the_plan, binding = _attempt(original, report, options, drop)
+    if not the_plan.changes and batches is None:  # a clean graph stays as it was
         if out is not None:
             onnx.save(original, str(out))
         return original, the_plan
+    if options.check and feeds:
+        m, the_plan, binding, drop = _fp32_checked(original, report, options, feeds, m, the_plan, binding)
+    elif options.check:
+        the_plan.notes.append(f"{NOT_CHECKED}: the report holds no inputs for the graph's inputs (pass batches=)")
+    if batches is not None:
+        m, the_plan = _proven(original, report, options, feeds or _feeds(original, batches), m, the_plan, drop)
+    elif the_plan.changes:
+        m, the_plan = _statistics(original, report, options, feeds, m, the_plan, drop)
+        the_plan.notes.append(
+            "the FP16 check did not run (no batches): the patched graph was not run in FP16; pass "
+            "batches= (or --input) to prove it")
+    if out is not None:
+        onnx.save(m.proto, str(out))
+    return m.proto, the_plan
+
+
+def _attempt(original, report: Report, options: PatchOptions, drop: tuple[int, ...]):
+    """Plan and apply with the spans ``drop`` (indices; -1: every span and finding) not
+    rescaled: their nodes are FP32 nodes instead. Returns the patched model, plan, binding."""
+    onnx = onnx_module()
+    m = read(load(original))
+    planned, fp32_sites = _without(report, drop)
+    the_plan, binding = _plan(m, planned, options)
+    have = {i.module for i in the_plan.islands}
+    for site, why in fp32_sites.items():
+        if site in m.nodes and site not in have and site not in binding.units:
+            the_plan.islands.append(Island(site, 1.0, 1.0, why))
+    if not the_plan.changes:
+        return m, the_plan, binding
     fp32 = apply(m, the_plan, binding.units)
     if fp32:
         _set_fp32_nodes(m.proto, [*fp32_nodes(original), *fp32])
@@ -77,11 +118,137 @@ def patch_onnx(model: Any, report: Report, options: PatchOptions, out: str | Pat
             f"the patched graph fails onnx.checker ({str(exc).splitlines()[0][:300]}); the "
             "model was left untouched: please report it with the model's op types"
         ) from exc
-    if options.check:
-        the_plan.notes.extend(_checks(original, m.proto, the_plan, binding, report, batches))
-    if out is not None:
-        onnx.save(m.proto, str(out))
-    return m.proto, the_plan
+    return m, the_plan, binding
+
+
+def _without(report: Report, drop: tuple[int, ...]) -> tuple[Report, dict[str, str]]:
+    """``report`` without the spans ``drop`` (indices; and the findings at their sites)
+    and the findings ``drop`` names (``"finding SITE"``), and the sites to keep FP32
+    instead, with why. -1 in ``drop``: no span and no finding."""
+    if not drop:
+        return report, {}
+    out = copy.deepcopy(report)
+    everything = -1 in drop
+    gone = [s for i, s in enumerate(report.spans) if everything or i in drop]
+    sites: dict[str, str] = {}
+    for s in gone:
+        for x in s.sites:
+            sites.setdefault(x, f"span {s.start} -> {s.end or 'output'}: its rescaling failed the check; kept FP32")
+    out.spans = [s for i, s in enumerate(report.spans) if not (everything or i in drop)]
+    kept = []
+    for f in report.findings:
+        if f.mechanism == Mechanism.NOTE:
+            kept.append(f)
+        elif everything or f.site in sites or f"finding {f.site}" in drop:
+            sites.setdefault(f.site, f"{f.kind or f.mechanism} at {f.site}: its rescaling failed the check; kept FP32")
+        else:
+            kept.append(f)
+    out.findings = kept
+    return out, sites
+
+
+def _fp32_checked(original, report, options, feeds, m, the_plan, binding):
+    """The FP32 check; on a mismatch, each span reverted to FP32 nodes in turn (then all)
+    until it passes. The plan names the nodes and says why."""
+    try:
+        _checks(original, m.proto, the_plan, binding, feeds, report)
+        the_plan.fp32_checked = True
+        return m, the_plan, binding, ()
+    except PatchError as exc:
+        first = str(exc)
+    findings = [f"finding {f.site}" for f in report.findings if f.mechanism != Mechanism.NOTE]
+    for drop in [*((i,) for i in range(len(report.spans))), *((f,) for f in dict.fromkeys(findings)), (-1,)]:
+        m2, plan2, binding2 = _attempt(original, report, options, drop)
+        try:
+            _checks(original, m2.proto, plan2, binding2, feeds, report)
+        except PatchError:
+            continue
+        nodes = [i.module for i in plan2.islands if i.reason.endswith("kept FP32")]
+        plan2.fp32_checked = True
+        plan2.notes.append(
+            f"the rescaled graph failed the FP32 check ({first.split(':')[0]}); reverted the rescaling "
+            f"of {'every span' if drop == (-1,) else _what(report, drop[0])} and kept its nodes FP32: "
+            f"{', '.join(nodes) or 'none'}")
+        return m2, plan2, binding2, drop
+    raise PatchError(first)
+
+
+def _statistics(original, report, options, feeds, m, the_plan, drop):
+    """Without batches: an island whose recorded output is beyond FP16 hands inf on; its
+    span becomes FP32 nodes (when the FP32 check still passes), else it is unresolved."""
+    from fp16lens.patch._prove import spans_for_sites, statistics_problems
+
+    problems = statistics_problems(the_plan, report)
+    new = [i for i in spans_for_sites(report, [s for s, _ in problems]) if i not in drop]
+    if new:
+        nxt = tuple(dict.fromkeys([*[d for d in drop if d != -1], *new]))
+        m2, plan2, binding2 = _attempt(original, report, options, nxt)
+        try:
+            if feeds:
+                _checks(original, m2.proto, plan2, binding2, feeds, report)
+            plan2.fp32_checked = the_plan.fp32_checked
+            plan2.notes = [*the_plan.notes, f"islands hand on values beyond FP16 (the report's ranges): kept "
+                           f"{', '.join(_what(report, i) for i in new)} as FP32 nodes"]
+            m, the_plan = m2, plan2
+        except PatchError:
+            pass
+    covered = {i.module for i in the_plan.islands if i.reason.endswith("kept FP32")}  # whole spans FP32
+    for site, value in statistics_problems(the_plan, report):
+        if site not in covered:
+            the_plan.unresolved.append(Unresolved(site, (
+                f"its FP32 island hands on {value:.3g} (the report's range), beyond FP16: pass batches= "
+                "(--input) to prove and widen the fix")))
+    return m, the_plan
+
+
+def _what(report: Report, key) -> str:
+    if isinstance(key, str):
+        return key.replace("finding ", "the finding at ")
+    s = report.spans[key]
+    return f"span {s.start} -> {s.end or 'output'}"
+
+
+def _proven(original, report, options, feeds, m, the_plan, drop):
+    """The patched graph in FP16 (storage of every float tensor rounded) on the batches;
+    failing spans become FP32 nodes (one more per round, then all) until it passes."""
+    from fp16lens.patch._prove import passes
+    from fp16lens.patch.onnx._fp16 import prove_graph
+
+    tried = set()
+    for _ in range(max(1, options.max_rounds) + 1):
+        proof = prove_graph(original, m.proto, feeds)
+        the_plan.proof, the_plan.fp16_checked = proof, True
+        failed = [b for b in proof if not passes(b, options)]
+        if not failed:
+            return m, the_plan
+        bad = [b.first_nonfinite for b in failed if b.first_nonfinite]
+        spans = [i for i, s in enumerate(report.spans) if any(x in s.sites for x in bad)]
+        new = [i for i in spans if i not in drop]
+        if new:
+            nxt = tuple(dict.fromkeys([*[d for d in drop if d != -1], new[0]]))
+        elif -1 not in drop:
+            nxt = (-1,)
+        else:
+            break
+        if nxt in tried:
+            break
+        tried.add(nxt)
+        m2, plan2, binding2 = _attempt(original, report, options, nxt)
+        try:
+            _checks(original, m2.proto, plan2, binding2, feeds, report)
+        except PatchError:
+            break
+        plan2.fp32_checked = True
+        plan2.notes = [*the_plan.notes, f"real FP16 failed ({failed[0].first_nonfinite or 'parity'}); kept "
+                       f"{'every span' if nxt == (-1,) else 'spans ' + ', '.join(map(str, nxt))} as FP32 nodes"]
+        m, the_plan, drop = m2, plan2, nxt
+    worst = failed[0]
+    the_plan.unresolved.append(Unresolved(PROOF_SITE, (
+        f"the patched graph in FP16 still fails on batch {worst.batch} "
+        f"({'non-finite at ' + (worst.first_nonfinite or '?') if not worst.finite else f'cosine {worst.cosine:.6f}'}) "
+        "with every span kept FP32: the inputs may be out of FP16 range themselves, or the graph is "
+        "not FP16-safe; run it in FP32")))
+    return m, the_plan
 
 
 def _plan(m: OnnxModel, report: Report, options: PatchOptions):
@@ -122,6 +289,10 @@ def _inputs(m_proto, report: Report) -> list[dict[str, np.ndarray]]:
     onnx = onnx_module()
     inits = {i.name for i in m_proto.graph.initializer}
     graph_inputs = [i for i in m_proto.graph.input if i.name not in inits]
+    recorded = report_batch(report)  # inputs like the recorded ones (dtypes, ranges)
+    if isinstance(recorded, dict) and all(vi.name in recorded for vi in graph_inputs):
+        return [{vi.name: np.asarray(recorded[vi.name].numpy()).astype(
+            onnx.helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type)) for vi in graph_inputs}]
     shapes = report.meta.input_shapes[0] if report.meta.input_shapes else None
     if shapes is None or len(shapes) != len(graph_inputs):
         return []
@@ -152,28 +323,44 @@ def _session(proto):
     return ort.InferenceSession(proto.SerializeToString(), so, providers=["CPUExecutionProvider"])
 
 
-def _checks(original, patched, the_plan: Plan, binding, report: Report, batches) -> list[str]:
-    feeds = _feeds(original, batches) if batches is not None else _inputs(original, report)
-    if not feeds:
-        return ["FP32 equivalence not checked: the report holds no input shapes for the graph's inputs"]
+def _output_floors(original, report: Report | None) -> list[float]:
+    """Per graph output, the largest |value| the report recorded at the node producing it
+    (0 when unknown): the scale an error is measured against, so that an output that is
+    nearly 0 on inputs like the recorded ones (a saturated sigmoid on random pixels) does
+    not make rounding in the 7th digit look like a wrong rewrite."""
+    if report is None:
+        return []
+    m = read(load(original))
+    site_of = {id(n): s for s, n in m.nodes.items()}
+    out = []
+    for o in original.graph.output:
+        node = m.producer.get(o.name)
+        st = report.sites.get(site_of.get(id(node), "")) if node is not None else None
+        out.append(st.absmax if st is not None and np.isfinite(st.absmax) else 0.0)
+    return out
+
+
+def _checks(original, patched, the_plan: Plan, binding, feeds, report: Report | None = None) -> list[str]:
+    floors = _output_floors(original, report)
     affine = [r for r in the_plan.reparametrized if r.rule == "bn-affine"]
     if affine:  # the affine forms alone, then the rescaling exact against them
         m = read(load(original))
         apply(m, Plan(reparametrized=[dataclasses.replace(r, s_in=1.0, s_out=1.0) for r in affine]),
               binding.units)
-        _check(original, m.proto, feeds, AFFINE_TOLERANCE)
+        _check(original, m.proto, feeds, AFFINE_TOLERANCE, floors)
         original = m.proto
-    _check(original, patched, feeds, TOLERANCE)
+    _check(original, patched, feeds, TOLERANCE, floors)
     return []
 
 
-def _check(original, patched, feeds, tolerance: float) -> None:
+def _check(original, patched, feeds, tolerance: float, floors=()) -> None:
     a, b = _session(original), _session(patched)
     for feed in feeds:
         for i, (x, y) in enumerate(zip(a.run(None, feed), b.run(None, feed))):
             if not np.issubdtype(np.asarray(x).dtype, np.floating):
                 continue
-            err = relative_error(torch.from_numpy(np.asarray(x)), torch.from_numpy(np.asarray(y)))
+            floor = floors[i] if i < len(floors) else 0.0
+            err = relative_error(torch.from_numpy(np.asarray(x)), torch.from_numpy(np.asarray(y)), floor)
             if not err <= tolerance:
                 raise PatchError(
                     f"the patched graph's FP32 output {i} differs from the original's (relative "

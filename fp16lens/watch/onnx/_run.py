@@ -13,6 +13,7 @@ import torch
 from fp16lens._core import WatchError, import_optional
 from fp16lens._core.feeds import feed_items
 from fp16lens.report import SATURATED
+from fp16lens.watch._inputs import describe_inputs
 from fp16lens.watch._recorder import INPUT_SITE, Forward
 from fp16lens.watch._tensorstats import take_sample
 from fp16lens.watch.onnx._checks import internal_checks
@@ -74,6 +75,7 @@ def run_batch(graph: OnnxGraph, sess, batch: Any, index: int, threshold: float,
     if not assumed(graph.checks, {**values, **got}):
         return None
     fw = Forward(index=index)
+    fw.input_specs = describe_inputs((), {n: values[n] for n in graph.inputs})
     event_of: dict[str, int] = {}
     for n in graph.inputs:
         v = values[n]

@@ -1,0 +1,174 @@
+"""FP16 storage emulated in FP32: every op computes in FP32 and its float output is
+rounded to FP16 and back (``t.half().float()``), which is what storing it in FP16 does
+to range (> 65504 becomes inf) and to precision (11 significant bits).
+
+With ``fusions=True`` the pre-activations TensorRT keeps inside one kernel are not
+rounded: a convolution or matmul output consumed by a batch norm, a residual add or a
+ReLU continues a fused chain (conv -> bn -> add -> relu) and is rounded only when
+something else reads it, or when the chain ends. Accumulation inside an op stays FP32.
+Parameters are rounded as ``.half()`` stores them (a batch norm's running_var beyond
+65504 becomes inf), even where TensorRT folds the batch norm into its conv first.
+Modules marked ``fp16lens_fp32`` (patch's Fp32Island) compute and store in FP32, as
+``.half()`` leaves them; their output is rounded when it leaves the island, unless the
+island hands FP32 onward (``fp32_out``: patch's last resort, ``_widen.Fp32Span``). Ops that a
+``.half()`` model itself runs in FP32 (its own upcasts, FP32 constants made in forward;
+found by one FP16 run on ``meta``) are not rounded either.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.utils._pytree import tree_flatten
+from torch.utils.weak import WeakIdKeyDictionary
+
+from fp16lens._core.sites import is_island as is_fp32_island
+from fp16lens.patch._trace import SiteTracer, Trace
+from fp16lens.watch import call_model, compute_index, fp32_compute_ops, op_name
+
+_STORED = (torch.float32, torch.float64)
+# chain stage -> ops that may continue a fused chain from it
+_CHAIN = {
+    "head": frozenset({"batch_norm", "add", "relu"}),
+    "batch_norm": frozenset({"add", "relu"}),
+    "add": frozenset({"relu"}),
+}
+_HEADS = frozenset({"convolution", "addmm"})
+
+
+def round_fp16_(t: torch.Tensor) -> None:
+    """Round a float tensor to the nearest FP16 value in place (inf beyond 65504)."""
+    if t.dtype in _STORED and t.numel():
+        t.copy_(t.to(torch.float16))
+
+
+def round_module_(model: torch.nn.Module) -> None:
+    """Parameters and float buffers stored in FP16: round them in place (FP32 islands,
+    which ``.half()`` leaves in FP32, keep theirs)."""
+    islands = [f"{n}." for n, m in model.named_modules() if is_fp32_island(m)]
+    with torch.no_grad():
+        for name, t in (*model.named_parameters(), *model.named_buffers()):
+            if not any(name.startswith(i) or i == "." for i in islands):
+                round_fp16_(t)
+
+
+class StorageRounding(SiteTracer):
+    """A SiteTracer whose ops store their float outputs in FP16 (see module docstring)."""
+
+    def __init__(self, trace: Trace, fusions: bool = False, fp32_ops: set[int] | None = None):
+        super().__init__(trace)
+        self.fusions = fusions
+        # compute ops a .half() model runs in FP32 (its own upcasts; watch._halfdtypes)
+        self.fp32_ops = fp32_ops or set()
+        self.count = [0]
+        self.pending = WeakIdKeyDictionary()  # unrounded tensor -> chain stage
+        self._continues = False
+
+    def before(self, func, args, kwargs) -> None:
+        if not self.pending:
+            return
+        name = op_name(func)
+        for t in tree_flatten((args, kwargs))[0]:
+            stage = self.pending.get(t) if torch.is_tensor(t) else None
+            if stage is not None and name not in _CHAIN.get(stage, ()):
+                del self.pending[t]
+                round_fp16_(t)
+
+    def leave(self, frame, output) -> None:
+        """An FP32 island hands its output back to FP16 storage: round it."""
+        if frame.island and not self.in_island and not getattr(frame.module, "fp32_out", False):
+            for t in tree_flatten(output)[0]:
+                if torch.is_tensor(t) and t.is_floating_point():
+                    round_fp16_(t)
+
+    def store(self, func, outputs: list[torch.Tensor]) -> None:
+        k = compute_index(func, outputs, self.count)
+        if self.in_island or (k is not None and k in self.fp32_ops):
+            return
+        name = op_name(func)
+        writes = _writes(func)
+        stage = self._fused_stage(func, name) if self.fusions else None
+        for t in outputs:
+            if _is_view(func, writes) or t.dtype not in _STORED:
+                continue
+            if stage is not None:
+                self.pending[t] = stage
+            else:
+                self.pending.pop(t, None)
+                round_fp16_(t)
+
+    def _fused_stage(self, func, name: str) -> str | None:
+        """The chain stage of this op's output when it stays inside a fused kernel."""
+        if name in _HEADS:
+            return "head"
+        return name if name in _CHAIN and self._continues else None
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self._continues = self.fusions and bool(self.pending) and self._chained(func, args, kwargs)
+        return super().__torch_dispatch__(func, types, args, kwargs)
+
+    def _chained(self, func, args, kwargs) -> bool:
+        """Whether an input of this op is a pending tensor whose chain this op continues."""
+        name = op_name(func)
+        for t in tree_flatten((args, kwargs or {}))[0]:
+            if torch.is_tensor(t) and name in _CHAIN.get(self.pending.get(t, ""), ()):
+                return True
+        return False
+
+    def flush(self, output) -> None:
+        """Round what a fused chain left unrounded in the model's final outputs."""
+        for t in tree_flatten(output)[0]:
+            if torch.is_tensor(t) and t in self.pending:
+                del self.pending[t]
+                round_fp16_(t)
+
+
+def _writes(func) -> bool:
+    return any(r.alias_info is not None and r.alias_info.is_write for r in func._schema.returns)
+
+
+def _is_view(func, writes: bool) -> bool:
+    """An op returning an alias it did not write (a view): its values are already stored."""
+    return not writes and any(r.alias_info is not None for r in func._schema.returns)
+
+
+def _cast_floats(batch, dtype):
+    """``batch`` (a tensor, a tuple/list of positional inputs or a dict of keywords) with
+    its float tensors cast to ``dtype``."""
+    def cast(a):
+        return a.to(dtype) if torch.is_tensor(a) and a.is_floating_point() else a
+
+    if isinstance(batch, dict):
+        return {k: cast(v) for k, v in batch.items()}
+    if isinstance(batch, (tuple, list)):
+        return tuple(cast(a) for a in batch)
+    return cast(batch)
+
+
+def emulated_copy(model: torch.nn.Module) -> torch.nn.Module:
+    """A copy of ``model`` in FP32 whose parameters and buffers are stored in FP16
+    (rounded; FP32 islands keep theirs): what ``run_emulated`` runs."""
+    import copy
+
+    out = copy.deepcopy(model).eval().float()
+    round_module_(out)
+    return out
+
+
+def run_emulated(model: torch.nn.Module, batch, trace: Trace | None = None, fp32_ops: set[int] | None = None):
+    """One forward of ``model`` (from ``emulated_copy``) on ``batch`` with FP16 storage of
+    every stored tensor: the inputs rounded to FP16, each op's float output rounded (see
+    the module docstring). ``trace`` (default: no copies) names the first non-finite op.
+    ``fp32_ops``: the ops a ``.half()`` model runs in FP32 (None: found here on ``meta``)."""
+    from fp16lens.patch._trace import traced
+
+    x = _cast_floats(_cast_floats(batch, torch.float16), torch.float32)
+    if fp32_ops is None:
+        args, kwargs = (((), x) if isinstance(x, dict) else ((x if isinstance(x, tuple) else (x,)), {}))
+        fp32_ops = fp32_compute_ops(model, args, kwargs) or set()
+    trace = trace if trace is not None else Trace(keep=False)
+    mode = StorageRounding(trace, fp32_ops=fp32_ops)
+    with torch.no_grad():
+        with traced(model, mode):
+            out = call_model(model, x)
+        mode.flush(out)
+    return out

@@ -1,0 +1,258 @@
+"""patch proves its result: the patched model in real FP16 on the caller's batches.
+
+On the CPU real FP16 is FP16 storage of every stored tensor (parameters, inputs, each
+op's output; FP32 islands as ``.half()`` leaves them: ``patch/_emulate.py``, the same
+emulation verify's ``torch-emulated`` backend runs); on a GPU it is ``.half()`` itself.
+Each float output must be finite where the original's FP32 output is, and within the
+parity tolerance of it (``PatchOptions.min_cosine``, ``max_rel``). Where a batch fails,
+``next_widening`` says what to keep in FP32 next (``patch/_widen.py``): the span holding
+the first non-finite site end to end, then the module enclosing that span, then the
+module running the site; the caller plans again and checks again.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils._pytree import tree_flatten
+
+from fp16lens._core import FP16_MAX, PatchError
+from fp16lens._core.sites import is_island
+from fp16lens.patch._check import relative_error
+from fp16lens.patch._emulate import emulated_copy, run_emulated
+from fp16lens.patch._options import PatchOptions
+from fp16lens.patch._plan import BatchProof, Plan
+from fp16lens.patch._trace import SiteTracer, Trace, traced
+from fp16lens.patch._widen import enclosing, host
+from fp16lens.report import Report
+from fp16lens.watch import call_model, fp32_compute_ops
+
+_HOW = "pass batches=[x], batches=[(x1, x2)], batches=[{'input_ids': ids}] or a DataLoader"
+
+
+def as_batches(batches: Any) -> list:
+    """The batches as a list (each a tensor, a tuple/list of positional inputs or a dict)."""
+    if torch.is_tensor(batches):
+        raise PatchError(f"batches= got a bare tensor (it would be iterated over its first axis); {_HOW}")
+    if isinstance(batches, Mapping):
+        raise PatchError(f"batches= got a dict: one batch of keyword inputs is batches=[d]; {_HOW}")
+    if not isinstance(batches, Iterable) or isinstance(batches, (str, bytes)):
+        raise PatchError(f"batches= needs an iterable of batches, got {type(batches).__name__}; {_HOW}")
+    out = list(batches)
+    if not out:
+        raise PatchError(f"batches= holds no batch; {_HOW}")
+    return out
+
+
+def _device(model: nn.Module) -> torch.device:
+    for t in (*model.parameters(), *model.buffers()):
+        return t.device
+    return torch.device("cpu")
+
+
+def _to(batch, dtype=None, device=None):
+    def cast(a):
+        if not torch.is_tensor(a):
+            return a
+        a = a.to(device) if device is not None else a
+        return a.to(dtype) if dtype is not None and a.is_floating_point() else a
+
+    if isinstance(batch, dict):
+        return {k: cast(v) for k, v in batch.items()}
+    if isinstance(batch, (tuple, list)):
+        return tuple(cast(a) for a in batch)
+    return cast(batch)
+
+
+def _floats(out) -> list[torch.Tensor]:
+    return [t for t in tree_flatten(out)[0] if torch.is_tensor(t) and t.is_floating_point()]
+
+
+class Fp16Runner:
+    """The patched model in real FP16: ``.half()`` on a GPU, FP16 storage emulated on the CPU."""
+
+    def __init__(self, patched: nn.Module):
+        self.device = _device(patched)
+        self.gpu = self.device.type == "cuda"
+        if self.gpu:
+            self.model = copy.deepcopy(patched).eval().half()
+        else:
+            self.model = emulated_copy(patched)
+        self.fp32_ops: set[int] | None = None
+
+    def run(self, batch) -> tuple[list[torch.Tensor], str]:
+        """The float outputs and the first site whose output is non-finite ("" if none)."""
+        trace = Trace(keep=False)
+        if self.gpu:
+            with torch.no_grad(), traced(self.model, SiteTracer(trace)):
+                out = call_model(self.model, _to(batch, torch.float16, self.device))
+        else:
+            if self.fp32_ops is None:
+                x = _to(_to(batch, torch.float16), torch.float32)
+                args, kwargs = ((), x) if isinstance(x, dict) else ((x if isinstance(x, tuple) else (x,)), {})
+                broken = _half_fails(self.model, args, kwargs)
+                if broken:
+                    return [], broken
+                self.fp32_ops = fp32_compute_ops(self.model, args, kwargs) or set()
+            out = run_emulated(self.model, _to(batch, device=self.device), trace, self.fp32_ops)
+        return [t.float() for t in _floats(out)], trace.first_nonfinite or ""
+
+
+def _half_fails(model: nn.Module, args, kwargs) -> str:
+    """Why ``model.half()`` cannot run at all ("" when it can, or when the forward cannot
+    run on ``meta``): an FP32 tensor meeting FP16 weights. Emulated FP16 computes in FP32
+    and would not see it; this runs a ``.half()`` copy on ``meta`` (no arithmetic)."""
+    from torch.utils._pytree import tree_map
+
+    def meta(t):
+        if not torch.is_tensor(t):
+            return t
+        return t.detach().to(device="meta", dtype=torch.float16 if t.is_floating_point() else t.dtype)
+
+    try:
+        half = copy.deepcopy(model).half().to("meta")
+        with torch.no_grad(), torch.device("meta"):
+            half(*tree_map(meta, tuple(args)), **tree_map(meta, dict(kwargs)))
+    except RuntimeError as exc:
+        text = str(exc)
+        if "type" in text and ("same" in text or "expected" in text.lower()):
+            return f"(.half() fails: {text.splitlines()[0][:160]})"
+    except Exception:
+        return ""
+    return ""
+
+
+def _cosine(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.double().flatten(), b.double().flatten()
+    na, nb = float(a.norm()), float(b.norm())
+    if na == 0 and nb == 0:
+        return 1.0
+    if na == 0 or nb == 0:
+        return 0.0
+    return float(a @ b) / (na * nb)
+
+
+@torch.no_grad()
+def prove_batches(original: nn.Module, patched: nn.Module, batches: list, opts: PatchOptions) -> list[BatchProof]:
+    """Per batch: the patched model's FP32 outputs against the original's (rescaling is
+    exact), and its real FP16 outputs against the original's FP32 ones."""
+    runner = Fp16Runner(patched)
+    device = _device(original)
+    out = []
+    for k, batch in enumerate(batches):
+        want = [t.float() for t in _floats(call_model(original, _to(batch, device=device)))]
+        got32 = _floats(call_model(patched, _to(batch, device=device)))
+        fp32_rel = max((relative_error(a, b.float()) for a, b in zip(want, got32)), default=0.0)
+        got16, first = runner.run(batch)
+        finite, cos, rel = bool(got16) or not want, 1.0, 0.0
+        for a, b in zip(want, got16):
+            b = b.to(a.device)
+            ok = torch.isfinite(a)
+            if not bool(torch.isfinite(b)[ok].all()):
+                finite = False
+            if a.shape != b.shape:
+                finite, cos, rel = False, float("nan"), float("inf")
+                continue
+            a2, b2 = a[ok], b[ok]
+            if finite:
+                cos = min(cos, _cosine(a2, b2))
+                rel = max(rel, relative_error(a2, b2))
+        if not finite:
+            cos, rel = float("nan"), float("inf")
+        out.append(BatchProof(k, finite, cos, rel, fp32_rel, first if not finite else ""))
+    return out
+
+
+def passes(proof: BatchProof, opts: PatchOptions) -> bool:
+    if not proof.finite or not proof.cosine >= opts.min_cosine:
+        return False
+    return opts.max_rel is None or proof.max_rel <= opts.max_rel
+
+
+def _report_name(patched: nn.Module, site: str) -> str:
+    """A site of the patched model as the report names it: the ``module`` child of an
+    island is not part of the original model's names."""
+    mod, sep, op = site.partition(":")
+    names = dict(patched.named_modules())
+    parts = mod.split(".") if mod else []
+    kept, prefix = [], ""
+    for p in parts:
+        here = f"{prefix}.{p}" if prefix else p
+        parent = names.get(prefix) if prefix else patched
+        if not (p == "module" and parent is not None and is_island(parent)):
+            kept.append(p)
+        prefix = here
+    name = ".".join(kept)
+    return f"{name}{sep}{op}" if sep else name
+
+
+def next_widening(report: Report, patched: nn.Module, failed: list[BatchProof], opts: PatchOptions,
+                  model: nn.Module) -> PatchOptions | None:
+    """The options for the next round: one more thing kept FP32, or None when everything
+    that could be has been."""
+    import dataclasses
+
+    spans, modules = list(opts.fp32_spans), list(opts.fp32_modules)
+    names = set(dict(model.named_modules()))
+    sites = [_report_name(patched, b.first_nonfinite) for b in failed if b.first_nonfinite]
+    candidates = [i for s in sites for i in _spans_of(report, s)]
+    if not sites:  # finite but off: every span not yet kept FP32
+        candidates = list(range(len(report.spans)))
+    new = [i for i in dict.fromkeys(candidates) if i not in spans]
+    if new:
+        return dataclasses.replace(opts, fp32_spans=(*spans, *new))
+    wider = [enclosing(report, i) for i in dict.fromkeys(candidates)]
+    wider += [host(report, s) for s in sites]
+    wider = [m if m in names else "" for m in wider]
+    wider = [m for m in dict.fromkeys(wider) if m not in modules]
+    if wider:
+        return dataclasses.replace(opts, fp32_modules=(*modules, wider[0]))
+    if "" not in modules and failed:
+        return dataclasses.replace(opts, fp32_modules=(*modules, ""))
+    return None
+
+
+def _spans_of(report: Report, site: str) -> list[int]:
+    """Spans holding ``site``, else those run by its module (or a module around it)."""
+    exact = [i for i, s in enumerate(report.spans) if site in s.sites]
+    if exact:
+        return exact
+    mod = host(report, site)
+    return [i for i, s in enumerate(report.spans)
+            if any(mod and (host(report, x) == mod or host(report, x).startswith(mod + ".")) for x in s.sites)]
+
+
+def _output_site(report: Report, module: str) -> str | None:
+    """The site giving a module's output: the module itself when it is a leaf site, else
+    the last site run inside it (its forward's last op)."""
+    st = report.sites.get(module)
+    if st is not None and st.kind == "module":
+        return module
+    inside = [s for s in report.sites.values() if host(report, s.name) == module
+              or host(report, s.name).startswith(module + ".")]
+    return max(inside, key=lambda s: s.order).name if inside else None
+
+
+def statistics_problems(plan: Plan, report: Report) -> list[tuple[str, float]]:
+    """Without batches, what the report's statistics show about the plan: islands whose
+    recorded output (divided by their out_scale) is still beyond FP16, and that hand it
+    back in FP16 (site, value)."""
+    out = []
+    for i in plan.islands:
+        site = i.site or _output_site(report, i.module)
+        st = report.sites.get(site) if site else None
+        if st is None:
+            continue
+        value = st.absmax / (i.out_scale or 1.0)
+        if not value <= FP16_MAX and math.isfinite(st.absmax):
+            out.append((site, value))
+    return out
+
+
+def spans_for_sites(report: Report, sites: list[str]) -> list[int]:
+    return list(dict.fromkeys(i for s in sites for i in _spans_of(report, s)))

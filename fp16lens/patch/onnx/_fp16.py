@@ -1,0 +1,139 @@
+"""The patched ONNX graph in FP16 on the CPU: every stored float tensor rounded to FP16.
+
+A copy of the FP32 graph where each FP32 output of a node that is not an FP32 node
+(``fp16lens.fp32_nodes``) goes through Cast(FLOAT16) and Cast(FLOAT) before anyone reads
+it, the float initializers read by such nodes are rounded to FP16, and so are the float
+inputs. ONNX Runtime runs it with its optimizations off, so that no Cast pair is
+removed: what a real FP16 runtime stores overflows to inf here too (inside one op the
+arithmetic stays FP32, as on a GPU's FP16 kernels that accumulate in FP32).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from fp16lens.patch._check import relative_error
+from fp16lens.patch._plan import BatchProof
+from fp16lens.patch.onnx._graph import onnx_module, read
+
+_FLOAT, _HALF = 1, 10
+
+
+def fp16_storage(proto):
+    """A copy of ``proto`` with FP16 storage emulated (see the module docstring), and the
+    rounded tensor of each node in node order: (site, tensor)."""
+    from fp16lens.patch.onnx._patch import fp32_nodes
+
+    onnx = onnx_module()
+    helper, numpy_helper = onnx.helper, onnx.numpy_helper
+    out = onnx.ModelProto()
+    out.CopyFrom(proto)
+    m = read(out)
+    keep = set(fp32_nodes(out))
+    g = out.graph
+    fp32_readers = {}
+    for node in g.node:
+        for t in node.input:
+            fp32_readers.setdefault(t, []).append((node.name or node.output[0]) in keep)
+    with np.errstate(over="ignore"):
+        for init in g.initializer:
+            if init.data_type == _FLOAT and not all(fp32_readers.get(init.name, [False])):
+                arr = numpy_helper.to_array(init).astype(np.float16).astype(np.float32)
+                init.CopyFrom(numpy_helper.from_array(arr, init.name))
+    nodes, rounded = [], []
+    names = {id(n): s for s, n in m.nodes.items()}
+    for k, node in enumerate(list(g.node)):
+        nodes.append(node)
+        if node.op_type == "Constant" and not all(fp32_readers.get(node.output[0], [False])):
+            for a in node.attribute:  # a float constant is stored in FP16 too
+                if a.name == "value" and a.t.data_type == _FLOAT:
+                    with np.errstate(over="ignore"):
+                        arr = numpy_helper.to_array(a.t).astype(np.float16).astype(np.float32)
+                    a.t.CopyFrom(numpy_helper.from_array(arr, a.t.name))
+        if (node.name or node.output[0]) in keep or node.op_type == "Constant":
+            continue
+        for slot, t in enumerate(node.output):
+            if not t or m.elem.get(t) != _FLOAT:
+                continue
+            raw = f"{t}__fp16lens_fp32_{k}"
+            node.output[slot] = raw
+            half = helper.make_node("Cast", [raw], [f"{t}__fp16lens_fp16_{k}"], to=_HALF)
+            back = helper.make_node("Cast", [half.output[0]], [t], to=_FLOAT)
+            nodes += [half, back]
+            rounded.append((names.get(id(node), node.name or t), t))
+    del g.node[:]
+    g.node.extend(nodes)
+    return out, rounded
+
+
+def _session(proto):
+    from fp16lens.patch.onnx._patch import _session as session
+
+    return session(proto)
+
+
+def _round_feed(feed: dict) -> dict:
+    return {k: (v.astype(np.float16).astype(v.dtype) if np.issubdtype(v.dtype, np.floating) else v)
+            for k, v in feed.items()}
+
+
+def _cosine(a: np.ndarray, b: np.ndarray) -> float:
+    a, b = a.astype(np.float64).ravel(), b.astype(np.float64).ravel()
+    na, nb = np.linalg.norm(a), np.linalg.norm(b)
+    if na == 0 and nb == 0:
+        return 1.0
+    if na == 0 or nb == 0:
+        return 0.0
+    return float(a @ b / (na * nb))
+
+
+def prove_graph(original, patched, feeds: list[dict]) -> list[BatchProof]:
+    """Per batch: the patched graph's FP32 outputs against the original's, and its FP16
+    (storage) outputs against the original's FP32 ones; the first node whose rounded
+    output is non-finite where it is finite in FP32."""
+    onnx = onnx_module()
+    emulated, rounded = fp16_storage(patched)
+    ref, fp32, half = _session(original), _session(patched), _session(emulated)
+    out = []
+    for k, feed in enumerate(feeds):
+        want = ref.run(None, feed)
+        got32 = fp32.run(None, feed)
+        got16 = half.run(None, _round_feed(feed))
+        floats = [i for i, w in enumerate(want) if np.issubdtype(np.asarray(w).dtype, np.floating)]
+        fp32_rel = max((relative_error(torch.from_numpy(np.asarray(want[i], dtype=np.float64)),
+                                        torch.from_numpy(np.asarray(got32[i], dtype=np.float64))) for i in floats),
+                       default=0.0)
+        finite, cos, rel = True, 1.0, 0.0
+        for i in floats:
+            a, b = np.asarray(want[i], dtype=np.float64), np.asarray(got16[i], dtype=np.float64)
+            ok = np.isfinite(a)
+            if a.shape != b.shape or not np.isfinite(b[ok]).all():
+                finite = False
+                continue
+            cos = min(cos, _cosine(a[ok], b[ok]))
+            rel = max(rel, relative_error(torch.from_numpy(a[ok]), torch.from_numpy(b[ok])))
+        first = ""
+        if not finite:
+            cos, rel = float("nan"), float("inf")
+            first = _first_nonfinite(onnx, emulated, rounded, _round_feed(feed))
+        out.append(BatchProof(k, finite, cos, rel, fp32_rel, first))
+    return out
+
+
+def _first_nonfinite(onnx, emulated, rounded, feed) -> str:
+    """The first node (in graph order) whose FP16 output is inf/NaN."""
+    probe = onnx.ModelProto()
+    probe.CopyFrom(emulated)
+    have = {o.name for o in probe.graph.output}
+    for _, t in rounded:
+        if t not in have:
+            probe.graph.output.append(onnx.helper.make_empty_tensor_value_info(t))
+    sess = _session(probe)
+    names = [o.name for o in sess.get_outputs()]
+    values = dict(zip(names, sess.run(None, feed)))
+    for site, t in rounded:
+        v = values.get(t)
+        if v is not None and np.issubdtype(np.asarray(v).dtype, np.floating) and not np.isfinite(v).all():
+            return site
+    return ""

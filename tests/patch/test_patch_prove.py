@@ -1,0 +1,401 @@
+"""patch proves its result (issue 25): never silent, real FP16 on the caller's batches,
+the FP32 check on inputs like the recorded ones, the ONNX fallback to FP32 nodes.
+
+Ground truth is a real FP16 run made without fp16lens: ``copy.deepcopy(model).half()``
+on half inputs on the CPU, or for ONNX ``plant.onnx_fp16_run`` (every stored tensor
+rounded to FP16 in ONNX Runtime, FP32 nodes honoured).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import fp16lens
+from fp16lens._core import PatchError
+from fp16lens.patch import PatchWarning, get_plan
+
+
+def _half(model, *inputs):
+    with torch.no_grad():
+        return copy.deepcopy(model).half()(*[t.half() if t.is_floating_point() else t for t in inputs])
+
+
+def _cos(a, b) -> float:
+    return float(nn.functional.cosine_similarity(a.double().flatten(), b.double().flatten(), dim=0))
+
+
+# ---- models -----------------------------------------------------------------------------
+class _Mul(nn.Module):  # one module per op, as onnx2torch converts a graph
+    def forward(self, a, b):
+        return a * b
+
+
+class _Add(nn.Module):
+    def forward(self, a):
+        return a + 3.0
+
+
+class _Div(nn.Module):
+    def forward(self, a):
+        return a / 6.0
+
+
+class Hardswish(nn.Module):
+    """The stem of issue 25's text detector: conv, then x * relu6(x + 3) / 6 as separate
+    modules; raw 0-255 pixels make the product pass FP16 and the / 6 bring it back."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.add, self.relu6, self.mul, self.div = _Add(), nn.ReLU6(), _Mul(), _Div()
+        self.conv2 = nn.Conv2d(8, 4, 3, padding=1)
+
+    def forward(self, x):
+        y = self.conv(x)
+        return self.conv2(self.div(self.mul(y, self.relu6(self.add(y)))))
+
+
+class TokenModel(nn.Module):
+    """Token ids in, an embedding table beyond FP16, a Linear to the output."""
+
+    def __init__(self, big: bool = True):
+        super().__init__()
+        self.emb = nn.Embedding(50, 16)
+        self.lin = nn.Linear(16, 4)
+        if big:
+            with torch.no_grad():
+                self.emb.weight.mul_(1e5)
+
+    def forward(self, input_ids):
+        if input_ids.is_floating_point():
+            raise ValueError("You must specify exactly one of input_ids or inputs_embeds")
+        return self.lin(self.emb(input_ids))
+
+
+def _hardswish():
+    torch.manual_seed(0)
+    model = Hardswish().eval()
+    x = torch.rand(2, 3, 16, 16) * 255 * 150  # the conv's output reaches 3.2e4
+    return model, x
+
+
+def _tokens():
+    torch.manual_seed(0)
+    return TokenModel().eval(), torch.randint(0, 50, (2, 7))
+
+
+# ---- never silent -------------------------------------------------------------------------
+def test_unresolved_warns_naming_the_site_and_strict_raises():
+    model, ids = _tokens()
+    report = fp16lens.scan(model, [{"input_ids": ids}], progress=False)
+    with pytest.warns(PatchWarning, match=r"unresolved[\s\S]*lin: span emb -> output[\s\S]*strict=True"):
+        patched = fp16lens.patch(model, report)
+    assert [u.site for u in get_plan(patched).unresolved] == ["lin"]
+    assert not torch.isfinite(_half(patched, ids)).all()  # the warning is right: FP16 breaks
+    with pytest.raises(PatchError, match=r"lin: span emb -> output"):
+        fp16lens.patch(model, report, strict=True)
+    assert fp16lens.PatchWarning is PatchWarning
+
+
+def test_output_span_is_kept_fp32_by_the_proof_and_hands_fp32_out():
+    model, ids = _tokens()
+    report = fp16lens.scan(model, [{"input_ids": ids}], progress=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PatchWarning)  # proven: nothing to warn about
+        patched = fp16lens.patch(model, report, batches=[{"input_ids": ids}])
+    plan = get_plan(patched)
+    assert plan.proven and not plan.unresolved and [w.modules for w in plan.widened] == [("emb", "lin")]
+    assert plan.fp16_flop_share == 0.0  # the only linear runs in FP32 now
+    out = _half(patched, ids)
+    assert out.dtype == torch.float32 and torch.isfinite(out).all()
+    assert _cos(out, model(ids)) > 0.9999
+    fp16lens.patch(model, report, batches=[{"input_ids": ids}], strict=True)  # proven: strict passes
+
+
+# ---- the proof widens a failing plan --------------------------------------------------------
+def test_batches_widen_an_island_that_stops_too_early_until_real_fp16_is_finite():
+    model, x = _hardswish()
+    report = fp16lens.scan(model, [x], progress=False)
+    assert [(s.start, s.end) for s in report.spans] == [("mul:mul", "div:div")]
+    assert [i.module for i in fp16lens.plan(model, report).islands] == ["mul"]  # the island on the mul only
+    assert not torch.isfinite(_half(model, x)).all()
+    # without widening (max_rounds=0) the proof finds the island hands 7.9e4-like values back in FP16
+    with pytest.warns(PatchWarning, match="fp16-proof: real FP16 still fails"):
+        first = fp16lens.patch(model, report, batches=[x], max_rounds=0)
+    assert not get_plan(first).proven and not torch.isfinite(_half(first, x)).all()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PatchWarning)
+        patched = fp16lens.patch(model, report, batches=[x])
+    plan = get_plan(patched)
+    assert [(w.modules, w.fp32_out) for w in plan.widened] == [(("mul", "div"), ("mul",))]
+    assert plan.proven and plan.proof[0].finite and plan.proof[0].cosine >= 0.999
+    out = _half(patched, x)
+    assert torch.isfinite(out).all() and _cos(out, model(x)) >= 0.999
+    with torch.no_grad():
+        assert torch.equal(patched(x), model(x))  # FP32 unchanged
+    assert list(patched.state_dict()) == list(model.state_dict())  # checkpoints load both ways
+    assert "spans kept FP32 end to end" in _rendered(plan)
+
+
+def test_without_batches_the_statistics_widen_the_island_and_a_warning_says_fp16_did_not_run():
+    model, x = _hardswish()
+    report = fp16lens.scan(model, [x], progress=False)
+    with pytest.warns(PatchWarning, match="FP16 check did not run"):
+        patched = fp16lens.patch(model, report)
+    plan = get_plan(patched)
+    assert not plan.proven and not plan.fp16_checked and plan.fp32_checked
+    assert [w.modules for w in plan.widened] == [("mul", "div")]  # the island's recorded output is 1.9e5
+    assert any("FP16 check did not run" in n for n in plan.notes)
+    assert torch.isfinite(_half(patched, x)).all()
+
+
+def _rendered(plan) -> str:
+    from rich.console import Console
+
+    con = Console(record=True, width=200)
+    con.print(plan)
+    return con.export_text()
+
+
+# ---- the FP32 check without batches -----------------------------------------------------------
+def test_token_id_model_fp32_check_runs_on_recorded_ids():
+    model, ids = _tokens()
+    report = fp16lens.scan(model, [{"input_ids": ids}], progress=False)
+    (spec,) = report.meta.inputs
+    assert spec["name"] == "input_ids" and spec["dtype"] == "int64" and 0 <= spec["min"] <= spec["max"] < 50
+    loaded = fp16lens.Report.from_dict(json.loads(report.to_json()))
+    assert loaded.meta.inputs == report.meta.inputs
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        patched = fp16lens.patch(model, loaded)
+    plan = get_plan(patched)
+    assert plan.fp32_checked and not any("FP32 equivalence not checked" in n for n in plan.notes)
+    assert not any("FP32 equivalence" in str(w.message) for w in caught)
+    # a rescaling that is wrong is caught on the synthesized ids (the check really runs)
+    from fp16lens.patch._check import check_equivalent
+
+    broken = copy.deepcopy(patched)
+    with torch.no_grad():
+        broken.lin.weight.mul_(1.01)
+    with pytest.raises(PatchError, match="differs from the original"):
+        check_equivalent(model, broken, loaded)
+
+
+def test_old_reports_without_inputs_still_load_and_warn_when_the_check_cannot_run():
+    model, ids = _tokens()
+    report = fp16lens.scan(model, [{"input_ids": ids}], progress=False)
+    data = json.loads(report.to_json())
+    data["schema_version"] = 2
+    del data["meta"]["inputs"]
+    old = fp16lens.Report.from_dict(data)
+    assert old.meta.inputs == []
+    with pytest.warns(PatchWarning, match="FP32 equivalence not checked"):
+        fp16lens.patch(model, old)
+
+
+@pytest.mark.slow
+def test_tiny_bert_fp32_check_runs_on_token_ids():
+    from torchvision_compat import need_torchvision
+
+    need_torchvision()  # transformers imports torchvision where it is installed
+    transformers = pytest.importorskip("transformers")
+    config = transformers.BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                     intermediate_size=64, max_position_embeddings=32)
+    torch.manual_seed(0)
+    model = transformers.BertModel(config).eval()
+    with torch.no_grad():
+        model.embeddings.word_embeddings.weight.mul_(2e5)  # a table beyond FP16: something to patch
+    ids = torch.randint(0, 64, (1, 8))
+    report = fp16lens.scan(model, [{"input_ids": ids, "attention_mask": torch.ones_like(ids)}], progress=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        patched = fp16lens.patch(model, report)
+    assert get_plan(patched).changes
+    assert not any("FP32 equivalence not checked" in str(w.message) for w in caught)
+    assert get_plan(patched).fp32_checked
+
+
+# ---- ONNX: the FP32 check falls back to FP32 nodes ---------------------------------------------
+class _SE(nn.Module):
+    """A conv whose output passes FP16, a squeeze-excitation gate read from it, a conv
+    bringing it back."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.fc = nn.Conv2d(8, 8, 1)
+        self.out = nn.Conv2d(8, 4, 3, padding=1)
+        with torch.no_grad():
+            self.conv.weight.abs_().mul_(400.0)
+            self.fc.weight.mul_(1e-4)
+            self.out.weight.mul_(1e-3)
+
+    def forward(self, x):
+        y = torch.relu(self.conv(x))
+        gate = torch.sigmoid(self.fc(nn.functional.adaptive_avg_pool2d(y, 1)))
+        return self.out(y * gate)
+
+
+def test_onnx_check_failure_keeps_the_span_fp32_and_writes_a_file_that_passes(tmp_path):
+    onnx = pytest.importorskip("onnx")
+    pytest.importorskip("onnxruntime")
+    from fp16lens.patch import PatchOptions
+    from fp16lens.patch.onnx import fp32_nodes, patch_onnx
+
+    from plant import onnx_fp16_run
+
+    torch.manual_seed(0)
+    model, x = _SE().eval(), torch.rand(1, 3, 16, 16) * 255
+    path = str(tmp_path / "se.onnx")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model, (x,), path, opset_version=17, dynamo=False)
+    report = fp16lens.scan(path, [x.numpy()], progress=False)
+    assert report.spans
+    # the dataflow misses the squeeze-excitation read: the gate's pool reads the rescaled tensor
+    pool = next(s for s in report.sites if "GlobalAveragePool" in s or "ReduceMean" in s)
+    report.edges = [e for e in report.edges if e[1] != pool]
+    feed = {onnx.load(path).graph.input[0].name: x.numpy()}
+    ref = onnx_fp16_run(onnx.load(path), feed)[0]  # noqa: F841 (FP16 without the fix)
+    out = tmp_path / "fixed.onnx"
+    _, plan = patch_onnx(path, report, PatchOptions(), out=out)
+    kept = fp32_nodes(onnx.load(str(out)))
+    assert kept and plan.fp32_checked and any("kept its nodes FP32" in n for n in plan.notes)
+    assert all(k in " ".join(plan.notes) for k in kept if k in {i.module for i in plan.islands})
+    from fp16lens.verify._onnx import session
+
+    fixed = onnx.load(str(out))
+    onnx.checker.check_model(fixed, full_check=True)
+    want = session(onnx.load(path)).run(None, feed)[0]
+    got = session(fixed).run(None, feed)[0]
+    assert float(np.abs(want - got).max() / np.abs(want).max()) <= 1e-4
+    half = onnx_fp16_run(fixed, feed, kept)[0]
+    assert np.isfinite(half).all()
+    assert _cos(torch.from_numpy(want), torch.from_numpy(half)) >= 0.999
+
+
+def test_onnx_patch_with_batches_is_proven_in_fp16(tmp_path):
+    onnx = pytest.importorskip("onnx")
+    pytest.importorskip("onnxruntime")
+    from fp16lens.patch.onnx import fp32_nodes
+
+    from plant import onnx_fp16_run
+
+    torch.manual_seed(0)
+    model, x = _SE().eval(), torch.rand(1, 3, 16, 16) * 255
+    path = str(tmp_path / "se.onnx")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model, (x,), path, opset_version=17, dynamo=False)
+    report = fp16lens.scan(path, [x.numpy()], progress=False)
+    name = onnx.load(path).graph.input[0].name
+    assert not np.isfinite(onnx_fp16_run(onnx.load(path), {name: x.numpy()})[0]).all()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PatchWarning)
+        fixed = fp16lens.patch(path, report, batches=[{name: x.numpy()}])
+    half = onnx_fp16_run(fixed, {name: x.numpy()}, fp32_nodes(fixed))[0]
+    assert np.isfinite(half).all()
+
+
+# ---- the CLI ---------------------------------------------------------------------------------
+def test_cli_patch_with_input_proves_the_patched_model(tmp_path, capsys, monkeypatch):
+    import inspect
+
+    from fp16lens.cli import main
+
+    model, x = _hardswish()
+    source = "\n\n".join(inspect.getsource(c) for c in (_Mul, _Add, _Div, Hardswish))
+    (tmp_path / "prove_model.py").write_text(
+        "import torch\nfrom torch import nn\n\n" + source
+        + "\n\ndef build():\n    torch.manual_seed(0)\n    return Hardswish().eval()\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    torch.save([x], tmp_path / "in.pt")
+    fp16lens.scan(model, [x], progress=False).save(tmp_path / "r.json")
+    args = ["patch", "prove_model:build", "--report", str(tmp_path / "r.json"), "-o", str(tmp_path / "p.pt2")]
+    assert main([*args, "--input", str(tmp_path / "in.pt"), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["proven"] is True and out["plan"]["widened"] and out["plan"]["proof"][0]["finite"]
+    assert main(args) == 0  # without --input: the statistics widen, and the output says FP16 did not run
+    assert "warning: the FP16 check did not run" in capsys.readouterr().out
+
+
+def test_merged_reports_widen_the_recorded_input_ranges():
+    from fp16lens.report import merge_reports
+
+    model, _ = _tokens()
+    a = fp16lens.scan(model, [{"input_ids": torch.tensor([[3, 4]])}], progress=False)
+    b = fp16lens.scan(model, [{"input_ids": torch.tensor([[1, 40]])}], progress=False)
+    (spec,) = merge_reports([a, b]).meta.inputs
+    assert (spec["min"], spec["max"]) == (1, 40) and a.meta.inputs[0]["max"] == 4
+
+
+class _RootOps(nn.Module):
+    """A span through functional ops of the model's own forward: no module but the model
+    itself can hold it."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.out = nn.Conv2d(8, 4, 1)
+        with torch.no_grad():
+            self.conv.weight.abs_().mul_(1000.0)
+
+    def forward(self, x):
+        y = self.conv(x)
+        return self.out(y * torch.sigmoid(y) / 65536.0)
+
+
+def test_the_last_resort_keeps_the_whole_model_fp32_and_says_so():
+    torch.manual_seed(0)
+    model, x = _RootOps().eval(), torch.rand(1, 3, 8, 8) * 255
+    report = fp16lens.scan(model, [x], progress=False)
+    assert report.spans and not torch.isfinite(_half(model, x)).all()
+    with pytest.warns(PatchWarning, match="whole model was kept FP32"):
+        patched = fp16lens.patch(model, report, batches=[x])
+    plan = get_plan(patched)
+    assert plan.proven and any("" in w.modules for w in plan.widened) and plan.fp16_flop_share == 0.0
+    out = _half(patched, x)
+    assert torch.isfinite(out).all() and _cos(out, model(x)) >= 0.999
+
+
+@pytest.mark.slow
+def test_ppocr_through_onnx2torch_on_a_raw_sentence_island_widened_until_real_fp16_reads_it():
+    """Issue 25's first repro on the published PP-OCRv4 detector (rapidocr's wheel, through
+    onnx2torch): raw 0-255 pixels of a rendered sentence make the stem's hardswish product
+    ``p2o/Mul/8`` reach 9.1e4, and the planner's island on the Mul alone hands it back in
+    FP16. With the page as batches, the proof keeps the span FP32 end to end."""
+    import importlib.util
+    import pathlib
+
+    import zoo_real
+
+    spec = importlib.util.spec_from_file_location(
+        "_fx_graphs", pathlib.Path(__file__).with_name("test_patch_fx_graphs.py"))
+    fx_graphs = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fx_graphs)
+    try:
+        img = zoo_real.sentence_image()
+    except zoo_real.Missing as exc:
+        pytest.skip(str(exc))
+    model = fx_graphs._ppocr_detector()
+    x = img.expand(1, 3, -1, -1)[..., : img.shape[-1] // 32 * 32].contiguous()  # raw 0-255
+    report = fp16lens.scan(model, [x], progress=False)
+    assert report.spans[0].start == "p2o/Mul/8:mul"
+    with torch.no_grad():
+        want = model(x)
+    assert not torch.isfinite(_half(model, x)).all()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PatchWarning)
+        patched = fp16lens.patch(model, report, batches=[x])
+    plan = get_plan(patched)
+    assert plan.proven and plan.widened[0].modules == ("p2o/Mul/8", "p2o/Div/1")
+    out = _half(patched, x).float()
+    assert torch.isfinite(out).all() and _cos(out, want) >= 0.999
+    assert ((out > 0.3) != (want > 0.3)).float().mean() < 0.005 and (want > 0.3).float().mean() > 0.1
