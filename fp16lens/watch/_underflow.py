@@ -37,7 +37,7 @@ from fp16lens._core.underflow import (
     flushes,
     singular_pow,
 )
-from fp16lens.report import HIST_MIN_EXP, Finding
+from fp16lens.report import HIST_BINS, HIST_MIN_EXP, Finding
 
 RELEVANT = frozenset(SINGULAR_ARG) | ZERO_KEEPING | ZERO_REDUCING | ZERO_JOINING
 _UNDERFLOW_BINS = -24 - HIST_MIN_EXP + 1  # histogram bins wholly below 2^-24
@@ -281,10 +281,14 @@ class UnderflowAcc:
     consts: dict[str, int] = field(default_factory=dict)
 
 
-def _origin(operand: tuple[int, ...], inputs, sites, uf: list[bool], consts: dict[int, str],
-            input_site: int) -> tuple[int | None, list[str]]:
+def _origin(operand: tuple[int, ...], inputs, sites, share: list[float], consts: dict[int, str],
+            input_site: int, flushed: float) -> tuple[int | None, list[str]]:
     """The farthest event upstream of ``operand`` in a chain of events whose values fall
-    below 2^-24 (the site where the values flushed), and the vanished constants met."""
+    below 2^-24 (the site where the values flushed), and the vanished constants met.
+    ``share``: per event, the sampled share of its non-zero values below 2^-24; a chain
+    goes on while a producer flushes at least half the share of what it feeds (any
+    tensor holds a few tiny values; the origin holds the many that matter)."""
+    uf = [v >= 0.25 * flushed and v > 0 for v in share]
     seen: set[int] = set()
     frontier = list(operand)
     found: list[str] = []
@@ -308,7 +312,8 @@ def _origin(operand: tuple[int, ...], inputs, sites, uf: list[bool], consts: dic
         for p in (origin, *inputs[origin]):
             if p in consts and consts[p] not in found:
                 found.append(consts[p])
-        ups = [p for p in inputs[origin] if uf[p] and sites[p] != input_site]
+        ups = [p for p in inputs[origin] if share[p] >= 0.5 * share[origin] and share[p] > 0
+               and sites[p] != input_site]
         if not ups:
             break
         origin = max(ups)  # the latest producer: the one this value was computed from
@@ -328,7 +333,8 @@ def add_forward(acc: dict[int, UnderflowAcc], candidates: list[Candidate], const
     live = [c for c in candidates if c.nonfinite]
     if not live:
         return
-    uf = (rows[:, :_UNDERFLOW_BINS].sum(dim=1) > 0).cpu().tolist()
+    rows = rows[:, :HIST_BINS].to("cpu", torch.float64)
+    share = (rows[:, :_UNDERFLOW_BINS].sum(dim=1) / rows.sum(dim=1).clamp(min=1)).tolist()
     for c in live:
         a = acc.setdefault(c.site, UnderflowAcc(op=c.op))
         a.flushed += c.flushed
@@ -336,7 +342,8 @@ def add_forward(acc: dict[int, UnderflowAcc], candidates: list[Candidate], const
         a.nonfinite += c.nonfinite
         if a.batch < 0:
             a.batch = fw.index
-        origin, found = _origin(c.operand, fw.inputs, fw.sites, uf, consts, input_site)
+        origin, found = _origin(c.operand, fw.inputs, fw.sites, share, consts, input_site,
+                                c.flushed / max(c.numel, 1))
         if origin is not None:
             o = fw.sites[origin]
             a.origins[o] = a.origins.get(o, 0) + 1
