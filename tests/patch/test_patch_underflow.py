@@ -1,0 +1,54 @@
+"""patch() fixes underflow that breaks: the normalization block (from the site where the
+values flush through the log/divide/rsqrt) becomes one FP32 island, named in the plan.
+Proof, per model: FP32 outputs unchanged, real FP16 (``.half()`` on the CPU) finite and
+close to FP32."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import underflow_models as um
+
+from fp16lens import patch, plan, watch
+from fp16lens._core.sites import Mechanism
+from fp16lens.patch import get_plan
+
+
+def _report(model, x):
+    with torch.no_grad(), watch(model) as lens:
+        model(x)
+    return lens.report
+
+
+@pytest.mark.parametrize("name", um.FAILING)
+def test_island_makes_real_fp16_finite(name):
+    model, x = um.build(name)
+    report = _report(model, x)
+    assert report.findings_by(Mechanism.UNDERFLOW)
+    patched = patch(model, report)
+    islands = get_plan(patched).islands
+    assert [i.module for i in islands] == ["block"]
+    assert "underflow: block:" in islands[0].reason
+    with torch.no_grad():
+        ref = model(x)
+        torch.testing.assert_close(patched(x), ref, rtol=1e-6, atol=0)  # FP32 unchanged
+        before = copy.deepcopy(model).half()(x.half())
+        after = copy.deepcopy(patched).half()(x.half()).float()
+    assert not before.isfinite().all()
+    assert after.isfinite().all()
+    # what is left is FP16 rounding of the front's output (subnormal for the quiet rows)
+    assert float((after - ref).abs().max() / ref.abs().max()) < 0.05
+
+
+def test_block_in_the_models_own_forward_is_unresolved():
+    """No submodule holds the block: the model itself cannot be an island; the plan says so."""
+    class Flat(torch.nn.Module):
+        def forward(self, x):
+            return torch.log(x * x + 1e-10)
+
+    model, x = Flat().eval(), um.quiet_rows(1e-5)
+    the_plan = plan(model, _report(model, x))
+    assert not the_plan.islands
+    assert any("underflow at :log" in u.reason for u in the_plan.unresolved)

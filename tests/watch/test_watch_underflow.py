@@ -1,0 +1,120 @@
+"""watch() finds underflow that breaks (mechanism "underflow", kind "flush-singular"): values
+FP16 makes 0 reaching a log, a denominator, an rsqrt or a negative power. Ground truth is a
+real FP16 run on the CPU (``copy.deepcopy(model).half()(x.half())``): the report says
+underflow exactly when that run gives inf/NaN while FP32 is finite."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import underflow_models as um
+
+from fp16lens import watch
+from fp16lens._core.sites import FindingKind, Mechanism
+from fp16lens.cli import main
+
+
+def _real_nonfinite(model, x) -> int:
+    with torch.no_grad():
+        assert model(x).isfinite().all()  # FP32 is fine: FP16 alone breaks it
+        return int((~copy.deepcopy(model).half()(x.half()).isfinite()).sum())
+
+
+def _report(model, x):
+    with torch.no_grad(), watch(model) as lens:
+        model(x)
+    return lens.report
+
+
+@pytest.mark.parametrize("name", [*um.FAILING, *um.CLEAN])
+def test_verdict_matches_real_fp16(name):
+    model, x = um.build(name)
+    bad = _real_nonfinite(model, x)
+    report = _report(model, x)
+    found = report.findings_by(Mechanism.UNDERFLOW)
+    assert (bad > 0) == bool(found) == (not report.clean), (name, bad, found)
+    assert (bad > 0) == (name in um.FAILING)
+    for f in found:
+        assert f.kind == FindingKind.FLUSH_SINGULAR and f.site.startswith("block:")
+        # per value (or per row of a reduced denominator, spread over the row after it)
+        assert bad / um.WIDTH <= f.count <= bad, (f.count, bad)
+        assert 0 < f.peak <= 1
+
+
+@pytest.mark.parametrize("name", ["softmax-by-hand", "normalize", "log-square-eps"])
+def test_count_is_exact_where_rows_flush_whole(name):
+    """A divide by a sum of exps is 0/0 only where a whole row flushes: predicted per row."""
+    model, x = um.build(name)
+    (f,) = _report(model, x).findings_by(Mechanism.UNDERFLOW)
+    assert f.count == _real_nonfinite(model, x)
+
+
+def test_partial_rows_of_flushed_exps_stay_finite():
+    """Most exps of every row flush, but one per row survives: the sum is not 0, FP16 is
+    finite, and the verdict stays clean."""
+    model, x = um.build("softmax-by-hand")
+    x = x.clone()
+    w = torch.linalg.pinv(model.front.weight.detach())
+    x[:3] += (w @ torch.eye(um.WIDTH)[0] * 30.0)  # element 0 of the front's rows back near 0
+    assert _real_nonfinite(model, x) == 0
+    assert _report(model, x).clean
+
+
+def test_report_names_op_origin_and_vanished_constant():
+    model, x = um.build("log10-clamp")
+    (f,) = _report(model, x).findings_by(Mechanism.UNDERFLOW)
+    assert f.site == "block:log10" and f.tensor == "block:mul"
+    assert "block:mul" in f.detail and "clamp bound 1e-08" in f.detail and "log10(0) = -inf" in f.detail
+    model, x = um.build("log-square-eps")
+    (f,) = _report(model, x).findings_by(Mechanism.UNDERFLOW)
+    assert "eps 1e-10" in f.detail and "eps 1e-10" in f.fix
+
+
+def test_rendered_verdict_is_not_fp16_safe():
+    model, x = um.build("softmax-by-hand")
+    report = _report(model, x)
+    from rich.console import Console
+
+    console = Console(record=True, width=120, color_system=None)
+    console.print(report)
+    text = console.export_text()
+    assert "FP16-safe" not in text and "1 underflow problem" in text
+    assert "block:div" in text and "block:exp" in text
+
+
+def test_clean_control_renders_safe():
+    model, x = um.build("relu-flush-linear")
+    report = _report(model, x)
+    assert report.sites["front"].underflow > 0  # small values do flush, harmlessly
+    from rich.console import Console
+
+    console = Console(record=True, width=120, color_system=None)
+    console.print(report)
+    assert "✓" in console.export_text()
+
+
+REPRO = '''
+import sys
+sys.path.insert(0, {tests!r})
+import underflow_models as um
+
+
+def build():
+    model, x = um.build({name!r})
+    return model, (x,)
+'''
+
+
+@pytest.mark.parametrize("policy, name, code", [
+    ("underflow", "softmax-by-hand", 1), ("any", "log-square-eps", 1), ("overflow", "log-square-eps", 0),
+    ("any", "log-eps-1e-3", 0),
+])
+def test_cli_fail_on_underflow(tmp_path, capsys, policy, name, code):
+    import os
+
+    path = tmp_path / "m.py"
+    path.write_text(REPRO.format(tests=os.path.dirname(os.path.dirname(__file__)), name=name))
+    assert main(["scan", f"{path}:build", "--fail-on", policy]) == code
+    capsys.readouterr()
