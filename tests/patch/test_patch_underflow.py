@@ -52,3 +52,37 @@ def test_block_in_the_models_own_forward_is_unresolved():
     the_plan = plan(model, _report(model, x))
     assert not the_plan.islands
     assert any("underflow at :log" in u.reason for u in the_plan.unresolved)
+
+
+def test_pesto_patched_is_finite_in_real_fp16():
+    """PESTO (trained weights, pesto-pitch 2.0.1) watched on speech and a gated tone: its
+    confidence block becomes FP32 with what feeds it (the CQT energy's exp runs in PESTO's
+    own forward, so the island is PESTO), and real FP16 gives no NaN and the same pitch."""
+    import zoo_real
+
+    try:
+        model = zoo_real.pesto_audio()
+    except zoo_real.Missing as exc:
+        pytest.skip(str(exc))
+    speech = zoo_real.speech() / 32768.0
+    inputs = [speech, zoo_real.gated_tone(speech.shape[1])]
+    with torch.no_grad(), watch(model) as lens:
+        for x in inputs:
+            model(x)
+    patched = patch(model, lens.report)
+    (island,) = get_plan(patched).islands
+    assert island.module == "pesto" and "underflow: pesto.confidence:div" in island.reason
+    for x in inputs:
+        with torch.no_grad():
+            # the FP32 model on the FP16 input: what any FP16 run is compared with (the
+            # input's rounding alone moves a frame at the tone's edge by ~10 cents)
+            ref = model(x.half().float())
+            before = copy.deepcopy(model).half()(x.half())
+            after = [o.float() for o in copy.deepcopy(patched).half()(x.half())]
+        assert not before[1].isfinite().all()
+        assert all(o.isfinite().all() for o in after)
+        voiced = ref[1] > 0.5
+        assert voiced.sum() > 50
+        cents = 100 * (after[0] - ref[0])[voiced].abs().max()
+        assert cents < 5, cents  # pitch in semitones: within 5 cents where voiced
+        assert (after[1] - ref[1]).abs().max() < 0.01  # confidence

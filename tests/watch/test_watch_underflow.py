@@ -118,3 +118,36 @@ def test_cli_fail_on_underflow(tmp_path, capsys, policy, name, code):
     path.write_text(REPRO.format(tests=os.path.dirname(os.path.dirname(__file__)), name=name))
     assert main(["scan", f"{path}:build", "--fail-on", policy]) == code
     capsys.readouterr()
+
+
+# ---- trained weights: PESTO (pesto-pitch 2.0.1), a pitch estimator, on real audio ------------
+
+def _pesto():
+    import zoo_real
+
+    try:
+        return zoo_real, zoo_real.pesto_audio()
+    except zoo_real.Missing as exc:
+        pytest.skip(str(exc))
+
+
+@pytest.mark.parametrize("kind", ["speech", "gated-tone"])
+def test_pesto_confidence_breaks_where_watch_says(kind):
+    """Its confidence head divides exp(mean(log e)) by mean(e).clip_(min=1e-8), e = the CQT
+    energy: in silent frames every e flushes, the clip bound is 0 in FP16 too, 0/0 = NaN."""
+    zoo_real, model = _pesto()
+    speech = zoo_real.speech() / 32768.0
+    x = speech if kind == "speech" else zoo_real.gated_tone(speech.shape[1])
+    with torch.no_grad():
+        ref = model(x)
+        real = copy.deepcopy(model).half()(x.half())
+    assert all(r.isfinite().all() for r in ref)
+    bad = int((~real[1].isfinite()).sum())  # confidence
+    assert bad > 0 and all(r.isfinite().all() for i, r in enumerate(real) if i != 1)
+    report = _report(model, x)
+    assert not report.clean
+    found = {f.site: f for f in report.findings_by(Mechanism.UNDERFLOW)}
+    div = found["pesto.confidence:div"]
+    assert div.count == bad  # per frame: exactly the frames real FP16 makes NaN
+    assert div.tensor == "pesto:exp" and "clamp bound 1e-08" in div.detail
+    assert "pesto.confidence:log" in found  # log(0) = -inf on the way (mean, exp: 0)
