@@ -121,7 +121,8 @@ class Recorder(TorchDispatchMode):
         self.static = False
         # where FP16 holds a 0 that FP32 does not, for this forward (watch/_underflow.py)
         self.shadow = ZeroShadow(lambda t: (self._lookup(t) or (None, ()))[1],
-                                 lambda: self.forward.fp32 if self.forward is not None else ())
+                                 lambda: self.forward.fp32 if self.forward is not None else (),
+                                 lambda: self.static)
 
     # ---- module boundaries (the tracker's callbacks) -------------------------------
     def _enter(self, frame: Frame, args, kwargs) -> None:

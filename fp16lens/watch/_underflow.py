@@ -19,6 +19,7 @@ fall below 2^-24), and the constants (eps, clip bounds) that FP16 made 0 on the 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import weakref
 from dataclasses import dataclass, field
@@ -71,7 +72,8 @@ class ZeroShadow:
     """The per-forward zero shadow (see the module doc). ``producers(t)`` gives the
     events that made ``t`` (empty for a parameter), ``fp32`` the events not stored in FP16."""
 
-    def __init__(self, producers, fp32_events):
+    def __init__(self, producers, fp32_events, static=lambda: False):
+        self.static = static  # () -> whether the forward is being captured (no value reads)
         self.masks: dict[int, tuple] = {}  # id(t) -> (ref, mask, version)
         self.producers = producers
         self.fp32_events = fp32_events  # () -> set of events computed in FP32
@@ -235,7 +237,7 @@ class ZeroShadow:
         # FP32 non-finite: not FP16's doing
         flushed = z.sum()
         nonfinite = flushed if z.shape == out.shape else torch.broadcast_to(z, out.shape).sum()
-        if a.device.type == "cpu":
+        if a.device.type == "cpu" and not self.static():  # a sync is free: drop zero counts
             flushed, nonfinite = int(flushed), int(nonfinite)
             if not nonfinite:
                 return
@@ -326,10 +328,12 @@ def add_forward(acc: dict[int, UnderflowAcc], candidates: list[Candidate], const
     if not candidates:
         return
     tensors = [c for c in candidates if isinstance(c.flushed, torch.Tensor)]
+    counts = {}
     if tensors:
         vals = torch.stack([torch.stack([c.flushed, c.nonfinite]) for c in tensors]).cpu().tolist()
-        for c, (f, n) in zip(tensors, vals):
-            c.flushed, c.nonfinite = int(f), int(n)
+        counts = {id(c): (int(f), int(n)) for c, (f, n) in zip(tensors, vals)}
+    candidates = [dataclasses.replace(c, flushed=counts[id(c)][0], nonfinite=counts[id(c)][1])
+                  if id(c) in counts else c for c in candidates]
     live = [c for c in candidates if c.nonfinite]
     if not live:
         return

@@ -151,3 +151,19 @@ def test_pesto_confidence_breaks_where_watch_says(kind):
     assert div.count == bad  # per frame: exactly the frames real FP16 makes NaN
     assert div.tensor == "pesto:exp" and "clamp bound 1e-08" in div.detail
     assert "pesto.confidence:log" in found  # log(0) = -inf on the way (mean, exp: 0)
+
+
+def test_compiled_scan_counts_as_the_eager_scan():
+    """scan(compile=True) captures the counts as graph outputs: the same findings per batch
+    (the captured graph run as it is: backend "fx")."""
+    import fp16lens
+    from fp16lens.watch._compiled_scan import scan_compiled
+
+    model, x = um.build("softmax-by-hand")
+    batches = [(x,), (x * 1.1,), (x * 0.9,), (x[:, :] * 1.2,)]
+    eager = fp16lens.scan(model, batches, progress=False)
+    compiled, timings = scan_compiled(model, batches, progress=False, backend="fx")
+    assert timings.compiled_batches == 2
+    want = [(f.site, f.count, f.tensor) for f in eager.findings_by(Mechanism.UNDERFLOW)]
+    got = [(f.site, f.count, f.tensor) for f in compiled.findings_by(Mechanism.UNDERFLOW)]
+    assert want == got and want[0][1] == 4 * 48
