@@ -86,3 +86,18 @@ def test_pesto_patched_is_finite_in_real_fp16():
         cents = 100 * (after[0] - ref[0])[voiced].abs().max()
         assert cents < 5, cents  # pitch in semitones: within 5 cents where voiced
         assert (after[1] - ref[1]).abs().max() < 0.01  # confidence
+
+
+@pytest.mark.parametrize("name", ["softmax-by-hand", "log10-clamp", "normalize"])
+def test_verify_and_scan_agree_before_and_after(name):
+    """verify fails the model in real FP16 (torch-fp16) exactly where scan is not clean;
+    the patched model passes verify, and watching it again finds no underflow (its block
+    is computed in FP32, nothing there is stored in FP16)."""
+    from fp16lens import verify
+
+    model, x = um.build(name)
+    report = _report(model, x)
+    assert not report.clean and not verify(model, model, [x], backend="torch-fp16")
+    patched = patch(model, report)
+    assert verify(model, patched, [x], backend="torch-fp16")
+    assert not _report(patched, x).findings_by(Mechanism.UNDERFLOW)
