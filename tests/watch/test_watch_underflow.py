@@ -192,3 +192,13 @@ def test_crepe_silent_frames_break_where_watch_says():
     (f,) = _report(model, x).findings_by(Mechanism.UNDERFLOW)
     assert f.site == "frames:div" and "eps 1e-10" in f.detail
     assert f.count == rows * 1024  # every sample of each silent frame: 0/0
+
+
+def test_crepe_on_speech_is_clean_as_real_fp16_is_finite():
+    """The clean control on trained weights: speech has no silent frame; tiny stds flush
+    nothing that reaches the divide."""
+    zoo_real, model = _crepe()
+    x = zoo_real.speech(1.0) / 32768.0
+    with torch.no_grad():
+        assert copy.deepcopy(model).half()(x.half()).isfinite().all()
+    assert not _report(model, x).findings_by(Mechanism.UNDERFLOW)
