@@ -61,13 +61,16 @@ BLOCKS = {  # name -> (block fn, quiet scale, loud scale)
     "reciprocal": (lambda x: torch.reciprocal(x * x + 1e-10) * 1e-6, 1e-5, 1.0),
     "pow-negative": (lambda x: torch.pow(x * x + 1e-9, -0.5) * 1e-3, 1e-5, 1.0),
     "normalize": (lambda x: F.normalize(x * x, dim=-1), 1e-5, 1.0),
+    "log-in-place": (lambda x: (x * x).add_(1e-10).log_(), 1e-5, 1.0),  # log_ overwrites its operand
+    "clip-in-place-div": (lambda x: x / (x * x).mean(-1, keepdim=True).clip_(min=1e-8), 1e-5, 1.0),
     # clean controls: the small values flush, harmlessly
     "log-eps-1e-3": (lambda x: torch.log(x * x + 1e-3), 1e-5, 1.0),
     "softmax-by-hand-in-range": (_softmax_by_hand, 1.0, 1.0),
     "relu-flush-linear": (lambda x: F.relu(x) * 2.0, 1e-8, 1.0),
 }
 FAILING = ("log-square-eps", "log2-square-eps", "log10-clamp", "softmax-by-hand", "rsqrt-rms",
-           "sqrt-denominator", "reciprocal", "pow-negative", "normalize")
+           "sqrt-denominator", "reciprocal", "pow-negative", "normalize", "log-in-place",
+           "clip-in-place-div")
 CLEAN = ("log-eps-1e-3", "softmax-by-hand-in-range", "relu-flush-linear")
 
 
