@@ -142,13 +142,14 @@ class ZeroShadow:
     def view(self, func, args, kwargs, out, bump: int) -> None:
         """A view/copy of a masked tensor carries the mask."""
         m = self._mask(args[0]) if args and isinstance(args[0], torch.Tensor) else None
-        if m is None or not isinstance(out, torch.Tensor):
-            return
+        if m is None or bump or not isinstance(out, torch.Tensor):
+            return  # (an in-place view or copy_ into a masked tensor: the direct check stands)
         try:
             mo = func(m, *args[1:], **kwargs)
         except Exception:  # an op a bool mask does not take: the direct check stands
             return
-        if isinstance(mo, torch.Tensor) and mo.shape == out.shape:
+        if isinstance(mo, torch.Tensor) and mo.dtype == torch.bool and mo.shape == out.shape:  # not a
+            # dtype conversion (.half() of a mask is no mask)
             self._keep(out, mo, bump)
 
     def op(self, name: str, args, kwargs, out: torch.Tensor, site: int, eid: int,
@@ -176,7 +177,7 @@ class ZeroShadow:
             v = _number(lo) if lo is not None else None
             if self._mask(x) is not None and (lo is None or (v is not None and (v <= 0 or flushes(v)))):
                 z = self._mask(x)
-        elif name in ZERO_KEEPING:
+        elif name in ZERO_KEEPING and not (name == "pow" and len(args) > 1 and singular_pow(args[1])):
             lifts = name == "sqrt" or (name == "pow" and _lifts(args))
             m = self._mask(x)
             if m is not None or lifts:

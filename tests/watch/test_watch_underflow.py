@@ -202,3 +202,13 @@ def test_crepe_on_speech_is_clean_as_real_fp16_is_finite():
     with torch.no_grad():
         assert copy.deepcopy(model).half()(x.half()).isfinite().all()
     assert not _report(model, x).findings_by(Mechanism.UNDERFLOW)
+
+
+def test_flush_threshold_is_fp16s():
+    """``flushes`` says 0 in FP16 exactly where a real FP16 cast gives 0."""
+    from fp16lens._core.underflow import flushes
+
+    values = torch.logspace(-12, -5, 4001, dtype=torch.float64).float()
+    values = torch.cat([values, torch.tensor([2.0**-25, 2.0**-24, 1e-8, 1e-7, 1e-10, 1e-12])])
+    for v in values.tolist():
+        assert flushes(v) == flushes(-v) == (torch.tensor(v).half().item() == 0), v
