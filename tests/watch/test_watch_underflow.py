@@ -212,3 +212,12 @@ def test_flush_threshold_is_fp16s():
     values = torch.cat([values, torch.tensor([2.0**-25, 2.0**-24, 1e-8, 1e-7, 1e-10, 1e-12])])
     for v in values.tolist():
         assert flushes(v) == flushes(-v) == (torch.tensor(v).half().item() == 0), v
+
+
+def test_reports_of_two_ranks_sum_the_counts():
+    from fp16lens.report import merge_reports
+
+    model, x = um.build("softmax-by-hand")
+    a, b = _report(model, x), _report(model, x[:3])
+    (f,) = merge_reports([a, b]).findings_by(Mechanism.UNDERFLOW)
+    assert f.count == 48 + 48
