@@ -72,8 +72,18 @@ def underflow_islands(model: nn.Module | None, report: Report, plan: Plan) -> No
             continue
         plan.islands.append(Island(owner, 1.0, 1.0, "; ".join(wanted[owner]) + " (rule: FP32 island of the block)"))
         taken.append(owner)
-        handed = report.sites.get(owner)
-        if handed is not None and handed.underflow:
+        handed = _handed_back(report, owner)
+        if handed:
             plan.notes.append(
-                f"{owner} hands back {handed.underflow} values below 2^-24 that FP16 makes 0: "
-                "harmless unless another log or divide reads them")
+                f"the FP32 island {owner} hands back values below 2^-24 that FP16 makes 0 "
+                f"({', '.join(handed[:3])}): harmless unless a log or divide outside reads them "
+                "(a scan of the patched model says)")
+
+
+def _handed_back(report: Report, owner: str) -> list[str]:
+    """Sites of module ``owner`` read outside it whose values fall below 2^-24."""
+    def inside(site: str) -> bool:
+        return _inside(site_module(site), owner)
+
+    out = {p for p, c in report.edges if inside(p) and not inside(c)}
+    return sorted(s for s in out if s in report.sites and report.sites[s].underflow)
