@@ -190,12 +190,12 @@ class ZeroShadow:
         self._keep(out, z if own is None else z | own, bump)
 
     def _reduced(self, name: str, x: torch.Tensor, args, kwargs):
-        norm = name in ("linalg_vector_norm", "norm")
-        at = 2 if norm else 1
+        at = 2 if name in ("linalg_vector_norm", "norm") else 1
         dim = args[at] if len(args) > at else kwargs.get("dim")
         keep = args[at + 1] if len(args) > at + 1 else kwargs.get("keepdim", False)
-        if norm and self._mask(x) is None:
-            return None  # a norm accumulates in FP32: its own output flushes or not
+        if name in ("mean", "amax") and self._mask(x) is None:
+            return None  # inputs all at or below 2^-25 give an output there too: its own
+            # values tell (a sum or a norm of many flushed values rises above it in FP32)
         z = self.zeros(x)
         if not isinstance(z, torch.Tensor):
             return None
