@@ -67,11 +67,13 @@ BLOCKS = {  # name -> (block fn, quiet scale, loud scale)
     "log-eps-1e-3": (lambda x: torch.log(x * x + 1e-3), 1e-5, 1.0),
     "softmax-by-hand-in-range": (_softmax_by_hand, 1.0, 1.0),
     "relu-flush-linear": (lambda x: F.relu(x) * 2.0, 1e-8, 1.0),
+    # a .half() model computes this block in FP32 (its own upcast): nothing flushes
+    "log-upcast-float": (lambda x: torch.log(x.float() ** 2 + 1e-10), 1e-5, 1.0),
 }
 FAILING = ("log-square-eps", "log2-square-eps", "log10-clamp", "softmax-by-hand", "rsqrt-rms",
            "sqrt-denominator", "reciprocal", "pow-negative", "normalize", "log-in-place",
            "clip-in-place-div")
-CLEAN = ("log-eps-1e-3", "softmax-by-hand-in-range", "relu-flush-linear")
+CLEAN = ("log-eps-1e-3", "softmax-by-hand-in-range", "relu-flush-linear", "log-upcast-float")
 
 
 def build(name: str) -> tuple[nn.Module, torch.Tensor]:

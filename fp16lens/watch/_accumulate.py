@@ -165,7 +165,7 @@ class Accumulator:
             if fw.sites[e] != INPUT_SITE:  # an inf input is bad data, not a masking constant
                 maxes[e] = below
         rows = reduce_samples(fw.samples, self.threshold)
-        add_forward(self.underflow, fw.flush, fw.consts, fw, rows, INPUT_SITE)
+        add_forward(self.underflow, fw.flush, fw.consts, fw, rows, INPUT_SITE, self.half_dtypes)
         # NaN counts as out of range, unless the inputs already carry NaN/inf: then
         # what follows is the data's problem (reported as such), not the model's, and
         # each op is judged by its finite values (its own overflow is still found)

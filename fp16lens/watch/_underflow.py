@@ -325,8 +325,11 @@ def _origin(operand: tuple[int, ...], inputs, sites, share: list[float], consts:
 
 
 def add_forward(acc: dict[int, UnderflowAcc], candidates: list[Candidate], consts: dict[int, str],
-                fw, rows: torch.Tensor, input_site: int) -> None:
-    """Fold one forward's candidates into ``acc`` (one host sync for all of them)."""
+                fw, rows: torch.Tensor, input_site: int, half_dtypes=None) -> None:
+    """Fold one forward's candidates into ``acc`` (one host sync for all of them).
+    ``half_dtypes(fw)`` marks the events a .half() model computes in FP32 (its own
+    upcasts), learnt once from a meta FP16 run: zeros whose values and operand a .half()
+    model keeps in FP32 are not FP16's."""
     if not candidates:
         return
     tensors = [c for c in candidates if isinstance(c.flushed, torch.Tensor)]
@@ -341,15 +344,20 @@ def add_forward(acc: dict[int, UnderflowAcc], candidates: list[Candidate], const
         return
     rows = rows[:, :HIST_BINS].to("cpu", torch.float64)
     share = (rows[:, :_UNDERFLOW_BINS].sum(dim=1) / rows.sum(dim=1).clamp(min=1)).tolist()
+    if half_dtypes is not None:
+        half_dtypes(fw)
     for c in live:
+        origin, found = _origin(c.operand, fw.inputs, fw.sites, share, consts, input_site,
+                                c.flushed / max(c.numel, 1))
+        upcast = fw.half_fp32
+        if upcast and c.operand and all(p in upcast for p in c.operand) and (origin is None or origin in upcast):
+            continue
         a = acc.setdefault(c.site, UnderflowAcc(op=c.op))
         a.flushed += c.flushed
         a.numel += c.numel
         a.nonfinite += c.nonfinite
         if a.batch < 0:
             a.batch = fw.index
-        origin, found = _origin(c.operand, fw.inputs, fw.sites, share, consts, input_site,
-                                c.flushed / max(c.numel, 1))
         if origin is not None:
             o = fw.sites[origin]
             a.origins[o] = a.origins.get(o, 0) + 1
