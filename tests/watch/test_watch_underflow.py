@@ -38,8 +38,9 @@ def test_verdict_matches_real_fp16(name):
     assert (bad > 0) == (name in um.FAILING)
     for f in found:
         assert f.kind == FindingKind.FLUSH_SINGULAR and f.site.startswith("block:")
-        # per value (or per row of a reduced denominator, spread over the row after it)
-        assert bad / um.WIDTH <= f.count <= bad, (f.count, bad)
+        # per value, within a row's width: a row's denominator spreads over the row after
+        # it (rsqrt), a row of values is reduced after the divide (cosine similarity)
+        assert bad / um.WIDTH <= f.count <= bad * um.WIDTH, (f.count, bad)
         assert 0 < f.peak <= 1
 
 
