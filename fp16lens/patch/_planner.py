@@ -21,6 +21,7 @@ from fp16lens.patch._modplan import module_changes
 from fp16lens.patch._options import PatchOptions
 from fp16lens.patch._plan import Plan, Region, Unresolved
 from fp16lens.patch._rules import bn_affine, fp16_safe, scale_bn
+from fp16lens.patch._underflow import underflow_islands
 from fp16lens.report import Report
 
 _SQUARE = frozenset({FindingKind.NORM_VARIANCE, FindingKind.RMS_SQUARE})
@@ -75,6 +76,7 @@ def build_plan(model: nn.Module | None, report: Report, options: PatchOptions, b
     scales = _scale_classes(graph, report, demands, options, plan)
     plan.reparametrized, islands = module_changes(graph, scales, demands.affine, demands.islands)
     plan.islands = rename_islands(islands, acts)
+    underflow_islands(model, report, plan)  # underflow: the normalization block in FP32
     plan.multiplies = join_multiplies(graph, report, scales)
     kept = [] if model is None else [n for n, m in model.named_modules() if is_island(m)]
     plan.fp16_flops, plan.total_flops = conv_linear_flops(graph, report, [*kept, *plan.fp32_modules])

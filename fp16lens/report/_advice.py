@@ -135,6 +135,9 @@ def suggest_fix(report: Report, item: Span | Finding) -> str:
         return _param_fix(report, item)
     if item.mechanism == Mechanism.INPUT:
         return _input_fix(item)
+    if item.mechanism == Mechanism.UNDERFLOW:
+        return item.fix or (f"run the block that feeds {item.site} in FP32 (patch makes it an FP32 "
+                            "island), or keep its eps/clip bound at 1e-7 or more")
     if item.mechanism == Mechanism.NOTE:
         return _note_fix(item)
     return _output_fix(report, item)

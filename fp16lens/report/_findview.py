@@ -43,6 +43,7 @@ def findings(report: Report, view: ViewOptions, mechanism: str) -> list[Renderab
 _TITLES = {
     "input": ("Input problems", "in the data, not in the model"),
     "internal": ("Internal risks", "inside an op, invisible at its output"),
+    "underflow": ("Underflow problems", "values FP16 makes 0 reach a log, a divide or an rsqrt: inf/NaN"),
     "parameter": ("Parameter problems", "weights and buffers FP16 cannot hold"),
     "output": ("Other output problems", ""),
     "note": ("Notes", "not overflow today, but worth knowing before TensorRT"),
@@ -56,6 +57,8 @@ def _label(f: Finding) -> str:
         return f"[{PARAM_LABELS.get(f.kind, f.kind)} ×{f.count}]"
     if f.mechanism == Mechanism.NOTE and f.kind in PARAM_LABELS:
         return f"[{PARAM_LABELS[f.kind]} ×{f.count} · harmless]"
+    if f.mechanism == Mechanism.UNDERFLOW:
+        return f"[{f.site} · {f.count} inf/NaN · {100 * f.peak:.3g}% flushed]"
     if f.mechanism in (Mechanism.INTERNAL, Mechanism.NOTE):
         return f"[{f.site} · {f.kind}]"
     return f"[{f.site} · {f.kind or f.mechanism}]"

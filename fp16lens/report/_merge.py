@@ -6,6 +6,7 @@ import copy
 import math
 
 from fp16lens._core import ReportError
+from fp16lens._core.sites import Mechanism
 from fp16lens.report._model import Finding, Report, SiteStats, Span
 
 
@@ -72,7 +73,10 @@ def merge_reports(reports: list[Report]) -> Report:
         found = {_finding_key(f): f for f in out.findings}
         for f in r.findings:
             cur = found.get(_finding_key(f))
-            if cur is None or _bigger(f.peak, cur.peak):
+            if cur is not None and f.mechanism == Mechanism.UNDERFLOW:  # counts over all ranks
+                cur.count += f.count
+                cur.peak = max(cur.peak, f.peak)
+            elif cur is None or _bigger(f.peak, cur.peak):
                 found[_finding_key(f)] = copy.deepcopy(f)
         out.findings = list(found.values())
         out.edges = sorted(set(out.edges) | set(r.edges))

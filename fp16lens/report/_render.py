@@ -41,6 +41,7 @@ def parts(report: Report, view: ViewOptions) -> list[RenderableType]:
     out: list[RenderableType] = [_sections.verdict(report)]
     if not report.clean:
         out += _findview.findings(report, view, "input")
+        out += _findview.findings(report, view, "underflow")
         out += _sections.spans(report, view)
         out += _findview.orphan_outputs(report, view)
         out += _findview.findings(report, view, "internal")

@@ -24,6 +24,9 @@ def _verdict_counts(report: Report) -> str:
         _fmt.plural(len(report.findings_by(Mechanism.INTERNAL)), "internal risk"),
         _fmt.plural(len(report.findings_by(Mechanism.PARAMETER)), "parameter problem"),
     ]
+    underflow = report.findings_by(Mechanism.UNDERFLOW)
+    if underflow:
+        parts.insert(0, _fmt.plural(len(underflow), "underflow problem"))
     inputs = report.findings_by(Mechanism.INPUT)
     if inputs:
         parts.append(_fmt.plural(len(inputs), "input problem"))

@@ -19,6 +19,8 @@ def _rank(item: Span | Finding) -> tuple[int, float]:
         return (1 if math.isinf(peak) else 2 + item.fused * 2, -peak)
     if item.mechanism == Mechanism.INPUT:
         return (0, -peak)
+    if item.mechanism == Mechanism.UNDERFLOW:  # FP16 itself makes inf/NaN: as bad as an inf span
+        return (1, -item.count)
     if item.mechanism == Mechanism.PARAMETER:
         return (_PARAM_RANK.get(item.kind, 3), -peak)
     if item.mechanism == Mechanism.NOTE:

@@ -25,6 +25,7 @@ from fp16lens.watch._tensorstats import (
     reduce_samples,
     stack_extremes,
 )
+from fp16lens.watch._underflow import UnderflowAcc, add_forward
 
 # histogram bins wholly below 2^-14 (subnormal in FP16) and below 2^-24 (become 0)
 _SUBNORMAL_BINS = -14 - HIST_MIN_EXP + 1
@@ -135,6 +136,8 @@ class Accumulator:
     # sites a .half() model computes in FP32 whose values pass the threshold: (peak, batch)
     upcast: dict[int, tuple[float, int]] = field(default_factory=dict)
     edges: set[tuple[int, int]] = field(default_factory=set)
+    # singular sites that FP16's zeros make non-finite (watch/_underflow.py)
+    underflow: dict[int, UnderflowAcc] = field(default_factory=dict)
     batches: int = 0
     input_shapes: list[list[list[int]]] = field(default_factory=list)
     input_specs: list[dict] = field(default_factory=list)  # per input: dtype, shape, min, max
@@ -165,6 +168,7 @@ class Accumulator:
             if fw.sites[e] != INPUT_SITE:  # an inf input is bad data, not a masking constant
                 maxes[e] = below
         rows = reduce_samples(fw.samples, self.threshold)
+        add_forward(self.underflow, fw.flush, fw.consts, fw, rows, INPUT_SITE, self.half_dtypes)
         # NaN counts as out of range, unless the inputs already carry NaN/inf: then
         # what follows is the data's problem (reported as such), not the model's, and
         # each op is judged by its finite values (its own overflow is still found)

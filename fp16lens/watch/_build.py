@@ -16,6 +16,7 @@ from fp16lens.watch._fxnames import model_class
 from fp16lens.watch._harm import judge
 from fp16lens.watch._params import ParamCheck
 from fp16lens.watch._recorder import SiteInfo
+from fp16lens.watch._underflow import findings as underflow_findings
 
 LN_FP16_MAX = math.log(65504.0)
 
@@ -88,6 +89,7 @@ def build_report(acc: Accumulator, infos: list[SiteInfo], params: list[ParamChec
             detail=_internal.describe(kind, ia.peak, ia.ctx, threshold),
             tensor=ia.ctx.get("norm") or ia.ctx.get("op", ""),
         ))
+    findings.extend(underflow_findings(acc.underflow, infos))
     edges = sorted((infos[a].name, infos[b].name) for a, b in acc.edges)
     findings.extend(judge(params, sites, edges))
     for sid, a in sorted(acc.sites.items()):

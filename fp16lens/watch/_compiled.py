@@ -112,7 +112,8 @@ def capture(rec: StaticRecorder, model: torch.nn.Module, batch: Any,
         finally:
             rec.static, rec.on_forward_end = False, end
         fw = done[-1]
-        return [*(x for pair in fw.extremes for x in pair), *fw.samples, *(p for _, _, p, _ in fw.internal)]
+        return [*(x for pair in fw.extremes for x in pair), *fw.samples, *(p for _, _, p, _ in fw.internal),
+                *(t for c in fw.flush for t in (c.flushed, c.nonfinite))]  # underflow counts
 
     try:
         with mha_fast_path_under_make_fx():
@@ -125,7 +126,8 @@ def capture(rec: StaticRecorder, model: torch.nn.Module, batch: Any,
         return Captured(why=_reads_why(rec.reads)), None
     fw = done[-1]
     template = dataclasses.replace(fw, extremes=[], samples=[], internal=[
-        (site, kind, None, ctx) for site, kind, _, ctx in fw.internal])
+        (site, kind, None, ctx) for site, kind, _, ctx in fw.internal],
+        flush=[dataclasses.replace(c, flushed=0, nonfinite=0) for c in fw.flush])
     return Captured(template=template, graph=gm, counts=(len(fw.extremes), len(fw.samples))), fw
 
 
@@ -173,12 +175,16 @@ def run_compiled(cap: Captured, batch: Any, index: int) -> Forward:
     outs = cap.run(*tensors_of(batch))
     n_ext, n_smp = cap.counts
     n_ext *= 2  # a (min, max) pair per event
-    peaks = outs[n_ext + n_smp:]
+    n_int = len(cap.template.internal)
+    peaks = outs[n_ext + n_smp:n_ext + n_smp + n_int]
+    counts = outs[n_ext + n_smp + n_int:]
     fw = copy.copy(cap.template)
     fw.index = index
     fw.extremes = list(zip(outs[0:n_ext:2], outs[1:n_ext:2]))
     fw.samples = list(outs[n_ext:n_ext + n_smp])
     fw.internal = [(site, kind, p, ctx) for (site, kind, _, ctx), p in zip(cap.template.internal, peaks)]
+    fw.flush = [dataclasses.replace(c, flushed=counts[2 * i], nonfinite=counts[2 * i + 1])
+                for i, c in enumerate(cap.template.flush)]
     for name in ("exact_over", "saturated", "finite_max"):  # filled per batch by the accumulator
         setattr(fw, name, {})
     return fw

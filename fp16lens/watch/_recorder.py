@@ -24,6 +24,8 @@ from fp16lens.watch._options import WatchOptions
 from fp16lens.watch._sitetable import SiteInfo, SiteTable
 from fp16lens.watch._tensorstats import extremes, flat_view, take_sample
 from fp16lens.watch._tracker import Frame, ModuleTracker, pause_at_boundary
+from fp16lens.watch._underflow import RELEVANT as _FLUSH_OPS
+from fp16lens.watch._underflow import ZeroShadow
 
 INPUT_SITE = -1
 _DERIVE_MIN = 1 << 19  # below this many elements a pass costs less than deriving
@@ -54,6 +56,9 @@ class Forward:
     outputs: tuple[int, ...] = ()
     input_shapes: list[list[int]] = field(default_factory=list)
     input_specs: list[dict] = field(default_factory=list)  # watch/_inputs.describe_inputs
+    # underflow (watch/_underflow.py): the singular ops run, and event -> vanished constant
+    flush: list = field(default_factory=list)
+    consts: dict[int, str] = field(default_factory=dict)
 
 
 def _float_tensors(obj, out: list) -> list:
@@ -116,6 +121,10 @@ class Recorder(TorchDispatchMode):
         # every event then takes the off-CPU path (tensor extremes, no host sync, nothing
         # derived from earlier values), so what runs is the same for every batch
         self.static = False
+        # where FP16 holds a 0 that FP32 does not, for this forward (watch/_underflow.py)
+        self.shadow = ZeroShadow(lambda t: (self._lookup(t) or (None, ()))[1],
+                                 lambda: self.forward.fp32 if self.forward is not None else (),
+                                 lambda: self.static)
 
     # ---- module boundaries (the tracker's callbacks) -------------------------------
     def _enter(self, frame: Frame, args, kwargs) -> None:
@@ -188,6 +197,7 @@ class Recorder(TorchDispatchMode):
                 if ent is not None:
                     outs.update(ent[1])
         fw.outputs = tuple(sorted(outs))
+        fw.flush, fw.consts = self.shadow.reset()
         self.known.clear()
         self.on_forward_end(fw)
 
@@ -386,7 +396,7 @@ class Recorder(TorchDispatchMode):
         a, b = r
         return (a, b) if not b < a else (b, a)
 
-    def _pass_through(self, info: OpInfo, x: torch.Tensor, out: torch.Tensor):
+    def _pass_through(self, info: OpInfo, x: torch.Tensor, out: torch.Tensor, func=None, args=(), kwargs=None):
         """A view or copy of its first argument (the common case, kept short): the output
         inherits the producers, and the extremes when the values are unchanged."""
         if not out.is_floating_point():
@@ -395,6 +405,8 @@ class Recorder(TorchDispatchMode):
         if ent is None:
             return out  # a parameter or constant: nothing to inherit
         rng = self._known_range(x) if info.preserving else None
+        if self.shadow.masks:
+            self.shadow.view(func, args, kwargs or {}, out, int(info.mutable))
         self._remember(out, ent[1], *(rng or (None, None)), int(info.mutable))
         return out
 
@@ -410,7 +422,7 @@ class Recorder(TorchDispatchMode):
         if info.factory:
             return out
         if info.single_source and isinstance(out, torch.Tensor) and args and isinstance(args[0], torch.Tensor):
-            return self._pass_through(info, args[0], out)
+            return self._pass_through(info, args[0], out, func, args, kwargs)
         kwargs = kwargs or {}
         if isinstance(out, torch.Tensor):
             if not out.is_floating_point():
@@ -431,6 +443,8 @@ class Recorder(TorchDispatchMode):
                    if info.preserving and args and isinstance(args[0], torch.Tensor) else None)
             for t in outs:
                 self._remember(t, prods, *(rng or (None, None)), int(info.mutable))
+            if self.shadow.masks and info.passthrough and isinstance(out, torch.Tensor):
+                self.shadow.view(func, args, kwargs, out, int(info.mutable))
             return out
         previous = threads.narrow(first.numel()) if first.is_cpu else 0
         try:
@@ -449,6 +463,8 @@ class Recorder(TorchDispatchMode):
         known = self._derived(func, info, args, kwargs, first.numel()) if info.monotone else None
         eid = self._add_event(site, prods, first, known, inplace=info.mutable)
         fp32 = self._mark_fp32(site, eid, self.stack[-1].fp32)
+        if info.name in _FLUSH_OPS:
+            self.shadow.op(info.name, args, kwargs, first, site, eid, fp32, int(info.mutable), prods)
         if info.internal and self.options.internal and not fp32:
             found = _internal.check(info.name, func, args, kwargs, first, self._known_range,
                                     self.options.threshold)
