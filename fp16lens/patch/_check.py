@@ -127,10 +127,17 @@ def _compare(want, got, floor: float = 0.0) -> None:
 
 
 def relative_error(a: torch.Tensor, b: torch.Tensor, floor: float = 0.0) -> float:
-    """max |a - b| / max(max |a|, floor) (0 for two all-zero tensors), in float64."""
+    """max |a - b| / max(max |a|, floor) (0 for two all-zero tensors), in float64, over the
+    finite values; inf when the two differ in where they are non-finite (a NaN both hold,
+    or the same inf, is no difference: the original itself gives it on that input)."""
     a, b = a.detach().double(), b.detach().double()
     if a.shape != b.shape:
         return float("inf")
+    finite = torch.isfinite(a)
+    same = (a == b) | (a.isnan() & b.isnan())
+    if not bool((finite == torch.isfinite(b)).all()) or not bool((same | finite).all()):
+        return float("inf")
+    a, b = a[finite], b[finite]
     scale = max(float(a.abs().max()) if a.numel() else 0.0, floor)
     diff = float((a - b).abs().max()) if a.numel() else 0.0
     return diff / scale if scale > 0 else diff

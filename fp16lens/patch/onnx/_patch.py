@@ -137,8 +137,8 @@ def _without(report: Report, drop: tuple[int, ...]) -> tuple[Report, dict[str, s
     out.spans = [s for i, s in enumerate(report.spans) if not (everything or i in drop)]
     kept = []
     for f in report.findings:
-        if f.mechanism == Mechanism.NOTE:
-            kept.append(f)
+        if f.mechanism == Mechanism.NOTE or (f.mechanism == Mechanism.UNDERFLOW and not everything):
+            kept.append(f)  # an underflow island is not a rescaling: it stays with its block
         elif everything or f.site in sites or f"finding {f.site}" in drop:
             sites.setdefault(f.site, f"{f.kind or f.mechanism} at {f.site}: its rescaling failed the check; kept FP32")
         else:
