@@ -34,7 +34,8 @@ def apply_plan(model: nn.Module, plan: Plan) -> nn.Module:
         _RULES[r.rule](mod if mod is not None else functional_params(model, r.module), r)
     for island in (i for i in plan.islands if not i.site):  # functional ones: below
         inner = model.get_submodule(island.module)
-        replace_module(model, island.module, Fp32Island(inner, island.in_scale, island.out_scale))
+        replace_module(model, island.module, Fp32Island(inner, island.in_scale, island.out_scale,
+                                                        island.fp32_out, island.fp32_in))
     owners = dict.fromkeys([*(m.owner for m in plan.multiplies), *(site_module(i.site) for i in plan.islands if i.site)])
     for owner in owners:
         gm = trace_owner(model, owner)

@@ -31,6 +31,8 @@ class Island:
     out_scale: float
     reason: str
     site: str = ""  # a functional activation's site ("block:silu"): a new child runs it
+    fp32_out: bool = False  # hands its output on in FP32 (to islands after it, or the model output)
+    fp32_in: bool = False  # fed in FP32 by islands before it: hands back the model's dtype
 
 
 @dataclass(frozen=True)

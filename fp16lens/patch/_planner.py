@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from fractions import Fraction
 
@@ -20,6 +21,7 @@ from fp16lens.patch._graph import SiteGraph, TorchBinding, build_graph
 from fp16lens.patch._modplan import module_changes
 from fp16lens.patch._options import PatchOptions
 from fp16lens.patch._plan import Plan, Region, Unresolved
+from fp16lens.patch._reach import early_exits, held, host_islands, inside, mark, realize, widen
 from fp16lens.patch._rules import bn_affine, fp16_safe, scale_bn
 from fp16lens.report import Report
 
@@ -59,25 +61,27 @@ class Demands:
         return self
 
 
-def build_plan(model: nn.Module | None, report: Report, options: PatchOptions, binding=None) -> Plan:
-    """``model`` None: an ONNX graph, read through ``binding``."""
+def build_plan(model: nn.Module | None, report: Report, options: PatchOptions, binding=None,
+               keep_fp32: Iterable[str] = ()) -> Plan:
+    """``model`` None: an ONNX graph, read through ``binding``. ``keep_fp32``: sites to run in
+    FP32 islands from the start (``replan``); the plan grows that set until every island
+    hands on values FP16 holds (``patch/_reach.py``)."""
     binding = binding or TorchBinding(model)  # how the sites read the model (an ONNX graph too)
     powers = [_chain_power(report, f.site) for f in report.findings]  # before sites merge
     report = binding.contract(report)  # fused norm modules: one site each
-    graph, plan = build_graph(model, report, binding), Plan()
+    graph = build_graph(model, report, binding)
     acts = {} if model is None else mark_activations(model, graph, report)  # F.silu(x) & co.: islands
-    settle_products(graph)  # x * g(x) passes x's scale only where x's class can carry one
-    demands = collect_demands(graph, report, plan, powers).resolve(graph)
-    cuts = choose_cuts(model, graph, report, demands, options.extend, binding.mappable)
-    if cuts:
-        graph.recut(cuts)
-        demands.resolve(graph)
-    scales = _scale_classes(graph, report, demands, options, plan)
-    plan.reparametrized, islands = module_changes(graph, scales, demands.affine, demands.islands)
-    plan.islands = rename_islands(islands, acts)
-    plan.multiplies = join_multiplies(graph, report, scales)
+    saved = graph.snapshot()
+    fp32 = {s for s in keep_fp32 if s in report.sites}
+    for _ in range(len(report.sites) + 1):
+        graph.restore(saved)
+        plan, grow = _plan_once(model, report, options, binding, graph, powers, acts, fp32)
+        if grow <= fp32:
+            break
+        fp32 |= grow
     kept = [] if model is None else [n for n, m in model.named_modules() if is_island(m)]
-    plan.fp16_flops, plan.total_flops = conv_linear_flops(graph, report, [*kept, *plan.fp32_modules])
+    base = dataclasses.replace(graph, kinds=saved[0], modules=saved[1])  # FLOPs of the model as built
+    plan.fp16_flops, plan.total_flops = conv_linear_flops(base, report, [*kept, *plan.fp32_modules])
     if options.factor is None:
         return plan
     for r in plan.regions:
@@ -85,6 +89,33 @@ def build_plan(model: nn.Module | None, report: Report, options: PatchOptions, b
         if over:
             plan.notes.append(f"factor {r.factor:g} leaves {', '.join(over)} beyond {FP16_MAX:g}")
     return plan
+
+
+def _plan_once(model, report, options, binding, graph, powers, acts, fp32: set[str]) -> tuple[Plan, set[str]]:
+    """One plan with the sites ``fp32`` in FP32 islands; returns it and the sites that must
+    join ``fp32`` (empty when every island hands on values in range)."""
+    plan = Plan()
+    hosts = realize(graph, report, fp32, acts)
+    mark(graph, hosts)
+    graph.recut(set())
+    settle_products(graph)  # x * g(x) passes x's scale only where x's class can carry one
+    demands = collect_demands(graph, report, plan, powers).resolve(graph)
+    cuts = choose_cuts(model, graph, report, demands, options.extend, binding.mappable)
+    if cuts:
+        graph.recut(cuts)
+        demands.resolve(graph)
+    grow: set[str] = set()
+    scales = _scale_classes(graph, report, demands, options, plan, (fp32, acts, grow))
+    plan.reparametrized, islands = module_changes(graph, scales, demands.affine, demands.islands)
+    for owner in demands.islands:  # a fallback island around or inside a host: one island
+        if owner not in graph.modules and any(inside(owner, h) or inside(h, owner) for h in hosts):
+            grow |= {s for s, st in report.sites.items() if inside(s if st.kind == "module" else st.module, owner)}
+    islands = [i for i in islands if not any(inside(i.module, h) for h in hosts if not hosts[h].single)]
+    grow |= early_exits(graph, report, islands, acts)
+    islands += host_islands(graph, hosts, scales, {})
+    plan.islands = rename_islands(islands, acts)
+    plan.multiplies = join_multiplies(graph, report, scales)
+    return plan, grow
 
 
 # ---- demands ------------------------------------------------------------------------
@@ -113,10 +144,10 @@ def collect_demands(graph: SiteGraph, report: Report, plan: Plan, powers: list |
     for span in report.spans:
         reason = f"span {span.start} -> {span.end or 'output'}"
         for s in span.sites:
-            if s not in span.ends and s in report.sites and s not in graph.frozen:
+            if s not in span.ends and s in report.sites and s not in graph.frozen and not held(graph, s):
                 d.add(s, report.sites[s].absmax, 1, reason)
     for i, f in enumerate(report.findings):
-        if f.site in graph.frozen:
+        if f.site in graph.frozen or f.site in graph.fp32:  # an island computes it in FP32
             continue
         if f.mechanism == Mechanism.INTERNAL:
             _internal(graph, f, d, plan, powers[i] if powers else None)
@@ -189,13 +220,15 @@ def _opaque_reason(graph: SiteGraph, site: str, what: str) -> str:
 
 
 # ---- classes -> scales ----------------------------------------------------------------
-def _scale_classes(graph, report, demands: Demands, options, plan: Plan) -> dict[str, float]:
+def _scale_classes(graph, report, demands: Demands, options, plan: Plan, reach) -> dict[str, float]:
+    """``reach``: (the sites kept FP32, the planned activation islands, the set that collects
+    the sites a failed class puts in FP32)."""
     scales: dict[str, float] = {}
     for root, values in demands.values.items():
         problem = class_problem(graph, root)
         reasons = demands.reasons[root]
         if problem is not None:
-            _fail(graph, root, problem, reasons, demands, plan)
+            _fail(graph, report, root, problem, reasons, demands, plan, reach)
             continue
         members = graph.members(root)
         low = min((_low(report, s, options.low_share, graph.weight(s)) for s in members), default=0.0)
@@ -223,7 +256,7 @@ def _fit_weights(graph, report, demands: Demands, scales, target: float, plan: P
         for site, peak in _fit_peaks(graph, demands, scales).items():
             root_out, s_in = graph.find(site), graph.scale(graph.input_site(site), scales)
             w = graph.weight(site)
-            if w <= 0 or site in demands.islands:  # a scale that grows as p shrinks: left as it is
+            if w <= 0 or site in demands.islands or site in graph.fp32:  # a scale that grows as p shrinks: left as it is
                 continue
             members = graph.members(root_out)  # the class's p: need at the site's exponent w
             need = exact_powers(pow2_ceil(peak * s_in / target) ** (1 / float(w)), [graph.weight(m) for m in members])
@@ -280,7 +313,7 @@ def _low(report: Report, site: str, share: float, w=1) -> float:
     return FP16_MIN_NORMAL * (q / FP16_MIN_NORMAL) ** (1 / float(w)) if w != 1 else q
 
 
-def _fail(graph, root, problem, reasons, demands: Demands, plan: Plan) -> None:
+def _fail(graph, report, root, problem, reasons, demands: Demands, plan: Plan, reach) -> None:
     # each internal finding with a module site falls back to an island of that module;
     # what no island covers (a span, a functional op) goes on below, never dropped
     for site, reason in demands.fallback.get(root, []):
@@ -290,13 +323,14 @@ def _fail(graph, root, problem, reasons, demands: Demands, plan: Plan) -> None:
             reasons = [r for r in reasons if r != reason]
     if not reasons:
         return
-    owners = {_owner(graph, m) for m in graph.members(root)}
-    if owners and None not in owners:  # every member is a functional op inside some module
-        for owner in sorted(owners):
-            demands.islands[owner] = f"{'; '.join(reasons)}; no region ({problem}): FP32 island on the owning module"
-        return
+    fp32, acts, grow = reach
+    wider = widen(graph, report, root, fp32, acts)  # FP32 islands reaching where values fit
+    grow |= wider
     for r in reasons:
-        plan.unresolved.append(Unresolved(root, f"{r}: no rescaling region: {problem}"))
+        why = f"{r}: no rescaling region: {problem}"
+        if wider:
+            why += f"; planned again with {', '.join(sorted(wider))} in FP32"
+        plan.unresolved.append(Unresolved(root, why))
 
 
 def _region(graph, report, root, members, p, reasons) -> Region:
