@@ -21,7 +21,16 @@ from fp16lens.patch._graph import SiteGraph, TorchBinding, build_graph
 from fp16lens.patch._modplan import module_changes
 from fp16lens.patch._options import PatchOptions
 from fp16lens.patch._plan import Plan, Region, Unresolved
-from fp16lens.patch._reach import early_exits, held, host_islands, inside, mark, realize, widen
+from fp16lens.patch._reach import (
+    early_exits,
+    flushed_regions,
+    held,
+    host_islands,
+    inside,
+    mark,
+    realize,
+    widen,
+)
 from fp16lens.patch._rules import bn_affine, fp16_safe, scale_bn
 from fp16lens.report import Report
 
@@ -112,6 +121,8 @@ def _plan_once(model, report, options, binding, graph, powers, acts, fp32: set[s
             grow |= {s for s, st in report.sites.items() if inside(s if st.kind == "module" else st.module, owner)}
     islands = [i for i in islands if not any(inside(i.module, h) for h in hosts if not hosts[h].single)]
     grow |= early_exits(graph, report, islands, acts)
+    on_islands = graph.fp32 | {i.module for i in islands}  # sites that are islands (named by site)
+    grow |= flushed_regions(graph, report, plan.regions, scales, on_islands, acts)
     islands += host_islands(graph, hosts, scales, {})
     plan.islands = rename_islands(islands, acts)
     plan.multiplies = join_multiplies(graph, report, scales)

@@ -23,12 +23,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fp16lens._core import FP16_MAX
-from fp16lens._core.algebra import Kind
+from fp16lens._core import FP16_MAX, FP16_MIN_NORMAL
+from fp16lens._core.algebra import Kind, is_singular
 from fp16lens._core.sites import site_module
 from fp16lens.patch._graph import SiteGraph
 from fp16lens.patch._plan import Island
-from fp16lens.report import Report
+from fp16lens.report import HIST_MIN_EXP, Report
 
 
 @dataclass
@@ -186,3 +186,53 @@ def widen(graph: SiteGraph, report: Report, root: str, fp32: set[str], acts: dic
     if not new:
         new = {c for m in over for c in graph.consumers[m] if c not in fp32}
     return {s for s in new if host_of(graph, report, s, acts) is not None}
+
+
+_REACH = 16  # sites followed downstream from an island, looking for an op singular at 0
+
+
+def _sensitive(graph: SiteGraph, report: Report, site: str) -> bool:
+    """Small values the island at ``site`` reads matter: it, or an op its values reach
+    before a conv/linear/norm mixes them with others, is singular at 0 (``log``, ``1/x``):
+    a magnitude flushed to 0 before ``sqrt`` still ends in ``log(0)``."""
+    seen, todo = set(), [site]
+    while todo and len(seen) < _REACH:
+        s = todo.pop(0)
+        if s in seen:
+            continue
+        seen.add(s)
+        st = report.sites.get(s)
+        if st is None:
+            continue
+        ops = [st]
+        if s in graph.fp32 and st.kind != "module" and graph.owners:  # an owner island: every op it runs
+            ops = [o for o in report.sites.values() if o.kind != "module" and inside(o.module, st.module)]
+        if any(is_singular(o.op) for o in ops):
+            return True
+        if s == site or graph.kinds[s] not in (Kind.LINEAR, Kind.BN, Kind.NORM):
+            todo += graph.consumers[s]
+    return False
+
+
+def _smallest(st) -> float:
+    """The lower edge of the lowest binade holding a non-zero value of the site (0: none)."""
+    i = next((i for i, c in enumerate(st.hist) if c), None)
+    return 0.0 if i is None else 2.0 ** (HIST_MIN_EXP + i - 1)  # bin 0: below 2^-26
+
+
+def flushed_regions(graph: SiteGraph, report: Report, regions, scales: dict[str, float],
+                    islands: set[str], acts: dict[str, str]) -> set[str]:
+    """Sites of regions that feed an island reading small values where they matter (a
+    ``log`` after a magnitude) and whose scale pushes some of that island's non-zero
+    inputs below FP16's normal range, where they lose their digits or flush (a tensor
+    divided by 2^21 before a Log). Such a region and the island it feeds join ``fp32``:
+    the values between them stay FP32."""
+    grow: set[str] = set()
+    for r in regions:
+        for e in r.exits:
+            if e not in islands or not _sensitive(graph, report, e):
+                continue
+            for m in (p for p in graph.producers[e] if p in r.sites):
+                if 0 < _smallest(report.sites[m]) / graph.scale(m, scales) < FP16_MIN_NORMAL:
+                    grow.update(s for s in (*r.sites, e) if host_of(graph, report, s, acts) is not None)
+    return grow
