@@ -28,7 +28,9 @@ from fp16lens.patch._reach import (
     host_islands,
     inside,
     mark,
+    merged_sites,
     realize,
+    span_sites,
     widen,
 )
 from fp16lens.patch._rules import bn_affine, fp16_safe, scale_bn
@@ -73,21 +75,24 @@ class Demands:
 def build_plan(model: nn.Module | None, report: Report, options: PatchOptions, binding=None,
                keep_fp32: Iterable[str] = ()) -> Plan:
     """``model`` None: an ONNX graph, read through ``binding``. ``keep_fp32``: sites to run in
-    FP32 islands from the start (``replan``); the plan grows that set until every island
-    hands on values FP16 holds (``patch/_reach.py``)."""
+    FP32 islands from the start (``replan``, ``options.fp32_spans``); the plan grows that set
+    until every island hands on values FP16 holds (``patch/_reach.py``)."""
     binding = binding or TorchBinding(model)  # how the sites read the model (an ONNX graph too)
     powers = [_chain_power(report, f.site) for f in report.findings]  # before sites merge
+    spans = span_sites(report, getattr(options, "fp32_spans", None) or ())  # before sites merge
     report = binding.contract(report)  # fused norm modules: one site each
     graph = build_graph(model, report, binding)
     acts = {} if model is None else mark_activations(model, graph, report)  # F.silu(x) & co.: islands
     saved = graph.snapshot()
-    fp32 = {s for s in keep_fp32 if s in report.sites}
+    why = dict.fromkeys((s for s in keep_fp32 if s in report.sites), "kept FP32 as asked (replan)")
+    why.update((s, "its span kept FP32 end to end as asked (fp32_spans)") for s in spans if s in report.sites)
     for _ in range(len(report.sites) + 1):
         graph.restore(saved)
-        plan, grow = _plan_once(model, report, options, binding, graph, powers, acts, fp32)
-        if grow <= fp32:
+        plan, grow = _plan_once(model, report, options, binding, graph, powers, acts, why)
+        if grow.keys() <= why.keys():
             break
-        fp32 |= grow
+        for s, r in grow.items():
+            why.setdefault(s, r)
     kept = [] if model is None else [n for n, m in model.named_modules() if is_island(m)]
     base = dataclasses.replace(graph, kinds=saved[0], modules=saved[1])  # FLOPs of the model as built
     plan.fp16_flops, plan.total_flops = conv_linear_flops(base, report, [*kept, *plan.fp32_modules])
@@ -100,10 +105,11 @@ def build_plan(model: nn.Module | None, report: Report, options: PatchOptions, b
     return plan
 
 
-def _plan_once(model, report, options, binding, graph, powers, acts, fp32: set[str]) -> tuple[Plan, set[str]]:
-    """One plan with the sites ``fp32`` in FP32 islands; returns it and the sites that must
-    join ``fp32`` (empty when every island hands on values in range)."""
-    plan = Plan()
+def _plan_once(model, report, options, binding, graph, powers, acts, why: dict[str, str]) -> tuple[Plan, dict]:
+    """One plan with the sites ``why`` names (site -> why) in FP32 islands; returns it and
+    the sites that must join them, with their reasons (none when every island hands on
+    values in range)."""
+    plan, fp32 = Plan(), set(why)
     hosts = realize(graph, report, fp32, acts)
     mark(graph, hosts)
     graph.recut(set())
@@ -113,20 +119,37 @@ def _plan_once(model, report, options, binding, graph, powers, acts, fp32: set[s
     if cuts:
         graph.recut(cuts)
         demands.resolve(graph)
-    grow: set[str] = set()
+    grow: dict[str, str] = {}
     scales = _scale_classes(graph, report, demands, options, plan, (fp32, acts, grow))
     plan.reparametrized, islands = module_changes(graph, scales, demands.affine, demands.islands)
     for owner in demands.islands:  # a fallback island around or inside a host: one island
         if owner not in graph.modules and any(inside(owner, h) or inside(h, owner) for h in hosts):
-            grow |= {s for s, st in report.sites.items() if inside(s if st.kind == "module" else st.module, owner)}
+            for s, st in report.sites.items():
+                if inside(s if st.kind == "module" else st.module, owner):
+                    grow.setdefault(s, f"{demands.islands[owner]}; one island with the FP32 span beside it")
     islands = [i for i in islands if not any(inside(i.module, h) for h in hosts if not hosts[h].single)]
-    grow |= early_exits(graph, report, islands, acts)
+    for s in early_exits(graph, report, islands, acts):
+        grow.setdefault(s, f"its island handed on {report.sites[s].absmax:.3g}, beyond FP16: it reaches further")
     on_islands = graph.fp32 | {i.module for i in islands}  # sites that are islands (named by site)
-    grow |= flushed_regions(graph, report, plan.regions, scales, on_islands, acts)
-    islands += host_islands(graph, hosts, scales, {})
+    for s, e in flushed_regions(graph, report, plan.regions, scales, on_islands, acts).items():
+        grow.setdefault(s, f"its region's scale would push small values below FP16's normal range before {e}, "
+                           "which is singular at 0: kept FP32 with it")
+    islands += host_islands(graph, report, hosts, scales, why)
     plan.islands = rename_islands(islands, acts)
     plan.multiplies = join_multiplies(graph, report, scales)
     return plan, grow
+
+
+def replan(model: nn.Module | None, report: Report, options: PatchOptions, *, binding=None,
+           fp32_spans=(), fp32_sites: Iterable[str] = (), merge=()) -> Plan:
+    """The seam of patch's widening loop: the plan again, with the spans ``fp32_spans``
+    (``Span`` objects, indexes into ``report.spans`` or their start sites) kept FP32 end to
+    end, the sites ``fp32_sites`` in FP32 islands, and each group of islands in ``merge``
+    (``Island`` objects or their names in ``Plan.islands``) made one FP32 span, the values
+    between them FP32. Whatever else the plan needs grows from there as usual. ``model``
+    None and ``binding``: an ONNX graph, as ``build_plan`` takes it."""
+    keep = {*fp32_sites, *span_sites(report, fp32_spans), *merged_sites(report, merge)}
+    return build_plan(model, report, options, binding, keep_fp32=keep)
 
 
 # ---- demands ------------------------------------------------------------------------
@@ -336,7 +359,8 @@ def _fail(graph, report, root, problem, reasons, demands: Demands, plan: Plan, r
         return
     fp32, acts, grow = reach
     wider = widen(graph, report, root, fp32, acts)  # FP32 islands reaching where values fit
-    grow |= wider
+    for s in wider:
+        grow.setdefault(s, f"{'; '.join(reasons)}: no rescaling region ({problem})")
     for r in reasons:
         why = f"{r}: no rescaling region: {problem}"
         if wider:

@@ -125,9 +125,10 @@ def held(graph: SiteGraph, site: str) -> bool:
     return site in graph.fp32 and all(c in graph.fp32 for c in graph.consumers[site])
 
 
-def host_islands(graph: SiteGraph, hosts: dict[str, Host], scales: dict[str, float], why: dict[str, str]) -> list[Island]:
+def host_islands(graph: SiteGraph, report: Report, hosts: dict[str, Host], scales: dict[str, float],
+                 why: dict[str, str]) -> list[Island]:
     """One island per host: its scales from the classes around it, FP32 in and out where
-    its neighbours are islands too."""
+    its neighbours are islands too; ``why``: site -> why it runs in FP32."""
     out = []
     fp32_out_sites = {s for h in hosts.values() for s in h.exits(graph) if held(graph, s)}
     for h in hosts.values():
@@ -140,13 +141,14 @@ def host_islands(graph: SiteGraph, hosts: dict[str, Host], scales: dict[str, flo
         out_scale = graph.scale(outs[0], scales) if len(outs) == 1 else 1.0
         fp32_out = bool(exits) and not outs
         fp32_in = any(p in fp32_out_sites for p in prods)
-        reason = why.get(h.name) or _reason(h, fp32_out, fp32_in)
+        first = next((why[s] for s in sorted(h.sites, key=lambda s: report.sites[s].order) if s in why), "")
+        reason = _reason(first, fp32_out, fp32_in)
         out.append(Island(h.name, in_scale, out_scale, reason, fp32_out=fp32_out, fp32_in=fp32_in))
     return out
 
 
-def _reason(h: Host, fp32_out: bool, fp32_in: bool) -> str:
-    what = "values beyond FP16 that no region rescales run in FP32"
+def _reason(first: str, fp32_out: bool, fp32_in: bool) -> str:
+    what = first or "values beyond FP16 that no region rescales run in FP32"
     if fp32_in:
         what += "; fed in FP32 by the island before it"
     if fp32_out:
@@ -221,18 +223,65 @@ def _smallest(st) -> float:
 
 
 def flushed_regions(graph: SiteGraph, report: Report, regions, scales: dict[str, float],
-                    islands: set[str], acts: dict[str, str]) -> set[str]:
+                    islands: set[str], acts: dict[str, str]) -> dict[str, str]:
     """Sites of regions that feed an island reading small values where they matter (a
     ``log`` after a magnitude) and whose scale pushes some of that island's non-zero
     inputs below FP16's normal range, where they lose their digits or flush (a tensor
     divided by 2^21 before a Log). Such a region and the island it feeds join ``fp32``:
     the values between them stay FP32."""
-    grow: set[str] = set()
+    grow: dict[str, str] = {}
     for r in regions:
         for e in r.exits:
             if e not in islands or not _sensitive(graph, report, e):
                 continue
             for m in (p for p in graph.producers[e] if p in r.sites):
                 if 0 < _smallest(report.sites[m]) / graph.scale(m, scales) < FP16_MIN_NORMAL:
-                    grow.update(s for s in (*r.sites, e) if host_of(graph, report, s, acts) is not None)
+                    grow.update((s, e) for s in (*r.sites, e) if host_of(graph, report, s, acts) is not None)
     return grow
+
+
+# ---- the seam for patch's widening loop (``replan``) ------------------------------------
+def span_sites(report: Report, spans) -> set[str]:
+    """Every site of the given spans (``Span`` objects, indexes into ``report.spans``, or the
+    start sites of spans): kept FP32 end to end, ends included."""
+    out: set[str] = set()
+    for sp in spans:
+        if isinstance(sp, int):
+            sp = report.spans[sp]
+        elif isinstance(sp, str):
+            found = [x for x in report.spans if x.start == sp or sp in x.sites]
+            out.update(s for x in found for s in x.sites)
+            continue
+        out.update(sp.sites)
+    return out
+
+
+def merged_sites(report: Report, groups) -> set[str]:
+    """For each group of islands (``Island`` objects or the names ``Plan.islands`` gives
+    them, or sites), their sites and every site on a path between two of them: kept FP32,
+    they become one FP32 span."""
+    producers: dict[str, list[str]] = {}
+    consumers: dict[str, list[str]] = {}
+    for p, c in report.edges:
+        producers.setdefault(c, []).append(p)
+        consumers.setdefault(p, []).append(c)
+    out: set[str] = set()
+    for group in groups:
+        sites: set[str] = set()
+        for i in group:
+            names = [n for n in (getattr(i, "site", ""), getattr(i, "module", i)) if n]
+            for n in names:
+                sites |= {s for s, st in report.sites.items()
+                          if s == n or inside(s if st.kind == "module" else st.module, n)}
+        out |= sites | (_closure(sites, consumers) & _closure(sites, producers))
+    return out
+
+
+def _closure(start: set[str], edges: dict[str, list[str]]) -> set[str]:
+    seen, todo = set(), list(start)
+    while todo:
+        for n in edges.get(todo.pop(), ()):
+            if n not in seen:
+                seen.add(n)
+                todo.append(n)
+    return seen
