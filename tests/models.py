@@ -1671,3 +1671,44 @@ def embedding_output(row: float = 1.2e5):
         m.emb.weight[3] = row
         m.fc.weight.copy_(torch.rand(4, 8, generator=g) * 0.5)
     return m, (torch.tensor([[1, 3, 5, 3]]),)
+
+
+class LstmEncoder(nn.Module):
+    """A speaker-encoder shape: an LSTM over frames, the last step to a Linear."""
+
+    def __init__(self):
+        super().__init__()
+        self.lstm, self.fc = nn.LSTM(8, 16, batch_first=True), nn.Linear(16, 4)
+
+    def forward(self, x):
+        y, _ = self.lstm(x)
+        return self.fc(y[:, -1])
+
+
+def lstm_raw_input(peak: float = 8e5):
+    """Raw features beyond FP16 (8e5) straight into an LSTM."""
+    g = _seeded(0)
+    x = torch.randn(2, 5, 8, generator=g)
+    return LstmEncoder().eval(), (x * (peak / x.abs().max()),)
+
+
+class ScaledInput(nn.Module):
+    """An input read by a multiply before the conv: nothing holds a factor there."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+
+    def forward(self, x):
+        return self.conv(x * 0.5)
+
+
+def raw_conv_input(peak: float = 3e5, scaled: bool = False):
+    """Raw values beyond FP16 into a conv (``scaled``: through ``x * 0.5`` first)."""
+    g = _seeded(0)
+    m = ScaledInput() if scaled else nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Conv2d(4, 2, 1))
+    with torch.no_grad():
+        for c in m.modules():
+            if isinstance(c, nn.Conv2d):
+                c.weight.mul_(1e-2)
+    return m.eval(), (torch.rand(1, 3, 8, 8, generator=g) * peak,)

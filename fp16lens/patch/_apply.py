@@ -18,7 +18,13 @@ from fp16lens.patch._fx import (
 )
 from fp16lens.patch._island import Fp32Island
 from fp16lens.patch._plan import Plan, Reparam
-from fp16lens.patch._rules import bn_affine, scale_bn, scale_linear, scale_norm_eps
+from fp16lens.patch._rules import (
+    bn_affine,
+    scale_bn,
+    scale_input_weight,
+    scale_linear,
+    scale_norm_eps,
+)
 
 
 @torch.no_grad()
@@ -122,4 +128,21 @@ def _norm(mod: nn.Module, r: Reparam) -> None:
         _set(bias, None if bias is None else bias.double().div(r.s_out).to(bias.dtype))
 
 
-_RULES = {"linear": _linear, "bn-scale": _bn_scale, "bn-affine": _bn_affine, "norm": _norm}
+def _input(mod: nn.Module, r: Reparam) -> None:
+    """A first layer that takes an input the caller divides by ``r.s_in``."""
+    for name in input_weights(mod):
+        w = getattr(mod, name)
+        w.copy_(scale_input_weight(w, r.s_in))
+
+
+def input_weights(mod: nn.Module) -> list[str]:
+    """The weights that multiply a module's input: a conv/linear's ``weight``, an RNN's
+    ``weight_ih_l0`` (both directions); none for other modules."""
+    if isinstance(mod, nn.RNNBase):
+        return [n for n in ("weight_ih_l0", "weight_ih_l0_reverse") if hasattr(mod, n)]
+    if isinstance(mod, (nn.Linear, nn.modules.conv._ConvNd)):
+        return ["weight"]
+    return []
+
+
+_RULES = {"linear": _linear, "bn-scale": _bn_scale, "bn-affine": _bn_affine, "norm": _norm, "input": _input}

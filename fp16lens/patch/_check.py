@@ -15,8 +15,10 @@ affine form of a batch norm rounds once (~1e-7); anything near 1e-4 is a wrong r
 
 
 @torch.no_grad()
-def check_equivalent(original: nn.Module, patched: nn.Module, report: Report) -> list[str]:
-    """Compare both models on seeded random inputs of the report's first batch shapes.
+def check_equivalent(original: nn.Module, patched: nn.Module, report: Report,
+                     input_scales: dict[int, float] | None = None) -> list[str]:
+    """Compare both models on seeded random inputs of the report's first batch shapes
+    (input k divided by ``input_scales[k]`` for the patched model: a folded input).
     Returns notes (why nothing was compared); raises PatchError on a mismatch."""
     shapes = report.meta.input_shapes
     if not shapes:
@@ -25,7 +27,8 @@ def check_equivalent(original: nn.Module, patched: nn.Module, report: Report) ->
     g = torch.Generator().manual_seed(0)
     inputs = tuple(torch.rand(s, generator=g).to(device) for s in shapes[0])
     try:
-        want, got = original(*inputs), patched(*inputs)
+        scaled = tuple(x / (input_scales or {}).get(k, 1.0) for k, x in enumerate(inputs))
+        want, got = original(*inputs), patched(*scaled)
     except Exception as exc:  # the report's shapes may not be all the model needs
         return [
             f"FP32 equivalence not checked: the model does not run on random inputs of the "

@@ -98,7 +98,7 @@ def _apply_checked(model: nn.Module, report: Report, the_plan: Plan, opts: Patch
     """The plan applied to a copy, checked for FP32 equivalence (PatchError if it differs)."""
     patched = apply_plan(copy.deepcopy(model), the_plan)
     if opts.check and the_plan.changes:
-        the_plan.notes.extend(check_equivalent(model, patched, report))
+        the_plan.notes.extend(check_equivalent(model, patched, report, the_plan.input_scales))
     return patched
 
 

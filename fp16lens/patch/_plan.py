@@ -40,7 +40,7 @@ class Reparam:
     """Parameters/buffers of one module rewritten in place (the module stays)."""
 
     module: str
-    rule: str  # "linear" | "bn-scale" | "bn-affine" | "norm"
+    rule: str  # "linear" | "bn-scale" | "bn-affine" | "norm" | "parameter" | "input"
     s_in: float  # the module's input arrives divided by s_in
     s_out: float  # its output leaves divided by s_out
     detail: str
@@ -75,6 +75,8 @@ class Plan:
     unresolved: list[Unresolved] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     kept: list[Island] = field(default_factory=list)  # islands of an earlier patch()
+    input_scales: dict[int, float] = field(default_factory=dict)  # input index -> 2^k the caller
+    # divides it by: its first layers hold the factor (Reparam rule "input")
     fp16_flops: float = 0.0  # conv/linear FLOPs of the watched forwards left in FP16
     total_flops: float = 0.0  # all conv/linear FLOPs of the watched forwards
 
@@ -100,6 +102,11 @@ class Plan:
     def changes(self) -> bool:
         return bool(self.islands or self.reparametrized or self.multiplies)
 
+    def scale_inputs(self, *inputs):
+        """The inputs as the patched model takes them: input k divided by
+        ``input_scales[k]`` (an exact power of two), the others as they are."""
+        return tuple(x / self.input_scales[k] if k in self.input_scales else x for k, x in enumerate(inputs))
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "regions": [dataclasses.asdict(r) for r in self.regions],
@@ -109,6 +116,7 @@ class Plan:
             "multiplies": [dataclasses.asdict(m) for m in self.multiplies],
             "unresolved": [dataclasses.asdict(u) for u in self.unresolved],
             "notes": list(self.notes),
+            "input_scales": {str(k): v for k, v in self.input_scales.items()},
             "fp32_modules": self.fp32_modules,
             "fp16_flops": self.fp16_flops,
             "total_flops": self.total_flops,

@@ -18,6 +18,7 @@ from fp16lens.patch._classes import class_problem, settle_products
 from fp16lens.patch._cuts import choose_cuts, join_multiplies
 from fp16lens.patch._flops import conv_linear_flops
 from fp16lens.patch._graph import SiteGraph, TorchBinding, build_graph
+from fp16lens.patch._inputs import fold_inputs
 from fp16lens.patch._modplan import module_changes
 from fp16lens.patch._options import PatchOptions
 from fp16lens.patch._plan import Plan, Region, Unresolved
@@ -93,6 +94,7 @@ def build_plan(model: nn.Module | None, report: Report, options: PatchOptions, b
             break
         for s, r in grow.items():
             why.setdefault(s, r)
+    fold_inputs(graph, report, plan, onnx=model is None)  # the caller divides, first layers hold 2^k
     kept = [] if model is None else [n for n, m in model.named_modules() if is_island(m)]
     base = dataclasses.replace(graph, kinds=saved[0], modules=saved[1])  # FLOPs of the model as built
     plan.fp16_flops, plan.total_flops = conv_linear_flops(base, report, [*kept, *plan.fp32_modules])
