@@ -9,7 +9,8 @@ something else reads it, or when the chain ends. Accumulation inside an op stays
 Parameters are rounded as ``.half()`` stores them (a batch norm's running_var beyond
 65504 becomes inf), even where TensorRT folds the batch norm into its conv first.
 Modules marked ``fp16lens_fp32`` (patch's Fp32Island) compute and store in FP32, as
-``.half()`` leaves them; their output is rounded when it leaves the island. Ops that a
+``.half()`` leaves them; their output is rounded when it leaves the island (unless the
+island hands it on in FP32, ``fp32_out``). Ops that a
 ``.half()`` model itself runs in FP32 (its own upcasts, FP32 constants made in forward;
 found by one FP16 run on ``meta``) are not rounded either.
 """
@@ -73,8 +74,9 @@ class StorageRounding(SiteTracer):
                 round_fp16_(t)
 
     def leave(self, frame, output) -> None:
-        """An FP32 island hands its output back to FP16 storage: round it."""
-        if frame.island and not self.in_island:
+        """An FP32 island hands its output back to FP16 storage: round it (not where it
+        hands it on in FP32: to islands after it, or as the model's output)."""
+        if frame.island and not self.in_island and not getattr(frame.module, "fp32_out", False):
             for t in tree_flatten(output)[0]:
                 if torch.is_tensor(t) and t.is_floating_point():
                     round_fp16_(t)

@@ -98,6 +98,7 @@ def test_islands_next_to_each_other_pass_fp32_between_them():
     assert set(islands) == {"exp", "log"} and islands["exp"].fp32_out and islands["log"].fp32_in
     assert patched.exp.fp32_out and patched.log.fp32_in  # what the modules do
     _proven(model, patched, inputs)
+    assert fp16lens.verify(model, patched, [inputs], backend="torch-emulated")  # its emulation agrees
 
 
 def test_stft_magnitude_of_raw_int16_samples_stays_fp32_up_to_the_log():
