@@ -249,3 +249,50 @@ def test_an_input_no_layer_can_hold_the_factor_is_said_unresolved():
     assert not the_plan.input_scales
     assert [u.site for u in the_plan.unresolved] == ["input[0]"]
     assert ":mul" in the_plan.unresolved[0].reason and "divide it by" in the_plan.unresolved[0].reason
+
+
+def _ppocr_det_torch():
+    """PP-OCRv4's text detector (rapidocr-onnxruntime's .onnx) converted with onnx2torch, and
+    the word SHORT as raw 0-255 pixels; its Constant nodes become initializers first (the
+    converter reads conv weights there)."""
+    import zoo_real
+
+    need_torchvision()
+    onnx2torch = pytest.importorskip("onnx2torch")
+    onnx = pytest.importorskip("onnx")
+    try:
+        path, x = zoo_real.ppocr_det(normalized=False)
+    except zoo_real.Missing as exc:
+        pytest.skip(str(exc))
+    proto = onnx.load(path)
+    nodes = []
+    for n in proto.graph.node:
+        if n.op_type == "Constant" and [a.name for a in n.attribute] == ["value"]:
+            t = onnx.TensorProto()
+            t.CopyFrom(n.attribute[0].t)
+            t.name = n.output[0]
+            proto.graph.initializer.append(t)
+        else:
+            nodes.append(n)
+    del proto.graph.node[:]
+    proto.graph.node.extend(nodes)
+    return onnx2torch.convert(proto).eval(), (torch.from_numpy(x),)
+
+
+def test_real_text_detector_on_raw_pixels_is_finite_in_fp16_and_watch_agrees():
+    """The case that was found: the stem's hardswish product peaks at 6.6e4 and returns at
+    the / 6. The island reaches the Div; real FP16 of the patched model is finite (it was
+    NaN), its probability map close to FP32, and watch on it agrees with real FP16."""
+    model, inputs = _ppocr_det_torch()
+    assert not torch.isfinite(_half(model, inputs)).all()
+    patched = patch(model, _report(model, inputs))
+    islands = {i.module: i for i in get_plan(patched).islands}
+    assert islands["p2o/Mul/8"].fp32_out and islands["p2o/Div/1"].fp32_in
+    with torch.no_grad():
+        want = model(*inputs)
+        assert relative_error(want, patched(*inputs)) <= FP32_TOL
+    half = _half(patched, inputs).float()
+    assert torch.isfinite(half).all()
+    cos = torch.nn.functional.cosine_similarity(want.flatten().double(), half.flatten().double(), dim=0)
+    assert cos > 0.999
+    assert _report(patched, inputs).clean
