@@ -16,6 +16,7 @@ from fp16lens.patch._fx import (
     scale_operands,
     trace_owner,
 )
+from fp16lens.patch._fxisland import insert_group
 from fp16lens.patch._island import Fp32Island
 from fp16lens.patch._plan import Plan, Reparam
 from fp16lens.patch._rules import (
@@ -38,17 +39,20 @@ def apply_plan(model: nn.Module, plan: Plan) -> nn.Module:
             continue
         mod = named.get(r.module)
         _RULES[r.rule](mod if mod is not None else functional_params(model, r.module), r)
-    for island in (i for i in plan.islands if not i.site):  # functional ones: below
+    for island in (i for i in plan.islands if not i.site and not i.nodes):  # functional ones: below
         inner = model.get_submodule(island.module)
         replace_module(model, island.module, Fp32Island(inner, island.in_scale, island.out_scale,
                                                         island.fp32_out, island.fp32_in))
-    owners = dict.fromkeys([*(m.owner for m in plan.multiplies), *(site_module(i.site) for i in plan.islands if i.site)])
+    owners = dict.fromkeys([*(m.owner for m in plan.multiplies), *(site_module(i.site) for i in plan.islands if i.site),
+                            *("" for i in plan.islands if i.nodes)])
     for owner in owners:
         gm = trace_owner(model, owner)
         for m in (m for m in plan.multiplies if m.owner == owner):
             scale_operands(gm, find_op(gm, m.site), set(m.keep), owner, m.factor, set(m.cut))
         for island in (i for i in plan.islands if i.site and site_module(i.site) == owner):
             insert_island(gm, island)
+        for island in (i for i in plan.islands if i.nodes and not owner):  # ops of the model's forward
+            insert_group(gm, island.module, island.nodes, island)
         original = model.get_submodule(owner) if owner else model
         if gm is original:  # a GraphModule: edited in place
             continue

@@ -63,6 +63,8 @@ class SiteGraph:
     fp32: set[str] = field(default_factory=set)  # sites run by this plan's FP32 islands (patch/_reach.py)
     pinned: set[str] = field(default_factory=set)  # sites whose class can carry no scale
     tied: list[tuple[str, ...]] = field(default_factory=list)  # sites that must share one class
+    fxnodes: dict[str, str] = field(default_factory=dict)  # the model's own functional sites -> fx nodes
+    fxgroup: object = None  # names -> whether those fx nodes can run as one island (_fxisland.py)
 
     def find(self, site: str) -> str:
         return self._find(site)[0]

@@ -33,6 +33,7 @@ class Island:
     site: str = ""  # a functional activation's site ("block:silu"): a new child runs it
     fp32_out: bool = False  # hands its output on in FP32 (to islands after it, or the model output)
     fp32_in: bool = False  # fed in FP32 by islands before it: hands back the model's dtype
+    nodes: tuple[str, ...] = ()  # ops of the model's own forward (fx node names) a new child runs
 
 
 @dataclass(frozen=True)
@@ -95,7 +96,7 @@ class Plan:
         """Whether the model's own forward is rewritten with torch.fx (a multiply in it,
         or a functional activation of it made an island): patch returns a GraphModule."""
         return any(m.owner == "" for m in self.multiplies) or any(
-            i.site and not site_module(i.site) for i in self.islands
+            (i.site and not site_module(i.site)) or i.nodes for i in self.islands
         )
 
     @property

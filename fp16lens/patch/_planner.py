@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -17,6 +18,7 @@ from fp16lens.patch._actisland import mark_activations, rename_islands
 from fp16lens.patch._classes import class_problem, settle_products
 from fp16lens.patch._cuts import choose_cuts, join_multiplies
 from fp16lens.patch._flops import conv_linear_flops
+from fp16lens.patch._fxisland import groupable, root_nodes
 from fp16lens.patch._graph import SiteGraph, TorchBinding, build_graph
 from fp16lens.patch._inputs import fold_inputs
 from fp16lens.patch._modplan import module_changes
@@ -84,6 +86,9 @@ def build_plan(model: nn.Module | None, report: Report, options: PatchOptions, b
     report = binding.contract(report)  # fused norm modules: one site each
     graph = build_graph(model, report, binding)
     acts = {} if model is None else mark_activations(model, graph, report)  # F.silu(x) & co.: islands
+    if model is not None and _own_ops_at_stake(report):  # ops of the model's forward: fx islands
+        graph.fxnodes = root_nodes(model, report)
+        graph.fxgroup = functools.partial(groupable, model)
     saved = graph.snapshot()
     why = dict.fromkeys((s for s in keep_fp32 if s in report.sites), "kept FP32 as asked (replan)")
     why.update((s, "its span kept FP32 end to end as asked (fp32_spans)") for s in spans if s in report.sites)
@@ -105,6 +110,12 @@ def build_plan(model: nn.Module | None, report: Report, options: PatchOptions, b
         if over:
             plan.notes.append(f"factor {r.factor:g} leaves {', '.join(over)} beyond {FP16_MAX:g}")
     return plan
+
+
+def _own_ops_at_stake(report: Report) -> bool:
+    """Whether a span or finding names an op of the model's own forward (not a module's)."""
+    named = {s for sp in report.spans for s in sp.sites} | {f.site for f in report.findings}
+    return any(report.sites[s].kind != "module" and not report.sites[s].module for s in named if s in report.sites)
 
 
 def _plan_once(model, report, options, binding, graph, powers, acts, why: dict[str, str]) -> tuple[Plan, dict]:

@@ -30,6 +30,8 @@ from fp16lens.patch._graph import SiteGraph
 from fp16lens.patch._plan import Island
 from fp16lens.report import HIST_MIN_EXP, Report
 
+_GROUP = ":fx"  # host_of: an op of the model's own forward, run by a new child (_fxisland.py)
+
 
 @dataclass
 class Host:
@@ -38,6 +40,7 @@ class Host:
     name: str  # the qualified module name (a site name for a planned activation child)
     sites: frozenset[str]
     single: bool  # one module site: its input takes a scale too
+    nodes: tuple[str, ...] = ()  # a new child of the model running these fx nodes
 
     def entries(self, graph: SiteGraph) -> list[str]:
         return [s for s in self.sites if any(p not in self.sites for p in graph.producers[s])]
@@ -69,7 +72,9 @@ def host_of(graph: SiteGraph, report: Report, site: str, acts: dict[str, str]) -
     if st.kind == "module" or not graph.owners:
         return None
     owner = site_module(site)
-    return owner if owner and owner in graph.owners else None
+    if not owner:
+        return _GROUP if site in graph.fxnodes else None
+    return owner if owner in graph.owners else None
 
 
 def _module(report: Report, host: str) -> str:
@@ -81,8 +86,9 @@ def _module(report: Report, host: str) -> str:
 def realize(graph: SiteGraph, report: Report, fp32: set[str], acts: dict[str, str]) -> dict[str, Host]:
     """The hosts of ``fp32``: a host inside another one's module is part of it."""
     names = {h for s in fp32 if (h := host_of(graph, report, s, acts)) is not None}
+    hosts = _groups(graph, report, fp32 - set(acts)) if _GROUP in names else {}
+    names.discard(_GROUP)
     owners = {h for h in names if not _single(graph, report, h, acts)}
-    hosts = {}
     for h in sorted(names):
         if any(o != h and inside(_module(report, h), o) for o in owners):
             continue
@@ -93,6 +99,50 @@ def realize(graph: SiteGraph, report: Report, fp32: set[str], acts: dict[str, st
                           if s not in graph.frozen and inside(s if st.kind == "module" else st.module, h))
         hosts[h] = Host(h, sites, False)
     return hosts
+
+
+def _groups(graph: SiteGraph, report: Report, fp32: set[str]) -> dict[str, Host]:
+    """The model's own functional ops in ``fp32``, by connected piece: each a new child
+    (``<op>_fp32``) where its fx nodes read one tensor and hand on one."""
+    left = {s for s in fp32 if s in graph.fxnodes and host_of(graph, report, s, {}) == _GROUP}
+    hosts: dict[str, Host] = {}
+    while left:
+        piece, todo = set(), [min(left, key=lambda s: report.sites[s].order)]
+        while todo:
+            s = todo.pop()
+            if s in piece or s not in left:
+                continue
+            piece.add(s)
+            todo += [*graph.producers[s], *graph.consumers[s]]
+        left -= piece
+        order = _single_input(graph, report, piece)
+        if order is None:
+            continue
+        nodes = tuple(graph.fxnodes[s] for s in order)
+        base = f"{graph.fxnodes[order[0]]}_fp32"
+        name, k = base, 1
+        while name in hosts or name in graph.owners:
+            k += 1
+            name = f"{base}{k}"
+        hosts[name] = Host(name, frozenset(piece), False, nodes)
+    return hosts
+
+
+def _single_input(graph: SiteGraph, report: Report, piece: set[str]) -> list[str] | None:
+    """``piece`` grown back through the model's own ops that feed it (``x + 3`` and
+    ``relu6`` before ``x * relu6(x + 3)``) until its fx nodes read one tensor and hand on
+    one; its sites in execution order, or None where that does not happen."""
+    piece = set(piece)
+    for _ in range(len(graph.fxnodes) + 1):
+        order = sorted(piece, key=lambda s: report.sites[s].order)
+        if graph.fxgroup is not None and graph.fxgroup({graph.fxnodes[s] for s in order}):
+            return order
+        feeding = {p for s in piece for p in graph.producers[s]
+                   if p not in piece and p in graph.fxnodes and host_of(graph, report, p, {}) == _GROUP}
+        if not feeding:
+            return None
+        piece |= {max(feeding, key=lambda s: report.sites[s].order)}  # the latest one first
+    return None
 
 
 def mark(graph: SiteGraph, hosts: dict[str, Host]) -> None:
@@ -143,7 +193,8 @@ def host_islands(graph: SiteGraph, report: Report, hosts: dict[str, Host], scale
         fp32_in = any(p in fp32_out_sites for p in prods)
         first = next((why[s] for s in sorted(h.sites, key=lambda s: report.sites[s].order) if s in why), "")
         reason = _reason(first, fp32_out, fp32_in)
-        out.append(Island(h.name, in_scale, out_scale, reason, fp32_out=fp32_out, fp32_in=fp32_in))
+        out.append(Island(h.name, in_scale, out_scale, reason, fp32_out=fp32_out, fp32_in=fp32_in,
+                          nodes=h.nodes))
     return out
 
 

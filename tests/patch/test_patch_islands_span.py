@@ -88,6 +88,21 @@ def test_an_island_reaches_the_div_that_brings_hardswish_back_in_range():
     _proven(g, patched, inputs)
 
 
+def test_ops_of_the_models_own_forward_become_one_island_that_reaches_the_div():
+    """The same hardswish written in the model's forward: no module runs it, so its ops
+    (x + 3, relu6, the product, / 6) move into one new child island, fed the conv's output
+    and handing back the / 6 in range; it exports with only those nodes in FP32."""
+    model, inputs = hardswish_stem()
+    assert not torch.isfinite(_half(model, inputs)).all()
+    patched = patch(model, _report(model, inputs))
+    the_plan = get_plan(patched)
+    assert not the_plan.unresolved and len(the_plan.islands) == 1
+    assert the_plan.islands[0].nodes == ("add", "relu6", "mul", "truediv")
+    assert isinstance(patched.get_submodule(the_plan.islands[0].module), Fp32Island)
+    _proven(model, patched, inputs)
+    assert _report(patched, inputs).clean
+
+
 def test_islands_next_to_each_other_pass_fp32_between_them():
     """exp (1.6e5) then log: two ops no scale passes, each its own island; the value
     between them stays FP32 instead of going through FP16 as inf."""
