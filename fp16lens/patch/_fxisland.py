@@ -79,12 +79,15 @@ def group_io(gm: fx.GraphModule, names: set[str]) -> tuple[fx.Node, fx.Node, lis
     return next(iter(reads)), outs[0], nodes
 
 
-def groupable(model: nn.Module, names: set[str]) -> bool:
-    try:
-        gm = trace_owner(model, "")
-    except PatchError:
-        return False
-    return group_io(gm, names) is not None
+def groupable(model: nn.Module, traced: dict, names: set[str]) -> bool:
+    """Whether the fx nodes ``names`` of the model's forward can run as one island
+    (``traced`` caches the traced forward)."""
+    if "" not in traced:
+        try:
+            traced[""] = trace_owner(model, "")
+        except PatchError:
+            traced[""] = None
+    return traced[""] is not None and group_io(traced[""], names) is not None
 
 
 def insert_group(gm: fx.GraphModule, attr: str, names: tuple[str, ...], island) -> None:

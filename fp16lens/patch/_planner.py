@@ -88,7 +88,7 @@ def build_plan(model: nn.Module | None, report: Report, options: PatchOptions, b
     acts = {} if model is None else mark_activations(model, graph, report)  # F.silu(x) & co.: islands
     if model is not None and _own_ops_at_stake(report):  # ops of the model's forward: fx islands
         graph.fxnodes = root_nodes(model, report)
-        graph.fxgroup = functools.partial(groupable, model)
+        graph.fxgroup = functools.partial(groupable, model, {})
     saved = graph.snapshot()
     why = dict.fromkeys((s for s in keep_fp32 if s in report.sites), "kept FP32 as asked (replan)")
     why.update((s, "its span kept FP32 end to end as asked (fp32_spans)") for s in spans if s in report.sites)
