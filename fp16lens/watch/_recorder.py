@@ -152,7 +152,8 @@ class Recorder(TorchDispatchMode):
                     threads.restore(previous)
                 self._mark_fp32(site, eid, frame.fp32)
             self._resume()
-        if frame.island and not raised and not getattr(frame.module, "fp32_out", False):
+        inside = bool(self.stack) and self.stack[-1].fp32  # an island within an island: stays FP32
+        if frame.island and not raised and not inside and not getattr(frame.module, "fp32_out", False):
             self._hand_off(output)
         if not self.stack:
             self._end_forward(output)
