@@ -1712,3 +1712,13 @@ def raw_conv_input(peak: float = 3e5, scaled: bool = False):
             if isinstance(c, nn.Conv2d):
                 c.weight.mul_(1e-2)
     return m.eval(), (torch.rand(1, 3, 8, 8, generator=g) * peak,)
+
+
+def silu_pair(peak: float = 1e5):
+    """conv (peak 1e5) -> SiLU -> SiLU -> conv: two module islands with a region between."""
+    g = _seeded(0)
+    m = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.SiLU(), nn.SiLU(), nn.Conv2d(8, 4, 1)).eval()
+    x = torch.rand(1, 3, 8, 8, generator=g)
+    with torch.no_grad():
+        m[0].weight.mul_(peak / m[0](x).max())
+    return m, (x,)

@@ -30,6 +30,7 @@ from models import (
     lstm_raw_input,
     raw_conv_input,
     relu_span,
+    silu_pair,
     stft_log,
 )
 from torchvision_compat import need_torchvision
@@ -228,42 +229,15 @@ def test_replan_keeps_a_span_fp32_end_to_end_and_merges_islands():
 
     patched = apply_plan(copy.deepcopy(model), kept)
     _proven(model, patched, inputs)
-    m2, in2 = exp_log()
+    m2, in2 = silu_pair()
     r2 = _report(m2, in2)
-    merged = replan(m2, r2, opts, merge=[["exp", "log"]])
-    assert {i.module for i in merged.islands} == {"exp", "log"}
-
-
-@pytest.mark.parametrize("build", [lstm_raw_input, raw_conv_input], ids=["lstm", "conv"])
-def test_an_input_beyond_fp16_is_folded_into_the_first_layer(build):
-    """The caller divides the input by 2^k (the report's advice), the first layer holds
-    2^k: FP32 outputs of the original on x and the patched on x / 2^k are equal, and
-    real FP16 of the patched model on x / 2^k is finite and close."""
-    model, inputs = build()
-    assert not torch.isfinite(_half(model, inputs)).all()
-    report = _report(model, inputs)
-    patched = patch(model, report)
-    the_plan = get_plan(patched)
-    assert list(the_plan.input_scales) == [0] and not the_plan.unresolved
-    k = rescale_exponent(max(f.peak for f in report.findings if f.site == "input[0]"))
-    assert the_plan.input_scales[0] == 2.0**k
-    assert [r.rule for r in the_plan.reparametrized] == ["input"]
-    assert any("divided by" in n for n in the_plan.notes)
-    scaled = the_plan.scale_inputs(*inputs)
-    with torch.no_grad():
-        want = model(*inputs)
-        assert relative_error(want, patched(*scaled)) <= FP32_TOL
-        half = _half(patched, scaled)
-    assert torch.isfinite(half).all() and relative_error(want, half.float()) < 2e-3
-
-
-def test_an_input_no_layer_can_hold_the_factor_is_said_unresolved():
-    """x * 0.5 reads the input before the conv: the plan folds nothing and says why."""
-    model, inputs = raw_conv_input(peak=1e5, scaled=True)  # x * 0.5 in range: only the input is
-    the_plan = get_plan(patch(model, _report(model, inputs)))
-    assert not the_plan.input_scales
-    assert [u.site for u in the_plan.unresolved] == ["input[0]"]
-    assert ":mul" in the_plan.unresolved[0].reason and "divide it by" in the_plan.unresolved[0].reason
+    apart = {i.module: i for i in replan(m2, r2, opts).islands}
+    assert set(apart) == {"1", "2"} and not apart["1"].fp32_out  # a region between them
+    merged = replan(m2, r2, opts, merge=[["1", "2"]])
+    islands = {i.module: i for i in merged.islands}
+    assert islands["1"].fp32_out and islands["2"].fp32_in
+    assert not any("1" in r.sites for r in merged.regions)
+    _proven(m2, apply_plan(copy.deepcopy(m2), merged), in2)
 
 
 def _ppocr_det_torch():
