@@ -240,6 +240,38 @@ def test_replan_keeps_a_span_fp32_end_to_end_and_merges_islands():
     _proven(m2, apply_plan(copy.deepcopy(m2), merged), in2)
 
 
+@pytest.mark.parametrize("build", [lstm_raw_input, raw_conv_input], ids=["lstm", "conv"])
+def test_an_input_beyond_fp16_is_folded_into_the_first_layer(build):
+    """The caller divides the input by 2^k (the report's advice), the first layer holds
+    2^k: FP32 outputs of the original on x and the patched on x / 2^k are equal, and
+    real FP16 of the patched model on x / 2^k is finite and close."""
+    model, inputs = build()
+    assert not torch.isfinite(_half(model, inputs)).all()
+    report = _report(model, inputs)
+    patched = patch(model, report)
+    the_plan = get_plan(patched)
+    assert list(the_plan.input_scales) == [0] and not the_plan.unresolved
+    k = rescale_exponent(max(f.peak for f in report.findings if f.site == "input[0]"))
+    assert the_plan.input_scales[0] == 2.0**k
+    assert [r.rule for r in the_plan.reparametrized] == ["input"]
+    assert any("divided by" in n for n in the_plan.notes)
+    scaled = the_plan.scale_inputs(*inputs)
+    with torch.no_grad():
+        want = model(*inputs)
+        assert relative_error(want, patched(*scaled)) <= FP32_TOL
+        half = _half(patched, scaled)
+    assert torch.isfinite(half).all() and relative_error(want, half.float()) < 2e-3
+
+
+def test_an_input_no_layer_can_hold_the_factor_is_said_unresolved():
+    """x * 0.5 reads the input before the conv: the plan folds nothing and says why."""
+    model, inputs = raw_conv_input(peak=1e5, scaled=True)  # x * 0.5 in range: only the input is
+    the_plan = get_plan(patch(model, _report(model, inputs)))
+    assert not the_plan.input_scales
+    assert [u.site for u in the_plan.unresolved] == ["input[0]"]
+    assert ":mul" in the_plan.unresolved[0].reason and "divide it by" in the_plan.unresolved[0].reason
+
+
 def _ppocr_det_torch():
     """PP-OCRv4's text detector (rapidocr-onnxruntime's .onnx) converted with onnx2torch, and
     the word SHORT as raw 0-255 pixels; its Constant nodes become initializers first (the
