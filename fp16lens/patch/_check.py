@@ -27,7 +27,7 @@ def check_equivalent(original: nn.Module, patched: nn.Module, report: Report,
     g = torch.Generator().manual_seed(0)
     inputs = tuple(torch.rand(s, generator=g).to(device) for s in shapes[0])
     try:
-        scaled = tuple(x / (input_scales or {}).get(k, 1.0) for k, x in enumerate(inputs))
+        scaled = tuple(x / (input_scales or {}).get(k, 1.0) for k, x in enumerate(inputs))  # all float
         want, got = original(*inputs), patched(*scaled)
     except Exception as exc:  # the report's shapes may not be all the model needs
         return [

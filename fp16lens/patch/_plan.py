@@ -104,9 +104,16 @@ class Plan:
         return bool(self.islands or self.reparametrized or self.multiplies)
 
     def scale_inputs(self, *inputs):
-        """The inputs as the patched model takes them: input k divided by
-        ``input_scales[k]`` (an exact power of two), the others as they are."""
-        return tuple(x / self.input_scales[k] if k in self.input_scales else x for k, x in enumerate(inputs))
+        """The inputs as the patched model takes them: float input k (counted as the
+        report counts them: float tensors only) divided by ``input_scales[k]`` (an exact
+        power of two), the others as they are."""
+        out, k = [], 0
+        for x in inputs:
+            if hasattr(x, "is_floating_point") and x.is_floating_point():
+                x = x / self.input_scales[k] if k in self.input_scales else x
+                k += 1
+            out.append(x)
+        return tuple(out)
 
     def to_dict(self) -> dict[str, Any]:
         return {
