@@ -1546,3 +1546,179 @@ class ScaledProducts(nn.Module):
     def forward(self, x):
         h = self.fc1(x) * 0.5
         return self.fc2(h * h if self.square else h)
+
+
+# --------------------------------------------------------------------------------------
+# Spans whose FP32 islands must reach further (patch/_reach.py)
+# --------------------------------------------------------------------------------------
+class HardswishStem(nn.Module):
+    """A conv stem and hardswish written out as ``x * relu6(x + 3) / 6`` (as onnx2torch
+    converts a decomposed HardSwish: separate Mul and Div modules)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.head = nn.Conv2d(8, 4, 1)
+
+    def forward(self, x):
+        x = self.conv(x)
+        x = x * F.relu6(x + 3)
+        return self.head(x / 6)
+
+
+def hardswish_stem(peak: float = 1.7e4):
+    """Raw 0-255 pixels; the stem's peak is ``peak``, so the product peaks near 6 x peak
+    (8e4: inf in FP16) and the / 6 brings it back in range."""
+    g = _seeded(0)
+    m = HardswishStem().eval()
+    x = torch.rand(1, 3, 16, 16, generator=g) * 255
+    with torch.no_grad():
+        m.conv.weight.mul_(peak / m.conv(x).max())
+    return m, (x,)
+
+
+class Exp(nn.Module):
+    def forward(self, x):
+        return torch.exp(x)
+
+
+class Log(nn.Module):
+    def forward(self, x):
+        return torch.log(x)
+
+
+class ExpLog(nn.Module):
+    """conv -> exp -> log -> conv: exp's output passes 65504, log brings it back."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.exp, self.log = Exp(), Log()
+        self.head = nn.Conv2d(8, 4, 1)
+
+    def forward(self, x):
+        return self.head(self.log(self.exp(self.conv(x))))
+
+
+def exp_log(peak: float = 12.0):
+    """exp of ``peak`` (12: 1.6e5, inf in FP16) between two ops no scale passes."""
+    g = _seeded(0)
+    m = ExpLog().eval()
+    x = torch.rand(1, 3, 8, 8, generator=g) * 4
+    with torch.no_grad():
+        m.conv.weight.mul_(peak / m.conv(x).max())
+    return m, (x,)
+
+
+class StftMagnitude(nn.Module):
+    """An STFT as two conv1d (cos and sin windows) and its magnitude sqrt(re^2 + im^2)."""
+
+    def __init__(self, n_fft: int = 64, hop: int = 16):
+        super().__init__()
+        t, k = torch.arange(n_fft).double(), torch.arange(n_fft // 2 + 1).double()
+        win = torch.hann_window(n_fft, dtype=torch.float64)
+        angle = 2 * torch.pi * k[:, None] * t[None] / n_fft
+        self.real = nn.Conv1d(1, n_fft // 2 + 1, n_fft, stride=hop, bias=False)
+        self.imag = nn.Conv1d(1, n_fft // 2 + 1, n_fft, stride=hop, bias=False)
+        with torch.no_grad():
+            self.real.weight.copy_((win * torch.cos(angle)).float()[:, None])
+            self.imag.weight.copy_((-win * torch.sin(angle)).float()[:, None])
+
+    def forward(self, x):
+        return torch.sqrt(self.real(x).pow(2) + self.imag(x).pow(2))
+
+
+class LogSpec(nn.Module):
+    def forward(self, x):
+        return torch.log(x + 1e-5)
+
+
+class PitchFrontEnd(nn.Module):
+    """STFT magnitude -> log -> a 1x1 conv head, as a pitch estimator's front end."""
+
+    def __init__(self):
+        super().__init__()
+        self.stft, self.log, self.head = StftMagnitude(), LogSpec(), nn.Conv1d(33, 4, 1)
+
+    def forward(self, x):
+        return self.head(self.log(self.stft(x)))
+
+
+def stft_log(samples: int = 1024):
+    """Raw int16-scale samples (peaks of the STFT 1.5e5, of its square 2e10), the second
+    half near silence (dither of +-1: magnitudes near 0 reach the log)."""
+    g = _seeded(0)
+    x = (torch.randn(1, 1, samples, generator=g) * 8000).clamp(-32768, 32767).round()
+    x[..., samples // 2:] = torch.randint(-1, 2, (samples - samples // 2,), generator=g).float()
+    return PitchFrontEnd().eval(), (x,)
+
+
+class EmbeddingHead(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb, self.fc = nn.Embedding(16, 8), nn.Linear(8, 4)
+
+    def forward(self, ids):
+        return self.fc(self.emb(ids))
+
+
+def embedding_output(row: float = 1.2e5):
+    """An embedding row beyond 65504 and the Linear after it is the model output (beyond
+    65504 too): a span that reaches the output."""
+    g = _seeded(0)
+    m = EmbeddingHead().eval()
+    with torch.no_grad():
+        m.emb.weight[3] = row
+        m.fc.weight.copy_(torch.rand(4, 8, generator=g) * 0.5)
+    return m, (torch.tensor([[1, 3, 5, 3]]),)
+
+
+class LstmEncoder(nn.Module):
+    """A speaker-encoder shape: an LSTM over frames, the last step to a Linear."""
+
+    def __init__(self):
+        super().__init__()
+        self.lstm, self.fc = nn.LSTM(8, 16, batch_first=True), nn.Linear(16, 4)
+
+    def forward(self, x):
+        y, _ = self.lstm(x)
+        return self.fc(y[:, -1])
+
+
+def lstm_raw_input(peak: float = 8e5):
+    """Raw features beyond FP16 (8e5) straight into an LSTM."""
+    g = _seeded(0)
+    x = torch.randn(2, 5, 8, generator=g)
+    return LstmEncoder().eval(), (x * (peak / x.abs().max()),)
+
+
+class ScaledInput(nn.Module):
+    """An input read by a multiply before the conv: nothing holds a factor there."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+
+    def forward(self, x):
+        return self.conv(x * 0.5)
+
+
+def raw_conv_input(peak: float = 3e5, scaled: bool = False):
+    """Raw values beyond FP16 into a conv (``scaled``: through ``x * 0.5`` first)."""
+    g = _seeded(0)
+    m = ScaledInput() if scaled else nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Conv2d(4, 2, 1))
+    with torch.no_grad():
+        for c in m.modules():
+            if isinstance(c, nn.Conv2d):
+                c.weight.mul_(1e-2)
+    return m.eval(), (torch.rand(1, 3, 8, 8, generator=g) * peak,)
+
+
+def silu_pair(peak: float = 1e5):
+    """conv (peak 1e5) -> SiLU -> SiLU -> conv: two module islands with a region between."""
+    g = _seeded(0)
+    m = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.SiLU(), nn.SiLU(), nn.Conv2d(8, 4, 1)).eval()
+    x = torch.rand(1, 3, 8, 8, generator=g)
+    with torch.no_grad():
+        m[0].weight.mul_(peak / m[0](x).max())
+    return m, (x,)

@@ -19,7 +19,7 @@ from fp16lens.export._artifact import (
     records,
 )
 from fp16lens.export._io import dynamic_failure, io_spec
-from fp16lens.export._islands import resolve_fp32_modules
+from fp16lens.export._islands import fp32_outputs, resolve_fp32_modules
 from fp16lens.export._naming import map_nodes, stamp
 from fp16lens.export._onnx_in import ONNX_EXPORTER, is_onnx_source
 from fp16lens.export._onnx_meta import ISLANDS_KEY, in_islands
@@ -89,7 +89,7 @@ def export(
     for node, origin in zip(proto.graph.node, origins):
         stamp(node, origin)
     notes += decomposed_norm_warnings(proto.graph, origins)
-    job = _Job(options, used, notes, calibration, calibration_cache)
+    job = _Job(options, used, notes, calibration, calibration_cache, fp32_outputs(model))
     return _typed(proto, path, job)
 
 
@@ -161,6 +161,7 @@ class _Job:
     notes: list[str]
     calibration: Iterable | None
     calibration_cache: str | Path | None
+    fp32_out: tuple[str, ...] = ()  # islands whose outputs stay FP32 (a graph output among them too)
 
 
 def _check_calibration(precision: str, calibration) -> None:
@@ -191,7 +192,8 @@ def _typed(proto, path: Path, job: _Job, island_nodes: set[str] | None = None) -
     cache = None
     if options.precision == "fp16":
         by_name = {n.name: o for n, o in zip(proto.graph.node, origins)}
-        result = convert_fp16(proto, island_nodes, by_name, options.io_dtype)
+        keep = {n.name for n, o in zip(proto.graph.node, origins) if in_islands(o.modules, job.fp32_out)}
+        result = convert_fp16(proto, island_nodes, by_name, options.io_dtype, keep & island_nodes)
         fp32_nodes, warnings = result.fp32_nodes, warnings + result.warnings
     elif options.precision == "int8":
         from fp16lens.export._int8 import quantize_int8

@@ -40,9 +40,12 @@ def elem_types(model) -> dict[str, int]:
 
 
 def convert_fp16(
-    model, island: set[str], origins: dict[str, NodeOrigin], io_dtype: str
+    model, island: set[str], origins: dict[str, NodeOrigin], io_dtype: str,
+    fp32_out: set[str] = frozenset(),
 ) -> Fp16Result:
-    """Rewrite the FP32 ``model`` in place into strongly typed FP16; returns it with notes."""
+    """Rewrite the FP32 ``model`` in place into strongly typed FP16; returns it with notes.
+    A graph output produced by a node of ``fp32_out`` (an island that hands its output on in
+    FP32: its values may pass FP16) stays FP32 whatever ``io_dtype`` says."""
     inferred = shape_inference.infer_shapes(model)
     elem = elem_types(inferred)
     opset = default_opset(model)
@@ -61,7 +64,7 @@ def convert_fp16(
     rw.inputs(io_dtype)
     rw.initializers()
     rw.nodes()
-    rw.outputs(io_dtype)
+    rw.outputs(io_dtype, fp32_out)
     rw.value_info()
     summary = subnormal_summary(rw.converted)
     if summary:
@@ -256,12 +259,19 @@ class _Rewriter:
                 node.attribute.append(helper.make_attribute("value", numpy_helper.from_array(half)))
 
     # -- graph outputs and value_info ----------------------------------------------------
-    def outputs(self, io_dtype: str) -> None:
+    def outputs(self, io_dtype: str, fp32_out: set[str] = frozenset()) -> None:
         for v in self.g.output:
             have = self.actual.get(v.name)
             if have is None or v.type.tensor_type.elem_type not in (FLOAT, FLOAT16):
                 continue
             want = FLOAT16 if io_dtype == "fp16" else FLOAT
+            producer = self.producer.get(v.name)
+            if want == FLOAT16 and have == FLOAT and producer is not None and producer.name in fp32_out:
+                want = FLOAT
+                self.warnings.append(
+                    f"output {v.name!r} stays FP32 (io_dtype='fp16'): the FP32 island that produces "
+                    "it hands its values on in FP32, as the patched model does under .half()"
+                )
             if have != want:
                 self._recast_output(v.name, have, want)
             v.type.tensor_type.elem_type = want

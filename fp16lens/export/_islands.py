@@ -26,3 +26,11 @@ def resolve_fp32_modules(model: torch.nn.Module, extra: Iterable[str] | None) ->
                 f"fp32_modules names {name!r}, which is not a module of the model.{hint}"
             )
     return tuple(dict.fromkeys(wanted))
+
+
+def fp32_outputs(model: torch.nn.Module) -> tuple[str, ...]:
+    """The islands of the patch plan that hand their output on in FP32 (``fp32_out``: a span
+    that reaches the model output stays FP32 there, as ``.half()`` gives it)."""
+    plan = getattr(model, PLAN_ATTR, None)
+    islands = [*(getattr(plan, "kept", None) or []), *(getattr(plan, "islands", None) or [])]
+    return tuple(dict.fromkeys(i.module for i in islands if getattr(i, "fp32_out", False)))

@@ -12,6 +12,8 @@ state_dict keys do not change.
 
 from __future__ import annotations
 
+import dataclasses
+
 from torch import fx, nn
 
 from fp16lens._core import PatchError
@@ -176,7 +178,7 @@ def rename_islands(islands: list[Island], found: dict[str, str]) -> list[Island]
         if why.endswith("does not commute with scaling"):  # module_changes names the Activation class
             how = f"its module {name} runs nothing else" if whole else f"it becomes the new child {name}"
             why = f"{i.module} ({parse_site(i.module).op}) does not commute with scaling; {how}"
-        out.append(Island(name, i.in_scale, i.out_scale, why, site="" if whole else i.module))
+        out.append(dataclasses.replace(i, module=name, reason=why, site="" if whole else i.module))
     return out
 
 
@@ -188,7 +190,7 @@ def insert_island(gm: fx.GraphModule, island: Island) -> None:
         raise PatchError(f"cannot find {island.site} in the traced forward of its module")
     attr = island.module.rpartition(".")[2]
     act = Activation(node.target, node.args[1:], node.kwargs)
-    gm.add_submodule(attr, Fp32Island(act, island.in_scale, island.out_scale))
+    gm.add_submodule(attr, Fp32Island(act, island.in_scale, island.out_scale, island.fp32_out, island.fp32_in))
     with gm.graph.inserting_before(node):
         call = gm.graph.call_module(attr, (node.args[0],))
     node.replace_all_uses_with(call)

@@ -16,9 +16,16 @@ from fp16lens.patch._fx import (
     scale_operands,
     trace_owner,
 )
+from fp16lens.patch._fxisland import insert_group
 from fp16lens.patch._island import Fp32Island
 from fp16lens.patch._plan import Plan, Reparam
-from fp16lens.patch._rules import bn_affine, scale_bn, scale_linear, scale_norm_eps
+from fp16lens.patch._rules import (
+    bn_affine,
+    scale_bn,
+    scale_input_weight,
+    scale_linear,
+    scale_norm_eps,
+)
 
 
 @torch.no_grad()
@@ -32,16 +39,20 @@ def apply_plan(model: nn.Module, plan: Plan) -> nn.Module:
             continue
         mod = named.get(r.module)
         _RULES[r.rule](mod if mod is not None else functional_params(model, r.module), r)
-    for island in (i for i in plan.islands if not i.site):  # functional ones: below
+    for island in (i for i in plan.islands if not i.site and not i.nodes):  # functional ones: below
         inner = model.get_submodule(island.module)
-        replace_module(model, island.module, Fp32Island(inner, island.in_scale, island.out_scale))
-    owners = dict.fromkeys([*(m.owner for m in plan.multiplies), *(site_module(i.site) for i in plan.islands if i.site)])
+        replace_module(model, island.module, Fp32Island(inner, island.in_scale, island.out_scale,
+                                                        island.fp32_out, island.fp32_in))
+    owners = dict.fromkeys([*(m.owner for m in plan.multiplies), *(site_module(i.site) for i in plan.islands if i.site),
+                            *("" for i in plan.islands if i.nodes)])
     for owner in owners:
         gm = trace_owner(model, owner)
         for m in (m for m in plan.multiplies if m.owner == owner):
             scale_operands(gm, find_op(gm, m.site), set(m.keep), owner, m.factor, set(m.cut))
         for island in (i for i in plan.islands if i.site and site_module(i.site) == owner):
             insert_island(gm, island)
+        for island in (i for i in plan.islands if i.nodes and not owner):  # ops of the model's forward
+            insert_group(gm, island.module, island.nodes, island)
         original = model.get_submodule(owner) if owner else model
         if gm is original:  # a GraphModule: edited in place
             continue
@@ -121,4 +132,21 @@ def _norm(mod: nn.Module, r: Reparam) -> None:
         _set(bias, None if bias is None else bias.double().div(r.s_out).to(bias.dtype))
 
 
-_RULES = {"linear": _linear, "bn-scale": _bn_scale, "bn-affine": _bn_affine, "norm": _norm}
+def _input(mod: nn.Module, r: Reparam) -> None:
+    """A first layer that takes an input the caller divides by ``r.s_in``."""
+    for name in input_weights(mod):
+        w = getattr(mod, name)
+        w.copy_(scale_input_weight(w, r.s_in))
+
+
+def input_weights(mod: nn.Module) -> list[str]:
+    """The weights that multiply a module's input: a conv/linear's ``weight``, an RNN's
+    ``weight_ih_l0`` (both directions); none for other modules."""
+    if isinstance(mod, nn.RNNBase):
+        return [n for n in ("weight_ih_l0", "weight_ih_l0_reverse") if hasattr(mod, n)]
+    if isinstance(mod, (nn.Linear, nn.modules.conv._ConvNd)):
+        return ["weight"]
+    return []
+
+
+_RULES = {"linear": _linear, "bn-scale": _bn_scale, "bn-affine": _bn_affine, "norm": _norm, "input": _input}

@@ -74,10 +74,12 @@ def _synth(spec: dict, g: torch.Generator):
 
 
 @torch.no_grad()
-def check_equivalent(original: nn.Module, patched: nn.Module, report: Report, batches=None) -> list[str]:
+def check_equivalent(original: nn.Module, patched: nn.Module, report: Report, batches=None,
+                     input_scales: dict[int, float] | None = None) -> list[str]:
     """Compare both models in FP32 on ``batches`` (each a tensor, a tuple of positional
     inputs or a dict of keywords), else on one batch like the report's recorded inputs
-    (``report_batch``). Returns notes (why nothing was compared, beginning with
+    (``report_batch``); float input k of the patched model divided by ``input_scales[k]``
+    (a folded input). Returns notes (why nothing was compared, beginning with
     ``NOT_CHECKED``); raises PatchError on a mismatch."""
     from fp16lens.watch import call_model
 
@@ -93,7 +95,7 @@ def check_equivalent(original: nn.Module, patched: nn.Module, report: Report, ba
         what = "the given batches"
     for batch in batches:
         try:
-            want, got = call_model(original, batch), call_model(patched, batch)
+            want, got = call_model(original, batch), call_model(patched, scale_batch(batch, input_scales))
         except Exception as exc:  # the report's inputs may not be all the model needs
             return [
                 f"{NOT_CHECKED}: the model does not run on {what} ({type(exc).__name__}: "
@@ -101,6 +103,27 @@ def check_equivalent(original: nn.Module, patched: nn.Module, report: Report, ba
             ]
         _compare(want, got, floor)
     return []
+
+
+def scale_batch(batch, input_scales: dict[int, float] | None):
+    """``batch`` as a patched model with folded inputs takes it: float input k (float
+    tensors counted in order, positional or keyword) divided by ``input_scales[k]``."""
+    if not input_scales:
+        return batch
+    k = 0
+
+    def scale(x):
+        nonlocal k
+        if torch.is_tensor(x) and x.is_floating_point():
+            x = x / input_scales[k] if k in input_scales else x
+            k += 1
+        return x
+
+    if isinstance(batch, dict):
+        return {name: scale(v) for name, v in batch.items()}
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(scale(v) for v in batch)
+    return scale(batch)
 
 
 def _output_floor(report: Report) -> float:

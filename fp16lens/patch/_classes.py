@@ -12,6 +12,8 @@ def class_problem(graph: SiteGraph, root: str) -> str | None:
         return f"{root}'s class meets one tensor at two powers of the scale (a join of x and x**2)"
     for m in graph.members(root):
         kind = graph.kinds[m]
+        if m in graph.pinned:
+            return f"{m} is an FP32 island's input or output that carries no scale"
         if kind in PASSES and not graph.producers[m]:
             return f"{m} takes a model input, which carries no scale"
         if kind not in PASSES and not _absorbs_out(graph, m):

@@ -60,6 +60,11 @@ class SiteGraph:
     carries: dict[str, str] = field(default_factory=dict)  # product x * g(x) -> x (its scale)
     params: dict[str, tuple[str, ...]] = field(default_factory=dict)  # join -> parameter operands
     hosts: dict[str, tuple] = field(default_factory=dict)  # functional linear -> (weight, bias) names
+    fp32: set[str] = field(default_factory=set)  # sites run by this plan's FP32 islands (patch/_reach.py)
+    pinned: set[str] = field(default_factory=set)  # sites whose class can carry no scale
+    tied: list[tuple[str, ...]] = field(default_factory=list)  # sites that must share one class
+    fxnodes: dict[str, str] = field(default_factory=dict)  # the model's own functional sites -> fx nodes
+    fxgroup: object = None  # names -> whether those fx nodes can run as one island (_fxisland.py)
 
     def find(self, site: str) -> str:
         return self._find(site)[0]
@@ -111,6 +116,17 @@ class SiteGraph:
         """The class of a site's input (its producers share one class), None for model inputs."""
         prods = self.producers.get(site, [])
         return self.find(prods[0]) if prods else None
+
+    def snapshot(self) -> tuple:
+        """The kinds, modules and products as built, before a plan marks its islands."""
+        return dict(self.kinds), dict(self.modules), dict(self.carries)
+
+    def restore(self, saved: tuple) -> None:
+        """Back to ``snapshot``'s state, without cuts, islands or pins."""
+        kinds, modules, carries = saved
+        self.kinds, self.modules, self.carries = dict(kinds), dict(modules), dict(carries)
+        self.fp32, self.pinned, self.tied = set(), set(), []
+        self.recut(set())
 
     def recut(self, cuts: set[tuple[str, str]]) -> None:
         """Recompute the classes with the join operands in ``cuts`` left out (each gets a
@@ -291,6 +307,9 @@ def _kind(named: dict, name: str, st, n_producers: int) -> tuple[str, nn.Module 
 
 
 def _unite(graph: SiteGraph) -> None:
+    for group in graph.tied:  # the inputs of one FP32 island of several sites: one in_scale
+        for s in group[1:]:
+            graph.union(group[0], s)
     for site, kind in graph.kinds.items():
         prods = graph.producers[site]
         if site in graph.carries:

@@ -94,14 +94,22 @@ class Fp32Island(nn.Module):
     input's float dtype, else (integer inputs: an embedding) the dtype the model was last
     cast to (``.half()``, ``.float()``, ``.to(dtype)``).
 
+    Islands that follow each other on a span pass FP32 between them: ``fp32_out`` keeps the
+    output FP32 (every consumer is another island, or it is the model's output), and
+    ``fp32_in`` (inputs from such islands) hands back the dtype the model was cast to.
+
     The wrapped module's parameters are not rescaled, so its state_dict entries are those of
     the original model, under the original keys.
     """
 
     outside_dtype = torch.float32  # set per island; this default serves older pickles
+    fp32_out = False  # class defaults: islands pickled before these existed
+    fp32_in = False
 
-    def __init__(self, module: nn.Module, in_scale: float = 1.0, out_scale: float = 1.0):
+    def __init__(self, module: nn.Module, in_scale: float = 1.0, out_scale: float = 1.0,
+                 fp32_out: bool = False, fp32_in: bool = False):
         super().__init__()
+        self.fp32_out, self.fp32_in = bool(fp32_out), bool(fp32_in)
         tensors = [*module.parameters(), *module.buffers()]
         floats = [t.dtype for t in tensors if t.is_floating_point()]
         self.outside_dtype = floats[0] if floats else torch.float32
@@ -120,9 +128,11 @@ class Fp32Island(nn.Module):
     def forward(self, *args, **kwargs):
         dtype = self.outside_dtype  # the first float input's, else the model's (a loop:
         for a in args:  # torch.export of torch 2.4 cannot trace next() over a generator)
-            if torch.is_tensor(a) and a.is_floating_point():
+            if torch.is_tensor(a) and a.is_floating_point() and not self.fp32_in:
                 dtype = a.dtype
                 break
+        if self.fp32_out:
+            dtype = torch.float32
         args = tuple(self._enter(a, self.in_scale) for a in args)
         kwargs = {k: self._enter(v, 1.0) for k, v in kwargs.items()}
         return _leave(self.module(*args, **kwargs), dtype, [self.out_scale])
@@ -164,7 +174,8 @@ class Fp32Island(nn.Module):
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def extra_repr(self) -> str:
-        return f"in_scale={self.in_scale:g}, out_scale={self.out_scale:g}"
+        flags = "".join(f", {k}=True" for k in ("fp32_in", "fp32_out") if getattr(self, k))
+        return f"in_scale={self.in_scale:g}, out_scale={self.out_scale:g}{flags}"
 
 
 setattr(Fp32Island, ISLAND_ATTR, True)  # the marker watch, verify and export recognise (is_island)

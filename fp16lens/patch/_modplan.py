@@ -16,7 +16,7 @@ def module_changes(
 ) -> tuple[list[Reparam], list[Island]]:
     reparams, out_islands = [], []
     for site, mod in graph.modules.items():
-        if site in graph.frozen:
+        if site in graph.frozen or site in graph.fp32:  # islands of an earlier patch, or hosts (_reach.py)
             continue
         s_in = graph.scale(graph.input_site(site), scales)
         s_out = graph.scale(site, scales)
@@ -36,7 +36,7 @@ def module_changes(
             raise AssertionError(f"homogeneous {site} between scales {s_in} and {s_out}")
     for join, names in graph.params.items():  # parameters joining a scaled tensor take its scale
         s = graph.scale(join, scales)
-        if s != 1 and join not in graph.frozen:
+        if s != 1 and join not in graph.frozen and join not in graph.fp32:
             reparams += [Reparam(n, "parameter", 1.0, s, f"/ {s:g} (joins at {join})") for n in names]
     for owner, why in islands.items():  # modules hosting functional ops no scale passes
         if owner not in graph.modules:

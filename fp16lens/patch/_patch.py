@@ -150,7 +150,7 @@ def _proven(model: nn.Module, report: Report, opts: PatchOptions, batches: list 
                     "FP16; pass batches= (fp16lens.patch(model, report, batches=[x])) to prove it"
                 )
             return patched, the_plan
-        proof = prove_batches(model, patched, batches, opts)
+        proof = prove_batches(model, patched, batches, opts, the_plan.input_scales)
         the_plan.proof, the_plan.fp16_checked = proof, True
         failed = [b for b in proof if not passes(b, opts)]
         if not failed:
@@ -207,7 +207,7 @@ def _apply_checked(model: nn.Module, report: Report, opts: PatchOptions, batches
 def _apply_one(model: nn.Module, report: Report, the_plan: Plan, opts: PatchOptions, batches) -> nn.Module:
     patched = apply_widened(apply_plan(copy.deepcopy(model), the_plan), the_plan)
     if opts.check and the_plan.changes:
-        notes = check_equivalent(model, patched, report, batches)
+        notes = check_equivalent(model, patched, report, batches, the_plan.input_scales)
         the_plan.notes.extend(notes)
         the_plan.fp32_checked = not notes
     return patched

@@ -39,6 +39,9 @@ class Island:
     out_scale: float
     reason: str
     site: str = ""  # a functional activation's site ("block:silu"): a new child runs it
+    fp32_out: bool = False  # hands its output on in FP32 (to islands after it, or the model output)
+    fp32_in: bool = False  # fed in FP32 by islands before it: hands back the model's dtype
+    nodes: tuple[str, ...] = ()  # ops of the model's own forward (fx node names) a new child runs
 
 
 @dataclass(frozen=True)
@@ -46,7 +49,7 @@ class Reparam:
     """Parameters/buffers of one module rewritten in place (the module stays)."""
 
     module: str
-    rule: str  # "linear" | "bn-scale" | "bn-affine" | "norm"
+    rule: str  # "linear" | "bn-scale" | "bn-affine" | "norm" | "parameter" | "input"
     s_in: float  # the module's input arrives divided by s_in
     s_out: float  # its output leaves divided by s_out
     detail: str
@@ -107,6 +110,8 @@ class Plan:
     unresolved: list[Unresolved] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     kept: list[Island] = field(default_factory=list)  # islands of an earlier patch()
+    input_scales: dict[int, float] = field(default_factory=dict)  # input index -> 2^k the caller
+    # divides it by: its first layers hold the factor (Reparam rule "input")
     fp16_flops: float = 0.0  # conv/linear FLOPs of the watched forwards left in FP16
     total_flops: float = 0.0  # all conv/linear FLOPs of the watched forwards
     widened: list[SpanFp32] = field(default_factory=list)  # spans kept FP32 end to end (the proof's last resort)
@@ -139,12 +144,24 @@ class Plan:
         """Whether the model's own forward is rewritten with torch.fx (a multiply in it,
         or a functional activation of it made an island): patch returns a GraphModule."""
         return any(m.owner == "" for m in self.multiplies) or any(
-            i.site and not site_module(i.site) for i in self.islands
+            (i.site and not site_module(i.site)) or i.nodes for i in self.islands
         )
 
     @property
     def changes(self) -> bool:
         return bool(self.islands or self.reparametrized or self.multiplies or self.widened)
+
+    def scale_inputs(self, *inputs):
+        """The inputs as the patched model takes them: float input k (counted as the
+        report counts them: float tensors only) divided by ``input_scales[k]`` (an exact
+        power of two), the others as they are."""
+        out, k = [], 0
+        for x in inputs:
+            if hasattr(x, "is_floating_point") and x.is_floating_point():
+                x = x / self.input_scales[k] if k in self.input_scales else x
+                k += 1
+            out.append(x)
+        return tuple(out)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -155,6 +172,7 @@ class Plan:
             "multiplies": [dataclasses.asdict(m) for m in self.multiplies],
             "unresolved": [dataclasses.asdict(u) for u in self.unresolved],
             "notes": list(self.notes),
+            "input_scales": {str(k): v for k, v in self.input_scales.items()},
             "fp32_modules": self.fp32_modules,
             "fp16_flops": self.fp16_flops,
             "total_flops": self.total_flops,

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from fractions import Fraction
 
@@ -16,10 +18,24 @@ from fp16lens.patch._actisland import mark_activations, rename_islands
 from fp16lens.patch._classes import class_problem, settle_products
 from fp16lens.patch._cuts import choose_cuts, join_multiplies
 from fp16lens.patch._flops import conv_linear_flops
+from fp16lens.patch._fxisland import groupable, root_nodes
 from fp16lens.patch._graph import SiteGraph, TorchBinding, build_graph
+from fp16lens.patch._inputs import fold_inputs
 from fp16lens.patch._modplan import module_changes
 from fp16lens.patch._options import PatchOptions
 from fp16lens.patch._plan import Plan, Region, Unresolved
+from fp16lens.patch._reach import (
+    early_exits,
+    flushed_regions,
+    held,
+    host_islands,
+    inside,
+    mark,
+    merged_sites,
+    realize,
+    span_sites,
+    widen,
+)
 from fp16lens.patch._rules import bn_affine, fp16_safe, scale_bn
 from fp16lens.patch._underflow import underflow_islands
 from fp16lens.report import Report
@@ -60,26 +76,34 @@ class Demands:
         return self
 
 
-def build_plan(model: nn.Module | None, report: Report, options: PatchOptions, binding=None) -> Plan:
-    """``model`` None: an ONNX graph, read through ``binding``."""
+def build_plan(model: nn.Module | None, report: Report, options: PatchOptions, binding=None,
+               keep_fp32: Iterable[str] = ()) -> Plan:
+    """``model`` None: an ONNX graph, read through ``binding``. ``keep_fp32``: sites to run in
+    FP32 islands from the start (``replan``, ``options.fp32_spans``); the plan grows that set
+    until every island hands on values FP16 holds (``patch/_reach.py``)."""
     binding = binding or TorchBinding(model)  # how the sites read the model (an ONNX graph too)
     powers = [_chain_power(report, f.site) for f in report.findings]  # before sites merge
+    spans = span_sites(report, getattr(options, "fp32_spans", None) or ())  # before sites merge
     report = binding.contract(report)  # fused norm modules: one site each
-    graph, plan = build_graph(model, report, binding), Plan()
+    graph = build_graph(model, report, binding)
     acts = {} if model is None else mark_activations(model, graph, report)  # F.silu(x) & co.: islands
-    settle_products(graph)  # x * g(x) passes x's scale only where x's class can carry one
-    demands = collect_demands(graph, report, plan, powers).resolve(graph)
-    cuts = choose_cuts(model, graph, report, demands, options.extend, binding.mappable)
-    if cuts:
-        graph.recut(cuts)
-        demands.resolve(graph)
-    scales = _scale_classes(graph, report, demands, options, plan)
-    plan.reparametrized, islands = module_changes(graph, scales, demands.affine, demands.islands)
-    plan.islands = rename_islands(islands, acts)
-    underflow_islands(model, report, plan)  # underflow: the normalization block in FP32
-    plan.multiplies = join_multiplies(graph, report, scales)
+    if model is not None and _own_ops_at_stake(report):  # ops of the model's forward: fx islands
+        graph.fxnodes = root_nodes(model, report)
+        graph.fxgroup = functools.partial(groupable, model, {})
+    saved = graph.snapshot()
+    why = dict.fromkeys((s for s in keep_fp32 if s in report.sites), "kept FP32 as asked (replan)")
+    why.update((s, "its span kept FP32 end to end as asked (fp32_spans)") for s in spans if s in report.sites)
+    for _ in range(len(report.sites) + 1):
+        graph.restore(saved)
+        plan, grow = _plan_once(model, report, options, binding, graph, powers, acts, why)
+        if grow.keys() <= why.keys():
+            break
+        for s, r in grow.items():
+            why.setdefault(s, r)
+    fold_inputs(graph, report, plan, onnx=model is None)  # the caller divides, first layers hold 2^k
     kept = [] if model is None else [n for n, m in model.named_modules() if is_island(m)]
-    plan.fp16_flops, plan.total_flops = conv_linear_flops(graph, report, [*kept, *plan.fp32_modules])
+    base = dataclasses.replace(graph, kinds=saved[0], modules=saved[1])  # FLOPs of the model as built
+    plan.fp16_flops, plan.total_flops = conv_linear_flops(base, report, [*kept, *plan.fp32_modules])
     if options.factor is None:
         return plan
     for r in plan.regions:
@@ -87,6 +111,61 @@ def build_plan(model: nn.Module | None, report: Report, options: PatchOptions, b
         if over:
             plan.notes.append(f"factor {r.factor:g} leaves {', '.join(over)} beyond {FP16_MAX:g}")
     return plan
+
+
+def _own_ops_at_stake(report: Report) -> bool:
+    """Whether a span or finding names an op of the model's own forward (not a module's)."""
+    named = {s for sp in report.spans for s in sp.sites} | {f.site for f in report.findings}
+    return any(report.sites[s].kind != "module" and not report.sites[s].module for s in named if s in report.sites)
+
+
+def _plan_once(model, report, options, binding, graph, powers, acts, why: dict[str, str]) -> tuple[Plan, dict]:
+    """One plan with the sites ``why`` names (site -> why) in FP32 islands; returns it and
+    the sites that must join them, with their reasons (none when every island hands on
+    values in range)."""
+    plan, fp32 = Plan(), set(why)
+    hosts = realize(graph, report, fp32, acts)
+    mark(graph, hosts)
+    graph.recut(set())
+    settle_products(graph)  # x * g(x) passes x's scale only where x's class can carry one
+    demands = collect_demands(graph, report, plan, powers).resolve(graph)
+    cuts = choose_cuts(model, graph, report, demands, options.extend, binding.mappable)
+    if cuts:
+        graph.recut(cuts)
+        demands.resolve(graph)
+    grow: dict[str, str] = {}
+    scales = _scale_classes(graph, report, demands, options, plan, (fp32, acts, grow))
+    plan.reparametrized, islands = module_changes(graph, scales, demands.affine, demands.islands)
+    for owner in demands.islands:  # a fallback island around or inside a host: one island
+        if owner not in graph.modules and any(inside(owner, h) or inside(h, owner) for h in hosts):
+            for s, st in report.sites.items():
+                if inside(s if st.kind == "module" else st.module, owner):
+                    grow.setdefault(s, f"{demands.islands[owner]}; one island with the FP32 span beside it")
+    islands = [i for i in islands if not any(inside(i.module, h) for h in hosts if not hosts[h].single)]
+    for s in early_exits(graph, report, islands, acts):
+        grow.setdefault(s, f"its island handed on {report.sites[s].absmax:.3g}, beyond FP16: it reaches further")
+    on_islands = graph.fp32 | {i.module for i in islands}  # sites that are islands (named by site)
+    for s, e in flushed_regions(graph, report, plan.regions, scales, on_islands, acts).items():
+        grow.setdefault(s, f"its region's scale would push small values below FP16's normal range before {e}, "
+                           "which is singular at 0: kept FP32 with it")
+    islands += host_islands(graph, report, hosts, scales, why)
+    plan.islands = rename_islands(islands, acts)
+    if model is not None:
+        underflow_islands(model, report, plan)  # underflow: the normalization block in FP32
+    plan.multiplies = join_multiplies(graph, report, scales)
+    return plan, grow
+
+
+def replan(model: nn.Module | None, report: Report, options: PatchOptions, *, binding=None,
+           fp32_spans=(), fp32_sites: Iterable[str] = (), merge=()) -> Plan:
+    """The seam of patch's widening loop: the plan again, with the spans ``fp32_spans``
+    (``Span`` objects, indexes into ``report.spans`` or their start sites) kept FP32 end to
+    end, the sites ``fp32_sites`` in FP32 islands, and each group of islands in ``merge``
+    (``Island`` objects or their names in ``Plan.islands``) made one FP32 span, the values
+    between them FP32. Whatever else the plan needs grows from there as usual. ``model``
+    None and ``binding``: an ONNX graph, as ``build_plan`` takes it."""
+    keep = {*fp32_sites, *span_sites(report, fp32_spans), *merged_sites(report, merge)}
+    return build_plan(model, report, options, binding, keep_fp32=keep)
 
 
 # ---- demands ------------------------------------------------------------------------
@@ -115,10 +194,10 @@ def collect_demands(graph: SiteGraph, report: Report, plan: Plan, powers: list |
     for span in report.spans:
         reason = f"span {span.start} -> {span.end or 'output'}"
         for s in span.sites:
-            if s not in span.ends and s in report.sites and s not in graph.frozen:
+            if s not in span.ends and s in report.sites and s not in graph.frozen and not held(graph, s):
                 d.add(s, report.sites[s].absmax, 1, reason)
     for i, f in enumerate(report.findings):
-        if f.site in graph.frozen:
+        if f.site in graph.frozen or f.site in graph.fp32:  # an island computes it in FP32
             continue
         if f.mechanism == Mechanism.INTERNAL:
             _internal(graph, f, d, plan, powers[i] if powers else None)
@@ -191,13 +270,15 @@ def _opaque_reason(graph: SiteGraph, site: str, what: str) -> str:
 
 
 # ---- classes -> scales ----------------------------------------------------------------
-def _scale_classes(graph, report, demands: Demands, options, plan: Plan) -> dict[str, float]:
+def _scale_classes(graph, report, demands: Demands, options, plan: Plan, reach) -> dict[str, float]:
+    """``reach``: (the sites kept FP32, the planned activation islands, the set that collects
+    the sites a failed class puts in FP32)."""
     scales: dict[str, float] = {}
     for root, values in demands.values.items():
         problem = class_problem(graph, root)
         reasons = demands.reasons[root]
         if problem is not None:
-            _fail(graph, root, problem, reasons, demands, plan)
+            _fail(graph, report, root, problem, reasons, demands, plan, reach)
             continue
         members = graph.members(root)
         low = min((_low(report, s, options.low_share, graph.weight(s)) for s in members), default=0.0)
@@ -225,7 +306,7 @@ def _fit_weights(graph, report, demands: Demands, scales, target: float, plan: P
         for site, peak in _fit_peaks(graph, demands, scales).items():
             root_out, s_in = graph.find(site), graph.scale(graph.input_site(site), scales)
             w = graph.weight(site)
-            if w <= 0 or site in demands.islands:  # a scale that grows as p shrinks: left as it is
+            if w <= 0 or site in demands.islands or site in graph.fp32:  # a scale that grows as p shrinks: left as it is
                 continue
             members = graph.members(root_out)  # the class's p: need at the site's exponent w
             need = exact_powers(pow2_ceil(peak * s_in / target) ** (1 / float(w)), [graph.weight(m) for m in members])
@@ -282,7 +363,7 @@ def _low(report: Report, site: str, share: float, w=1) -> float:
     return FP16_MIN_NORMAL * (q / FP16_MIN_NORMAL) ** (1 / float(w)) if w != 1 else q
 
 
-def _fail(graph, root, problem, reasons, demands: Demands, plan: Plan) -> None:
+def _fail(graph, report, root, problem, reasons, demands: Demands, plan: Plan, reach) -> None:
     # each internal finding with a module site falls back to an island of that module;
     # what no island covers (a span, a functional op) goes on below, never dropped
     for site, reason in demands.fallback.get(root, []):
@@ -292,13 +373,15 @@ def _fail(graph, root, problem, reasons, demands: Demands, plan: Plan) -> None:
             reasons = [r for r in reasons if r != reason]
     if not reasons:
         return
-    owners = {_owner(graph, m) for m in graph.members(root)}
-    if owners and None not in owners:  # every member is a functional op inside some module
-        for owner in sorted(owners):
-            demands.islands[owner] = f"{'; '.join(reasons)}; no region ({problem}): FP32 island on the owning module"
-        return
+    fp32, acts, grow = reach
+    wider = widen(graph, report, root, fp32, acts)  # FP32 islands reaching where values fit
+    for s in wider:
+        grow.setdefault(s, f"{'; '.join(reasons)}: no rescaling region ({problem})")
     for r in reasons:
-        plan.unresolved.append(Unresolved(root, f"{r}: no rescaling region: {problem}"))
+        why = f"{r}: no rescaling region: {problem}"
+        if wider:
+            why += f"; planned again with {', '.join(sorted(wider))} in FP32"
+        plan.unresolved.append(Unresolved(root, why))
 
 
 def _region(graph, report, root, members, p, reasons) -> Region:

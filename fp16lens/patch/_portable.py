@@ -80,7 +80,8 @@ class PortableIsland(nn.Module):
         self._keep("one_bits", _store(torch.ones(1), storage), storage)
         self.storage = storage
         self.out_scale = float(getattr(island, "out_scale", 1.0))
-        self.keep_fp32_output = bool(getattr(island, "keep_fp32_output", False))
+        self.fp32_out = bool(getattr(island, "fp32_out", False))  # hands on FP32 (Fp32Island)
+        self.fp32_in = bool(getattr(island, "fp32_in", False))  # fed FP32, hands back the model's
         outside = getattr(island, "outside_dtype", torch.float32)
         self.register_buffer("model_dtype", torch.zeros(1, dtype=outside))  # follows .half()
         self.register_forward_pre_hook(_no_fused_path)
@@ -96,7 +97,7 @@ class PortableIsland(nn.Module):
     def forward(self, *args, **kwargs):
         ref = self.model_dtype
         for a in args:
-            if torch.is_tensor(a) and a.is_floating_point():
+            if torch.is_tensor(a) and a.is_floating_point() and not self.fp32_in:
                 ref = a
                 break
         args = tuple(self._enter(a, _f32(self.in_bits)) for a in args)
@@ -130,7 +131,7 @@ class PortableIsland(nn.Module):
                 return out
             scale = pending.pop() if pending else 1.0
             out = out / scale if scale != 1.0 else out
-            if self.keep_fp32_output:
+            if self.fp32_out:
                 return out
             if self.storage == "const":  # TorchScript records type_as with its operand
                 return out.type_as(ref)

@@ -23,7 +23,7 @@ from torch.utils._pytree import tree_flatten
 
 from fp16lens._core import FP16_MAX, PatchError
 from fp16lens._core.sites import is_island
-from fp16lens.patch._check import relative_error
+from fp16lens.patch._check import relative_error, scale_batch
 from fp16lens.patch._emulate import emulated_copy, run_emulated
 from fp16lens.patch._options import PatchOptions
 from fp16lens.patch._plan import BatchProof, Plan
@@ -138,17 +138,20 @@ def _cosine(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 @torch.no_grad()
-def prove_batches(original: nn.Module, patched: nn.Module, batches: list, opts: PatchOptions) -> list[BatchProof]:
+def prove_batches(original: nn.Module, patched: nn.Module, batches: list, opts: PatchOptions,
+                  input_scales: dict[int, float] | None = None) -> list[BatchProof]:
     """Per batch: the patched model's FP32 outputs against the original's (rescaling is
-    exact), and its real FP16 outputs against the original's FP32 ones."""
+    exact), and its real FP16 outputs against the original's FP32 ones (a folded input k
+    divided by ``input_scales[k]`` for the patched model, as its caller does)."""
     runner = Fp16Runner(patched)
     device = _device(original)
     out = []
     for k, batch in enumerate(batches):
         want = [t.float() for t in _floats(call_model(original, _to(batch, device=device)))]
-        got32 = _floats(call_model(patched, _to(batch, device=device)))
+        scaled = scale_batch(batch, input_scales)
+        got32 = _floats(call_model(patched, _to(scaled, device=device)))
         fp32_rel = max((relative_error(a, b.float()) for a, b in zip(want, got32)), default=0.0)
-        got16, first = runner.run(batch)
+        got16, first = runner.run(scaled)
         finite, cos, rel = bool(got16) or not want, 1.0, 0.0
         for a, b in zip(want, got16):
             b = b.to(a.device)

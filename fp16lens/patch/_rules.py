@@ -26,6 +26,12 @@ def scale_linear(
     return w, b
 
 
+def scale_input_weight(weight: torch.Tensor, s_in: float) -> torch.Tensor:
+    """The first layer of an input the caller divides by ``s_in``: W (x / s_in) s_in = W x
+    (a conv/linear weight, an RNN's ``weight_ih_l0``; the bias is unchanged)."""
+    return _cast(weight.detach().double() * s_in, weight)
+
+
 def scale_bn(
     mean: torch.Tensor,
     var: torch.Tensor,

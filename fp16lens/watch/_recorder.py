@@ -46,6 +46,8 @@ class Forward:
     fp32: set[int] = field(default_factory=set)  # events inside FP32 islands, or that a
     # .half() model computes in FP32 (half_fp32: those of the second kind)
     half_fp32: set[int] = field(default_factory=set)
+    handoff: set[int] = field(default_factory=set)  # events an FP32 island hands back to FP16:
+    # stored in FP16 by a .half() model, so judged as FP16 values (never in fp32)
     saturated: dict[int, tuple[float, int]] = field(default_factory=dict)  # event -> (max |v| below
     # SATURATED, count of saturated values): masking constants do not count as overflow
     finite_max: dict[int, float] = field(default_factory=dict)  # event holding NaN -> max |v|
@@ -161,8 +163,22 @@ class Recorder(TorchDispatchMode):
                     threads.restore(previous)
                 self._mark_fp32(site, eid, frame.fp32)
             self._resume()
+        inside = bool(self.stack) and self.stack[-1].fp32  # an island within an island: stays FP32
+        if frame.island and not raised and not inside and not getattr(frame.module, "fp32_out", False):
+            self._hand_off(output)
         if not self.stack:
             self._end_forward(output)
+
+    def _hand_off(self, output) -> None:
+        """An FP32 island's output goes back to the model's dtype: the events that made it
+        are FP16 values there (an island must not hand on what FP16 cannot hold)."""
+        fw = self.forward
+        for t in _float_tensors(output, []):
+            ent = self._lookup(t)
+            for e in ent[1] if ent is not None else ():
+                fw.fp32.discard(e)
+                fw.half_fp32.discard(e)
+                fw.handoff.add(e)
 
     def _resume(self) -> None:
         if self.paused is not None:
@@ -216,7 +232,7 @@ class Recorder(TorchDispatchMode):
                 continue
             k = calls.get(site, 0)
             calls[site] = k + 1
-            if (site, k) in self.half_fp32:
+            if (site, k) in self.half_fp32 and e not in fw.handoff:
                 fw.half_fp32.add(e)
                 fw.fp32.add(e)
 

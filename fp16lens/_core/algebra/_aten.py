@@ -32,6 +32,16 @@ PRODUCTS = frozenset({"mul"})
 """Products x * g: the scale of x passes when g is computed from x behind an absorbing layer."""
 
 
+SINGULAR = frozenset({"log", "log2", "log10", "reciprocal", "rsqrt", "div", "true_divide", "pow"})
+"""Ops that blow up as their input nears 0 (``log``, ``1/x``, ``x ** -k``; a quotient's
+denominator): small values they read must not be flushed or made subnormal by a scale.
+Lower-cased, so ONNX's ``Log``, ``Reciprocal``, ``Div``, ``Pow`` are the same names."""
+
+
+def is_singular(op: str) -> bool:
+    return _key(op) in SINGULAR
+
+
 def degree(op: str) -> Fraction:
     """The degree d of a homogeneous op: f(px) = p^d f(x) (1 unless in ``DEGREES``)."""
     return DEGREES.get(_key(op), Fraction(1))
