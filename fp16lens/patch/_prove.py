@@ -247,6 +247,8 @@ def statistics_problems(plan: Plan, report: Report) -> list[tuple[str, float]]:
     back in FP16 (site, value)."""
     out = []
     for i in plan.islands:
+        if getattr(i, "fp32_out", False):  # it hands its output on in FP32: nothing is stored
+            continue
         site = i.site or _output_site(report, i.module)
         st = report.sites.get(site) if site else None
         if st is None:
