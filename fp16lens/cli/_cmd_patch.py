@@ -148,8 +148,11 @@ def finish_lines(left: list[dict], islands: list[str], saved) -> list[str]:
     if islands:
         names = ",".join(islands)
         quoted = ", ".join(repr(m) for m in islands)
-        lines.append(f"export it with: fp16lens export {saved} -o model.onnx --fp32-modules {names}")
-        lines.append(f"  (Python: fp16lens.export(patched, x, path, fp32_modules=[{quoted}]))")
+        lines.append(f"export it with: fp16lens export {saved} -o model.onnx")
+        lines.append(f"  (the file names its FP32 islands {names}, and export keeps them FP32; "
+                     f"for another export of the model: --fp32-modules {names})")
+        lines.append(f"  (Python: fp16lens.export(patched, x, path) keeps them too; "
+                     f"fp32_modules=[{quoted}] for the unpatched model)")
     from fp16lens.patch import PROOF_SITE
 
     opaque = [u["site"] for u in left if not u["module"] and u["site"] != PROOF_SITE]
