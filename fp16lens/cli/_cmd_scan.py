@@ -100,8 +100,24 @@ def onnx_batches(args: argparse.Namespace) -> list:
 
     specs = args.input or []
     if len(specs) == 1 and specs[0].lower().endswith(".npz") and args.batch_size is None:
-        return [_npz_batch(Path(specs[0]), np)]
+        batch = _npz_batch(Path(specs[0]), np)
+        wanted = _graph_inputs(args.model)
+        if isinstance(batch, dict) and wanted and set(batch) != set(wanted) and len(batch) == len(wanted):
+            return [tuple(batch.values())]  # names that are not the graph's: by position
+        return [batch]
     return batches_from_args(args, None)
+
+
+def _graph_inputs(path: str) -> list[str]:
+    """The names of an ONNX file's graph inputs (initializers excluded); [] if unreadable."""
+    try:
+        import onnx
+
+        graph = onnx.load(path, load_external_data=False).graph
+    except Exception:  # the scan itself says what is wrong with the file
+        return []
+    init = {i.name for i in graph.initializer}
+    return [i.name for i in graph.input if i.name not in init]
 
 
 def _npz_batch(path: Path, np) -> dict | tuple:

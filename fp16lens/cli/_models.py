@@ -247,20 +247,9 @@ def _check_kwargs(target, spec: str, kwargs: dict) -> None:
 
 
 def require_weights(model: nn.Module, source: str) -> None:
-    """A model whose tensors are on the meta device has no values to watch or export."""
-    from torch.nn.parameter import UninitializedParameter
+    """A model whose tensors are on the meta device (or lazy) has no values to watch or export."""
+    from fp16lens._core.weights import missing_weights
 
-    tensors = [*model.named_parameters(), *model.named_buffers()]
-    lazy = next((n for n, t in tensors if isinstance(t, UninitializedParameter)), None)
-    if lazy is not None:
-        raise Fp16LensError(
-            f"{source} has uninitialized lazy parameters ({lazy}); run the model once on an "
-            "example input inside the callable before returning it"
-        )
-    meta = next((n for n, t in tensors if t.is_meta), None)
-    if meta is not None:
-        raise Fp16LensError(
-            f"{source} has no weights: {meta} (and maybe others) is on the meta device; load real "
-            "weights first (model.to_empty(device='cpu') then load_state_dict, or build it "
-            "outside torch.device('meta'))"
-        )
+    why = missing_weights(model)
+    if why is not None:
+        raise Fp16LensError(f"{source}: {why}")

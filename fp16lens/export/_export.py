@@ -11,6 +11,7 @@ import torch
 
 from fp16lens._core import ExportError, import_optional
 from fp16lens._core.paths import check_writable
+from fp16lens._core.weights import missing_weights
 from fp16lens.export._artifact import (
     EXPORTER_KEY,
     PRECISION_KEY,
@@ -118,6 +119,9 @@ def _check_model(model) -> None:
             f"export needs a torch.nn.Module, got {type(model).__name__}; pass the model "
             "object itself (to re-type an exported file, use fp16lens.export.retype)"
         )
+    why = missing_weights(model)
+    if why is not None:
+        raise ExportError(f"export cannot trace this model: {why}")
 
 
 def _check_writable(path: Path) -> Path:

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from fp16lens._core import WatchError
+from fp16lens._core.weights import missing_weights
 from fp16lens.report import Report
 from fp16lens.watch import _distributed
 from fp16lens.watch._accumulate import Accumulator
@@ -32,6 +33,9 @@ def _check_model(model: Any) -> None:
             "module hooks and eager ops); watch model._orig_mod (the uncompiled module) "
             "and call that one inside the block"
         )
+    why = missing_weights(model)
+    if why is not None:
+        raise WatchError(f"watch() cannot run this model: {why}")
     if isinstance(model, torch.jit.ScriptModule):
         raise WatchError(
             "watch() needs an eager nn.Module; TorchScript modules run their own "

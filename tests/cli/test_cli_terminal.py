@@ -419,3 +419,30 @@ def test_export_names_inputs_and_outputs_and_takes_dynamic_axes(capsys, files, t
     assert got.shape == (5, 4, 6, 6) and np.abs(got - want).max() <= 2e-2 * np.abs(want).max()
     one_line(capsys, ["export", f"{files}/models.py:cnn", "--input", "2x3x8x8", "-o", str(path),
                       "--dynamic", "time"], "batch, sequence")
+
+
+def test_meta_and_lazy_models_are_named_in_python_too(tmp_path):
+    import fp16lens
+    from fp16lens._core import ExportError, WatchError
+
+    with torch.device("meta"):
+        meta = torch.nn.Linear(4, 4)
+    lazy = torch.nn.Sequential(torch.nn.LazyLinear(4))
+    for model, what in ((meta, "meta device"), (lazy, "lazy")):
+        with pytest.raises(WatchError, match=what):
+            with fp16lens.watch(model):
+                pass
+    pytest.importorskip("onnx")
+    with pytest.raises(ExportError, match="meta device"):
+        fp16lens.export(meta, (torch.rand(1, 4),), tmp_path / "m.onnx")
+
+
+def test_an_onnx_npz_whose_names_are_not_the_graphs_matches_by_position(capsys, files, tmp_path):
+    pytest.importorskip("onnxruntime")
+    onnx_file = tmp_path / "cnn.onnx"
+    assert main(["export", f"{files}/models.py:cnn", "--input", "1x3x8x8", "-o", str(onnx_file),
+                 "--precision", "fp32"]) == 0
+    np.savez(tmp_path / "named.npz", images=np.ones((1, 3, 8, 8), "f4"))  # the graph says "input"
+    capsys.readouterr()
+    code = main(["scan", str(onnx_file), "--input", str(tmp_path / "named.npz"), "--no-progress"])
+    assert code == 0, capsys.readouterr().err
