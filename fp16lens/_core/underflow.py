@@ -26,6 +26,28 @@ SINGULAR_ARG: dict[str, int] = {
 }
 SINGULAR_OPS = frozenset(SINGULAR_ARG)
 
+# ONNX op type -> the input slot where 0 is singular (Pow: with a negative exponent)
+ONNX_SINGULAR_ARG: dict[str, int] = {"Log": 0, "Div": 1, "Reciprocal": 0, "Pow": 0}
+SINGULAR_WHAT: dict[str, str] = {
+    "log": "log(0) = -inf", "log2": "log(0) = -inf", "log10": "log(0) = -inf",
+    "div": "x/0 = inf, 0/0 = NaN", "reciprocal": "1/0 = inf", "rsqrt": "rsqrt(0) = inf",
+    "pow": "0 to a negative power = inf",
+}
+"""What a 0 gives at each singular op (aten names; an ONNX op type lower-cased)."""
+SINGULAR_NAMES = frozenset({*SINGULAR_ARG, "true_divide", *(op.lower() for op in ONNX_SINGULAR_ARG)})
+"""Every name of an op singular at 0, lower-cased: aten's and ONNX's (``Log`` is ``log``)."""
+# ONNX nodes that keep values off 0 with a constant (an eps added, a Max/Clip bound), and
+# nodes that keep a zero a zero (a sum or mean of values FP16 flushed is 0 where all were)
+ONNX_GUARDS = ("Add", "Sub", "Max", "Min", "Clip")
+ONNX_ZERO_KEEPING = ("Sqrt", "Abs", "Identity", "Relu", "Reshape", "Squeeze", "Unsqueeze",
+                     "Flatten", "Transpose", "ReduceSum", "ReduceMean", "ReduceSumSquare",
+                     "ReduceL2")
+
+
+def is_singular_name(op: str) -> bool:
+    """Whether ``op`` (an aten display name or an ONNX op type) is singular at 0."""
+    return op.split(".")[0].lower() in SINGULAR_NAMES
+
 # ops whose output is 0 where their (first) operand is 0, elementwise: a zero FP16 made
 # upstream stays a zero through them (sqrt of a flushed variance is still 0)
 ZERO_KEEPING = frozenset({"sqrt", "abs", "neg", "relu", "square", "mul", "div", "clamp",

@@ -14,7 +14,7 @@ sites, at their typical magnitude m: the lower edge of the median binade of |y|)
 A guard (an eps or a clip bound: every value positive and added, or a Max/Clip bound) is
 harmless only when the values it joins never flush: where at least ``GUARD_SHARE`` of them
 (at its site, or at a producer feeding it) are below 2^-24 and they go on to an op where 0
-is singular (a log, a divide, an rsqrt, a negative power: ``SINGULAR_OPS``, within
+is singular (a log, a divide, an rsqrt, a negative power: ``_core.underflow.is_singular_name``, within
 ``_REACH`` sites), FP16 makes those values 0 and the vanished guard no longer keeps them
 off 0 (``watch/onnx/_underflow.py`` checks that op itself). Read by a Conv, the flush is
 harmless.
@@ -29,6 +29,7 @@ import dataclasses
 from fp16lens._core import half_step
 from fp16lens._core.flush import REL_STEP, percent
 from fp16lens._core.sites import Mechanism
+from fp16lens._core.underflow import is_singular_name
 from fp16lens.report import Finding, SiteStats
 from fp16lens.watch._params import ParamCheck
 
@@ -37,10 +38,6 @@ GUARD_SHARE = 2.0**-10
 (a conv output) have far fewer, a square or an exp of a quiet signal far more."""
 
 
-SINGULAR_OPS = frozenset({
-    "Log", "Div", "Reciprocal", "Pow",  # ONNX op types
-    "log", "log2", "log10", "div", "true_divide", "reciprocal", "rsqrt", "pow", "atan2",  # aten
-})
 _REACH = 3
 
 
@@ -50,7 +47,7 @@ def _reaches_singular(names: set[str], edges: list[tuple[str, str]],
     front = set(names)
     for _ in range(_REACH):
         front = {c for p, c in edges if p in front and c in sites}
-        hit = next((c for c in sorted(front) if sites[c].op in SINGULAR_OPS), None)
+        hit = next((c for c in sorted(front) if is_singular_name(sites[c].op)), None)
         if hit is not None:
             return hit
     return None

@@ -6,6 +6,7 @@ from collections.abc import Mapping, Sequence
 from fractions import Fraction
 
 from fp16lens._core.algebra._classes import Kind, OpClass
+from fp16lens._core.underflow import SINGULAR_NAMES
 
 _ABSORBING = frozenset({
     "convolution", "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d",
@@ -32,10 +33,11 @@ PRODUCTS = frozenset({"mul"})
 """Products x * g: the scale of x passes when g is computed from x behind an absorbing layer."""
 
 
-SINGULAR = frozenset({"log", "log2", "log10", "reciprocal", "rsqrt", "div", "true_divide", "pow"})
+SINGULAR = SINGULAR_NAMES
 """Ops that blow up as their input nears 0 (``log``, ``1/x``, ``x ** -k``; a quotient's
 denominator): small values they read must not be flushed or made subnormal by a scale.
-Lower-cased, so ONNX's ``Log``, ``Reciprocal``, ``Div``, ``Pow`` are the same names."""
+Lower-cased, so ONNX's ``Log``, ``Reciprocal``, ``Div``, ``Pow`` are the same names (one
+table with the underflow check's: ``_core/underflow.py``)."""
 
 
 def is_singular(op: str) -> bool:

@@ -9,15 +9,15 @@ island, so ``fp16lens.export(..., precision="fp16")`` keeps their Casts."""
 from __future__ import annotations
 
 from fp16lens._core.sites import Mechanism
+from fp16lens._core.underflow import ONNX_GUARDS, ONNX_SINGULAR_ARG, ONNX_ZERO_KEEPING
 from fp16lens.patch._plan import Island
 from fp16lens.patch.onnx._graph import OnnxModel
 
-# the singular input of each singular op (as watch/onnx/_underflow.py judges them)
-_SLOT = {"Log": 0, "Div": 1, "Reciprocal": 0, "Pow": 0}
-_GUARDS = ("Add", "Sub", "Max", "Min", "Clip")
-# value-keeping nodes; a sum or mean of values FP16 flushed is 0 where all of them were
-_PASS = ("Sqrt", "Abs", "Identity", "Relu", "Reshape", "Squeeze", "Unsqueeze", "Flatten",
-         "Transpose", "ReduceSum", "ReduceMean", "ReduceSumSquare", "ReduceL2")
+# the singular input of each singular op, the guards and the zero-keeping nodes: the
+# tables watch/onnx/_underflow.py judges by (one home, _core/underflow.py)
+_SLOT = ONNX_SINGULAR_ARG
+_GUARDS = ONNX_GUARDS
+_PASS = ONNX_ZERO_KEEPING
 _STEPS = 8  # nodes walked back from the singular node to the producer
 
 

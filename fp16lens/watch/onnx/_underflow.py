@@ -16,20 +16,19 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from fp16lens._core.sites import FindingKind, Mechanism
+from fp16lens._core.underflow import (
+    ONNX_GUARDS,
+    ONNX_SINGULAR_ARG,
+    ONNX_ZERO_KEEPING,
+    SINGULAR_WHAT,
+)
 from fp16lens.report import Finding
 from fp16lens.watch.onnx._replay import Replay, attr, to_fp16
 
 # op type -> (the input slot where 0 is singular, what 0 gives there)
-SINGULAR = {
-    "Log": (0, "log(0) = -inf"),
-    "Div": (1, "x/0 = inf, 0/0 = NaN"),
-    "Reciprocal": (0, "1/0 = inf"),
-    "Pow": (0, "0 to a negative power = inf"),
-}
-_GUARDS = ("Add", "Sub", "Max", "Min", "Clip")  # a constant that keeps values off 0
-# value-keeping nodes; a sum or mean of values FP16 flushed is 0 where all of them were
-_PASS = ("Sqrt", "Abs", "Identity", "Relu", "Reshape", "Squeeze", "Unsqueeze", "Flatten",
-         "Transpose", "ReduceSum", "ReduceMean", "ReduceSumSquare", "ReduceL2")
+SINGULAR = {op: (slot, SINGULAR_WHAT[op.lower()]) for op, slot in ONNX_SINGULAR_ARG.items()}
+_GUARDS = ONNX_GUARDS  # a constant that keeps values off 0
+_PASS = ONNX_ZERO_KEEPING
 _TRACE = 8  # nodes walked back to the producer
 
 
