@@ -28,7 +28,7 @@ def _half(model, *inputs):
 
 
 def _cos(a, b) -> float:
-    return float(nn.functional.cosine_similarity(a.double().flatten(), b.double().flatten(), dim=0))
+    return float(nn.functional.cosine_similarity(a.detach().double().flatten(), b.detach().double().flatten(), dim=0))
 
 
 # ---- models -----------------------------------------------------------------------------
@@ -91,41 +91,119 @@ def _tokens():
     return TokenModel().eval(), torch.randint(0, 50, (2, 7))
 
 
+class _RootOps(nn.Module):
+    """A span through functional ops of the model's own forward: no module but the model
+    itself can hold it."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.out = nn.Conv2d(8, 4, 1)
+        with torch.no_grad():
+            self.conv.weight.abs_().mul_(1000.0)
+
+    def forward(self, x):
+        y = self.conv(x)
+        return self.out(y * torch.sigmoid(y) / 65536.0)
+
+
+class _Untraceable(_RootOps):
+    """_RootOps with data-dependent control flow in its forward: torch.fx cannot trace it,
+    so no island can hold the model's own ops (``patch/_fxisland.py`` needs the traced
+    forward), and no region rescales through the sigmoid: the planner cannot fix it."""
+
+    def forward(self, x):
+        y = self.conv(x)
+        if bool(y.abs().amax() > 0):  # a branch on a value: torch.fx refuses to trace it
+            y = y * torch.sigmoid(y) / 65536.0
+        return self.out(y)
+
+
+def _untraceable():
+    torch.manual_seed(0)
+    return _Untraceable().eval(), torch.rand(1, 3, 8, 8) * 255
+
+
+def _island_stops_at_the_mul(monkeypatch):
+    """The planner now reaches the ``/ 6`` itself (the island's consumers join it while its
+    values are beyond FP16: ``_reach.widen``), so Hardswish needs no widening
+    (test_the_planner_reaches_the_div_...). The proof's widening exists for a planner that
+    stops too early, and no small model makes this planner do so while every op of the
+    span has a module to wrap (with an op of an untraceable forward the widening goes to
+    the whole model: the last-resort test). So here the planner's reach is cut back to the
+    out-of-range sites themselves, as the planner was before islands reached further: its
+    island holds the Mul alone and hands 7.9e4-like values back in FP16."""
+    from fp16lens._core import FP16_MAX
+    from fp16lens.patch import _planner
+
+    reach = _planner.widen
+
+    def out_of_range_only(graph, report, root, fp32, acts):
+        return {s for s in reach(graph, report, root, fp32, acts) if not report.sites[s].absmax <= FP16_MAX}
+
+    monkeypatch.setattr(_planner, "widen", out_of_range_only)
+
+
 # ---- never silent -------------------------------------------------------------------------
 def test_unresolved_warns_naming_the_site_and_strict_raises():
-    model, ids = _tokens()
-    report = fp16lens.scan(model, [{"input_ids": ids}], progress=False)
-    with pytest.warns(PatchWarning, match=r"unresolved[\s\S]*lin: span emb -> output[\s\S]*strict=True"):
+    model, x = _untraceable()
+    report = fp16lens.scan(model, [x], progress=False)
+    assert not torch.isfinite(_half(model, x)).all()
+    with pytest.warns(PatchWarning, match=r"unresolved[\s\S]*:mul: span conv -> [\s\S]*strict=True"):
         patched = fp16lens.patch(model, report)
-    assert [u.site for u in get_plan(patched).unresolved] == ["lin"]
-    assert not torch.isfinite(_half(patched, ids)).all()  # the warning is right: FP16 breaks
-    with pytest.raises(PatchError, match=r"lin: span emb -> output"):
+    unresolved = get_plan(patched).unresolved
+    assert ":mul" in [u.site for u in unresolved]
+    # the statistics check names the island that hands 4.8e5 back in FP16 (no batches)
+    assert any(u.site == "conv" and "hands back" in u.reason for u in unresolved)
+    assert not torch.isfinite(_half(patched, x)).all()  # the warning is right: FP16 breaks
+    with pytest.raises(PatchError, match=r":mul: span conv -> "):
         fp16lens.patch(model, report, strict=True)
     assert fp16lens.PatchWarning is PatchWarning
 
 
-def test_output_span_is_kept_fp32_by_the_proof_and_hands_fp32_out():
+def test_output_span_is_the_planners_fp32_island_proven_and_handing_fp32_out():
     model, ids = _tokens()
     report = fp16lens.scan(model, [{"input_ids": ids}], progress=False)
+    assert not torch.isfinite(_half(model, ids)).all()
     with warnings.catch_warnings():
         warnings.simplefilter("error", PatchWarning)  # proven: nothing to warn about
         patched = fp16lens.patch(model, report, batches=[{"input_ids": ids}])
     plan = get_plan(patched)
-    assert plan.proven and not plan.unresolved and [w.modules for w in plan.widened] == [("emb", "lin")]
-    assert plan.fp16_flop_share == 0.0  # the only linear runs in FP32 now
+    assert plan.proven and not plan.unresolved and not plan.widened  # the planner's fix holds alone
+    (island,) = plan.islands  # the table is rescaled, the linear reaching the output is the island
+    assert island.module == "lin" and island.fp32_out
     out = _half(patched, ids)
     assert out.dtype == torch.float32 and torch.isfinite(out).all()
     assert _cos(out, model(ids)) > 0.9999
     fp16lens.patch(model, report, batches=[{"input_ids": ids}], strict=True)  # proven: strict passes
 
 
-# ---- the proof widens a failing plan --------------------------------------------------------
-def test_batches_widen_an_island_that_stops_too_early_until_real_fp16_is_finite():
+# ---- the planner's islands reach far enough; the proof widens what stops too early ------------
+def test_the_planner_reaches_the_div_and_real_fp16_proves_it_without_widening():
     model, x = _hardswish()
     report = fp16lens.scan(model, [x], progress=False)
     assert [(s.start, s.end) for s in report.spans] == [("mul:mul", "div:div")]
-    assert [i.module for i in fp16lens.plan(model, report).islands] == ["mul"]  # the island on the mul only
     assert not torch.isfinite(_half(model, x)).all()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PatchWarning)
+        patched = fp16lens.patch(model, report, batches=[x])
+    plan = get_plan(patched)
+    islands = {i.module: i for i in plan.islands}
+    assert sorted(islands) == ["div", "mul"] and islands["mul"].fp32_out and islands["div"].fp32_in
+    assert plan.proven and not plan.widened and not plan.unresolved
+    assert plan.proof[0].finite and plan.proof[0].cosine >= 0.999
+    out = _half(patched, x)
+    assert torch.isfinite(out).all() and _cos(out, model(x)) >= 0.999
+    with torch.no_grad():
+        assert torch.equal(patched(x), model(x))  # FP32 unchanged
+    fp16lens.patch(model, report, batches=[x], strict=True)  # proven: strict passes
+
+
+def test_batches_widen_an_island_that_stops_too_early_until_real_fp16_is_finite(monkeypatch):
+    model, x = _hardswish()
+    report = fp16lens.scan(model, [x], progress=False)
+    _island_stops_at_the_mul(monkeypatch)
+    assert [i.module for i in fp16lens.plan(model, report).islands] == ["mul"]  # the island on the mul only
     # without widening (max_rounds=0) the proof finds the island hands 7.9e4-like values back in FP16
     with pytest.warns(PatchWarning, match="fp16-proof: real FP16 still fails"):
         first = fp16lens.patch(model, report, batches=[x], max_rounds=0)
@@ -135,7 +213,7 @@ def test_batches_widen_an_island_that_stops_too_early_until_real_fp16_is_finite(
         patched = fp16lens.patch(model, report, batches=[x])
     plan = get_plan(patched)
     assert [(w.modules, w.fp32_out) for w in plan.widened] == [(("mul", "div"), ("mul",))]
-    assert plan.proven and plan.proof[0].finite and plan.proof[0].cosine >= 0.999
+    assert plan.proven and plan.proof[0].finite and plan.proof[0].cosine >= 0.999 and not plan.unresolved
     out = _half(patched, x)
     assert torch.isfinite(out).all() and _cos(out, model(x)) >= 0.999
     with torch.no_grad():
@@ -144,16 +222,18 @@ def test_batches_widen_an_island_that_stops_too_early_until_real_fp16_is_finite(
     assert "spans kept FP32 end to end" in _rendered(plan)
 
 
-def test_without_batches_the_statistics_widen_the_island_and_a_warning_says_fp16_did_not_run():
+def test_without_batches_the_statistics_widen_the_island_and_a_warning_says_fp16_did_not_run(monkeypatch):
     model, x = _hardswish()
     report = fp16lens.scan(model, [x], progress=False)
+    _island_stops_at_the_mul(monkeypatch)
     with pytest.warns(PatchWarning, match="FP16 check did not run"):
         patched = fp16lens.patch(model, report)
     plan = get_plan(patched)
     assert not plan.proven and not plan.fp16_checked and plan.fp32_checked
     assert [w.modules for w in plan.widened] == [("mul", "div")]  # the island's recorded output is 1.9e5
     assert any("FP16 check did not run" in n for n in plan.notes)
-    assert torch.isfinite(_half(patched, x)).all()
+    out = _half(patched, x)
+    assert torch.isfinite(out).all() and _cos(out, model(x)) >= 0.999
 
 
 def _rendered(plan) -> str:
@@ -321,8 +401,14 @@ def test_cli_patch_with_input_proves_the_patched_model(tmp_path, capsys, monkeyp
     args = ["patch", "prove_model:build", "--report", str(tmp_path / "r.json"), "-o", str(tmp_path / "p.pt2")]
     assert main([*args, "--input", str(tmp_path / "in.pt"), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["proven"] is True and out["plan"]["widened"] and out["plan"]["proof"][0]["finite"]
-    assert main(args) == 0  # without --input: the statistics widen, and the output says FP16 did not run
+    assert out["proven"] is True and not out["plan"]["widened"] and not out["plan"]["unresolved"]
+    assert out["plan"]["proof"][0]["finite"] and out["plan"]["proof"][0]["cosine"] >= 0.999
+    saved = torch.export.load(str(tmp_path / "p.pt2")).module()  # what the user takes home
+    with torch.no_grad():
+        assert torch.equal(saved(x), model(x))  # FP32 unchanged
+    half = _half(saved, x)  # the proof is right: the saved model is finite in real FP16
+    assert torch.isfinite(half).all() and _cos(half, model(x)) >= 0.999
+    assert main(args) == 0  # without --input: the output says FP16 did not run
     assert "warning: the FP16 check did not run" in capsys.readouterr().out
 
 
@@ -336,25 +422,23 @@ def test_merged_reports_widen_the_recorded_input_ranges():
     assert (spec["min"], spec["max"]) == (1, 40) and a.meta.inputs[0]["max"] == 4
 
 
-class _RootOps(nn.Module):
-    """A span through functional ops of the model's own forward: no module but the model
-    itself can hold it."""
-
-    def __init__(self):
-        super().__init__()
-        self.conv = nn.Conv2d(3, 8, 3, padding=1)
-        self.out = nn.Conv2d(8, 4, 1)
-        with torch.no_grad():
-            self.conv.weight.abs_().mul_(1000.0)
-
-    def forward(self, x):
-        y = self.conv(x)
-        return self.out(y * torch.sigmoid(y) / 65536.0)
+def test_root_ops_become_the_planners_fx_island_proven_without_widening():
+    torch.manual_seed(0)
+    model, x = _RootOps().eval(), torch.rand(1, 3, 8, 8) * 255
+    report = fp16lens.scan(model, [x], progress=False)
+    assert report.spans and not torch.isfinite(_half(model, x)).all()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PatchWarning)
+        patched = fp16lens.patch(model, report, batches=[x])
+    plan = get_plan(patched)
+    assert plan.proven and not plan.widened and not plan.unresolved
+    assert any(i.nodes for i in plan.islands) and plan.fp16_flop_share > 0  # the out conv stays FP16
+    out = _half(patched, x)
+    assert torch.isfinite(out).all() and _cos(out, model(x)) >= 0.999
 
 
 def test_the_last_resort_keeps_the_whole_model_fp32_and_says_so():
-    torch.manual_seed(0)
-    model, x = _RootOps().eval(), torch.rand(1, 3, 8, 8) * 255
+    model, x = _untraceable()  # no island can hold its own ops: only the whole model can
     report = fp16lens.scan(model, [x], progress=False)
     assert report.spans and not torch.isfinite(_half(model, x)).all()
     with pytest.warns(PatchWarning, match="whole model was kept FP32"):
@@ -366,11 +450,12 @@ def test_the_last_resort_keeps_the_whole_model_fp32_and_says_so():
 
 
 @pytest.mark.slow
-def test_ppocr_through_onnx2torch_on_a_raw_sentence_island_widened_until_real_fp16_reads_it():
+def test_ppocr_through_onnx2torch_on_a_raw_sentence_the_planners_islands_reach_the_div():
     """Issue 25's first repro on the published PP-OCRv4 detector (rapidocr's wheel, through
     onnx2torch): raw 0-255 pixels of a rendered sentence make the stem's hardswish product
-    ``p2o/Mul/8`` reach 9.1e4, and the planner's island on the Mul alone hands it back in
-    FP16. With the page as batches, the proof keeps the span FP32 end to end."""
+    ``p2o/Mul/8`` reach 9.1e4. An island on the Mul alone handed it back in FP16; the
+    planner's island now hands it on in FP32 to an island of the ``p2o/Div/1`` that brings
+    it back, and real FP16 on the page proves that without widening."""
     import importlib.util
     import pathlib
 
@@ -395,7 +480,9 @@ def test_ppocr_through_onnx2torch_on_a_raw_sentence_island_widened_until_real_fp
         warnings.simplefilter("error", PatchWarning)
         patched = fp16lens.patch(model, report, batches=[x])
     plan = get_plan(patched)
-    assert plan.proven and plan.widened[0].modules == ("p2o/Mul/8", "p2o/Div/1")
+    assert plan.proven and not plan.widened and not plan.unresolved
+    islands = {i.module: i for i in plan.islands}
+    assert islands["p2o/Mul/8"].fp32_out and islands["p2o/Div/1"].fp32_in
     out = _half(patched, x).float()
     assert torch.isfinite(out).all() and _cos(out, want) >= 0.999
     assert ((out > 0.3) != (want > 0.3)).float().mean() < 0.005 and (want > 0.3).float().mean() > 0.1
