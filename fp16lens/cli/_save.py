@@ -43,7 +43,14 @@ def save_model(model: nn.Module, example: tuple, path: str | Path) -> Path:
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # torch's own deprecation notices
         if suffix == ".pt2":
-            program = torch.export.export(model, tuple(example))
+            try:
+                program = torch.export.export(model, tuple(example))
+            except Exception as exc:  # torch.export cannot capture every forward
+                said = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+                raise Fp16LensError(
+                    f"torch.export cannot capture the patched model ({type(exc).__name__}: "
+                    f"{said}); save it as TorchScript instead (-o {path.with_suffix('.pt').name})"
+                ) from exc
             torch.export.save(program, str(path), extra_files=meta)
         else:
             traced = torch.jit.trace(model, tuple(example), strict=False, check_trace=False)
