@@ -20,6 +20,7 @@ import torch
 
 import fp16lens
 from fp16lens._core.algebra import rescale_exponent
+from fp16lens._core.compat import TORCH_VERSION
 from fp16lens.patch import Fp32Island, get_plan, patch, relative_error
 from fp16lens.patch._options import PatchOptions
 
@@ -89,6 +90,11 @@ def test_an_island_reaches_the_div_that_brings_hardswish_back_in_range():
     _proven(g, patched, inputs)
 
 
+@pytest.mark.skipif(
+    TORCH_VERSION < (2, 5),
+    reason="islands of the model's own ops map watched sites to fx nodes by op name; torch 2.4 "
+    "names them otherwise (relu6 is hardtanh, / 6 a truediv), so they stay unresolved there",
+)
 def test_ops_of_the_models_own_forward_become_one_island_that_reaches_the_div():
     """The same hardswish written in the model's forward: no module runs it, so its ops
     (x + 3, relu6, the product, / 6) move into one new child island, fed the conv's output

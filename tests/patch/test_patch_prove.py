@@ -19,6 +19,7 @@ from torch import nn
 
 import fp16lens
 from fp16lens._core import PatchError
+from fp16lens._core.compat import TORCH_VERSION
 from fp16lens.patch import PatchWarning, get_plan
 
 
@@ -422,6 +423,11 @@ def test_merged_reports_widen_the_recorded_input_ranges():
     assert (spec["min"], spec["max"]) == (1, 40) and a.meta.inputs[0]["max"] == 4
 
 
+@pytest.mark.skipif(
+    TORCH_VERSION < (2, 5),
+    reason="islands of the model's own ops map watched sites to fx nodes by op name; torch 2.4 "
+    "names them otherwise (relu6 is hardtanh, / 6 a truediv), so they stay unresolved there",
+)
 def test_root_ops_become_the_planners_fx_island_proven_without_widening():
     torch.manual_seed(0)
     model, x = _RootOps().eval(), torch.rand(1, 3, 8, 8) * 255
