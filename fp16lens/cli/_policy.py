@@ -24,7 +24,7 @@ def violations(report: Report, policies: list[str] | None) -> list[str]:
 
 def _check(report: Report, policy: str) -> list[str]:
     lines = []
-    for span in report.spans:
+    for span in report.failing_spans():  # a lower --threshold highlights, never fails
         # a fused span is never stored in FP16 by TensorRT: it is an internal risk
         kind = "internal" if span.fused else "overflow"
         if policy in ("any", kind):
@@ -41,7 +41,7 @@ def _check(report: Report, policy: str) -> list[str]:
     for f in report.findings:
         if f.mechanism == Mechanism.OUTPUT and f.site in in_spans:
             continue  # the span above already says it
-        if f.mechanism in wanted:
+        if f.mechanism in wanted and not report.margin_finding(f):
             what = f"{f.site}.{f.tensor}" if f.tensor and f.mechanism == Mechanism.PARAMETER else f.site
             lines.append(f"{f.mechanism} {f.kind or 'finding'} at {what} (peak {f.peak:.4g})")
     return lines

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from fp16lens._core import FP16_MAX, ReportError, headroom_bits
-from fp16lens._core.sites import Mechanism
+from fp16lens._core.sites import FindingKind, Mechanism
 
 SCHEMA_VERSION = 3
 READABLE_VERSIONS = (1, 2, 3)
@@ -171,7 +171,26 @@ class Report:
     # ---- queries -------------------------------------------------------------------
     @property
     def clean(self) -> bool:
-        return not self.spans and all(f.mechanism == Mechanism.NOTE for f in self.findings)
+        """Nothing real FP16 breaks on: no span and no finding but notes, leaving aside what a
+        ``threshold`` below 65504 highlights where the values still fit FP16 (``margin``)."""
+        return not self.failing_spans() and all(
+            f.mechanism == Mechanism.NOTE or self.margin_finding(f) for f in self.findings
+        )
+
+    def margin(self, peak: float) -> bool:
+        """Whether ``peak`` passes only a ``threshold`` set below 65504: a value FP16 holds,
+        highlighted as a margin, never counted as an overflow of real FP16."""
+        return self.meta.threshold < FP16_MAX and math.isfinite(peak) and abs(peak) <= FP16_MAX
+
+    def margin_finding(self, f: Finding) -> bool:
+        overflow = f.mechanism in (Mechanism.OUTPUT, Mechanism.INPUT, Mechanism.INTERNAL) or (
+            f.kind == FindingKind.PARAM_OVERFLOW
+        )
+        return overflow and self.margin(f.peak)
+
+    def failing_spans(self) -> list[Span]:
+        """The spans whose values pass 65504 (all of them unless a lower threshold was set)."""
+        return [s for s in self.spans if not self.margin(s.peak)]
 
     def findings_by(self, mechanism: str) -> list[Finding]:
         return [f for f in self.findings if f.mechanism == mechanism]

@@ -42,7 +42,9 @@ def parts(report: Report, view: ViewOptions) -> list[RenderableType]:
     if not report.clean:
         out += _findview.findings(report, view, "input")
         out += _findview.findings(report, view, "underflow")
+    if not report.clean or report.spans:  # spans within a --threshold margin are shown too
         out += _sections.spans(report, view)
+    if not report.clean:
         out += _findview.orphan_outputs(report, view)
         out += _findview.findings(report, view, "internal")
         out += _findview.findings(report, view, "parameter")

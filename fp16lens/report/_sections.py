@@ -20,7 +20,7 @@ def _worst_site(report: Report) -> SiteStats | None:
 
 def _verdict_counts(report: Report) -> str:
     parts = [
-        _fmt.plural(len(report.spans), "overflow span"),
+        _fmt.plural(len(report.failing_spans()), "overflow span"),
         _fmt.plural(len(report.findings_by(Mechanism.INTERNAL)), "internal risk"),
         _fmt.plural(len(report.findings_by(Mechanism.PARAMETER)), "parameter problem"),
     ]
@@ -33,6 +33,9 @@ def _verdict_counts(report: Report) -> str:
     notes = report.findings_by(Mechanism.NOTE)
     if notes:
         parts.append(_fmt.plural(len(notes), "note"))
+    margin = len(report.spans) - len(report.failing_spans())
+    if margin:
+        parts.append(f"{_fmt.plural(margin, 'span')} only past the threshold {report.meta.threshold:g}")
     return ", ".join(parts)
 
 
@@ -52,11 +55,14 @@ def verdict(report: Report) -> RenderableType:
                 f"{name}: {len(report.sites)} sites in range over {batches}, but not every value "
                 f"was scanned (see the notes); {where} (|x| ≤ {_fmt.value(worst.absmax)})",
             )
+        margin = len(report.spans)  # spans past a --threshold below 65504, values FP16 holds
         return Text.assemble(
             ("✓ ", "bold green"),
             f"{name} is FP16-safe: {len(report.sites)} sites in range over {batches}; "
             f"{where} (|x| ≤ {_fmt.value(worst.absmax)})",
             (f"; {_fmt.plural(len(notes), 'note')} below" if notes else ""),
+            (f"; {_fmt.plural(margin, 'span')} past the threshold {report.meta.threshold:g} "
+             "(values FP16 holds), shown below" if margin else ""),
         )
     share = (
         f"{_fmt.value(worst.absmax)} = {_fmt.share_of_limit(worst.absmax)} of 65504"

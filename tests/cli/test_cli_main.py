@@ -88,12 +88,13 @@ def test_scan_generated_batches_and_input_files(capsys, tmp_path):
     assert code == 0 and data["batches"] == 2
 
 
-def test_scan_threshold_turns_near_misses_into_overflow(capsys):
-    # the clean model's peak is ~1.2: with a threshold of 0.5 it "overflows"
+def test_scan_threshold_highlights_near_misses_but_never_fails_them(capsys):
+    # the clean model's peak is ~1.2: a threshold of 0.5 shows its spans as a margin, but
+    # values FP16 holds are no overflow of real FP16 (issue #27): the gate passes
     code, data = run_json(
         capsys, "scan", "models:clean", "--threshold", "0.5", "--fail-on", "overflow"
     )
-    assert code == 1 and data["spans"]
+    assert code == 0 and data["spans"] and data["clean"] and not data["failed"]
 
 
 @pytest.mark.parametrize(

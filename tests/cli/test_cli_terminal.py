@@ -343,6 +343,14 @@ def test_a_threshold_never_lets_real_fp16_overflow_pass(capsys, tmp_path):
                  "--fail-on", "any"])
     out = " ".join(capsys.readouterr().out.split())
     assert code == 1 and "±32768 (the threshold, a margin below FP16's 65504)" in out
+    # values FP16 holds are highlighted by a lower threshold, never counted as overflow
+    code = main(["scan", model, "--input", "1x4", "--range", "0.25,0.5", "--threshold", "16384",
+                 "--fail-on", "any"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert code == 0 and "FP16-safe" in out and "past the threshold 16384" in out
+    m.eval()
+    x = torch.rand(1, 4) * 0.25 + 0.25
+    assert 16384 < float(m(x).abs().max()) < 65504 and torch.isfinite(copy.deepcopy(m).half()(x.half())).all()
 
 
 def test_output_paths_follow_one_rule(capsys, files, tmp_path):
