@@ -266,3 +266,33 @@ print(bool(torch.isfinite(before).all()), bool(torch.isfinite(after).all()), flo
     assert fp16lens_cli("verify", spec, "p.pt2", "--backend", "torch-fp16")[0] == 0
     code, out = fp16lens_cli("verify", spec, "m.onnx")
     assert code == 0, out
+
+
+@pytest.mark.parametrize("suffix", [".pt2", ".pt"])
+@pytest.mark.parametrize(
+    "name", ["hardswish_stem", "exp_log", "embedding_output", "silu_pair", "stft_log"]
+)
+def test_every_island_the_planner_makes_survives_the_file(name, suffix, tmp_path):
+    """Islands of the model's own ops (fx), islands handing FP32 to each other, an output
+    island that keeps FP32, activation islands, an STFT -> log chain: patched with batches,
+    saved as fp16lens saves, loaded with torch alone, cast with .half()."""
+    from fp16lens.cli._save import save_model
+    from fp16lens.patch import get_plan
+
+    import models
+
+    model, inputs = getattr(models, name)()
+    with fp16lens.watch(model) as lens:
+        model(*inputs)
+    patched = patch(model, lens.report, batches=[inputs])
+    x = get_plan(patched).scale_inputs(*inputs)
+    path = tmp_path / f"p{suffix}"
+    save_model(patched, x, path)
+    with torch.no_grad():
+        want = model(*inputs)
+        broken = copy.deepcopy(model).half()(*_half_args(inputs)).float()
+        loaded = _load(path, suffix)
+        assert relative_error(want, loaded(*x)) <= 1e-5
+        got = loaded.half()(*_half_args(x))
+    assert not relative_error(want, broken) <= 0.5  # the original breaks in real FP16
+    assert torch.isfinite(got).all() and relative_error(want, got.float()) <= 3e-3
