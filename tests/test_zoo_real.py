@@ -153,7 +153,7 @@ def test_patch_with_batches_is_proven_and_watch_agrees_with_real_fp16(name):
     with torch.no_grad():
         got = patched(*run["inputs"])
     for a, b in zip(zoo_real._floats(got), zoo_real._floats(run["ref"]), strict=True):
-        assert float((a - b).abs().max() / b.abs().max()) <= 1e-5
+        assert float((a - b).abs().max() / b.abs().max()) <= 1e-4  # patch's FP32 tolerance: threads reorder sums
     half = zoo_real.real_fp16(patched, run["inputs"])
     assert all(torch.isfinite(t).all() for t in zoo_real._floats(half))
     assert zoo_real.cosine(run["ref"], half) >= PARITY

@@ -28,6 +28,7 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
             if rank == 1:
                 model(x)
         lens.report.save(os.path.join(out, f"rank{rank}.json"))
+        dist.barrier()  # no rank tears gloo down while the other still talks to it (SIGABRT)
     finally:
         dist.destroy_process_group()
 
