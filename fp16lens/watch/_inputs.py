@@ -25,7 +25,7 @@ def _entry(name: str, v: Any) -> dict | None:
                 w = w.float() if w.is_complex() else w
                 if w.is_floating_point():
                     w = torch.nan_to_num(w.float(), posinf=3.4e38, neginf=-3.4e38)
-                lo, hi = float(w.min()), float(w.max())
+                lo, hi = (float(e) for e in torch.aminmax(w))  # one pass, one host sync
         return {"name": name, "dtype": str(v.dtype).removeprefix("torch."), "shape": list(v.shape),
                 "min": lo, "max": hi}
     if isinstance(v, _SCALARS):

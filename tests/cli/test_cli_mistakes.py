@@ -37,6 +37,8 @@ TINY_MODELS = '''
 import torch
 from torch import nn
 
+from models import MulHardswish  # tests/ is on the path of the tests' processes
+
 
 class OutputOverflow(nn.Module):
     """fc's output, the model output itself, is beyond 65504: no rescaling region exists."""
@@ -87,17 +89,9 @@ class LongNames(nn.Module):
         return self.backbone_feature_pyramid_lateral_block(x)
 
 
-class UntraceableMul(nn.Module):
-    """hardswish's multiply (3e4 * x squared) in the model's own forward, behind a branch on
-    a value that torch.fx cannot trace."""
-
-    def __init__(self):
-        super().__init__()
-        self.fc = nn.Linear(8, 8)
-        self.out = nn.Linear(8, 4)
-        with torch.no_grad():
-            self.fc.weight.copy_(torch.eye(8) * 3.0e4)
-            self.fc.bias.zero_()
+class UntraceableMul(MulHardswish):
+    """tests/models.py's hardswish multiply (3e4 * x squared) in the model's own forward,
+    behind a branch on a value that torch.fx cannot trace."""
 
     def forward(self, x):
         x = self.fc(x)
