@@ -91,14 +91,9 @@ def _export_torch(export, args: argparse.Namespace):
         calibration = load_batches(args.calibration) if args.calibration else batches
     # the islands a file saved by `fp16lens patch` names stay FP32 without being asked for
     islands = list(dict.fromkeys([*loaded.fp32_modules, *_names(args.fp32_modules)]))
-    model = loaded.model
-    if loaded.fp32_modules:
-        from fp16lens.patch import rehydrate
-
-        rehydrate(model)  # the islands' stored bits as FP32 tensors, which ONNX can hold
     with verbose(args.verbose):
         return export(
-            model,
+            loaded.model,
             batches[0],
             args.output,
             precision=args.precision,

@@ -3,6 +3,7 @@ FP16, or INT8 Q/DQ."""
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -78,6 +79,7 @@ def export(
         )
     path = _check_writable(Path(path))
     islands = resolve_fp32_modules(model, fp32_modules)
+    model = _stored_islands_as_fp32(model)
     options = ExportOptions(precision, io_dtype, islands, opset, exporter, dynamic)
     args = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
     _check_calibration(precision, calibration)
@@ -111,6 +113,20 @@ def _export_onnx(model, path, precision, fp32_modules, fp32_nodes, io_dtype, ops
     options = ExportOptions(precision, io_dtype, tuple(recorded))
     job = _Job(options, ONNX_EXPORTER, [], calibration, calibration_cache)
     return _typed(proto, path, job, islands)
+
+
+def _stored_islands_as_fp32(model: torch.nn.Module) -> torch.nn.Module:
+    """A loaded program of a patched model (``fp16lens.patch.portable``) stores its islands'
+    tensors as int32 bits, read through a dtype view no ONNX exporter takes: a copy with
+    those views replaced by FP32 tensors; any other model as it is."""
+    stored = any(n.endswith("in_bits") and b.dtype == torch.int32 for n, b in model.named_buffers())
+    if not stored:
+        return model
+    from fp16lens.patch import rehydrate
+
+    copy_ = copy.deepcopy(model)
+    rehydrate(copy_)
+    return copy_
 
 
 def _check_model(model) -> None:
