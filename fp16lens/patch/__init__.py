@@ -4,6 +4,8 @@ patched model (``get_plan(model).fp32_modules`` for the exporter).
 
 The module itself is callable, so both spellings of the design work:
 ``fp16lens.patch(model, report)`` and ``fp16lens.patch.plan(model, report)``.
+``advise`` stores the plan in the report it was made for (watch and scan call it), so that
+the report's advice is what ``patch`` does.
 
 Later stages also use its per-site tracing and FP16 storage emulation (``SiteTracer``,
 ``Trace``, ``traced``, ``StorageRounding``, ``round_fp16_``, ``round_module_``: verify's
@@ -11,6 +13,7 @@ torch backends; patch's proof runs them on the caller's batches).
 """
 
 from fp16lens._core.callable_module import make_callable
+from fp16lens.patch._advise import advise
 from fp16lens.patch._check import check_equivalent, relative_error
 from fp16lens.patch._emulate import StorageRounding, round_fp16_, round_module_
 from fp16lens.patch._island import Fp32Island
@@ -60,6 +63,7 @@ __all__ = [
     "StorageRounding",
     "Trace",
     "Unresolved",
+    "advise",
     "bn_affine",
     "check_equivalent",
     "get_plan",

@@ -131,19 +131,11 @@ def _proven(model: nn.Module, report: Report, opts: PatchOptions, batches: list 
             opts, unwidened = unwidened, None  # the widening would break .half(): not taken
             the_plan, patched, report = _apply_checked(model, report, opts, batches)
         if batches is None:
-            problems = statistics_problems(the_plan, report)
-            new = [i for i in spans_for_sites(report, [s for s, _ in problems]) if i not in opts.fp32_spans
-                   and "" not in span_hosts(report, i, model)[0]]  # never the whole model unproven
-            if new and not stats_round:  # the statistics alone show a failing island: widen once
-                stats_round, unwidened = True, opts
-                opts = dataclasses.replace(opts, fp32_spans=(*opts.fp32_spans, *new))
+            wider = _statistics_widening(model, report, opts, the_plan)
+            if wider is not None and not stats_round:  # the statistics alone show a failing island: widen once
+                stats_round, unwidened, opts = True, opts, wider
                 continue
-            for site, value in statistics_problems(the_plan, report):
-                if not any(_covers(w.modules, site, report) for w in the_plan.widened):
-                    the_plan.unresolved.append(Unresolved(site, (
-                        f"its FP32 island hands back {value:.3g} (the report's range), beyond FP16: "
-                        "the island must reach where values are back in range; pass batches= to "
-                        "prove and widen the fix")))
+            _statistics_unresolved(the_plan, report)
             if the_plan.changes:
                 the_plan.notes.append(
                     "the FP16 check did not run (no batches): the patched model was not run in real "
@@ -167,6 +159,36 @@ def _proven(model: nn.Module, report: Report, opts: PatchOptions, batches: list 
         "the inputs may be out of FP16 range themselves (scale them), or the model is not FP16-safe "
         "anywhere; run it in FP32")))
     return patched, the_plan
+
+
+def without_batches(model: nn.Module, report: Report, opts: PatchOptions) -> Plan:
+    """The plan patch() applies without batches, found without applying it: the planner's
+    plan, widened once where the report's statistics show an island handing back values
+    beyond FP16, with the unresolved entries patch adds (``advise`` stores it in the report)."""
+    the_plan = _build(model, report, opts)
+    wider = _statistics_widening(model, report, opts, the_plan)
+    if wider is not None:
+        the_plan = _build(model, report, wider)
+    _statistics_unresolved(the_plan, report)
+    return the_plan
+
+
+def _statistics_widening(model: nn.Module, report: Report, opts: PatchOptions, the_plan: Plan) -> PatchOptions | None:
+    """The options keeping FP32 end to end the spans whose island the report's statistics
+    show handing back values beyond FP16 (never the whole model); None when there are none."""
+    problems = statistics_problems(the_plan, report)
+    new = [i for i in spans_for_sites(report, [s for s, _ in problems]) if i not in opts.fp32_spans
+           and "" not in span_hosts(report, i, model)[0]]
+    return dataclasses.replace(opts, fp32_spans=(*opts.fp32_spans, *new)) if new else None
+
+
+def _statistics_unresolved(the_plan: Plan, report: Report) -> None:
+    for site, value in statistics_problems(the_plan, report):
+        if not any(_covers(w.modules, site, report) for w in the_plan.widened):
+            the_plan.unresolved.append(Unresolved(site, (
+                f"its FP32 island hands back {value:.3g} (the report's range), beyond FP16: "
+                "the island must reach where values are back in range; pass batches= to "
+                "prove and widen the fix")))
 
 
 def _half_breaks(patched: nn.Module, report: Report) -> bool:

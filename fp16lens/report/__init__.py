@@ -1,5 +1,6 @@
 """The report: plain data (JSON round trip) and its rich rendering."""
 
+from fp16lens.report._advice import PATCH_SAYS, words_fix
 from fp16lens.report._merge import merge_reports
 from fp16lens.report._model import (
     HIST_BINS,
@@ -7,6 +8,7 @@ from fp16lens.report._model import (
     MECHANISMS,
     SATURATED,
     SCHEMA_VERSION,
+    Advice,
     Finding,
     Report,
     ReportMeta,
@@ -18,12 +20,15 @@ __all__ = [
     "HIST_BINS",
     "HIST_MIN_EXP",
     "MECHANISMS",
+    "PATCH_SAYS",
     "SATURATED",
     "SCHEMA_VERSION",
+    "Advice",
     "Finding",
     "Report",
     "ReportMeta",
     "SiteStats",
     "Span",
     "merge_reports",
+    "words_fix",
 ]

@@ -1,6 +1,10 @@
-"""The suggested fix for each problem, in words, consistent with what patch will do.
+"""The fix of each problem, in words.
 
-Spans are handled in ``_spanfix``; findings here. Pure functions of the report:
+The advice is patch's plan: watch and scan ask fp16lens.patch's planner
+(``fp16lens.patch.advise``) and store what it plans in the report (``Report.advice``,
+``Span.fix``, ``Finding.fix``); ``suggest_fix`` reads that. A report without a plan (made
+by hand, read from a file before schema version 4, or one the planner failed on) is worded
+from the report alone (``words_fix``; spans in ``_spanfix``). Pure functions of the report:
 nothing here touches a model.
 """
 
@@ -14,6 +18,9 @@ from fp16lens.report._fmt import value
 from fp16lens.report._model import Finding, Report, Span
 from fp16lens.report._opclass import is_batch_norm
 from fp16lens.report._spanfix import rescale_exponent, span_fix
+
+PATCH_SAYS = "patch: "
+"""How the words of a plan begin (``fp16lens.patch.advise``)."""
 
 
 def _op(report: Report, site: str) -> str:
@@ -120,13 +127,22 @@ def _input_fix(f: Finding) -> str:
 
 
 def headline(fix: str) -> str:
-    """The first clause of a fix (before ": ", "; " or " (k = "), for one-line summaries."""
+    """The first clause of a fix (before ": ", "; " or " (k = "), for one-line summaries;
+    a plan's words keep their "patch: " and their first step."""
+    if fix.startswith(PATCH_SAYS):
+        return PATCH_SAYS + headline(fix[len(PATCH_SAYS):])
     cuts = [i for i in (fix.find(": "), fix.find("; "), fix.find(" (k = ")) if i > 0]
     return fix[: min(cuts)] if cuts else fix
 
 
 def suggest_fix(report: Report, item: Span | Finding) -> str:
-    """One sentence: what to do about ``item``, matching what fp16lens.patch does."""
+    """One sentence: what to do about ``item``: what patch's plan does for it where the
+    report holds the plan (``item.fix``), else worded from the report alone."""
+    return item.fix or words_fix(report, item)
+
+
+def words_fix(report: Report, item: Span | Finding) -> str:
+    """What to do about ``item``, from the report alone (no plan: no model to plan on)."""
     if isinstance(item, Span):
         return span_fix(report, item)
     if item.mechanism == Mechanism.INTERNAL:

@@ -34,7 +34,7 @@ def indent(text: Text, left: int = 4) -> Padding:
 
 
 def fix_line(report: Report, item: Span | Finding) -> Padding:
-    fix = item.fix if isinstance(item, Finding) and item.fix else suggest_fix(report, item)
+    fix = suggest_fix(report, item)
     return indent(Text.assemble(("fix: ", "bold green"), fix))
 
 

@@ -16,11 +16,12 @@ from typing import Any
 from fp16lens._core import FP16_MAX, ReportError, headroom_bits
 from fp16lens._core.sites import FindingKind, Mechanism
 
-SCHEMA_VERSION = 3
-READABLE_VERSIONS = (1, 2, 3)
+SCHEMA_VERSION = 4
+READABLE_VERSIONS = (1, 2, 3, 4)
 """Version 1 has no weight fingerprint: such reports load, and patch cannot check them.
 Version 2 has no ``meta.inputs``: patch's FP32 check then falls back to random floats of
-the recorded float input shapes."""
+the recorded float input shapes. Before version 4 a report has no ``advice`` (patch's plan
+as data) and no ``Span.fix``: its fixes are then worded from the report alone."""
 HIST_MIN_EXP = -26
 """``SiteStats.hist[0]`` counts non-zero |v| < 2**HIST_MIN_EXP (they round to 0 in FP16)."""
 HIST_MAX_EXP = 16
@@ -113,6 +114,7 @@ class Span:
     batches: int = 0  # in how many forward calls it occurred
     first_batch: int = -1
     fused: bool = False  # only inside a conv/linear+BN TensorRT folds: never stored
+    fix: str = ""  # what fp16lens.patch does for it, in words, from its plan ("" before version 4)
 
 
 @dataclass
@@ -129,7 +131,7 @@ class Finding:
     batch: int = -1
     tensor: str = ""  # for parameters/buffers: "running_var"; for internal: what overflows
     count: int = 0
-    fix: str = ""  # the suggested fix, in words (matches what patch will do)
+    fix: str = ""  # what fp16lens.patch does for it, in words, from its plan (``Report.advice``)
 
 
 @dataclass
@@ -151,6 +153,23 @@ class ReportMeta:
 
 
 @dataclass
+class Advice:
+    """What ``fp16lens.patch`` plans for this report, as plain data: written by patch's own
+    planner when the report is made (``fp16lens.patch.advise``, called by watch and scan),
+    so that the advice is the plan. Each entry is the plan's dataclass as a dict
+    (``fp16lens.patch.Region``, ``Island``, ``Reparam``, ``Unresolved``); ``error`` says why
+    the planner could not plan (the fixes are then worded from the report alone)."""
+
+    regions: list[dict[str, Any]] = field(default_factory=list)  # sites, entries, exits, factor, peak, reasons
+    islands: list[dict[str, Any]] = field(default_factory=list)  # module, in_scale, out_scale, reason, site, ...
+    reparametrized: list[dict[str, Any]] = field(default_factory=list)  # module, rule, s_in, s_out, detail
+    unresolved: list[dict[str, Any]] = field(default_factory=list)  # site, reason
+    input_scales: dict[str, float] = field(default_factory=dict)  # input index -> 2^k the caller divides by
+    widened: list[dict[str, Any]] = field(default_factory=list)  # spans kept FP32 end to end
+    error: str = ""
+
+
+@dataclass
 class Report:
     """What watch() learned about one model; plain data, JSON round trip, rich rendering."""
 
@@ -159,6 +178,7 @@ class Report:
     findings: list[Finding] = field(default_factory=list)
     edges: list[tuple[str, str]] = field(default_factory=list)  # site dataflow: (producer, consumer)
     meta: ReportMeta = field(default_factory=ReportMeta)
+    advice: Advice | None = None  # patch's plan for it (None: not planned, e.g. before version 4)
 
     def __eq__(self, other: object) -> bool:
         """Equal when the JSON forms are equal (NaN peaks compare equal, unlike floats)."""
@@ -217,6 +237,7 @@ class Report:
             "spans": [dataclasses.asdict(s) for s in self.spans],
             "findings": [dataclasses.asdict(f) for f in self.findings],
             "edges": [list(e) for e in self.edges],
+            "advice": None if self.advice is None else dataclasses.asdict(self.advice),
         }
 
     @classmethod
@@ -247,13 +268,14 @@ class Report:
             spans = [Span(**s) for s in data["spans"]]
             findings = [Finding(**f) for f in data["findings"]]
             edges = [(str(a), str(b)) for a, b in data["edges"]]
+            advice = _advice(data.get("advice"))
             _check_fields(meta, sites, spans, findings, edges)
         except (KeyError, TypeError, ValueError) as exc:
             raise ReportError(
                 f"report is damaged or hand-edited ({type(exc).__name__}: {exc}); "
                 "re-create it with `fp16lens scan`"
             ) from exc
-        return cls(sites=sites, spans=spans, findings=findings, edges=edges, meta=meta)
+        return cls(sites=sites, spans=spans, findings=findings, edges=edges, meta=meta, advice=advice)
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=1, allow_nan=True)
@@ -341,12 +363,27 @@ _NUMBERS = {
 }
 _TEXTS = {
     SiteStats: ("name", "kind", "op", "module"),
-    Span: ("start", "peak_site"),
+    Span: ("start", "peak_site", "fix"),
     Finding: ("site", "mechanism", "detail", "kind", "tensor", "fix"),
     ReportMeta: ("model_class",),
 }
 _LISTS = {SiteStats: ("hist", "shape"), Span: ("sites", "ends"), ReportMeta: ("input_shapes",)}
 _DICTS = {ReportMeta: ("weights",)}
+
+
+def _advice(data: Any) -> Advice | None:
+    if data is None:
+        return None
+    if not isinstance(data, dict):
+        raise ValueError(f"advice must be a mapping, got {data!r}")
+    advice = Advice(**data)
+    for name in ("regions", "islands", "reparametrized", "unresolved", "widened"):
+        rows = getattr(advice, name)
+        if not (isinstance(rows, list) and all(isinstance(r, dict) for r in rows)):
+            raise ValueError(f"advice.{name} must be a list of mappings, got {rows!r}")
+    if not isinstance(advice.input_scales, dict) or not isinstance(advice.error, str):
+        raise ValueError("advice.input_scales must be a mapping and advice.error a string")
+    return advice
 
 
 def _check_types(obj: Any) -> None:

@@ -69,10 +69,15 @@ def verdict(report: Report) -> RenderableType:
         if math.isfinite(worst.absmax)
         else "inf/NaN already in FP32"
     )
-    return Group(
+    lines = [
         Text.assemble(("✗ ", "bold red"), f"{name}: {_verdict_counts(report)}; {where} ({share})"),
         indent(Text.assemble(("Next: ", "bold"), next_step(report)), 2),
-    )
+    ]
+    if report.advice is not None and report.advice.error:
+        lines.append(indent(Text(
+            f"fp16lens.patch could not plan this model ({report.advice.error}): the fixes below are "
+            "worded from the report alone", "yellow"), 2))
+    return Group(*lines)
 
 
 def span_path(span: Span, keep: int = 9) -> Text:

@@ -42,7 +42,7 @@ def next_step(report: Report) -> str:
     if not items:
         return ""
     first = items[0]
-    fix = first.fix if isinstance(first, Finding) and first.fix else suggest_fix(report, first)
+    fix = suggest_fix(report, first)
     if isinstance(first, Span):
         return f"{headline(fix)} — span {report.spans.index(first) + 1} below"
     where = first.site or param_name(first)

@@ -25,6 +25,7 @@ from fp16lens._core.sites import FindingKind, Mechanism
 from fp16lens.report import Finding, Report
 from fp16lens.watch import _distributed
 from fp16lens.watch._accumulate import Accumulator
+from fp16lens.watch._advise import advised
 from fp16lens.watch._build import build_report
 from fp16lens.watch._compiled import (
     Captured,
@@ -140,7 +141,7 @@ class CompiledScan:
                 site="", mechanism=Mechanism.NOTE, kind=FindingKind.COMPILE_FALLBACK, peak=0.0,
                 detail=f"{FALLBACK}: {why}; those batches were watched eagerly (the reference path)",
             ))
-        return report
+        return advised(self.model, report, self.options.advise)
 
 
 def _device_of(batch: Any, model: torch.nn.Module) -> torch.device:

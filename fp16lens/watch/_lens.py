@@ -13,6 +13,7 @@ from fp16lens._core.weights import missing_weights
 from fp16lens.report import Report
 from fp16lens.watch import _distributed
 from fp16lens.watch._accumulate import Accumulator
+from fp16lens.watch._advise import advised
 from fp16lens.watch._build import build_report
 from fp16lens.watch._options import WatchOptions
 from fp16lens.watch._params import check_parameters
@@ -99,7 +100,7 @@ class Lens:
         report = build_report(self._acc, rec.sites, self._params, self.model, self.options.threshold)
         if _distributed.enabled(self.options.distributed):
             report = _distributed.merge_over_ranks(report)
-        self._report = report
+        self._report = advised(self.model, report, self.options.advise)
         return False
 
     @property

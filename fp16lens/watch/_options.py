@@ -29,6 +29,10 @@ class WatchOptions:
         in FP32 (explicit upcasts such as ``x.float().pow(2)`` in RMS norms, FP32 tensors
         created in forward) cannot overflow FP16. Found by running the model once in FP16
         on the ``meta`` device (no arithmetic); skipped when the forward needs real values.
+    advise: plan the fix with fp16lens.patch's planner when the report has problems, and
+        store the plan in the report (``report.advice``, each span's and finding's ``fix``):
+        the advice is what ``fp16lens.patch`` does. False: the fixes are worded from the
+        report alone (no planning pass).
     """
 
     threshold: float = FP16_MAX
@@ -40,6 +44,7 @@ class WatchOptions:
     param_underflow_share: float = 0.01
     distributed: bool | str = "auto"
     half_dtypes: bool = True
+    advise: bool = True
 
     def __post_init__(self):
         if not isinstance(self.threshold, (int, float)) or not (

@@ -1,20 +1,24 @@
 """The view and the advice of real watched reports, checked against real FP16 on CPU.
 
-Each advised fix is applied by hand exactly as its sentence says and the model is run in
-half precision (or, for decomposed norms and sums, the explicit FP16 computation): the
-advice must remove the overflow and keep the FP32 result.
+Each fix worded from the report alone (``watch(..., advise=False)``: what a report without
+a model to plan on says) is applied by hand exactly as its sentence says and the model is
+run in half precision (or, for decomposed norms and sums, the explicit FP16 computation):
+the advice must remove the overflow and keep the FP32 result. The advice of a report
+watched with planning is patch's plan (tests/patch/test_advice_is_the_plan.py).
 """
 
 from __future__ import annotations
 
 import copy
 import io
+import math
 
 import pytest
 import torch
 import torch.nn.functional as F
 from rich.console import Console
 
+import fp16lens
 from fp16lens import watch
 from fp16lens.report._advice import suggest_fix
 from fp16lens.report._spanfix import rescale_exponent, side_inputs
@@ -22,9 +26,9 @@ from fp16lens.report._spanfix import rescale_exponent, side_inputs
 import models
 
 
-def _watched(builder):
+def _watched(builder, advise: bool = False):
     model, inputs = builder()
-    with torch.no_grad(), watch(model) as lens:
+    with torch.no_grad(), watch(model, advise=advise) as lens:
         ref = model(*inputs)
     return model, inputs, ref, lens.report
 
@@ -50,8 +54,8 @@ def _reparametrize_bn(bn: torch.nn.BatchNorm2d, out_scale: float = 1.0) -> None:
     bn.eps = 0.5
 
 
-def test_watched_seed_report_renders_its_span_path(seed):
-    _, _, _, report = seed
+def test_watched_seed_report_renders_its_span_path():
+    model, _, _, report = _watched(models.seed_case, advise=True)
     console = Console(width=400, color_system=None, record=True, file=io.StringIO())
     report.print(console=console)
     text = console.export_text()
@@ -61,7 +65,8 @@ def test_watched_seed_report_renders_its_span_path(seed):
     ) in text
     # tests/watch checks this start against models.first_inf_site_fp16 (real FP16).
     assert report.spans[0].start == "backbone.layer4.1.bn2"
-    assert "Next: rescale by 2^-6 folded into backbone.layer4.1.bn2 parameters" in text
+    k = round(math.log2(fp16lens.patch.plan(model, report).regions[0].factor))  # what patch does
+    assert f"Next: patch: rescale by 2^-{k} (the peak" in text
     assert "[beyond 65504 ×32] neck.reduce_c5.1.running_var" in text
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import math
 import os
 import warnings
 
@@ -98,8 +99,12 @@ def test_seed_report_round_trips_and_renders(seed, tmp_path):
     assert again == report and again.spans[0].start == report.spans[0].start
     text = report.save(tmp_path / "r.txt").read_text()
     assert "BatchNormalization" in text
-    # the advice reads ONNX op types: BN absorbs the scale, no FP32 island needed
-    assert "rescale by 2^-6 folded into /backbone/layer4/layer4.1/bn2/BatchNormalization" in " ".join(text.split())
+    # the advice is the ONNX patch's plan: BN absorbs the scale, no FP32 island needed
+    plan = fp16lens.patch.plan(path, report)
+    (k,) = {round(math.log2(r.factor)) for r in plan.regions if "/backbone/layer4/layer4.1/bn2/BatchNormalization" in r.entries}
+    flat = " ".join(text.split())
+    assert f"patch: rescale by 2^-{k} (the peak" in flat and "/backbone/layer4/layer4.1/bn2/BatchNormalization" in flat
+    assert not plan.islands and "FP32 island" not in flat
 
 
 def test_folded_export_starts_at_the_conv_that_holds_the_bn(tmp_path):

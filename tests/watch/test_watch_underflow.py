@@ -70,7 +70,8 @@ def test_report_names_op_origin_and_vanished_constant():
     assert "block:mul" in f.detail and "clamp bound 1e-08" in f.detail and "log10(0) = -inf" in f.detail
     model, x = um.build("log-square-eps")
     (f,) = _report(model, x).findings_by(Mechanism.UNDERFLOW)
-    assert "eps 1e-10" in f.detail and "eps 1e-10" in f.fix
+    assert "eps 1e-10" in f.detail  # the constant that vanished
+    assert f.fix == "patch: FP32 island block (rule: FP32 island of the block)"  # what patch does
 
 
 def test_rendered_verdict_is_not_fp16_safe():

@@ -14,6 +14,7 @@ from fp16lens._core.onnx_types import has_subgraph
 from fp16lens._core.sites import FindingKind, Mechanism
 from fp16lens.report import Finding, Report
 from fp16lens.watch._accumulate import Accumulator
+from fp16lens.watch._advise import advised
 from fp16lens.watch._build import build_report
 from fp16lens.watch._options import WatchOptions
 from fp16lens.watch.onnx._checks import decomposed_norm
@@ -62,7 +63,7 @@ def scan_onnx(model: Any, batches: Iterable[Any], *, progress: bool = True,
     guard_constants(report, under.guards())
     _note_inlined(report, graphs)
     _note_hidden_subgraphs(report, [v.graph.proto for v in graphs.variants.values()])
-    return _name_decomposed_norms(report, graphs)
+    return advised(graph.proto, _name_decomposed_norms(report, graphs), options.advise)  # data loaded
 
 
 def _params(graphs: Graphs, options: WatchOptions) -> list:
