@@ -137,3 +137,37 @@ def test_advise_false_leaves_the_report_unplanned():
     with torch.no_grad(), fp16lens.watch(model, advise=False) as lens:
         model(*inputs)
     assert lens.report.advice is None and all(s.fix == "" for s in lens.report.spans)
+
+
+@pytest.mark.parametrize("graph", ["log_eps", "sqrt_div", "seed"])
+def test_an_onnx_scan_advises_what_the_onnx_patch_writes(graph, tmp_path):
+    """ONNX in: the scan stores the ONNX patch's plan; the FP32 nodes the written file
+    names (``fp16lens.fp32_nodes``) are the nodes the advice's islands name."""
+    import onnx
+    import underflow_graphs as ug
+
+    from fp16lens.patch.onnx._patch import fp32_nodes
+
+    if graph == "seed":
+        model, (x,) = models.seed_case()
+        path = str(tmp_path / "m.onnx")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.onnx.export(model, (x,), path, opset_version=17, dynamo=False,
+                              training=torch.onnx.TrainingMode.PRESERVE)
+        feed = x
+    else:
+        path = str(tmp_path / "m.onnx")
+        onnx.save(getattr(ug, graph)(), path)
+        feed = torch.from_numpy(ug.quiet())
+    report = fp16lens.scan(path, [feed], progress=False)
+    assert not report.clean and report.advice is not None and report.advice.error == ""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", fp16lens.PatchWarning)
+        written = fp16lens.patch(path, report, out=tmp_path / "p.onnx")
+    assert report.advice == advice_of(fp16lens.patch.plan(path, report))
+    advised = {n for i in report.advice.islands for n in (i["nodes"] or [i["module"]])}
+    assert set(fp32_nodes(written)) == advised
+    assert all(s.fix.startswith("patch: ") for s in report.spans)
+    for f in report.findings_by(Mechanism.UNDERFLOW):
+        assert f.fix.startswith("patch: FP32 island"), f.fix
