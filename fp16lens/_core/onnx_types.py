@@ -1,8 +1,20 @@
 """What the ONNX stages read alike from a graph: its tensors' element types, and the
 control-flow bodies (If branches, Loop and Scan bodies) of its nodes with the outer values
-they read. The scan, the ONNX patch and the FP16 export use these."""
+they read; and whether a model is an ONNX graph at all (``is_onnx``). The scan, the ONNX
+patch, the FP16 export, verify and the CLI use these."""
 
 from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+def is_onnx(model: Any) -> bool:
+    """A path ending in .onnx (any case), or an ``onnx.ModelProto``: the one test of every
+    stage and the CLI for "is this an ONNX graph?" (onnx itself is not imported)."""
+    if isinstance(model, (str, Path)):
+        return Path(model).suffix.lower() == ".onnx"
+    return type(model).__name__ == "ModelProto" and hasattr(model, "graph")
 
 
 def elem_types(proto, onnx) -> dict[str, int]:

@@ -6,14 +6,6 @@ from __future__ import annotations
 import argparse
 
 from fp16lens.cli._output import console, emit_json
-from fp16lens.cli._stages import stage
-
-STAGES = (
-    ("fp16lens.watch", "watch"),
-    ("fp16lens.patch", "patch"),
-    ("fp16lens.verify", "verify"),
-    ("fp16lens.export", "export"),
-)
 
 
 def add_parser(sub) -> None:
@@ -26,8 +18,6 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     from fp16lens.demo import run_demo
 
-    for module, attr in STAGES:  # a one-line error, not an ImportError, when one is missing
-        stage(module, attr, "demo")
     summary = run_demo(args.out, console(quiet=args.json))
     if args.json:
         emit_json(summary)

@@ -11,14 +11,19 @@ from pathlib import Path
 from rich.markup import escape
 
 from fp16lens._core import Fp16LensError
+from fp16lens._core.onnx_types import is_onnx
 from fp16lens._core.paths import check_writable
 from fp16lens._core.quiet import verbose
 from fp16lens.cli._batchfile import load_batches
-from fp16lens.cli._cmd_scan import _npz_batch, add_model_arguments, onnx_batches
-from fp16lens.cli._inputargs import add_input_arguments, batches_from_args
-from fp16lens.cli._models import is_onnx_file, load_model, parse_kwargs
+from fp16lens.cli._inputargs import (
+    add_input_arguments,
+    add_model_arguments,
+    batches_from_args,
+    npz_batch,
+    onnx_batches,
+)
+from fp16lens.cli._models import load_model, parse_kwargs
 from fp16lens.cli._output import console, emit_json
-from fp16lens.cli._stages import stage
 
 
 def add_parser(sub) -> None:
@@ -67,14 +72,14 @@ def _names(text: str | None) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    export = stage("fp16lens.export", "export", "export")
+    from fp16lens.export import export
     if Path(args.output).suffix.lower() != ".onnx":
         raise Fp16LensError(
             f"-o {args.output}: export writes an ONNX file; name it with the .onnx suffix "
             "(build a TensorRT engine from it with fp16lens.export.build_engine)"
         )
     check_writable(args.output)
-    if is_onnx_file(args.model):
+    if is_onnx(args.model):
         artifact = _export_onnx(export, args)
     else:
         artifact = _export_torch(export, args)
@@ -141,7 +146,7 @@ def _batches_file(path: str) -> list:
     if path.lower().endswith(".npz"):
         import numpy as np
 
-        return [_npz_batch(Path(path), np)]
+        return [npz_batch(Path(path), np)]
     return load_batches(path)
 
 

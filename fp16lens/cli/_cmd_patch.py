@@ -14,14 +14,18 @@ from pathlib import Path
 from rich.markup import escape
 
 from fp16lens._core import Fp16LensError
+from fp16lens._core.onnx_types import is_onnx
 from fp16lens._core.paths import check_writable
 from fp16lens._core.sites import site_module
-from fp16lens.cli._cmd_scan import add_model_arguments, onnx_batches
-from fp16lens.cli._inputargs import add_input_arguments, batches_from_args
-from fp16lens.cli._models import is_onnx_file, load_model, parse_kwargs
+from fp16lens.cli._inputargs import (
+    add_input_arguments,
+    add_model_arguments,
+    batches_from_args,
+    onnx_batches,
+)
+from fp16lens.cli._models import load_model, parse_kwargs
 from fp16lens.cli._output import console, emit_json
 from fp16lens.cli._save import check_save_path, save_model
-from fp16lens.cli._stages import stage
 from fp16lens.cli._summary import to_plain
 from fp16lens.report import Report
 
@@ -43,10 +47,10 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if is_onnx_file(args.model):
+    if is_onnx(args.model):
         return run_onnx(args)
-    get_plan = stage("fp16lens.patch", "get_plan", "patch")
-    patch_fn = stage("fp16lens.patch", "patch", "patch")
+    from fp16lens.patch import PatchWarning, get_plan
+    from fp16lens.patch import patch as patch_fn
     check_save_path(args.output)
     report = Report.load(args.report)
     loaded = load_model(args.model, parse_kwargs(args.kwargs))
@@ -54,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     given = batches_from_args(args, None, loaded.model) if args.input else None
     example = given[0] if given else batches_from_args(args, default, loaded.model)[0]
     with warnings.catch_warnings():  # the CLI prints what the warnings say (finish_lines)
-        warnings.simplefilter("ignore", stage("fp16lens.patch", "PatchWarning", "patch"))
+        warnings.simplefilter("ignore", PatchWarning)
         patched = patch_fn(loaded.model, report, inplace=False, factor=args.factor, batches=given)
     plan = get_plan(patched)  # what patch() did, unresolved problems included
     saved = save_model(patched, example, args.output)
@@ -85,8 +89,10 @@ def run(args: argparse.Namespace) -> int:
 def run_onnx(args: argparse.Namespace) -> int:
     """An ONNX MODEL patched as a graph, proven in FP16 on --input (else the FP32 check on
     inputs like the report's recorded ones); its FP32 islands named in the file's metadata."""
-    patch_onnx = stage("fp16lens.patch.onnx", "patch_onnx", "patch")
-    options = stage("fp16lens.patch", "PatchOptions", "patch")(factor=args.factor)
+    from fp16lens.patch import PatchOptions
+    from fp16lens.patch.onnx import patch_onnx
+
+    options = PatchOptions(factor=args.factor)
     if not args.output.lower().endswith(".onnx"):
         raise Fp16LensError(f"an ONNX MODEL is saved as ONNX: give -o with a .onnx name, not {args.output!r}")
     out = check_writable(Path(args.output))

@@ -7,26 +7,20 @@ import argparse
 from pathlib import Path
 
 from fp16lens._core import ReportError
+from fp16lens._core.onnx_types import is_onnx
 from fp16lens._core.paths import check_writable
 from fp16lens.cli._cmd_show import print_report
-from fp16lens.cli._inputargs import add_input_arguments, batches_from_args
-from fp16lens.cli._models import MODEL_HELP, is_onnx_file, load_model, parse_kwargs
-from fp16lens.cli._output import console, emit_json, err_console
+from fp16lens.cli._inputargs import (
+    add_input_arguments,
+    add_model_arguments,
+    batches_from_args,
+    onnx_batches,
+)
+from fp16lens.cli._models import load_model, parse_kwargs
+from fp16lens.cli._output import console, emit_json
 from fp16lens.cli._policy import POLICIES, POLICY_HELP, violations
-from fp16lens.cli._stages import stage
 from fp16lens.cli._summary import report_summary
 from fp16lens.report import Report
-
-
-def add_model_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", metavar="MODEL", help=MODEL_HELP)
-    p.add_argument("--kwargs", default=None, help="JSON keyword arguments for a MODEL callable")
-    p.add_argument(
-        "--verbose",
-        action="store_true",
-        help="show the traceback of an error, and let torch's and ONNX Runtime's own warnings "
-        "and log output through",
-    )
 
 
 def add_parser(sub) -> None:
@@ -51,23 +45,20 @@ REPORT_SUFFIXES = (".json", ".html", ".svg", ".txt")
 
 
 def run(args: argparse.Namespace) -> int:
+    from fp16lens.watch import ScanInterrupted
+
     for path in args.save or []:
         check_report_path(path)
     options = {} if args.threshold is None else {"threshold": args.threshold}
-    if is_onnx_file(args.model):
-        report = _scan_onnx(args, options)
-    else:
-        loaded = load_model(args.model, parse_kwargs(args.kwargs))
-        batches = batches_from_args(args, loaded.example_inputs, loaded.model)
-        if args.compile:
-            scan = stage("fp16lens.watch", "scan", "scan")
-            report = scan(loaded.model, batches, progress=not args.no_progress and len(batches) > 1,
-                          compile=True, **options)
+    try:
+        if is_onnx(args.model):
+            report = _scan_onnx(args, options)
         else:
-            try:
-                report = watch_batches(loaded.model, batches, not args.no_progress, **options)
-            except ScanInterrupted as stop:
-                return _save_partial(stop, args)
+            loaded = load_model(args.model, parse_kwargs(args.kwargs))
+            batches = batches_from_args(args, loaded.example_inputs, loaded.model)
+            report = watch_batches(loaded.model, batches, not args.no_progress, compile=args.compile, **options)
+    except ScanInterrupted as stop:
+        return _save_partial(stop, args)
     for path in args.save or []:
         report.save(path)
     failed = violations(report, args.fail_on)
@@ -85,49 +76,14 @@ def run(args: argparse.Namespace) -> int:
 def _scan_onnx(args: argparse.Namespace, options: dict) -> Report:
     """An .onnx MODEL in ONNX Runtime; one .npz --input is matched to the graph's inputs
     by array name (``numpy.savez(path, x=array)``), else by position."""
-    scan = stage("fp16lens.watch", "scan", "scan")
+    from fp16lens.watch import scan
+
     if args.kwargs:
         raise ReportError("--kwargs applies to a module:callable MODEL, not to an .onnx file")
     if args.compile:
         raise ReportError("--compile applies to a torch MODEL; an .onnx file runs in ONNX Runtime "
                           "(leave --compile out)")
     return scan(args.model, onnx_batches(args), progress=not args.no_progress, **options)
-
-
-def onnx_batches(args: argparse.Namespace) -> list:
-    """The --input batches for an .onnx MODEL (scan, and patch's FP32 check)."""
-    import numpy as np
-
-    specs = args.input or []
-    if len(specs) == 1 and specs[0].lower().endswith(".npz") and args.batch_size is None:
-        batch = _npz_batch(Path(specs[0]), np)
-        wanted = _graph_inputs(args.model)
-        if isinstance(batch, dict) and wanted and set(batch) != set(wanted) and len(batch) == len(wanted):
-            return [tuple(batch.values())]  # names that are not the graph's: by position
-        return [batch]
-    return batches_from_args(args, None)
-
-
-def _graph_inputs(path: str) -> list[str]:
-    """The names of an ONNX file's graph inputs (initializers excluded); [] if unreadable."""
-    try:
-        import onnx
-
-        graph = onnx.load(path, load_external_data=False).graph
-    except Exception:  # the scan itself says what is wrong with the file
-        return []
-    init = {i.name for i in graph.initializer}
-    return [i.name for i in graph.input if i.name not in init]
-
-
-def _npz_batch(path: Path, np) -> dict | tuple:
-    from fp16lens.cli._batchfile import load_batches
-
-    with np.load(path) as data:
-        named = {k: data[k] for k in data.files}
-    if all(k.startswith("arr_") for k in named):  # numpy.savez(path, a, b): positional
-        return load_batches(path)[0]
-    return named
 
 
 def check_report_path(path: str) -> None:
@@ -142,44 +98,14 @@ def check_report_path(path: str) -> None:
 
 
 def watch_batches(model, batches: list, progress: bool = True, **options) -> Report:
-    """watch() over every batch, with a progress bar on stderr when there are several."""
-    import torch
+    """The scan loop (``fp16lens.watch.scan``) over the batches; Ctrl-C is a ScanInterrupted
+    holding the report of what ran."""
+    from fp16lens.watch import scan
 
-    from fp16lens._core.progress import progress_bar as make_bar
-
-    watch = stage("fp16lens.watch", "watch", "scan")
-    call_model = stage("fp16lens.watch", "call_model", "scan")
-    bar = make_bar(err_console(), disable=not progress or len(batches) < 2)
-    done = 0
-    with watch(model, **options) as lens, torch.no_grad(), bar:
-        task = bar.add_task("watching", total=len(batches))
-        try:
-            for batch in batches:
-                call_model(model, batch)
-                done += 1
-                bar.advance(task)
-        except KeyboardInterrupt:  # the report holds what ran, the batch cut short included
-            interrupted = ScanInterrupted(done, len(batches))
-        else:
-            interrupted = None
-    if interrupted is not None:
-        interrupted.report = lens.report
-        raise interrupted
-    return lens.report
+    return scan(model, batches, progress=progress, **options)
 
 
-class ScanInterrupted(KeyboardInterrupt):
-    """Ctrl-C after ``done`` whole batches: ``report`` holds what ran (the statistics of the
-    batch cut short up to the interrupt included, as watch keeps those of a forward that
-    raises)."""
-
-    def __init__(self, done: int, total: int):
-        super().__init__(f"interrupted after {done} of {total} batches")
-        self.done, self.total = done, total
-        self.report: Report | None = None
-
-
-def _save_partial(stop: ScanInterrupted, args: argparse.Namespace) -> int:
+def _save_partial(stop, args: argparse.Namespace) -> int:
     """Ctrl-C: the report of the batches done so far is saved when --save asked for one."""
     import sys
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 
 from fp16lens.cli._output import console, emit_json
-from fp16lens.cli._stages import stage
 from fp16lens.cli._summary import report_summary
 from fp16lens.report import Report
 
@@ -29,5 +28,4 @@ def run(args: argparse.Namespace) -> int:
 
 def print_report(report: Report, full: bool = False) -> None:
     """The report's rich rendering on stdout (`full`: every site)."""
-    render = stage("fp16lens.report._render", "print_report", "show")
-    render(report, full=full, console=console())
+    report.print(full=full, console=console())

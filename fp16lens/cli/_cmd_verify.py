@@ -8,12 +8,16 @@ import argparse
 from pathlib import Path
 
 from fp16lens._core import Fp16LensError
+from fp16lens._core.onnx_types import is_onnx
 from fp16lens._core.sites import Backend
-from fp16lens.cli._cmd_scan import add_model_arguments, onnx_batches
-from fp16lens.cli._inputargs import add_input_arguments, batches_from_args
-from fp16lens.cli._models import MODEL_HELP, is_onnx_file, load_model, parse_kwargs
+from fp16lens.cli._inputargs import (
+    add_input_arguments,
+    add_model_arguments,
+    batches_from_args,
+    onnx_batches,
+)
+from fp16lens.cli._models import MODEL_HELP, load_model, parse_kwargs
 from fp16lens.cli._output import console, emit_json
-from fp16lens.cli._stages import stage
 from fp16lens.cli._summary import parity_summary
 
 
@@ -23,11 +27,9 @@ class BackendChoices:
     parser). Without a verify stage any name passes and the command says what is missing."""
 
     def _names(self) -> tuple[str, ...]:
-        try:
-            found = stage("fp16lens.verify", "backends", "verify")()
-        except Fp16LensError:
-            return ()
-        return ("auto", *(str(name) for name in found))
+        from fp16lens.verify import backends
+
+        return ("auto", *(str(name) for name in backends()))
 
     def __iter__(self):
         return iter(self._names())
@@ -56,13 +58,13 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    verify = stage("fp16lens.verify", "verify", "verify")
-    is_onnx = Path(args.candidate).suffix.lower() == ".onnx"
-    if is_onnx and not Path(args.candidate).is_file():
+    from fp16lens.verify import verify
+    onnx_candidate = is_onnx(args.candidate)
+    if onnx_candidate and not Path(args.candidate).is_file():
         raise Fp16LensError(
             f"ONNX candidate {args.candidate} does not exist; write one with `fp16lens export`"
         )
-    if is_onnx_file(args.model):  # the FP32 graph in ONNX Runtime is the reference
+    if is_onnx(args.model):  # the FP32 graph in ONNX Runtime is the reference
         if args.kwargs:
             raise Fp16LensError("--kwargs applies to a module:callable MODEL, not to an .onnx file")
         reference, batches = args.model, onnx_batches(args)
@@ -70,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
         loaded = load_model(args.model, parse_kwargs(args.kwargs))
         reference = loaded.model
         batches = batches_from_args(args, loaded.example_inputs, loaded.model)
-    candidate = args.candidate if is_onnx else load_model(args.candidate).model
+    candidate = args.candidate if onnx_candidate else load_model(args.candidate).model
     result = verify(reference, candidate, batches, backend=args.backend, tolerance=args.tolerance)
     if args.json:
         emit_json({"backend": result.backend, **parity_summary(result)})

@@ -1,12 +1,16 @@
-"""The shared input options (--input/--dtype/--range/--batches) and what they resolve to."""
+"""The CLI's shared arguments: MODEL (``add_model_arguments``), the input options
+(--input/--dtype/--range/--batches) and what they resolve to, for a torch MODEL or an
+.onnx file (``onnx_batches``)."""
 
 from __future__ import annotations
 
 import argparse
 import re
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fp16lens._core import Fp16LensError
+from fp16lens.cli._models import MODEL_HELP
 
 if TYPE_CHECKING:  # torch is imported when inputs are made, not for `fp16lens --help`
     from fp16lens.cli._inputs import Batch, InputSpec
@@ -150,3 +154,50 @@ def spec_from_args(args: argparse.Namespace) -> InputSpec:
     if count < 1:
         raise Fp16LensError(f"--batches must be >= 1, got {count}")
     return InputSpec(shapes, dtypes, low, high, batches=count, seed=args.seed)
+
+
+def add_model_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", metavar="MODEL", help=MODEL_HELP)
+    p.add_argument("--kwargs", default=None, help="JSON keyword arguments for a MODEL callable")
+    p.add_argument(
+        "--verbose",
+        action="store_true",
+        help="show the traceback of an error, and let torch's and ONNX Runtime's own warnings "
+        "and log output through",
+    )
+
+
+def onnx_batches(args: argparse.Namespace) -> list:
+    """The --input batches for an .onnx MODEL (scan, and patch's FP32 check)."""
+    import numpy as np
+
+    specs = args.input or []
+    if len(specs) == 1 and specs[0].lower().endswith(".npz") and args.batch_size is None:
+        batch = npz_batch(Path(specs[0]), np)
+        wanted = _graph_inputs(args.model)
+        if isinstance(batch, dict) and wanted and set(batch) != set(wanted) and len(batch) == len(wanted):
+            return [tuple(batch.values())]  # names that are not the graph's: by position
+        return [batch]
+    return batches_from_args(args, None)
+
+
+def _graph_inputs(path: str) -> list[str]:
+    """The names of an ONNX file's graph inputs (initializers excluded); [] if unreadable."""
+    try:
+        import onnx
+
+        graph = onnx.load(path, load_external_data=False).graph
+    except Exception:  # the scan itself says what is wrong with the file
+        return []
+    init = {i.name for i in graph.initializer}
+    return [i.name for i in graph.input if i.name not in init]
+
+
+def npz_batch(path: Path, np) -> dict | tuple:
+    from fp16lens.cli._batchfile import load_batches
+
+    with np.load(path) as data:
+        named = {k: data[k] for k in data.files}
+    if all(k.startswith("arr_") for k in named):  # numpy.savez(path, a, b): positional
+        return load_batches(path)[0]
+    return named

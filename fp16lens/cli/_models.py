@@ -29,10 +29,6 @@ MODEL_HELP = (
 )
 
 
-def is_onnx_file(spec: str) -> bool:
-    return Path(spec).suffix.lower() == ".onnx"
-
-
 @dataclass(frozen=True)
 class LoadedModel:
     model: nn.Module

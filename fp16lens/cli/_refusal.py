@@ -36,7 +36,7 @@ def refusal(args: argparse.Namespace, exc: BaseException) -> str | None:
         return None
     import torch
 
-    from fp16lens.watch import call_model
+    from fp16lens._trace import call_model
 
     model, batch = probe
     try:

@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 from fp16lens._core import ExportError, import_optional
+from fp16lens._core.onnx_types import is_onnx
 from fp16lens._core.paths import check_writable
 from fp16lens._core.weights import missing_weights
 from fp16lens.export._artifact import (
@@ -23,7 +24,7 @@ from fp16lens.export._artifact import (
 from fp16lens.export._io import dynamic_failure, io_spec
 from fp16lens.export._islands import fp32_outputs, resolve_fp32_modules
 from fp16lens.export._naming import map_nodes, stamp
-from fp16lens.export._onnx_in import ONNX_EXPORTER, is_onnx_source
+from fp16lens.export._onnx_in import ONNX_EXPORTER
 from fp16lens.export._onnx_meta import ISLANDS_KEY, in_islands
 from fp16lens.export._options import ExportOptions
 from fp16lens.export._torch_export import export_fp32
@@ -63,7 +64,7 @@ def export(
     outputs after what it returns; ``dynamic=("batch",)`` (or ``("batch", "sequence")``)
     makes those axes symbolic.
     """
-    if is_onnx_source(model):
+    if is_onnx(model):
         if dynamic:
             raise ExportError(
                 "dynamic= applies to a PyTorch model; an ONNX file keeps the axes it was "

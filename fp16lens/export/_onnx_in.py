@@ -26,13 +26,6 @@ _FLOAT16 = 10
 _QDQ = ("QuantizeLinear", "DequantizeLinear")
 
 
-def is_onnx_source(model) -> bool:
-    """A path ending in .onnx, or an onnx.ModelProto."""
-    if isinstance(model, (str, Path)):
-        return str(model).lower().endswith(".onnx")
-    return type(model).__name__ == "ModelProto" and hasattr(model, "graph")
-
-
 def load_source(model):
     """A private copy of the FP32 graph (a path's external data read in)."""
     onnx = import_optional("onnx", "onnx", "converting an ONNX model")

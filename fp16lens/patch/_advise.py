@@ -60,10 +60,10 @@ def advise(model, report: Report, options: PatchOptions | None = None) -> Report
 
 
 def _plan(model, report: Report, opts: PatchOptions) -> Plan:
+    from fp16lens._core.onnx_types import is_onnx
     from fp16lens.patch._patch import _require, without_batches
-    from fp16lens.watch.onnx import is_onnx_model
 
-    if is_onnx_model(model):
+    if is_onnx(model):
         from fp16lens.patch.onnx import plan_onnx
 
         return plan_onnx(model, report, opts)

@@ -81,7 +81,7 @@ def check_equivalent(original: nn.Module, patched: nn.Module, report: Report, ba
     (``report_batch``); float input k of the patched model divided by ``input_scales[k]``
     (a folded input). Returns notes (why nothing was compared, beginning with
     ``NOT_CHECKED``); raises PatchError on a mismatch."""
-    from fp16lens.watch import call_model
+    from fp16lens._trace import call_model
 
     device = next((p.device for p in original.parameters()), torch.device("cpu"))
     floor = 0.0

@@ -22,8 +22,8 @@ from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakIdKeyDictionary
 
 from fp16lens._core.sites import is_island as is_fp32_island
+from fp16lens._trace import call_model, compute_index, fp32_compute_ops, op_name
 from fp16lens.patch._trace import SiteTracer, Trace
-from fp16lens.watch import call_model, compute_index, fp32_compute_ops, op_name
 
 _STORED = (torch.float32, torch.float64)
 # chain stage -> ops that may continue a fused chain from it
@@ -57,7 +57,7 @@ class StorageRounding(SiteTracer):
     def __init__(self, trace: Trace, fusions: bool = False, fp32_ops: set[int] | None = None):
         super().__init__(trace)
         self.fusions = fusions
-        # compute ops a .half() model runs in FP32 (its own upcasts; watch._halfdtypes)
+        # compute ops a .half() model runs in FP32 (its own upcasts; fp16lens._trace)
         self.fp32_ops = fp32_ops or set()
         self.count = [0]
         self.pending = WeakIdKeyDictionary()  # unrounded tensor -> chain stage

@@ -16,8 +16,10 @@ from torch import fx, nn
 
 from fp16lens._core import PatchError
 from fp16lens._core.sites import parse_site
+from fp16lens._trace import graph_forwards, running_node
 from fp16lens.patch._fx import _RETRACED, trace_owner
 from fp16lens.patch._island import Fp32Island
+from fp16lens.patch._trace import SiteTracer, Trace, traced
 
 
 class Ops(nn.Module):
@@ -49,20 +51,33 @@ def root_nodes(model: nn.Module, report) -> dict[str, str]:
     if not getattr(gm, _RETRACED, False):  # a GraphModule watch named: sites are node names
         names = {n.name for n in gm.graph.nodes}
         return {s: parse_site(s).op for s in own if parse_site(s).op in names}
-    from fp16lens.watch import watch  # a patch-time probe of the traced forward
-
-    g = torch.Generator().manual_seed(0)
+    g = torch.Generator().manual_seed(0)  # a patch-time probe of the traced forward
     inputs = [torch.rand(shape, generator=g) for shape in report.meta.input_shapes[0]]
+    probe = _NodeOrder(graph_forwards({gm: ""}).get(""))
     try:
-        with torch.no_grad(), watch(gm) as lens:
+        with torch.no_grad(), traced(gm, SiteTracer(probe)):
             gm(*inputs)
     except Exception:  # inputs that are not random floats (token ids): no mapping
         return {}
-    seen = sorted((s for s, st in lens.report.sites.items() if st.kind != "module" and st.module == ""),
-                  key=lambda s: lens.report.sites[s].order)
-    if [report.sites[s].op for s in own] != [lens.report.sites[s].op for s in seen]:
+    if probe.forward is None or [report.sites[s].op for s in own] != [op for op, _ in probe.seen]:
         return {}
-    return {a: parse_site(b).op for a, b in zip(own, seen)}
+    if any(node is None for _, node in probe.seen):
+        return {}
+    return {a: node for a, (_, node) in zip(own, probe.seen)}
+
+
+class _NodeOrder(Trace):
+    """The root's functional op sites of a GraphModule's forward in order: (op, fx node
+    running it), named as watch names them (``fp16lens._trace``'s op rules)."""
+
+    def __init__(self, forward):
+        super().__init__(keep=False, find_nonfinite=False)
+        self.forward, self.seen = forward, []
+
+    def add(self, site: str, tensor) -> None:
+        parsed = parse_site(site)
+        if ":" in site and parsed.module == "" and self.forward is not None:
+            self.seen.append((parsed.op.split("#")[0], running_node(self.forward)))
 
 
 def group_io(gm: fx.GraphModule, names: set[str]) -> tuple[fx.Node, fx.Node, list[fx.Node]] | None:

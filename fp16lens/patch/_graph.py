@@ -15,32 +15,36 @@ different exponents (x + x**2) is a conflict: its class carries no scale.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from fractions import Fraction
+from typing import Any, Protocol
 
 import torch
 from torch import nn
 
 from fp16lens._core import PatchError
 from fp16lens._core.algebra import (
+    Kind,
     OpClass,
     aten_class,
     degree,
     input_linear_weight,
     is_join,
     is_product,
+    module_kind,
+    op_kind,
     output_linear_child,
     product_carrier,
 )
 from fp16lens._core.sites import is_island
-from fp16lens.patch._classify import HOMOG, JOIN, LINEAR, OPAQUE, POWER, module_kind, op_kind
-from fp16lens.patch._fused import contract
 from fp16lens.patch._fx import (
     FunctionalParams,
     constant_factor,
     functional_params,
     parameter_operands,
 )
+from fp16lens.patch._norm_modules import contract
 from fp16lens.report import Report
 
 
@@ -136,7 +140,7 @@ class SiteGraph:
         _unite(self)
 
 
-def build_graph(model: nn.Module, report: Report, binding=None) -> SiteGraph:
+def build_graph(model: nn.Module, report: Report, binding: Binding | None = None) -> SiteGraph:
     """Site graph of ``report`` bound to ``model``'s modules (or to ``binding``: how another
     kind of model, an ONNX graph, gives each site its kind); PatchError when they do not match."""
     binding = binding or TorchBinding(model)
@@ -157,22 +161,43 @@ def build_graph(model: nn.Module, report: Report, binding=None) -> SiteGraph:
     carries = {s: c for s, st in report.sites.items() if binding.is_product(st)
                and (c := product_carrier(s, producers)) is not None}
     modules = {s: m for s, m in modules.items() if s not in carries}  # a product's x passes
-    kinds.update(dict.fromkeys(carries, HOMOG))  # the scale of x passes; g must be unscaled
+    kinds.update(dict.fromkeys(carries, Kind.HOMOG))  # the scale of x passes; g must be unscaled
     params, hosts = {}, {}
     if model is not None:  # a PyTorch model: parameters reached by probes and torch.fx
         hosts = _hosted_linears(model, report, producers, consumers, kinds)
         for site, (w, b) in hosts.items():  # a functional linear on parameters patch can reach
-            kinds[site], modules[site] = LINEAR, FunctionalParams(model.get_parameter(w), b and model.get_parameter(b))
+            kinds[site], modules[site] = Kind.LINEAR, FunctionalParams(model.get_parameter(w), b and model.get_parameter(b))
         for name in _tied(model, modules):  # rescaling one would rescale the other's parameters
-            kinds[name] = OPAQUE
+            kinds[name] = Kind.OPAQUE
         params = _param_joins(model, report, producers)
-        kinds.update(dict.fromkeys(_constant_products(model, report, producers, carries), HOMOG))
-        kinds.update(dict.fromkeys(params, JOIN))  # x + parameter: the parameter takes x's scale
+        kinds.update(dict.fromkeys(_constant_products(model, report, producers, carries), Kind.HOMOG))
+        kinds.update(dict.fromkeys(params, Kind.JOIN))  # x + parameter: the parameter takes x's scale
     graph = SiteGraph(producers, consumers, kinds, modules, frozen=binding.frozen(report),
                       owners=binding.owners, carries=carries, params=params, hosts=hosts,
                       ops={n: st.op for n, st in report.sites.items() if st.kind != "module"})
     _unite(graph)
     return graph
+
+
+class Binding(Protocol):
+    """How the planner reads a model: ``TorchBinding`` a PyTorch module, ``OnnxBinding``
+    (``patch/onnx/_binding.py``) an ONNX graph. Another model format is another binding,
+    not another planner."""
+
+    owners: Collection[str]  # modules that host functional ops ("" never): fallback islands
+    mappable: Callable | None  # whether a join's operand can take a multiply (None: map onto torch.fx)
+
+    def contract(self, report: Report) -> Report:
+        """The report with units the planner treats as one site merged (fused norms)."""
+
+    def site(self, name: str, st, n_producers: int) -> tuple[str, Any]:
+        """The site's ``Kind`` and the object holding its parameters (a module, a node)."""
+
+    def frozen(self, report: Report) -> set[str]:
+        """Sites inside FP32 islands of an earlier patch (left as they are)."""
+
+    def is_product(self, st) -> bool:
+        """Whether the site is a product x * g(x) that may carry x's scale."""
 
 
 class TorchBinding:
@@ -192,7 +217,7 @@ class TorchBinding:
         kind, mod = _kind(self.named, name, st, n_producers)
         params = functional_params(self.model, name) if st.kind != "module" else None
         if params is not None:  # a GraphModule's functional conv/linear absorbs like a module
-            kind, mod = LINEAR, params
+            kind, mod = Kind.LINEAR, params
         return kind, mod
 
     def frozen(self, report: Report) -> set[str]:
@@ -215,7 +240,7 @@ def _hosted_linears(model: nn.Module, report: Report, producers: dict, consumers
         if o.kind != "module":
             by_module.setdefault(o.module, set()).add(s)
     for site, st in report.sites.items():
-        if st.kind == "module" or kinds[site] != OPAQUE or aten_class(st.op) != OpClass.ABSORBING or not st.module:
+        if st.kind == "module" or kinds[site] != Kind.OPAQUE or aten_class(st.op) != OpClass.ABSORBING or not st.module:
             continue
         own = by_module[st.module]
         leaving = [s for s in own if any(c not in own for c in consumers[s])]
@@ -314,8 +339,8 @@ def _unite(graph: SiteGraph) -> None:
         prods = graph.producers[site]
         if site in graph.carries:
             graph.union(site, graph.carries[site])
-        elif kind in (HOMOG, JOIN, POWER):
-            k = 1 / degree(graph.ops.get(site, '')) if kind == POWER else Fraction(1)
+        elif kind in (Kind.HOMOG, Kind.JOIN, Kind.POWER):
+            k = 1 / degree(graph.ops.get(site, '')) if kind == Kind.POWER else Fraction(1)
             for p in prods:
                 if (p, site) not in graph.cuts:
                     graph.union(site, p, k)

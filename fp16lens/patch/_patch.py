@@ -10,6 +10,8 @@ from torch import fx, nn
 
 from fp16lens._core import PatchError, StaleReportError
 from fp16lens._core.fingerprint import changed
+from fp16lens._core.onnx_types import is_onnx
+from fp16lens._core.options import one_form
 from fp16lens._core.sites import PLAN_ATTR
 from fp16lens.patch._apply import apply_plan
 from fp16lens.patch._check import NOT_CHECKED, check_equivalent
@@ -27,7 +29,6 @@ from fp16lens.patch._prove import (
 from fp16lens.patch._warn import PatchWarning
 from fp16lens.patch._widen import apply_widened, span_hosts, widen
 from fp16lens.report import Report
-from fp16lens.watch.onnx import is_onnx_model
 
 
 def plan(
@@ -42,7 +43,7 @@ def plan(
     re-parametrized modules, FP32 islands. Nothing is changed. ``model`` may be an ONNX
     file or an ``onnx.ModelProto`` (its sites are node names)."""
     opts = _options(options, factor, option_fields)
-    if is_onnx_model(model):
+    if is_onnx(model):
         from fp16lens.patch.onnx import plan_onnx
 
         return plan_onnx(model, report, opts)
@@ -80,7 +81,7 @@ def patch(
     named in its ``metadata_props`` (``fp16lens.fp32_nodes``)."""
     opts = _options(options, factor, option_fields)
     batches = as_batches(batches) if batches is not None else None
-    if is_onnx_model(model):
+    if is_onnx(model):
         from fp16lens.patch.onnx import patch_onnx
 
         if inplace:
@@ -278,14 +279,9 @@ def get_plan(model: nn.Module) -> Plan | None:
 
 
 def _options(options: PatchOptions | None, factor, fields: dict) -> PatchOptions:
-    if options is not None:
-        if factor is not None or fields:
-            raise PatchError("pass either options=PatchOptions(...) or keyword options, not both")
-        return options
-    try:
-        return PatchOptions(factor=factor, **fields)
-    except TypeError as exc:
-        raise PatchError(f"{exc}; the options are those of fp16lens.patch.PatchOptions") from None
+    if factor is not None:
+        fields = {**fields, "factor": factor}
+    return one_form(PatchOptions, options, fields, PatchError)
 
 
 def _require(model: nn.Module, report: Report) -> None:

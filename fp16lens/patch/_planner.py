@@ -19,7 +19,7 @@ from fp16lens.patch._classes import class_problem, settle_products
 from fp16lens.patch._cuts import choose_cuts, join_multiplies
 from fp16lens.patch._flops import conv_linear_flops
 from fp16lens.patch._fxisland import groupable, root_nodes
-from fp16lens.patch._graph import SiteGraph, TorchBinding, build_graph
+from fp16lens.patch._graph import Binding, SiteGraph, TorchBinding, build_graph
 from fp16lens.patch._inputs import fold_inputs
 from fp16lens.patch._modplan import module_changes
 from fp16lens.patch._options import PatchOptions
@@ -76,7 +76,7 @@ class Demands:
         return self
 
 
-def build_plan(model: nn.Module | None, report: Report, options: PatchOptions, binding=None,
+def build_plan(model: nn.Module | None, report: Report, options: PatchOptions, binding: Binding | None = None,
                keep_fp32: Iterable[str] = ()) -> Plan:
     """``model`` None: an ONNX graph, read through ``binding``. ``keep_fp32``: sites to run in
     FP32 islands from the start (``replan``, ``options.fp32_spans``); the plan grows that set

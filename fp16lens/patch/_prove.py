@@ -23,6 +23,7 @@ from torch.utils._pytree import tree_flatten
 
 from fp16lens._core import FP16_MAX, PatchError
 from fp16lens._core.sites import is_island
+from fp16lens._trace import call_model, fp32_compute_ops
 from fp16lens.patch._check import relative_error, scale_batch
 from fp16lens.patch._emulate import emulated_copy, run_emulated
 from fp16lens.patch._options import PatchOptions
@@ -30,7 +31,6 @@ from fp16lens.patch._plan import BatchProof, Plan
 from fp16lens.patch._trace import SiteTracer, Trace, traced
 from fp16lens.patch._widen import enclosing, host
 from fp16lens.report import Report
-from fp16lens.watch import call_model, fp32_compute_ops
 
 _HOW = "pass batches=[x], batches=[(x1, x2)], batches=[{'input_ids': ids}] or a DataLoader"
 

@@ -3,7 +3,7 @@
 A site is a module's qualified name (as ``named_modules()`` gives it) for a torch.nn
 leaf module, or ``module:op`` (``#k`` for the k-th in one call) for a functional op run
 in a module's own forward -- the names watch() uses. Module attribution follows the
-forward (pre-)hooks of watch's ``ModuleTracker`` (as in PyTorch's own); every hook is
+forward (pre-)hooks of ``fp16lens._trace.ModuleTracker`` (as in PyTorch's own); every hook is
 removed on exit. The tracer also notes the first op whose float output is non-finite.
 """
 
@@ -17,7 +17,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from fp16lens.watch import FACTORY, PASSTHROUGH, Frame, ModuleTracker, op_name
+from fp16lens._trace import FACTORY, PASSTHROUGH, Frame, ModuleTracker, op_name
 
 
 @dataclass

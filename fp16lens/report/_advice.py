@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import math
 
+from fp16lens._core.algebra import is_batch_norm
 from fp16lens._core.compat import BN_AFFINE_EPS, BN_AFFINE_VAR
 from fp16lens._core.sites import FindingKind, Mechanism, site_module
 from fp16lens.report._fmt import value
 from fp16lens.report._model import Finding, Report, Span
-from fp16lens.report._opclass import is_batch_norm
 from fp16lens.report._spanfix import rescale_exponent, span_fix
 
 PATCH_SAYS = "patch: "

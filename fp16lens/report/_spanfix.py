@@ -12,9 +12,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fp16lens._core.algebra import is_product, product_carrier, rescale_exponent, site_class
+from fp16lens._core.algebra import (
+    OpClass,
+    is_join,
+    is_product,
+    product_carrier,
+    rescale_exponent,
+    site_class,
+)
 from fp16lens._core.sites import FindingKind, in_branch
-from fp16lens.report import _opclass as oc
 from fp16lens.report._fmt import collapse, value
 from fp16lens.report._model import Report, Span
 
@@ -32,10 +38,10 @@ def _cls(report: Report, site: str) -> str:
     """The site's class as patch treats it (a join fed by one tensor adds a constant)."""
     stats = report.sites.get(site)
     if stats is None:
-        return oc.BLOCKING
+        return OpClass.BLOCKING
     producers = len(set(report.producers(site))) if report.edges else None
     if _carrier(report, site) is not None:  # x * g(x): x's scale passes (g must be unscaled)
-        return oc.HOMOGENEOUS
+        return OpClass.HOMOGENEOUS
     return site_class(stats.op, module=stats.kind == "module", producers=producers)
 
 
@@ -59,7 +65,7 @@ def _gate_scaled(report: Report, span: Span, site: str) -> bool:
 def _is_island(report: Report, site: str) -> bool:
     """A blocking built-in module: patch can run it as a scaled FP32 island."""
     stats = report.sites.get(site)
-    return stats is not None and stats.kind == "module" and _cls(report, site) == oc.BLOCKING
+    return stats is not None and stats.kind == "module" and _cls(report, site) == OpClass.BLOCKING
 
 
 def _desc(report: Report, sites: list[str]) -> str:
@@ -87,13 +93,13 @@ class SpanPlan:
 
 
 def _absorbs(report: Report, site: str) -> bool:
-    return _cls(report, site) == oc.ABSORBING or _is_island(report, site)
+    return _cls(report, site) == OpClass.ABSORBING or _is_island(report, site)
 
 
 def _entries(report: Report, span: Span) -> tuple[list[str], str]:
     """Where 2^-k enters: the start, or (for a homogeneous start) the absorbing ops found
     upstream through homogeneous ones, as patch's scale classes do."""
-    if _absorbs(report, span.start) or _cls(report, span.start) == oc.INVARIANT:
+    if _absorbs(report, span.start) or _cls(report, span.start) == OpClass.INVARIANT:
         return [span.start], ""
     entries: set[str] = set()
     todo, seen = [span.start], {span.start}
@@ -105,7 +111,7 @@ def _entries(report: Report, span: Span) -> tuple[list[str], str]:
         for p in producers:
             if _absorbs(report, p):
                 entries.add(p)
-            elif _cls(report, p) != oc.HOMOGENEOUS:
+            elif _cls(report, p) != OpClass.HOMOGENEOUS:
                 return [], f"{p} ({_op(report, p)}) cannot take 2^-k in its parameters"
             elif p not in seen:
                 seen.add(p)
@@ -115,7 +121,7 @@ def _entries(report: Report, span: Span) -> tuple[list[str], str]:
 
 def _exit_problem(report: Report, span: Span) -> str:
     for end in span.ends:
-        if _cls(report, end) == oc.HOMOGENEOUS:
+        if _cls(report, end) == OpClass.HOMOGENEOUS:
             return f"{end} ({_op(report, end)}) would pass the scale on instead of undoing it"
     return ""
 
@@ -128,7 +134,7 @@ def plan_span(report: Report, span: Span) -> SpanPlan:
     opaque = tuple(
         s
         for s in span.sites
-        if (_cls(report, s) == oc.BLOCKING and not _is_island(report, s)) or _gate_scaled(report, span, s)
+        if (_cls(report, s) == OpClass.BLOCKING and not _is_island(report, s)) or _gate_scaled(report, span, s)
     )
     if opaque:
         return SpanPlan(k, opaque=opaque, problem="a functional op no scale passes")
@@ -142,13 +148,13 @@ def plan_span(report: Report, span: Span) -> SpanPlan:
     return SpanPlan(
         k,
         entries=tuple(entries),
-        exits=tuple(e for e in span.ends if _cls(report, e) == oc.ABSORBING),
-        invariant=tuple(e for e in span.ends if _cls(report, e) == oc.INVARIANT),
+        exits=tuple(e for e in span.ends if _cls(report, e) == OpClass.ABSORBING),
+        invariant=tuple(e for e in span.ends if _cls(report, e) == OpClass.INVARIANT),
         islands=tuple(s for s in span.sites if _is_island(report, s)),
         inner=tuple(
             s
             for s in span.sites
-            if s not in ends and s not in entries and _cls(report, s) == oc.ABSORBING
+            if s not in ends and s not in entries and _cls(report, s) == OpClass.ABSORBING
         ),
     )
 
@@ -163,7 +169,7 @@ def side_inputs(report: Report, span: Span) -> list[tuple[str, str]]:
     inner = [
         s
         for s in span.sites
-        if s != span.start and s not in span.ends and oc.is_join(_op(report, s))
+        if s != span.start and s not in span.ends and is_join(_op(report, s))
     ]
     return [(p, s) for s in inner for p in report.producers(s) if p not in members]
 
@@ -172,7 +178,7 @@ def _rescale_text(report: Report, span: Span, plan: SpanPlan) -> str:
     k = plan.k
     where = (
         f"folded into {', '.join(plan.entries)} parameters"
-        if all(_cls(report, e) != oc.BLOCKING for e in plan.entries)
+        if all(_cls(report, e) != OpClass.BLOCKING for e in plan.entries)
         else f"starting at {', '.join(plan.entries)}"
     )
     text = (

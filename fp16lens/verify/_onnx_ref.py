@@ -15,13 +15,6 @@ from fp16lens._core import VerifyError
 from fp16lens._core.feeds import feed_items
 
 
-def is_onnx_reference(model) -> bool:
-    """A path ending in .onnx, or an onnx.ModelProto."""
-    if isinstance(model, (str, Path)):
-        return str(model).lower().endswith(".onnx")
-    return type(model).__name__ == "ModelProto" and hasattr(model, "graph")
-
-
 class OnnxReference(nn.Module):
     """The FP32 graph run as it is (graph optimizations on: they do not change FP32 values
     beyond rounding, and the reference runs once per batch)."""

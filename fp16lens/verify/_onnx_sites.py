@@ -14,7 +14,7 @@ import ast
 from torch import nn
 
 from fp16lens._core.sites import site_name
-from fp16lens.watch import is_builtin_leaf
+from fp16lens._trace import is_builtin_leaf
 
 _MODULE, _OP = "fp16lens.module", "fp16lens.op"
 _SCOPES = "pkg.torch.onnx.name_scopes"

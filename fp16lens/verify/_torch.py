@@ -11,11 +11,11 @@ from torch.utils._pytree import tree_flatten
 
 from fp16lens._core import VerifyError
 from fp16lens._core.sites import Backend
+from fp16lens._trace import fp32_compute_ops
 from fp16lens.patch import SiteTracer, StorageRounding, Trace, round_module_, traced
 from fp16lens.verify._align import first_departure
 from fp16lens.verify._batches import cast_floats, model_device
 from fp16lens.verify._runner import Runner
-from fp16lens.watch import fp32_compute_ops
 
 
 def tensor_leaves(output) -> list[torch.Tensor]:

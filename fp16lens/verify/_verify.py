@@ -63,9 +63,10 @@ def verify(
 
 
 def _reference(model) -> nn.Module:
-    from fp16lens.verify._onnx_ref import OnnxReference, is_onnx_reference
+    from fp16lens._core.onnx_types import is_onnx
+    from fp16lens.verify._onnx_ref import OnnxReference
 
-    if is_onnx_reference(model):
+    if is_onnx(model):
         return OnnxReference(model)
     if not isinstance(model, nn.Module):
         raise VerifyError(

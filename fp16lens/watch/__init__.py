@@ -1,29 +1,18 @@
 """watch(): where a model's values leave FP16 range, and where they come back.
 
-Later stages also use its module tracking (``ModuleTracker``, ``Frame``) and its view of
-aten ops (``op_name``, ``FACTORY``, ``PASSTHROUGH``, ``is_builtin_leaf``, and which ops a
-``.half()`` model runs in FP32: ``fp32_compute_ops``, ``compute_index``).
+What other stages also read of a running model (module tracking, aten op names, the dtypes
+of a ``.half()`` run) lives under the stages, in ``fp16lens._trace``.
 """
 
-from fp16lens.watch._halfdtypes import compute_index, fp32_compute_ops
 from fp16lens.watch._lens import Lens, watch
-from fp16lens.watch._ops import FACTORY, PASSTHROUGH, is_builtin_leaf, op_name
+from fp16lens.watch._loop import ScanInterrupted
 from fp16lens.watch._options import WatchOptions
-from fp16lens.watch._scan import call_model, scan
-from fp16lens.watch._tracker import Frame, ModuleTracker
+from fp16lens.watch._scan import scan
 
 __all__ = [
-    "FACTORY",
-    "PASSTHROUGH",
-    "Frame",
     "Lens",
-    "ModuleTracker",
+    "ScanInterrupted",
     "WatchOptions",
-    "call_model",
-    "compute_index",
-    "fp32_compute_ops",
-    "is_builtin_leaf",
-    "op_name",
     "scan",
     "watch",
 ]

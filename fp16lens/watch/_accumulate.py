@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from fp16lens._trace import MATMUL_LIKE
 from fp16lens.report import HIST_BINS, HIST_MIN_EXP, SATURATED
 from fp16lens.watch._inputs import merge_inputs
-from fp16lens.watch._ops import MATMUL_LIKE
 from fp16lens.watch._recorder import INPUT_SITE, Forward, SiteInfo
 from fp16lens.watch._spans import find_spans
 from fp16lens.watch._tensorstats import (

@@ -9,10 +9,10 @@ import torch
 from fp16lens._core.fingerprint import fingerprint
 from fp16lens._core.sites import FindingKind, Mechanism
 from fp16lens._core.version import __version__
+from fp16lens._trace import model_class
 from fp16lens.report import Finding, Report, ReportMeta, SiteStats, Span
 from fp16lens.watch import _internal
 from fp16lens.watch._accumulate import Accumulator, SiteAcc, SiteCounts, SpanAcc
-from fp16lens.watch._fxnames import model_class
 from fp16lens.watch._harm import judge
 from fp16lens.watch._params import ParamCheck
 from fp16lens.watch._recorder import SiteInfo

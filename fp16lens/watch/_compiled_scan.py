@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from fp16lens._core import WatchError
+from fp16lens._core.options import one_form
 from fp16lens._core.sites import FindingKind, Mechanism
 from fp16lens.report import Finding, Report
 from fp16lens.watch import _distributed
@@ -37,6 +37,7 @@ from fp16lens.watch._compiled import (
     signature,
 )
 from fp16lens.watch._lens import _ACTIVE, _check_model
+from fp16lens.watch._loop import ScanInterrupted, call_batch, run_batches
 from fp16lens.watch._options import WatchOptions
 from fp16lens.watch._params import check_parameters
 
@@ -73,7 +74,7 @@ class CompiledScan:
         self.acc.add(fw)
 
     def step(self, batch: Any) -> None:
-        from fp16lens.watch._scan import call_model
+        from fp16lens._trace import call_model
 
         if self.rec.forwards == 0:
             return self._eager(batch)
@@ -118,12 +119,10 @@ class CompiledScan:
         self.acc.add(fw)
 
     def _eager(self, batch: Any) -> None:
-        from fp16lens.watch._scan import _call
-
         self.timings.eager_batches += 1
         try:
             with self.rec.tracker, self.rec:
-                _call(self.model, batch)
+                call_batch(self.model, batch)
         except BaseException:
             self.rec.abort_forward()
             raise
@@ -159,26 +158,15 @@ def scan_compiled(model: torch.nn.Module, batches, *, progress: bool = True, des
                   **option_values: Any) -> tuple[Report, Timings]:
     """The body of ``scan(..., compile=True)``; returns the report and where the time went.
     ``backend``: torch.compile's backend, or "fx" for the captured graph run as it is."""
-    from fp16lens._core.progress import progress_bar as make_bar
-
-    if options is None:
-        options = WatchOptions(**option_values)
-    elif option_values:
-        raise ValueError("pass either options=WatchOptions(...) or keyword options, not both")
+    options = one_form(WatchOptions, options, option_values)
     run = CompiledScan(model, options, backend)
-    total = len(batches) if hasattr(batches, "__len__") else None
-    bar = make_bar(disable=not progress)
     _ACTIVE.add(model)
     try:
-        with torch.no_grad(), bar:
-            task = bar.add_task(description, total=total)
-            for batch in batches:
-                run.step(batch)
-                bar.advance(task)
+        with torch.no_grad():
+            run_batches(batches, lambda _, batch: run.step(batch), progress=progress, description=description)
+    except ScanInterrupted as stop:
+        stop.report = run.report()
+        raise
     finally:
         _ACTIVE.discard(model)
-    if run.acc.batches == 0:
-        from fp16lens.watch._scan import _HOW
-
-        raise WatchError(f"scan() got no batch (the iterable was empty); {_HOW}")
     return run.report(), run.timings

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from fp16lens._core import WatchError
+from fp16lens._core.options import one_form
 from fp16lens._core.weights import missing_weights
 from fp16lens.report import Report
 from fp16lens.watch import _distributed
@@ -122,10 +123,6 @@ def watch(model: torch.nn.Module, threshold: float | None = None, *,
     ...         model(x)
     >>> lens.report.print()
     """
-    if options is None:
-        if threshold is not None:
-            option_values["threshold"] = threshold
-        options = WatchOptions(**option_values)
-    elif threshold is not None or option_values:
-        raise ValueError("pass either options=WatchOptions(...) or keyword options, not both")
-    return Lens(model, options)
+    if threshold is not None:
+        option_values["threshold"] = threshold
+    return Lens(model, one_form(WatchOptions, options, option_values))

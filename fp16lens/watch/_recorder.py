@@ -15,15 +15,15 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from fp16lens._core import threads
 from fp16lens._core.compat import dispatch_mode_paused
+from fp16lens._trace import FirstCall, Frame, ModuleTracker, pause_at_boundary
 from fp16lens.report import SATURATED
-from fp16lens.watch import _fused, _internal
-from fp16lens.watch._halfdtypes import FirstCall, HalfTrace
+from fp16lens.watch import _fused_kernels, _internal
+from fp16lens.watch._halfdtypes import HalfTrace
 from fp16lens.watch._inputs import describe_inputs
-from fp16lens.watch._ops import OpInfo
+from fp16lens.watch._opinfo import OpInfo
 from fp16lens.watch._options import WatchOptions
 from fp16lens.watch._sitetable import SiteInfo, SiteTable
 from fp16lens.watch._tensorstats import extremes, flat_view, take_sample
-from fp16lens.watch._tracker import Frame, ModuleTracker, pause_at_boundary
 from fp16lens.watch._underflow import RELEVANT as _FLUSH_OPS
 from fp16lens.watch._underflow import ZeroShadow
 
@@ -287,7 +287,7 @@ class Recorder(TorchDispatchMode):
     def _record_fused(self, name: str, func, args, kwargs, prods: tuple[int, ...]):
         """Events for the steps a fused kernel stores inside; returns the site of its
         output and that output's producers (the op's own when it is not decomposed)."""
-        steps = _fused.stored(name, func, args, kwargs)
+        steps = _fused_kernels.stored(name, func, args, kwargs)
         if not steps:
             return self.table.site(self.stack[-1], name), prods
         eids: list[int] = []

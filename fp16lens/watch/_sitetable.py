@@ -11,8 +11,7 @@ from dataclasses import dataclass
 from torch import nn
 
 from fp16lens._core.sites import site_name
-from fp16lens.watch._fxnames import graph_forwards, running_node
-from fp16lens.watch._tracker import Frame
+from fp16lens._trace import Frame, graph_forwards, running_node
 
 
 @dataclass
@@ -45,7 +44,7 @@ class SiteTable:
         return sid
 
     def fused_site(self, frame: Frame, rel: str, op: str) -> int:
-        """The site of a step a fused kernel stores (see _fused.Stored): ``rel`` names an
+        """The site of a step a fused kernel stores (see _fused_kernels.Stored): ``rel`` names an
         op (":softmax") or a submodule ("norm1") of the running module, or an op of a
         submodule ("self_attn:softmax"); ops are numbered as in ``site``."""
         sub, sep, what = rel.partition(":")

@@ -136,11 +136,6 @@ def test_scan_exported_program_keeps_qualified_names(capsys, tmp_path):
     assert any(f["site"].startswith("bn") for f in data["findings"])  # not ':batch_norm#1'
 
 
-def test_a_missing_stage_is_a_one_line_error(capsys, monkeypatch):
-    monkeypatch.setitem(sys.modules, "fp16lens.watch", None)
-    assert_user_error(*run(capsys, "scan", "models:clean"), "needs fp16lens.watch.watch")
-
-
 def test_a_missing_extra_names_its_install_command(capsys, monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "onnx", None)
     code, out, err = run(capsys, "export", "models:clean", "-o", str(tmp_path / "m.onnx"))

@@ -20,7 +20,7 @@ from fp16lens.report import MECHANISMS, Report
 import models
 
 PACKAGE = Path(fp16lens.__file__).parent
-STAGES = ("report", "watch", "patch", "export", "verify", "cli", "demo")
+STAGES = ("report", "_trace", "watch", "patch", "export", "verify", "cli", "demo")
 # Private imports across stages still to go, in modules other refactors own (issue #17).
 KNOWN_PRIVATE: set[tuple[str, str]] = set()  # every stage uses the others' public names only
 
@@ -70,6 +70,47 @@ def test_stages_import_each_other_by_public_names_only():
                   and parts[1] != rel.split("/")[0] and parts[2].startswith("_")):
                 found.add((rel, module))
     assert found <= KNOWN_PRIVATE, sorted(found - KNOWN_PRIVATE)
+
+
+def _layers() -> dict[str, int]:
+    """The layer table of docs/DESIGN.md: package (``_core``, ``report``, ...) -> layer."""
+    table = {}
+    for line in (PACKAGE.parent / "docs" / "DESIGN.md").read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 3 and cells[0].isdigit():
+            for name in cells[1].replace("`", "").split(","):
+                table[name.strip().removeprefix("fp16lens.")] = int(cells[0])
+    return table
+
+
+def _all_imports(path: Path):
+    """Every absolute import of fp16lens in the file, at module level or inside functions."""
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            yield node.module
+        elif isinstance(node, ast.Import):
+            yield from (a.name for a in node.names)
+
+
+def test_stages_import_only_earlier_layers():
+    """No stage imports a stage of its own layer or a later one (the table in DESIGN.md)."""
+    layers = _layers()
+    assert {"_core", "report", "_trace", "watch", "patch", "export", "verify", "cli", "demo"} <= set(layers)
+    top = [p.name for p in PACKAGE.iterdir() if (p.is_dir() and (p / "__init__.py").exists())]
+    assert set(top) <= set(layers), set(top) - set(layers)  # every package has its layer
+    wrong = []
+    for path in PACKAGE.rglob("*.py"):
+        rel = path.relative_to(PACKAGE).parts
+        if len(rel) < 2:  # the package root imports everything
+            continue
+        here = rel[0]
+        for module in _all_imports(path):
+            parts = module.split(".")
+            if parts[0] != "fp16lens" or len(parts) < 2 or parts[1] == here:
+                continue
+            if parts[1] not in layers or layers[parts[1]] >= layers[here]:
+                wrong.append(f"{'/'.join(rel)} imports {module}")
+    assert wrong == []
 
 
 def test_finding_kinds_and_mechanisms_survive_json():

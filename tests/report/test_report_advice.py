@@ -4,14 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from fp16lens._core.algebra import OpClass, op_class
 from fp16lens.report._advice import headline, suggest_fix
-from fp16lens.report._opclass import (
-    ABSORBING,
-    BLOCKING,
-    HOMOGENEOUS,
-    INVARIANT,
-    op_class,
-)
 from fp16lens.report._spanfix import plan_span, rescale_exponent, side_inputs
 from fp16lens.report._triage import next_step, trt_consequence
 
@@ -25,36 +19,36 @@ def _finding(report, site, kind):
 @pytest.mark.parametrize(
     ("op", "cls"),
     [
-        ("Conv2d", ABSORBING),
-        ("convolution", ABSORBING),
-        ("Linear", ABSORBING),
-        ("addmm", ABSORBING),
-        ("BatchNorm2d", ABSORBING),
-        ("ConvTranspose2d", ABSORBING),
-        ("ReLU", HOMOGENEOUS),
-        ("relu_", HOMOGENEOUS),
-        ("LeakyReLU", HOMOGENEOUS),
-        ("MaxPool2d", HOMOGENEOUS),
-        ("adaptive_avg_pool2d", HOMOGENEOUS),
-        ("add", HOMOGENEOUS),
-        ("cat", HOMOGENEOUS),
-        ("upsample_nearest2d", HOMOGENEOUS),
-        ("Upsample", HOMOGENEOUS),
-        ("Identity", HOMOGENEOUS),
-        ("LayerNorm", INVARIANT),
-        ("group_norm", INVARIANT),
-        ("RMSNorm", INVARIANT),
-        ("GELU", BLOCKING),
-        ("sigmoid", BLOCKING),
-        ("tanh", BLOCKING),
-        ("SiLU", BLOCKING),
-        ("exp", BLOCKING),
-        ("softmax", BLOCKING),
-        ("pow", HOMOGENEOUS),
-        ("ReLU6", BLOCKING),
-        ("hardtanh", BLOCKING),
-        ("mul", BLOCKING),
-        ("MyBlock", BLOCKING),
+        ("Conv2d", OpClass.ABSORBING),
+        ("convolution", OpClass.ABSORBING),
+        ("Linear", OpClass.ABSORBING),
+        ("addmm", OpClass.ABSORBING),
+        ("BatchNorm2d", OpClass.ABSORBING),
+        ("ConvTranspose2d", OpClass.ABSORBING),
+        ("ReLU", OpClass.HOMOGENEOUS),
+        ("relu_", OpClass.HOMOGENEOUS),
+        ("LeakyReLU", OpClass.HOMOGENEOUS),
+        ("MaxPool2d", OpClass.HOMOGENEOUS),
+        ("adaptive_avg_pool2d", OpClass.HOMOGENEOUS),
+        ("add", OpClass.HOMOGENEOUS),
+        ("cat", OpClass.HOMOGENEOUS),
+        ("upsample_nearest2d", OpClass.HOMOGENEOUS),
+        ("Upsample", OpClass.HOMOGENEOUS),
+        ("Identity", OpClass.HOMOGENEOUS),
+        ("LayerNorm", OpClass.INVARIANT),
+        ("group_norm", OpClass.INVARIANT),
+        ("RMSNorm", OpClass.INVARIANT),
+        ("GELU", OpClass.BLOCKING),
+        ("sigmoid", OpClass.BLOCKING),
+        ("tanh", OpClass.BLOCKING),
+        ("SiLU", OpClass.BLOCKING),
+        ("exp", OpClass.BLOCKING),
+        ("softmax", OpClass.BLOCKING),
+        ("pow", OpClass.HOMOGENEOUS),
+        ("ReLU6", OpClass.BLOCKING),
+        ("hardtanh", OpClass.BLOCKING),
+        ("mul", OpClass.BLOCKING),
+        ("MyBlock", OpClass.BLOCKING),
     ],
 )
 def test_op_classes_follow_the_rescaling_algebra(op, cls):

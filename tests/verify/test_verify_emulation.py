@@ -9,9 +9,9 @@ import pytest
 import torch
 from torch import nn
 
+from fp16lens._trace import is_builtin_leaf, op_name
 from fp16lens.patch._emulate import round_fp16_
 from fp16lens.verify._torch import TorchEmulated, TorchFp16
-from fp16lens.watch._ops import is_builtin_leaf, op_name
 
 from models import WATCH_CASES, first_inf_site_fp16
 

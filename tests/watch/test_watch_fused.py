@@ -14,7 +14,7 @@ from torch import nn
 
 from fp16lens import watch
 from fp16lens._core.compat import TORCH_VERSION
-from fp16lens.watch import _fused, _internal
+from fp16lens.watch import _fused_kernels, _internal
 
 import models
 
@@ -139,13 +139,13 @@ def test_decomposition_reproduces_the_kernels_fp32_output():
             layer.linear2.weight, layer.linear2.bias)
     with torch.no_grad():
         out = func(*args)
-        steps = _fused.stored("transformer_encoder_layer_fwd", func, args, {})
+        steps = _fused_kernels.stored("transformer_encoder_layer_fwd", func, args, {})
         last_add = steps[-2].value
         torch.testing.assert_close(torch.layer_norm(last_add, (64,), layer.norm2.weight,
                                                     layer.norm2.bias, layer.norm2.eps), out)
         mha = torch.ops.aten._native_multi_head_attention.default
         margs = (x, x, x, 64, 4, a.in_proj_weight, a.in_proj_bias, a.out_proj.weight, a.out_proj.bias)
-        ctx = _fused.stored("native_multi_head_attention", mha, margs, {})[-2].value
+        ctx = _fused_kernels.stored("native_multi_head_attention", mha, margs, {})[-2].value
         torch.testing.assert_close(a.out_proj(ctx.transpose(1, 2).reshape(x.shape)), mha(*margs)[0])
 
 

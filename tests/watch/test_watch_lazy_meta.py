@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from fp16lens import watch
-from fp16lens.watch import _halfdtypes
+from fp16lens._trace import _half as _halfdtypes
 
 import models
 

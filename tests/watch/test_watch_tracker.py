@@ -9,8 +9,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from fp16lens import watch
 from fp16lens._core.compat import dispatch_mode_paused
+from fp16lens._trace import Frame, ModuleTracker
 from fp16lens.patch._trace import SiteTracer, Trace, traced
-from fp16lens.watch import Frame, ModuleTracker
 
 import models
 

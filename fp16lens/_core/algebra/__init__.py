@@ -42,6 +42,7 @@ from fp16lens._core.algebra._modules import (
     eps_name,
     fused_kind,
     input_linear_weight,
+    is_batch_norm,
     module_kind,
     module_name_kind,
     norm_has_affine,
@@ -53,7 +54,7 @@ from fp16lens._core.algebra._onnx import ONNX_JOINS, onnx_class
 __all__ = [
     "ABSORB_IN", "ABSORB_OUT", "DEGREES", "JOINS", "KIND_CLASS", "ONNX_JOINS", "PASSES", "PRODUCTS", "SINGULAR",
     "TARGET_EXP", "Kind", "OpClass", "aten_class", "choose_factor", "degree", "eps_name", "exact_powers",
-    "fused_kind", "input_linear_weight", "is_join", "is_product", "is_singular", "module_kind",
+    "fused_kind", "input_linear_weight", "is_batch_norm", "is_join", "is_product", "is_singular", "module_kind",
     "module_name_kind", "needed", "norm_has_affine", "onnx_class", "op_class", "op_kind", "output_linear_child",
     "pow2_ceil", "pow2_floor", "product_carrier", "rescale_exponent", "site_class", "type_kind",
 ]  # fmt: skip

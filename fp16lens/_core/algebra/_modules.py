@@ -86,6 +86,11 @@ def module_name_kind(name: str) -> Kind | None:
     return _by_name().get(name.lower())
 
 
+def is_batch_norm(op: str) -> bool:
+    """A batch norm module's class name, or the functional ``batch_norm`` (a report's op)."""
+    return op.lower() == "batch_norm" or module_name_kind(op) is Kind.BN
+
+
 def norm_has_affine(module: nn.Module) -> bool:
     """A norm whose output is multiplied by a weight (and shifted) can absorb an output 1/p."""
     return getattr(module, "weight", None) is not None

@@ -12,7 +12,7 @@ from torch import nn
 from fp16lens._core import PatchError
 from fp16lens._core.algebra import ONNX_JOINS, Kind, OpClass, onnx_class
 from fp16lens._core.sites import FindingKind, Mechanism
-from fp16lens.patch._fused import merge_sites, rename_span
+from fp16lens.patch._norm_modules import merge_sites, rename_span
 from fp16lens.patch.onnx._graph import OnnxModel, attr
 from fp16lens.patch.onnx._norms import Unit, decomposed_norms
 from fp16lens.report import Finding, Report

@@ -11,7 +11,7 @@ import dataclasses
 
 from fp16lens._core import PatchError
 from fp16lens._core.sites import Mechanism, branch_owner
-from fp16lens.patch._fused import merge_sites
+from fp16lens.patch._norm_modules import merge_sites
 from fp16lens.patch.onnx._graph import OnnxModel
 from fp16lens.report import Report
 

@@ -2,6 +2,6 @@
 
 onnx and onnxruntime are imported when a scan runs (extra ``onnx``)."""
 
-from fp16lens.watch.onnx._scan import is_onnx_model, scan_onnx
+from fp16lens.watch.onnx._scan import scan_onnx
 
-__all__ = ["is_onnx_model", "scan_onnx"]
+__all__ = ["scan_onnx"]

@@ -8,14 +8,15 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from fp16lens._core import WatchError
 from fp16lens._core.fingerprint import onnx_fingerprint
 from fp16lens._core.onnx_types import has_subgraph
+from fp16lens._core.options import one_form
 from fp16lens._core.sites import FindingKind, Mechanism
 from fp16lens.report import Finding, Report
 from fp16lens.watch._accumulate import Accumulator
 from fp16lens.watch._advise import advised
 from fp16lens.watch._build import build_report
+from fp16lens.watch._loop import HOW_ONNX, ScanInterrupted, check_batches, run_batches
 from fp16lens.watch._options import WatchOptions
 from fp16lens.watch.onnx._checks import decomposed_norm
 from fp16lens.watch.onnx._graph import analyse
@@ -24,38 +25,27 @@ from fp16lens.watch.onnx._params import check_constants, guard_constants
 from fp16lens.watch.onnx._underflow import UnderflowScan
 from fp16lens.watch.onnx._variants import Graphs
 
-_HOW = "pass a list of batches: scan('model.onnx', [x]), [(x1, x2)] or [{'input': x}]"
-
-
-def is_onnx_model(model: Any) -> bool:
-    """A path ending in .onnx, or an onnx.ModelProto."""
-    if isinstance(model, (str, Path)):
-        return str(model).lower().endswith(".onnx")
-    return type(model).__name__ == "ModelProto" and hasattr(model, "graph")
-
 
 def scan_onnx(model: Any, batches: Iterable[Any], *, progress: bool = True,
               description: str = "watching", base_dir: str | Path | None = None,
-              **watch_options: Any) -> Report:
+              options: WatchOptions | None = None, **watch_options: Any) -> Report:
     """Run the ONNX ``model`` (a path or a ModelProto; ``base_dir``: the folder of a
     proto's external data) on every batch and return the report."""
-    from fp16lens._core.progress import progress_bar as make_bar
-
-    options = WatchOptions(**watch_options)
-    _check_batches(batches)
+    options = one_form(WatchOptions, options, watch_options)
+    check_batches(batches, HOW_ONNX)
     graph = analyse(model, base_dir)
     graphs = Graphs(graph)
     acc = Accumulator(options.threshold, graphs.sites)
     under = UnderflowScan()
-    total = len(batches) if hasattr(batches, "__len__") else None
-    bar = make_bar(disable=not progress)
-    with bar:
-        task = bar.add_task(description, total=total)
-        for i, batch in enumerate(batches):
-            acc.add(graphs.run(batch, i, options.threshold, options.sample_size, under.observe))
-            bar.advance(task)
-    if not acc.batches:
-        raise WatchError(f"scan() got no batch (the iterable was empty); {_HOW}")
+
+    def step(i: int, batch: Any) -> None:
+        acc.add(graphs.run(batch, i, options.threshold, options.sample_size, under.observe))
+
+    try:
+        run_batches(batches, step, progress=progress, description=description, how=HOW_ONNX)
+    except ScanInterrupted as stop:
+        stop.report = build_report(acc, graphs.sites, [], None, options.threshold) if acc.batches else None
+        raise
     params = _params(graphs, options) if options.params else []
     report = build_report(acc, graphs.sites, params, None, options.threshold,
                           source=(graph.name, onnx_fingerprint(graph.proto)))
@@ -107,14 +97,6 @@ def _note_hidden_subgraphs(report: Report, protos: list) -> None:
         detail=f"{len(hidden)} control-flow node(s) hold subgraphs whose tensors ONNX Runtime does "
                f"not expose: {names}{more}; values computed inside them were not scanned",
     ))
-
-
-def _check_batches(batches: Any) -> None:
-    if hasattr(batches, "shape") and hasattr(batches, "dtype"):
-        raise WatchError(f"scan() got a bare array {tuple(batches.shape)}, which it would iterate "
-                         f"over its first axis; {_HOW}")
-    if isinstance(batches, dict) or not isinstance(batches, Iterable):
-        raise WatchError(f"scan() needs an iterable of batches, got {type(batches).__name__}; {_HOW}")
 
 
 def _name_decomposed_norms(report: Report, graphs: Graphs) -> Report:

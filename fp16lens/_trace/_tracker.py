@@ -15,7 +15,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from fp16lens._core.compat import dispatch_mode_paused
 from fp16lens._core.sites import is_island, site_name
-from fp16lens.watch._ops import BOUNDARY_MODULES, is_builtin_leaf
+from fp16lens._trace._ops import BOUNDARY_MODULES, is_builtin_leaf
 
 
 @dataclass(frozen=True, slots=True)
