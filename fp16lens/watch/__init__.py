@@ -5,6 +5,7 @@ aten ops (``op_name``, ``FACTORY``, ``PASSTHROUGH``, ``is_builtin_leaf``, and wh
 ``.half()`` model runs in FP32: ``fp32_compute_ops``, ``compute_index``).
 """
 
+from fp16lens._core.callable_module import StageModule, stage_module
 from fp16lens.watch._halfdtypes import compute_index, fp32_compute_ops
 from fp16lens.watch._lens import Lens, watch
 from fp16lens.watch._ops import FACTORY, PASSTHROUGH, is_builtin_leaf, op_name
@@ -27,3 +28,16 @@ __all__ = [
     "scan",
     "watch",
 ]
+
+
+class _Watch(StageModule):
+    """``fp16lens.watch``: the package, callable as ``watch(model, ...)`` (a context manager
+    giving a ``Lens``); ``fp16lens.watch.WatchOptions`` and ``fp16lens.watch.scan`` too."""
+
+    __call__ = staticmethod(watch)
+    scan = staticmethod(scan)
+    Lens = Lens
+    WatchOptions = WatchOptions
+
+
+entry = stage_module(__name__, _Watch, watch)
