@@ -417,4 +417,4 @@ def test_demo_hint_without_onnx_names_the_extra(tmp_path):
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "ONNX export skipped" in proc.stdout
-    assert "pip install 'fp16lens[onnx]'" in proc.stdout, proc.stdout
+    assert "pip install -e '.[onnx]'" in proc.stdout, proc.stdout
