@@ -13,6 +13,7 @@ import base64
 import html
 import io
 import math
+import re
 
 from rich.console import Console, RenderableType
 from rich.text import Text
@@ -52,8 +53,12 @@ table.sites th[aria-sort=ascending]::after { content: " ▲"; }
 table.sites th[aria-sort=descending]::after { content: " ▼"; }
 table.sites td { padding: .15rem .5rem; border-bottom: 1px solid #f0f0f0; vertical-align: middle; }
 table.sites td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
-table.sites td.name { font-family: ui-monospace, Menlo, Consolas, monospace; overflow-wrap: anywhere; }
-table.sites td.barcell { width: 30%; min-width: 8rem; }
+table.sites td.name { font-family: ui-monospace, Menlo, Consolas, monospace; min-width: 22ch; }
+table.sites td.barcell { width: 30%; min-width: 6rem; }
+table.sites td.op { max-width: 16ch; overflow-wrap: anywhere; }
+@media (max-width: 1100px) { .c-calls, .c-flush { display: none; } }
+@media (max-width: 900px) { .c-share, .c-sub { display: none; }
+  body { padding: 1rem; } }
 .bar { position: relative; height: .8rem; background: #eee; border-radius: 2px; }
 .bar > span { position: absolute; left: 0; top: 0; bottom: 0; border-radius: 2px; }
 tr.over .bar > span { background: var(--red); }
@@ -187,39 +192,46 @@ def _num(v: float) -> str:
     return repr(v) if math.isfinite(v) else ("1e999" if v > 0 else "-1e999")
 
 
+def _breakable(name: str) -> str:
+    """A site name that wraps only after its dots and colons (``<wbr>``), never mid-word."""
+    return re.sub(r"([.:])", r"\1<wbr>", html.escape(name))
+
+
 def _site_rows(report: Report) -> str:
     in_span = {name for span in report.spans for name in span.sites}
     rows = []
     for i, s in enumerate(sorted(report.sites.values(), key=lambda s: s.order)):
         fill = 100.0 * _fmt.bar_fill(s.absmax, 1000) / 1000
-        name = html.escape(s.name)
+        name = _breakable(s.name)
         key = html.escape(f"{s.name} {s.op}".lower(), quote=True)
         rows.append(
             f'<tr class="{_row_class(s, s.name in in_span)}" data-key="{key}">'
-            f'<td class="num">{i}</td><td class="name">{name}</td><td>{html.escape(s.op)}</td>'
-            f'<td class="num">{s.calls}</td>'
+            f'<td class="num">{i}</td><td class="name">{name}</td><td class="op">{html.escape(s.op)}</td>'
+            f'<td class="num c-calls">{s.calls}</td>'
             f'<td class="num" data-v="{_num(s.absmax)}">{_fmt.value(s.absmax)}</td>'
-            f'<td class="num" data-v="{_num(s.absmax)}">{_fmt.share_of_limit(s.absmax)}</td>'
+            f'<td class="num c-share" data-v="{_num(s.absmax)}">{_fmt.share_of_limit(s.absmax)}</td>'
             f'<td class="num head" data-v="{_num(s.headroom)}">{_fmt.bits(s.headroom)}</td>'
             f'<td class="barcell" data-v="{_num(s.absmax)}"><div class="bar" '
             f'title="{_fmt.value(s.absmax)} of 65504"><span style="width:{fill:.1f}%"></span></div></td>'
-            f'<td class="num" data-v="{s.subnormal_share!r}">{100 * s.subnormal_share:.1f}%</td>'
-            f'<td class="num" data-v="{s.underflow_share!r}">{100 * s.underflow_share:.1f}%</td>'
+            f'<td class="num c-sub" data-v="{s.subnormal_share!r}">{100 * s.subnormal_share:.1f}%</td>'
+            f'<td class="num c-flush" data-v="{s.underflow_share!r}">{100 * s.underflow_share:.1f}%</td>'
             "</tr>"
         )
     return "\n".join(rows)
 
 
-_COLUMNS = (("#", "num"), ("site", "text"), ("op", "text"), ("calls", "num"), ("absmax", "num"),
-            ("of 65504", "num"), ("headroom (bits)", "num"), ("2^-14 … 65504 (log2)", "num"),
-            ("subnormal", "num"), ("flushed", "num"))
+_COLUMNS = (("#", "num", ""), ("site", "text", ""), ("op", "text", ""), ("calls", "num", "c-calls"),
+            ("absmax", "num", ""), ("of 65504", "num", "c-share"), ("headroom (bits)", "num", ""),
+            ("2^-14 … 65504 (log2)", "num", ""), ("subnormal", "num", "c-sub"),
+            ("flushed", "num", "c-flush"))
 
 
 def _sites_html(report: Report) -> str:
     if not report.sites:
         return ""
     n = len(report.sites)
-    heads = "".join(f'<th data-type="{t}">{html.escape(c)}</th>' for c, t in _COLUMNS)
+    heads = "".join(f'<th data-type="{t}" class="{cls}">{html.escape(c)}</th>'
+                    for c, t, cls in _COLUMNS)
     return (
         f'<section id="sites"><h2>All sites ({n})<small>execution order; click a column to '
         "sort; red: beyond 65504, amber: within one doubling of it, a red edge: inside a span"

@@ -81,9 +81,10 @@ class Hottest:
         return table
 
     def _others(self, console, options, layout: tuple) -> int:
-        """The table's width without the site names (one-character names)."""
+        """The table's width without the site column's text (one-character names: the
+        column is as wide as its header then)."""
         narrow = self.table(layout, ["x"] * len(self.sites))
-        return Measurement.get(console, options, narrow).maximum - 1
+        return Measurement.get(console, options, narrow).maximum - len("site")
 
     def layout(self, console, options) -> tuple[tuple, list[str]]:
         width = options.max_width
