@@ -282,6 +282,7 @@ def _decorate(ax, report: Report, pos: dict[str, int], opts: PlotOptions) -> Non
 
 def _save(fig, path: Path) -> None:
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)  # a missing folder is made, as report.save does
         fig.savefig(path)
     except (OSError, ValueError) as exc:
         raise ReportError(
