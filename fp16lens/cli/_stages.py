@@ -19,6 +19,6 @@ def stage(module: str, attr: str, command: str):
     if found is None:
         raise Fp16LensError(
             f"`fp16lens {command}` needs {module}.{attr}, which this build of fp16lens does "
-            "not include; install a complete release (pip install -U fp16lens)"
+            "not include; reinstall it from the clone (pip install -e .)"
         )
     return found
