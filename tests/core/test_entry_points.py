@@ -1,6 +1,6 @@
 """The entry points are typed: ``fp16lens.watch``/``patch``/``export``/``verify`` are their
 stage packages *and* their main function, with that function's signature for
-``inspect``, IDEs and mypy; the README's Python passes mypy as written."""
+``inspect``, IDEs and mypy; the README's and the docs' Python pass mypy as written."""
 
 from __future__ import annotations
 
@@ -90,7 +90,7 @@ def test_py_typed_ships():
 
 # ---- mypy on the README's Python ---------------------------------------------------------
 
-# The README's snippets use names a user has: a model, its inputs, its batches.
+# The snippets use names a user has: a model, its inputs, its batches, a report.
 PRELUDE = """\
 import torch
 import fp16lens
@@ -100,30 +100,41 @@ x = torch.ones(1, 2)
 batches: list[torch.Tensor] = [x]
 loader = batches
 inputs = batches
+report = fp16lens.Report()
+patched: torch.nn.Module = model
 """
 
+# The README and the guides in docs/ (each page checked as one script, blocks in order).
+PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
 
-def readme_python() -> str:
-    blocks = re.findall(r"```python\n(.*?)```", README.read_text(encoding="utf-8"), re.S)
-    assert blocks, "the README has Python blocks"
+
+def page_python(page: Path) -> str | None:
+    blocks = re.findall(r"```python\n(.*?)```", page.read_text(encoding="utf-8"), re.S)
+    if not blocks:
+        return None
     return PRELUDE + "\n".join(
-        f"\n# --- README python block {i}\n" + "\n".join(
+        f"\n# --- {page.name} python block {i}\n" + "\n".join(
             line for line in block.splitlines() if line.strip() != "import fp16lens")
         for i, block in enumerate(blocks, 1))
 
 
-def _mypy(path: Path, cache: Path) -> subprocess.CompletedProcess:
+def _mypy(paths: list[Path], cache: Path) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "mypy", "--config-file", str(ROOT / "setup.cfg"),
-         "--cache-dir", str(cache), "--no-error-summary", str(path)],
+         "--cache-dir", str(cache), "--no-error-summary", *map(str, paths)],
         capture_output=True, text=True, cwd=ROOT, timeout=300)
 
 
-def test_readme_python_passes_mypy(tmp_path):
+def test_readme_and_docs_python_pass_mypy(tmp_path):
     pytest.importorskip("mypy", reason="pip install -e '.[test]' (or mypy==1.18.2)")
-    snippet = tmp_path / "readme_snippets.py"
-    snippet.write_text(readme_python())
-    done = _mypy(snippet, tmp_path / "cache")
+    scripts = []
+    for page in PAGES:
+        text = page_python(page)
+        if text:
+            scripts.append(tmp_path / f"{page.stem.lower()}_snippets.py")
+            scripts[-1].write_text(text)
+    assert any(p.name == "readme_snippets.py" for p in scripts) and len(scripts) >= 3
+    done = _mypy(scripts, tmp_path / "cache")
     assert done.returncode == 0, done.stdout + done.stderr
 
 
@@ -140,7 +151,7 @@ def test_mypy_sees_the_entry_points_signatures(tmp_path):
         "fp16lens.watch.WatchOptions(threshold='high')\n"
         "n: int = fp16lens.verify(model, model, batches)\n"
     ))
-    done = _mypy(bad, tmp_path / "cache")
+    done = _mypy([bad], tmp_path / "cache")
     lines = {int(m.group(1)) for m in re.finditer(r"bad\.py:(\d+): error", done.stdout)}
     first = PRELUDE.count("\n") + 1
     assert lines == set(range(first, first + 7)), done.stdout + done.stderr
