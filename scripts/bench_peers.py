@@ -21,7 +21,7 @@ A peer that cannot be installed or fails on a model is a row with its error.
 
     python scripts/bench_peers.py                       # full (about 10 min on 2 CPU cores)
     python scripts/bench_peers.py --quick               # reduced (CI)
-    python scripts/bench_peers.py --markdown out.md     # also write the README section
+    python scripts/bench_peers.py --markdown out.md     # also write the docs/benchmarks.md section
 """
 
 from __future__ import annotations
@@ -222,7 +222,7 @@ def main(argv=None) -> int:
     )
     parser.add_argument("--models", default=None, help="comma list of Fixing-table models")
     parser.add_argument(
-        "--markdown", default=None, help="write the README 'Compared with' section here"
+        "--markdown", default=None, help="write the 'Compared with' section of docs/benchmarks.md here"
     )
     args = parser.parse_args(argv)
     unknown = set(_csv(args.tables)) - set(TABLES)

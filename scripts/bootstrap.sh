@@ -18,6 +18,9 @@ PY="${PYTHON:-python3}"
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 . .venv/bin/activate
 
+# numpy before torch is first imported: torch does not depend on it, and an import
+# without it prints "Failed to initialize NumPy" (numpy is ours: setup.cfg).
+python -c "import numpy" >/dev/null 2>&1 || python -m pip install --quiet numpy
 if ! python -c "import torch" >/dev/null 2>&1; then
   python -m pip install --quiet --upgrade pip
   python -m pip install --quiet "torch==2.13.0"
@@ -30,7 +33,7 @@ printf 'torch==%s\n' "$torch_version" > "$constraints"
 
 case "$what" in
   demo) extras="onnx" ;;
-  test) extras="test,onnx,notebooks" ;;
+  test) extras="test,onnx" ;;  # test holds what runs the notebooks (not JupyterLab)
   *) echo "usage: scripts/bootstrap.sh demo|test [args...]" >&2; exit 2 ;;
 esac
 

@@ -30,15 +30,24 @@ model, inputs = build_demo_model()
 (x,) = inputs
 model"""
 
+# The files a notebook writes go to a fresh temporary folder, never next to the notebook.
+OUT = """\
+import tempfile
+from pathlib import Path
+
+out = Path(tempfile.mkdtemp(prefix="fp16lens-"))  # this notebook's files
+out"""
+
 FIND = [
     new_markdown_cell(
         "# 1. Find where FP16 overflows\n\n"
         "The built-in demo model is a small text detector (ResNet-style backbone + FPN "
-        "neck), shaped like the PANet of the seed article: in FP32 it is fine, in FP16 "
+        "neck), shaped like a PANet text detector: in FP32 it is fine, in FP16 "
         "its output turns into NaN. `fp16lens.watch` finds where the values leave the "
         "FP16 range (|x| > 65504) and where they come back."
     ),
     new_code_cell(SETUP),
+    new_code_cell(OUT),
     new_markdown_cell("FP32 is finite; the same model in real FP16 (`.half()`) is not:"),
     new_code_cell(
         "with torch.no_grad():\n"
@@ -66,8 +75,11 @@ FIND = [
     ),
     new_markdown_cell("Each site's largest value against the FP16 limit:"),
     new_code_cell("fig = report.plot()\nfig"),
-    new_markdown_cell("Save the report for later (`fp16lens show report.json` prints it again):"),
-    new_code_cell("report.save('report.json')\nreport.save('report.html')"),
+    new_markdown_cell(
+        "Save the report for later (`fp16lens show report.json` prints it again; "
+        "`report.html` is a page to open in a browser):"
+    ),
+    new_code_cell("report.save(out / 'report.json')\nreport.save(out / 'report.html')"),
 ]
 
 FIX = [
@@ -118,6 +130,7 @@ DEPLOY = [
         "torch-tensorrt cells need an NVIDIA GPU; without one they say so and skip."
     ),
     new_code_cell(SETUP),
+    new_code_cell(OUT),
     new_code_cell(
         "from fp16lens.demo import document_pages\n\n"
         "with fp16lens.watch(model) as lens, torch.no_grad():\n"
@@ -130,37 +143,37 @@ DEPLOY = [
         "storage after every node."
     ),
     new_code_cell(
-        "fp16 = fp16lens.export(patched, inputs, 'demo_fp16.onnx', precision='fp16')\n"
+        "fp16 = fp16lens.export(patched, inputs, out / 'demo_fp16.onnx', precision='fp16')\n"
         "print(fp16)\n"
-        "parity16 = fp16lens.verify(model, 'demo_fp16.onnx', inputs, backend='onnx-fp16')\n"
+        "parity16 = fp16lens.verify(model, out / 'demo_fp16.onnx', inputs, backend='onnx-fp16')\n"
         "parity16"
     ),
     new_markdown_cell("INT8 with explicit Q/DQ nodes, calibrated on a few synthetic pages:"),
     new_code_cell(
         "calibration = [(page.unsqueeze(0),) for page in document_pages(4, seed=7)]\n"
         "int8 = fp16lens.export(\n"
-        "    patched, inputs, 'demo_int8.onnx', precision='int8', calibration=calibration\n"
+        "    patched, inputs, out / 'demo_int8.onnx', precision='int8', calibration=calibration\n"
         ")\n"
         "print(int8)\n"
-        "parity8 = fp16lens.verify(model, 'demo_int8.onnx', inputs, backend='onnx-int8')\n"
+        "parity8 = fp16lens.verify(model, out / 'demo_int8.onnx', inputs, backend='onnx-int8')\n"
         "parity8"
     ),
     new_markdown_cell(
-        "TensorRT engine from the FP16 ONNX (needs `pip install 'fp16lens[trt]'` and a GPU):"
+        "TensorRT engine from the FP16 ONNX (needs `pip install -e '.[trt]'` and a GPU):"
     ),
     new_code_cell(
         "import importlib.util\n\n"
         "if torch.cuda.is_available() and importlib.util.find_spec('tensorrt'):\n"
-        "    engine = fp16lens.build_engine('demo_fp16.onnx', 'demo_fp16.plan', precision='fp16')\n"
+        "    engine = fp16lens.build_engine(out / 'demo_fp16.onnx', out / 'demo_fp16.plan', precision='fp16')\n"
         "    print('engine written to', engine)\n"
         "    # the tensorrt backend builds its own strongly typed engine from the same ONNX file\n"
-        "    print(fp16lens.verify(model, 'demo_fp16.onnx', inputs, backend='tensorrt'))\n"
+        "    print(fp16lens.verify(model, out / 'demo_fp16.onnx', inputs, backend='tensorrt'))\n"
         "else:\n"
         "    print('skipped: TensorRT needs an NVIDIA GPU and the trt extra '\n"
-        "          \"(pip install 'fp16lens[trt]'); the FP16 ONNX above is what it builds from\")"
+        "          \"(pip install -e '.[trt]'); the FP16 ONNX above is what it builds from\")"
     ),
     new_markdown_cell(
-        "torch-tensorrt, FP16 with explicit typing (needs `pip install 'fp16lens[torchtrt]'` "
+        "torch-tensorrt, FP16 with explicit typing (needs `pip install -e '.[torchtrt]'` "
         "and a GPU):"
     ),
     new_code_cell(
@@ -170,7 +183,7 @@ DEPLOY = [
         "    print(fp16lens.verify(model, patched, inputs, backend='torch-tensorrt'))\n"
         "else:\n"
         "    print('skipped: torch-tensorrt needs an NVIDIA GPU and the torchtrt extra '\n"
-        "          \"(pip install 'fp16lens[torchtrt]')\")"
+        "          \"(pip install -e '.[torchtrt]')\")"
     ),
 ]
 

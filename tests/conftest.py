@@ -19,11 +19,11 @@ _REASONS = {
     "gpu": (lambda: torch.cuda.is_available(), "needs a CUDA GPU"),
     "tensorrt": (
         lambda: torch.cuda.is_available() and _has("tensorrt"),
-        "needs TensorRT and a GPU: pip install 'fp16lens[trt]' on a GPU machine",
+        "needs TensorRT and a GPU: pip install -e '.[trt]' on a GPU machine",
     ),
     "torchtrt": (
         lambda: torch.cuda.is_available() and _has("torch_tensorrt"),
-        "needs torch-tensorrt and a GPU: pip install 'fp16lens[torchtrt]' on a GPU machine",
+        "needs torch-tensorrt and a GPU: pip install -e '.[torchtrt]' on a GPU machine",
     ),
 }
 

@@ -34,7 +34,7 @@ class ResNetBackbone(nn.Module):
         if tv is None:  # e.g. a torch release with no torchvision yet (the torch matrix)
             import pytest
 
-            pytest.skip("needs torchvision (pip install 'fp16lens[vision]')")
+            pytest.skip("needs torchvision (pip install -e '.[vision]')")
         r = tv.models.resnet18(weights=None)
         self.conv1, self.bn1, self.relu, self.maxpool = r.conv1, r.bn1, r.relu, r.maxpool
         self.layer1, self.layer2, self.layer3, self.layer4 = r.layer1, r.layer2, r.layer3, r.layer4

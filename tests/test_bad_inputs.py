@@ -501,7 +501,7 @@ def test_export_without_onnx_names_the_extra(tmp_path):
     """)
     assert proc.returncode == 0, proc.stderr
     assert "MDE:" in proc.stdout, proc.stdout + proc.stderr
-    assert "pip install 'fp16lens[onnx]'" in proc.stdout
+    assert "pip install -e '.[onnx]'" in proc.stdout
     assert not out.exists()
 
 
@@ -521,7 +521,7 @@ def test_verify_onnx_without_onnxruntime_names_the_extra(tmp_path):
             print("MDE:", exc)
     """)
     assert "MDE:" in proc.stdout, proc.stdout + proc.stderr
-    assert "pip install 'fp16lens[" in proc.stdout
+    assert "pip install -e '.[" in proc.stdout
 
 
 def test_missing_dependency_error_is_an_import_error_too():

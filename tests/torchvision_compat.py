@@ -103,5 +103,5 @@ def need_torchvision():
     if tv is None:
         import pytest
 
-        pytest.skip("needs torchvision (pip install 'fp16lens[vision]')")
+        pytest.skip("needs torchvision (pip install -e '.[vision]')")
     return tv

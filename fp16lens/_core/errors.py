@@ -17,7 +17,8 @@ class MissingDependencyError(Fp16LensError, ImportError):
         self.extra = extra
         why = f" (needed for {purpose})" if purpose else ""
         super().__init__(
-            f"{module} is not installed{why}. Install it with: pip install 'fp16lens[{extra}]'"
+            f"{module} is not installed{why}. Install it with: pip install -e '.[{extra}]' "
+            "(in the fp16lens clone)"
         )
 
 

@@ -9,7 +9,7 @@ from fp16lens._core.errors import MissingDependencyError
 
 
 def import_optional(module: str, extra: str, purpose: str = "") -> types.ModuleType:
-    """Import ``module`` or raise MissingDependencyError naming ``pip install 'fp16lens[extra]'``."""
+    """Import ``module`` or raise MissingDependencyError naming ``pip install -e '.[extra]'``."""
     try:
         return importlib.import_module(module)
     except ImportError as exc:

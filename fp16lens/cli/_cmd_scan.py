@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from fp16lens._core import ReportError
+from fp16lens._core import ReportError, import_optional
 from fp16lens._core.onnx_types import is_onnx
 from fp16lens._core.paths import check_writable
 from fp16lens.cli._cmd_show import print_report
@@ -28,7 +28,8 @@ def add_parser(sub) -> None:
     add_model_arguments(p)
     add_input_arguments(p)
     p.add_argument("--save", metavar="PATH", action="append",
-                   help="save the report (.json, .html, .svg or .txt); repeatable")
+                   help="save the report (.json, .html, .svg or .txt) or its plot (.png or "
+                        ".pdf, needs matplotlib); repeatable")
     p.add_argument("--fail-on", action="append", choices=POLICIES, help=POLICY_HELP)
     p.add_argument("--threshold", type=float, default=None,
                    help="overflow limit, at most 65504 (the default): a lower one keeps a margin")
@@ -42,6 +43,15 @@ def add_parser(sub) -> None:
 
 
 REPORT_SUFFIXES = (".json", ".html", ".svg", ".txt")
+PLOT_SUFFIXES = (".png", ".pdf")  # report.plot(path): matplotlib (the plot extra)
+
+
+def save_report(report: Report, path: str) -> None:
+    """The report, or its plot for a picture suffix."""
+    if Path(path).suffix.lower() in PLOT_SUFFIXES:
+        report.plot(path)
+    else:
+        report.save(path)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -60,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     except ScanInterrupted as stop:
         return _save_partial(stop, args)
     for path in args.save or []:
-        report.save(path)
+        save_report(report, path)
     failed = violations(report, args.fail_on)
     if args.json:
         summary = report_summary(report)
@@ -89,11 +99,13 @@ def _scan_onnx(args: argparse.Namespace, options: dict) -> Report:
 def check_report_path(path: str) -> None:
     """Before the watch: a suffix report.save() understands, in a place that can be written."""
     suffix = Path(path).suffix.lower()
-    if suffix not in REPORT_SUFFIXES:
+    if suffix not in REPORT_SUFFIXES + PLOT_SUFFIXES:
         raise ReportError(
             f"cannot save a report as {suffix or 'a file without suffix'!r}; "
-            f"use {', '.join(REPORT_SUFFIXES)}"
+            f"use {', '.join(REPORT_SUFFIXES + PLOT_SUFFIXES)}"
         )
+    if suffix in PLOT_SUFFIXES:  # before the watch, not after it
+        import_optional("matplotlib", "plot", f"--save {path}")
     check_writable(path)
 
 
@@ -112,7 +124,7 @@ def _save_partial(stop, args: argparse.Namespace) -> int:
     where = "nothing saved (add --save PATH to keep a partial report)"
     if args.save:
         for path in args.save:
-            stop.report.save(path)
+            save_report(stop.report, path)
         where = f"the report of what ran is saved to {', '.join(args.save)}"
     print(
         f"fp16lens: interrupted during batch {stop.done + 1} of {stop.total} "

@@ -109,7 +109,7 @@ def _export(stages, console: Console, patched, model, inputs, out: Path):
         console.print(f"FP16 ONNX: {art.path}")
         if importlib.util.find_spec("onnxruntime") is None:
             console.print(
-                "INT8 ONNX and ONNX parity skipped: pip install 'fp16lens[onnx]'", markup=False
+                "INT8 ONNX and ONNX parity skipped: pip install -e '.[onnx]'", markup=False
             )
             return files, cosine
         result = stages["verify"](model, art.path, inputs, backend=Backend.ONNX_FP16)

@@ -9,7 +9,7 @@ Nothing here imports onnx, ONNX Runtime or TensorRT until a function needs it.
 """
 
 from fp16lens._core import ExportError
-from fp16lens._core.callable_module import make_callable
+from fp16lens._core.callable_module import StageModule, stage_module
 from fp16lens.export._artifact import ExportArtifact
 from fp16lens.export._calib_cache import read_calibration_cache, write_calibration_cache
 from fp16lens.export._engine_config import EngineConfig, engine_config
@@ -33,4 +33,17 @@ __all__ = [
     "write_calibration_cache",
 ]
 
-make_callable(__name__, export)
+
+class _Export(StageModule):
+    """``fp16lens.export``: the package, callable as ``export(model, inputs, path, ...)``."""
+
+    __call__ = staticmethod(export)
+    retype = staticmethod(retype)
+    build_engine = staticmethod(build_engine)
+    compile_torch_tensorrt = staticmethod(compile_torch_tensorrt)
+    ExportArtifact = ExportArtifact
+    ExportError = ExportError
+    ExportOptions = ExportOptions
+
+
+entry = stage_module(__name__, _Export, export)

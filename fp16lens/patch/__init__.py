@@ -12,7 +12,7 @@ Later stages also use its per-site tracing and FP16 storage emulation (``SiteTra
 torch backends; patch's proof runs them on the caller's batches).
 """
 
-from fp16lens._core.callable_module import make_callable
+from fp16lens._core.callable_module import StageModule, stage_module
 from fp16lens.patch._advise import advise
 from fp16lens.patch._check import check_equivalent, relative_error
 from fp16lens.patch._emulate import StorageRounding, round_fp16_, round_module_
@@ -84,4 +84,15 @@ __all__ = [
 ]
 
 
-make_callable(__name__, patch)
+class _Patch(StageModule):
+    """``fp16lens.patch``: the package, callable as ``patch(model, report, ...)``."""
+
+    __call__ = staticmethod(patch)
+    plan = staticmethod(plan)
+    get_plan = staticmethod(get_plan)
+    PatchOptions = PatchOptions
+    PatchWarning = PatchWarning
+    Plan = Plan
+
+
+entry = stage_module(__name__, _Patch, patch)

@@ -1,11 +1,13 @@
 """The report as a picture: log2 |x| of every site along execution order.
 
-matplotlib is optional (``pip install 'fp16lens[plot]'``) and used without pyplot: a
-``Figure`` on an Agg canvas, so no global state or GUI backend is touched.
+matplotlib is optional (``pip install -e '.[plot]'`` in a clone) and used without pyplot:
+a ``Figure`` on an Agg canvas, so no global state or GUI backend is touched. The figure
+has a ``_repr_png_``, so ``fig = report.plot(); fig`` shows the picture in a notebook.
 """
 
 from __future__ import annotations
 
+import io
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +21,8 @@ LOG2_MIN_SUBNORMAL = -24.0
 _OVER = "#d62728"
 _OK = "#1f77b4"
 _INTERNAL = "#ff7f0e"
+_PARAM = "#8e44ad"
+TICKS_PER_INCH = 2.2  # site names on the x axis: at most this many per inch of figure width
 
 
 @dataclass(frozen=True)
@@ -76,9 +80,15 @@ def _draw_sites(ax, ys: list[float], top: float) -> None:
 
 
 def _draw_limits(ax) -> None:
-    ax.axhline(LOG2_MAX, color=_OVER, ls="--", lw=1, label="FP16 max 65504 (2^16)")
-    ax.axhline(LOG2_MIN_NORMAL, color="grey", ls="--", lw=1, label="FP16 min normal 2^-14")
-    ax.axhline(LOG2_MIN_SUBNORMAL, color="grey", ls=":", lw=0.8, label="FP16 min subnormal 2^-24")
+    """The FP16 limits that fall inside the y range (a line outside it has no legend entry)."""
+    low, high = ax.get_ylim()
+    for y, style, label in (
+        (LOG2_MAX, dict(color=_OVER, ls="--", lw=1), "FP16 max 65504 (2^16)"),
+        (LOG2_MIN_NORMAL, dict(color="grey", ls="--", lw=1), "FP16 min normal 2^-14"),
+        (LOG2_MIN_SUBNORMAL, dict(color="grey", ls=":", lw=0.8), "FP16 min subnormal 2^-24"),
+    ):
+        if low <= y <= high:
+            ax.axhline(y, label=label, **style)
 
 
 def label_slots(
@@ -155,14 +165,84 @@ def _draw_internal(ax, report: Report, pos: dict[str, int], top: float) -> None:
         )
 
 
+def _draw_parameters(ax, report: Report, pos: dict[str, int], top: float) -> None:
+    """Parameter problems at the site that holds the tensor: beyond 65504 at the tensor's
+    log2 |max| (clipped to the top), flushed or subnormal weights at their magnitude."""
+    low = ax.get_ylim()[0]
+    points = []
+    for f in report.findings_by(Mechanism.PARAMETER):
+        if f.site not in pos:
+            continue
+        y = log2_abs(f.peak) if f.peak == f.peak else math.inf  # NaN: drawn at the top
+        points.append((pos[f.site], min(max(y, low + 0.5), top)))
+    if points:
+        ax.scatter(
+            *zip(*points),
+            marker="D",
+            s=28,
+            facecolors="none",
+            edgecolors=_PARAM,
+            linewidths=1.3,
+            zorder=5,
+            label="parameter problem (weights, buffers)",
+        )
+
+
+def _site_ticks(ax, report: Report, pos: dict[str, int], most: int) -> None:
+    """Site names on the x axis: every site when few, else an even subset plus the span
+    starts (thinned so that labels do not collide)."""
+    from matplotlib.ticker import FixedLocator
+
+    n = len(pos)
+    names = sorted(pos, key=pos.get)
+    if n <= most:
+        ticks = list(range(n))
+    else:
+        step = n / most
+        ticks = sorted({round(i * step) for i in range(most)})
+        for span in report.spans:  # the starts matter most: swap them in for a neighbour
+            if span.start in pos:
+                x = pos[span.start]
+                near = min(ticks, key=lambda t: abs(t - x))
+                if abs(near - x) < step / 2:
+                    ticks[ticks.index(near)] = x
+        ticks = sorted(set(ticks))
+    ax.xaxis.set_major_locator(FixedLocator(ticks))
+    ax.set_xticklabels([_short(names[t]) for t in ticks], rotation=40, ha="right",
+                       rotation_mode="anchor", fontsize=7)
+
+
+def _short(name: str, width: int = 30) -> str:
+    if len(name) <= width:
+        return name
+    head = (width - 1) // 3
+    return name[:head] + "…" + name[len(name) - (width - 1 - head):]
+
+
 def _figure(opts: PlotOptions):
     import_optional("matplotlib", "plot", "report.plot")
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(opts.width, opts.height), dpi=opts.dpi, layout="constrained")
+    global _ReportFigure
+    if _ReportFigure is None:
+
+        class ReportFigure(Figure):
+            """A Figure that notebooks display as a picture (``_repr_png_``) without pyplot."""
+
+            def _repr_png_(self) -> bytes:
+                buf = io.BytesIO()
+                self.savefig(buf, format="png")
+                return buf.getvalue()
+
+        ReportFigure.__qualname__ = "ReportFigure"
+        _ReportFigure = ReportFigure
+    fig = _ReportFigure(figsize=(opts.width, opts.height), dpi=opts.dpi, layout="constrained")
     FigureCanvasAgg(fig)
     return fig
+
+
+_ReportFigure = None  # the Figure subclass, made on first use (matplotlib is optional)
 
 
 def plot(report: Report, path: str | Path | None = None, **options) -> object:
@@ -178,18 +258,22 @@ def plot(report: Report, path: str | Path | None = None, **options) -> object:
     _draw_sites(ax, ys, high - 3.5)  # inf/NaN drawn just below the span labels
     _draw_spans(ax, report, pos, opts)
     _draw_internal(ax, report, pos, high - 3.5)
-    _decorate(ax, report, len(ys))
+    _draw_parameters(ax, report, pos, high - 3.5)
+    _decorate(ax, report, pos, opts)
     if path is not None:
         _save(fig, Path(path))
     return fig
 
 
-def _decorate(ax, report: Report, n: int) -> None:
-    from matplotlib.ticker import MaxNLocator
-
+def _decorate(ax, report: Report, pos: dict[str, int], opts: PlotOptions) -> None:
+    n = len(pos)
+    most = max(4, int(opts.width * TICKS_PER_INCH))
     ax.set_xlim(-0.5, max(n, 1) - 0.5)
-    ax.xaxis.set_major_locator(MaxNLocator(nbins=10, integer=True))
-    ax.set_xlabel(f"site, in execution order ({n} sites); spans labelled at their start")
+    if n:
+        _site_ticks(ax, report, pos, most)
+    thinned = "" if n <= most else f", {len(ax.get_xticks())} named"
+    ax.set_xlabel(f"site, in execution order ({n} sites{thinned}); spans labelled at their start",
+                  fontsize=9)
     ax.set_ylabel("log2 |x|")
     ax.set_title(f"{report.meta.model_class or 'model'}: FP16 range per site", fontsize=11)
     ax.grid(axis="y", alpha=0.3)
@@ -198,6 +282,7 @@ def _decorate(ax, report: Report, n: int) -> None:
 
 def _save(fig, path: Path) -> None:
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)  # a missing folder is made, as report.save does
         fig.savefig(path)
     except (OSError, ValueError) as exc:
         raise ReportError(

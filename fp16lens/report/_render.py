@@ -7,10 +7,14 @@ view options (``full``, ``top``) travel in a :class:`ReportView` wrapper.
 from __future__ import annotations
 
 import io
+import re
 from collections.abc import Iterator
 from typing import Any
 
-from rich.console import Console, ConsoleOptions, RenderableType
+from rich.console import Console, ConsoleOptions, Group, RenderableType
+from rich.measure import Measurement
+from rich.padding import Padding
+from rich.text import Text
 
 from fp16lens._core import OptionError, ReportError
 from fp16lens.report import _findview, _sections, _tables
@@ -18,6 +22,7 @@ from fp16lens.report._blocks import ViewOptions
 from fp16lens.report._model import Report
 
 EXPORT_WIDTH = 100
+MAX_EXPORT_WIDTH = 240
 _FORMATS = ("html", "svg", "txt")
 _NOTEBOOK_PRE = (
     '<pre style="white-space:pre;overflow-x:auto;line-height:normal;'
@@ -88,18 +93,48 @@ def _recording_console(fmt: str, width: int) -> Console:
     )
 
 
-def export_text(report: Report, fmt: str, *, width: int = EXPORT_WIDTH, **view: Any) -> str:
-    """The view as "html" (a page), "svg" (a terminal picture) or "txt" (plain text)."""
+def content_width(report: Report, view: ViewOptions) -> int:
+    """The width the view's tables ask for (whole site names, every column), within
+    [EXPORT_WIDTH, MAX_EXPORT_WIDTH]: what the SVG and text exports are drawn at.
+    Paragraphs wrap at any width and do not count."""
+    console = _recording_console("txt", MAX_EXPORT_WIDTH)
+    widest = max(
+        (Measurement.get(console, console.options, part).maximum
+         for part in parts(report, view) if not isinstance(part, (Text, Padding, Group))),
+        default=EXPORT_WIDTH,
+    )
+    return max(EXPORT_WIDTH, min(MAX_EXPORT_WIDTH, widest))
+
+
+_FONT_FACE = re.compile(r"@font-face\s*\{[^}]*\}\s*")
+_MONO = "'Fira Code', 'DejaVu Sans Mono', Menlo, Consolas, 'Liberation Mono', monospace"
+
+
+def _offline_svg(svg: str) -> str:
+    """rich's SVG without its web fonts (fetched from a CDN): local monospace fonts only."""
+    svg = _FONT_FACE.sub("", svg)
+    return re.sub(r"font-family:\s*Fira Code,\s*monospace", f"font-family: {_MONO}", svg)
+
+
+def export_text(report: Report, fmt: str, *, width: int | None = None, **view: Any) -> str:
+    """The view as "html" (a self-contained page: report/_html.py), "svg" (a terminal
+    picture) or "txt" (plain text); SVG and text at ``width`` columns, by default the
+    width of their content (at least 100, at most 240)."""
     if fmt not in _FORMATS:
         raise ReportError(f"cannot export a report as {fmt!r}; use one of {', '.join(_FORMATS)}")
-    if not isinstance(width, int) or width < 40:
+    if width is not None and (not isinstance(width, int) or width < 40):
         raise OptionError(f"width must be an integer >= 40, got {width!r}")
-    console = _recording_console(fmt, width)
-    console.print(ReportView(report, ViewOptions(**view)))
+    options = ViewOptions(**view)
     if fmt == "html":
-        return console.export_html(inline_styles=True)
+        from fp16lens.report._html import page
+
+        return page(report, options)
+    console = _recording_console(fmt, width or content_width(report, options))
+    console.print(ReportView(report, options))
     if fmt == "svg":
-        return console.export_svg(title=f"fp16lens · {report.meta.model_class or 'report'}")
+        return _offline_svg(
+            console.export_svg(title=f"fp16lens · {report.meta.model_class or 'report'}")
+        )
     return console.export_text()
 
 

@@ -5,6 +5,7 @@ Backends are looked up by name in a registry (``backends()``); a new one is a ``
 subclass registered with ``register_backend(BackendSpec(name, "module" or "path",
 factory))``."""
 
+from fp16lens._core.callable_module import StageModule, stage_module
 from fp16lens.verify._metrics import OutputMetrics
 from fp16lens.verify._options import Tolerance
 from fp16lens.verify._registry import (
@@ -33,6 +34,15 @@ __all__ = [
     "verify",
 ]
 
-from fp16lens._core.callable_module import make_callable
 
-make_callable(__name__, verify)
+class _Verify(StageModule):
+    """``fp16lens.verify``: the package, callable as ``verify(model, candidate, inputs, ...)``."""
+
+    __call__ = staticmethod(verify)
+    backends = staticmethod(backends)
+    register_backend = staticmethod(register_backend)
+    ParityResult = ParityResult
+    Tolerance = Tolerance
+
+
+entry = stage_module(__name__, _Verify, verify)

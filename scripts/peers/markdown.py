@@ -1,4 +1,4 @@
-"""The README's "Compared with" section, rendered from bench_peers' result tables."""
+"""The "Compared with" section of docs/benchmarks.md, rendered from bench_peers' result tables."""
 
 from __future__ import annotations
 

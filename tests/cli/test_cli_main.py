@@ -139,7 +139,7 @@ def test_scan_exported_program_keeps_qualified_names(capsys, tmp_path):
 def test_a_missing_extra_names_its_install_command(capsys, monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "onnx", None)
     code, out, err = run(capsys, "export", "models:clean", "-o", str(tmp_path / "m.onnx"))
-    assert_user_error(code, out, err, "pip install 'fp16lens[onnx]'")
+    assert_user_error(code, out, err, "pip install -e '.[onnx]'")
 
 
 def test_help_imports_no_optional_dependency():

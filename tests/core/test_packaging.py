@@ -44,7 +44,7 @@ def test_missing_dependency_names_the_extra():
     proc = _python(code)
     assert proc.returncode == 0, proc.stderr
     assert "tensorrt is not installed" in proc.stdout
-    assert "pip install 'fp16lens[trt]'" in proc.stdout
+    assert "pip install -e '.[trt]'" in proc.stdout
     with pytest.raises(MissingDependencyError) as info:
         import_optional("fp16lens_no_such_module", "onnx")
     assert isinstance(info.value, ImportError) and info.value.extra == "onnx"

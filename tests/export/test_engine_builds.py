@@ -96,12 +96,12 @@ def test_importing_export_loads_no_heavy_dependency(probe):
 
 def test_build_engine_without_tensorrt_names_the_extra(probe):
     assert "tensorrt is not installed" in probe["errors"]["trt"]
-    assert "pip install 'fp16lens[trt]'" in probe["errors"]["trt"]
+    assert "pip install -e '.[trt]'" in probe["errors"]["trt"]
 
 
 def test_compile_torch_tensorrt_without_it_names_the_extra(probe):
     assert "torch_tensorrt is not installed" in probe["errors"]["torchtrt"]
-    assert "pip install 'fp16lens[torchtrt]'" in probe["errors"]["torchtrt"]
+    assert "pip install -e '.[torchtrt]'" in probe["errors"]["torchtrt"]
 
 
 def test_islands_keep_the_seed_span_finite_in_real_fp16(seed):

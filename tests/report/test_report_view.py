@@ -169,3 +169,22 @@ def test_an_empty_report_says_what_to_do(tmp_path):
         "? model: no sites recorded; run the model inside fp16lens.watch(model)"
     )
     assert Report().plot(tmp_path / "empty.png").axes  # still a figure, with the limits
+
+
+@pytest.mark.parametrize("width", [80, 100])
+def test_a_narrow_terminal_keeps_headroom_and_bars_and_shortens_names(width):
+    report = samples.seed_report()
+    for i, s in enumerate(list(report.sites.values())):  # transformer-long names
+        s.name = f"model.encoder.layers.{i}.self_attention.output_projection.{s.name}"
+    report.sites = {s.name: s for s in report.sites.values()}
+    text = view(report, width=width)
+    table = text[text.index("Hottest sites"):].splitlines()
+    assert all(len(line) <= width for line in table)
+    header, rows = table[1], table[3:13]
+    assert "headroom" in header and header.rstrip().endswith("2^-14 … 2^16")
+    worst = report.hottest(10)
+    for row, site in zip(rows, worst):
+        assert row.rstrip().endswith("!" if site.headroom < 0 else ("█", "░"))  # the whole bar
+        assert f"{site.headroom:+.1f} bits" in row
+        name = row.split()[0]
+        assert "…" in name and site.name.endswith(name.split("…")[1])  # its tail kept
