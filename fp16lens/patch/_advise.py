@@ -26,6 +26,8 @@ from fp16lens.report import PATCH_SAYS, Advice, Finding, Report, Span, words_fix
 
 __all__ = ["advice_of", "advise", "plan_words"]
 
+_ABSORB_RULES = ("linear", "bn-scale")
+"""Re-parametrizations that only absorb a region's 2^k: its words already say so."""
 _BY_HAND = (FindingKind.PARAM_UNDERFLOW, FindingKind.PARAM_SUBNORMAL, FindingKind.SOFTMAX_EXP)
 """Findings patch does not change by design: their words stay the report's, said so."""
 
@@ -150,9 +152,14 @@ _RULE = re.compile(r"\(rule: [^)]*\)")
 """How the planner names the rule behind an entry, in its reason ("(rule: FP32 island of the block)")."""
 
 
+def _value(v: float) -> str:
+    """1.49e5, 4.67e3, 20: as the report writes values."""
+    return f"{v:.3g}".replace("e+0", "e").replace("e+", "e").replace("e-0", "e-")
+
+
 def _region_words(r) -> str:
     k = _k(r.factor)
-    text = f"rescale by 2^-{k} (the peak {r.peak:.3g} becomes {r.peak / r.factor:.3g})"
+    text = f"rescale by 2^-{k} (the peak {_value(r.peak)} becomes {_value(r.peak / r.factor)})"
     if r.entries:
         text += f": {_list(r.entries)} absorb 2^-{k} in their parameters"
     if r.exits:
@@ -200,7 +207,9 @@ def plan_words(report: Report, the_plan: Plan, item: Span | Finding) -> str:
             return words
     regions, islands, reparams, unresolved, widened = _fixing(report, the_plan, item)
     parts = [_region_words(r) for r in regions]
-    parts += [f"{r.module} re-parametrized ({r.rule}: {r.detail})" for r in reparams]
+    ends = {m for r in regions for m in (*r.entries, *r.exits)}
+    parts += [f"{r.module} re-parametrized ({r.rule}: {r.detail})" for r in reparams
+              if not (r.rule in _ABSORB_RULES and r.module in ends)]  # said by its region
     parts += [_island_words(i) for i in islands]
     parts += [f"{_list(w.modules) or 'the whole model'} kept FP32 end to end" for w in widened]
     if regions and not islands and not unresolved:
