@@ -371,14 +371,15 @@ def test_piped_output_keeps_the_headroom_column(capsys, tmp_path, tiny):
     assert "headroom" in hottest[1] and "2^-14" in hottest[1]
     rows = [r for r in hottest if r.startswith("backbone_feature_pyramid_lateral_block.")]
     assert len(rows) == 3 and all("bits" in r for r in rows), hottest
-    # what rich's 80-column default for a pipe did to the same table
+    # at rich's 80-column default for a pipe the table shortens names, and keeps the headroom
     from fp16lens.report import Report
     from fp16lens.report._render import print_report
 
     narrow = Console(file=io.StringIO(), width=80, record=True)
     print_report(Report.load(report_path), console=narrow)
     text = narrow.export_text()
-    assert "bits" not in text[text.index("Hottest sites"):]
+    table = text[text.index("Hottest sites"):].splitlines()
+    assert sum("bits" in r for r in table) >= 3 and all(len(r.rstrip()) <= 80 for r in table)
 
 
 # ---- 8. torch's chatter stays out of `fp16lens export` ----------------------------------
