@@ -304,7 +304,8 @@ def plan_rule(model: nn.Module, report: Report, finding, owner: str, taken: set[
     try:
         gm = trace_owner(model, owner)
     except PatchError as exc:
-        raise NoRule(str(exc)) from None
+        cause = str(exc).split(" (", 1)[1].split(")", 1)[0] if " (" in str(exc) else str(exc)
+        raise NoRule(f"its forward does not trace with torch.fx ({cause})") from None
     sites = _site_map(gm, report, owner)
     node = next((n for n, s in sites.items() if s == finding.site), None)
     if node is None or not is_singular_name(_name(node) or ""):
@@ -318,7 +319,9 @@ def plan_rule(model: nn.Module, report: Report, finding, owner: str, taken: set[
     j = choose(gm, an, report, owner, held)
     scaled_ops = sum(1 for a in _args(node)[:2] if isinstance(a, fx.Node) and a in an.power)
     rule = alg.rule_name(_name(node), scaled_ops)
-    where = f"{folded} weights x 2^{j}" if folded else f"x 2^{j} at {an.source.name}"
+    where = f"{folded} weights x 2^{j}" if folded else (
+        f"{owner}.{an.source.target} weights x 2^{j}" if an.source.op == "call_module"
+        else f"one multiply x 2^{j} at the block's input {an.source.name}")
     if rule == alg.RULE_LOG:
         ends = "; ".join(f"{n.name} + {alg.log_offset(op, w * j):.6g} taken back by {log_absorber(gm, n)}"
                          for n, op, w in an.logs if w != 0)
