@@ -13,6 +13,7 @@ unresolved with that reason.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 
 from torch import nn
@@ -108,13 +109,34 @@ def _exact(model: nn.Module, report: Report, plan: Plan, owner: str) -> bool:
     except Exception as exc:  # a forward the analysis does not read: the island is always correct
         plan.notes.append(f"no exact underflow rule in {owner}: {type(exc).__name__}: {exc}")
         return False
+    if not rules:
+        return False
+    folded, j = rules[0].folded, rules[0].exponent
+    reparams = [Reparam(folded, "linear", 1.0, 2.0**-j,
+                        f"{rules[0].rule}: output x 2^{j}, lifting what FP16 flushed in {owner}")] if folded else []
+    why = _fp32_differs(model, report, rules, reparams)
+    if why:
+        plan.notes.append(f"no exact underflow rule in {owner}: {why}")
+        return False
     plan.underflow_rules += rules
-    folded = rules[0].folded if rules else ""
-    if folded:
-        j = rules[0].exponent
-        plan.reparametrized.append(Reparam(folded, "linear", 1.0, 2.0**-j,
-                                           f"{rules[0].rule}: output x 2^{j}, lifting what FP16 flushed in {owner}"))
-    return bool(rules)
+    plan.reparametrized += reparams
+    return True
+
+
+def _fp32_differs(model: nn.Module, report: Report, rules, reparams) -> str:
+    """Why the rule is not taken after all: the model rewritten by it alone (on a copy)
+    differs in FP32 from the original on inputs like the recorded ones (a path the fx
+    analysis did not see); "" when it agrees or nothing could be compared (patch's own
+    FP32 check of the whole plan still runs)."""
+    from fp16lens.patch._apply import apply_plan  # apply imports the rules: not at import time
+    from fp16lens.patch._check import check_equivalent
+
+    try:
+        trial = apply_plan(copy.deepcopy(model), Plan(reparametrized=list(reparams), underflow_rules=list(rules)))
+        check_equivalent(model, trial, report)
+    except Exception as exc:  # PatchError from the check, or the rewrite failing: the island
+        return f"the rewritten block differs in FP32 ({type(exc).__name__}: {str(exc)[:160]})"
+    return ""
 
 
 def _handed_back(report: Report, owner: str) -> list[str]:

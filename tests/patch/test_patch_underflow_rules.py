@@ -208,3 +208,16 @@ def test_crepe_keeps_its_island_and_the_proof_passes():
     assert not the_plan.underflow_rules and [i.module for i in the_plan.islands] == ["frames"]
     assert any(n.startswith("no exact underflow rule in frames") for n in the_plan.notes)
     assert the_plan.proven
+
+
+def test_a_rule_that_breaks_fp32_falls_back_to_the_island(monkeypatch):
+    """The planner tries each rule on a copy in FP32 before taking it: a rewrite that forgot
+    the log's constant differs, so the block stays the FP32 island, with a note."""
+    import importlib
+
+    rules = importlib.import_module("fp16lens.patch._underflow_rules")
+    monkeypatch.setattr(rules, "_absorb_log", lambda gm, node, offset: None)
+    model, x = _build("log-then-add")
+    the_plan = get_plan(patch(model, _report(model, x)))
+    assert not the_plan.underflow_rules and [i.module for i in the_plan.islands] == ["block"]
+    assert any("differs in FP32" in n for n in the_plan.notes)
