@@ -221,9 +221,11 @@ def _step(gm: fx.GraphModule, node: fx.Node, an: Analysis) -> Fraction:
 # ---- choosing j from the report --------------------------------------------------------
 def _site_map(gm: fx.GraphModule, report: Report, owner: str) -> dict[fx.Node, str]:
     """fx node -> the report's site of that op: the n-th op of a name the owner runs is
-    ``owner:name#n``. Views and shape arithmetic are no sites."""
+    ``owner:name#n``. Views and shape arithmetic are no sites. The owner's functional ops
+    must line up one to one, in order, with the report's (a function fx does not enter,
+    ``F.normalize``, runs several ops watch sees): else NoRule."""
     counts: dict[str, int] = {}
-    out = {}
+    out, names = {}, []
     for node in gm.graph.nodes:
         name = _name(node)
         if name is None or name in alg.VIEWS or not _is_tensor(node):
@@ -231,9 +233,14 @@ def _site_map(gm: fx.GraphModule, report: Report, owner: str) -> dict[fx.Node, s
         if not any(_is_tensor(a) for a in node.all_input_nodes):
             continue
         counts[name] = counts.get(name, 0) + 1
-        site = site_name(owner, name) + (f"#{counts[name]}" if counts[name] > 1 else "")
-        if site in report.sites:
-            out[node] = site
+        names.append(name)
+        out[node] = site_name(owner, name) + (f"#{counts[name]}" if counts[name] > 1 else "")
+    ops = sorted((st for st in report.sites.values() if st.kind != "module" and st.module == owner),
+                 key=lambda st: st.order)
+    seen = [alg.op_name(st.op) for st in ops if alg.op_name(st.op) not in alg.VIEWS]
+    if seen != names or any(site not in report.sites for site in out.values()):
+        raise NoRule(f"the traced forward of {owner or 'the model'} runs {', '.join(names) or 'no ops'}, "
+                     f"the report {', '.join(seen) or 'none'}: they do not line up")
     return out
 
 
