@@ -39,7 +39,10 @@ class Analysis:
     source: fx.Node
     singular: fx.Node
     power: dict[fx.Node, Fraction] = field(default_factory=dict)  # every scaled value (w != 0)
-    consts: list[tuple[fx.Node, int | str, float, Fraction]] = field(default_factory=list)  # guards
+    consts: list[tuple[fx.Node, int | str, float, Fraction]] = field(default_factory=list)  # numbers
+    # joined to a scaled value (node, argument, value, power): scaled with it
+    guards: dict[fx.Node, tuple[float, Fraction]] = field(default_factory=dict)  # a positive eps
+    # added or a lower clamp bound: keeps its output at or above the value (scaled)
     logs: list[tuple[fx.Node, str, Fraction]] = field(default_factory=list)  # (log node, op, w in)
     absorbed: list[tuple[fx.Node, Fraction]] = field(default_factory=list)  # Linear/Conv fed at w
     out: list[tuple[int, Fraction]] = field(default_factory=list)  # output slot -> its w
@@ -184,6 +187,8 @@ def _step(gm: fx.GraphModule, node: fx.Node, an: Analysis) -> Fraction:
             if _number(has) is None:
                 raise NoRule(f"{node.name}: a clamp bound that is a tensor")
             an.consts.append((node, key if key in node.kwargs else pos, float(has), w0))
+            if key == "min" and float(has) > 0:
+                an.guards[node] = (float(has), w0)
         return w0
     if name in alg.SAME:
         others = [a for a in node.all_input_nodes[1:] if _is_tensor(a) and pw.get(a, 0) != 0]
@@ -204,17 +209,22 @@ def _step(gm: fx.GraphModule, node: fx.Node, an: Analysis) -> Fraction:
         return Fraction(0)
     if name in alg.JOINS:
         ops = list(args[0]) if name in ("cat", "stack") else args[:2]
-        ws = set()
+        ws, numbers = set(), []
         for i, a in enumerate(ops):
             if isinstance(a, fx.Node) and _is_tensor(a):
                 ws.add(pw.get(a, Fraction(0)))
             elif _number(a) is not None and name not in ("cat", "stack"):
-                an.consts.append((node, i, float(a), w0))  # a guard: scaled with the values
+                numbers.append((i, float(a)))
             elif a is not None:
                 raise NoRule(f"{node.name}: {name} of a scaled value and {a!r}")
         if len(ws) != 1 or (name in ("add", "sub") and node.kwargs.get("alpha", 1) != 1):
             raise NoRule(f"{node.name}: {name} of operands at different scales")
-        return ws.pop()
+        w = ws.pop()
+        for i, v in numbers:  # scaled with the values: 2^s y + 2^s c = 2^s (y + c)
+            an.consts.append((node, i, v, w))
+            if name == "add" and v > 0:
+                an.guards[node] = (v, w)
+        return w
     raise NoRule(f"{node.name} ({name or node.op}) reads a scaled value and carries no power-of-two scale")
 
 
@@ -264,6 +274,7 @@ def choose(gm: fx.GraphModule, an: Analysis, report: Report, owner: str, source_
                 continue
             raise NoRule(f"{node.name}: no statistics in the report for a scaled op")
         demands.append((report.sites[site].absmax, w))
+    demands += [(abs(c), w) for _n, _k, c, w in an.consts if c != 0]  # a scaled constant is stored too
     step = alg.step_of(an.powers())
     lo, hi = alg.exponent_range(demands)
     j = hi - hi % step
@@ -278,7 +289,7 @@ def choose(gm: fx.GraphModule, an: Analysis, report: Report, owner: str, source_
 def _lifts(an: Analysis, stats: dict, report: Report, j: int) -> bool:
     """Whether at 2^j the singular operand(s) and the reductions and negative powers before
     them are lifted (a guard that survives, scaled, ends the walk back)."""
-    guards = {n: (c, w) for n, _k, c, w in an.consts if c > 0}
+    guards = an.guards
     op = _name(an.singular)
     args = _args(an.singular)
     starts = args[:2] if op == "atan2" else [args[SINGULAR_ARG.get(op, 0)]]

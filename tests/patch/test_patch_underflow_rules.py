@@ -65,6 +65,8 @@ CASES = {  # name -> (block, quiet scale, loud scale, rule, where the scale ends
                      "the constant of add"),
     "log2-alone": (lambda: um.Fn(lambda x: torch.log2(x * x + 1e-8)), 1e-4, 1.0, "underflow-log",
                    "one subtraction"),
+    "log10-eps-first-clamped": (lambda: um.Fn(lambda x: torch.log10(torch.clamp(1e-8 + x * x, min=1e-8))),
+                                1e-4, 1.0, "underflow-log", "one subtraction"),
     "energy-ratio": (lambda: um.Fn(lambda x: (x * x) / ((x * x).sum(-1, keepdim=True) + 1e-9)), 2e-5, 0.3,
                      "underflow-ratio", "cancels"),
     "rms-by-hand": (lambda: um.Fn(lambda x: x * torch.rsqrt((x * x).mean(-1, keepdim=True) + 1e-10)), 1e-4, 0.3,
@@ -143,16 +145,25 @@ def test_rule_without_a_layer_to_fold_multiplies_the_block_input():
     _check_exact(model, x, "underflow-log", "x 2^", folded="")
 
 
-@pytest.mark.parametrize("name", ["softmax-by-hand", "log-square-eps"])
+def _clamped():
+    """log(clamp(x², 1e-8, 1e3)): the upper bound x 2^(2j) must stay in FP16 too (it is
+    stored), which caps j at 2, too small to lift 1e-8 (the island)."""
+    return um.Net(um.Fn(lambda x: torch.log(torch.clamp(x * x, 1e-8, 1e3)))).eval(), um.quiet_rows(1e-4)
+
+
+@pytest.mark.parametrize("name", ["softmax-by-hand", "log-square-eps", "clamp-max"])
 def test_no_rule_keeps_the_island(name):
-    """An exp feeds the divide (no power of two passes an exp), or the quiet rows are too
-    quiet for one scale (x² at 1e-10 next to 6 at the loud ones): the FP32 island, and a
-    note saying why no rule applied; real FP16 finite."""
-    model, x = um.build(name)
+    """An exp feeds the divide (no power of two passes an exp), the quiet rows are too
+    quiet for one scale (x² at 1e-10 next to 6 at the loud ones), or a clamp's upper bound
+    leaves no room: the FP32 island, and a note saying why no rule applied; real FP16
+    finite."""
+    model, x = _clamped() if name == "clamp-max" else um.build(name)
+    with torch.no_grad():
+        assert not copy.deepcopy(model).half()(x.half()).isfinite().all()
     patched = patch(model, _report(model, x), batches=[x])
     the_plan = get_plan(patched)
     assert not the_plan.underflow_rules and [i.module for i in the_plan.islands] == ["block"]
-    why = {"softmax-by-hand": "exp", "log-square-eps": "no 2^j"}[name]
+    why = {"softmax-by-hand": "exp", "log-square-eps": "no 2^j", "clamp-max": "no 2^j"}[name]
     assert any(n.startswith("no exact underflow rule in block") and why in n for n in the_plan.notes)
     assert "no exact rule" in the_plan.islands[0].reason and the_plan.proven
     with torch.no_grad():
