@@ -21,7 +21,7 @@ from torch import fx, nn
 from fp16lens._core import PatchError
 from fp16lens._core.algebra import _underflow as alg
 from fp16lens._core.sites import site_module, site_name
-from fp16lens._core.underflow import SINGULAR_ARG, is_singular_name
+from fp16lens._core.underflow import SINGULAR_ARG, SINGULAR_BOTH, is_singular_name
 from fp16lens.patch._fx import _is_tensor, trace_owner
 from fp16lens.patch._plan import UnderflowRule
 from fp16lens.report import Report
@@ -349,7 +349,8 @@ def plan_rule(model: nn.Module, report: Report, finding, owner: str, taken: set[
         undo = [*(n.name for n in an.ended if n.op != "call_module" and n not in {m for m, _, _ in an.logs}),
                 *(f"the weight of {n.target}" for n, _ in an.absorbed), *(["one multiply at the output"] if an.out else [])]
         ends = f"the power carried by {node.name} undone by {', '.join(undo)}"
-    detail = f"{rule}: {finding.site} ({finding.count} non-finite in FP16): {where}; {ends}"
+    what = "wrong" if _name(node) in SINGULAR_BOTH else "non-finite"
+    detail = f"{rule}: {finding.site} ({finding.count} {what} in FP16): {where}; {ends}"
     return UnderflowRule(finding.site, owner, node.name, rule, j, folded or "", detail, an.source.name)
 
 
