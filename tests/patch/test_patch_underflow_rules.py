@@ -234,3 +234,23 @@ def test_a_rule_that_breaks_fp32_falls_back_to_the_island(monkeypatch):
     the_plan = get_plan(patch(model, _report(model, x)))
     assert not the_plan.underflow_rules and [i.module for i in the_plan.islands] == ["block"]
     assert any("differs in FP32" in n for n in the_plan.notes)
+
+
+class InnerLinear(nn.Module):
+    """The block's own layer produces what flushes: its weight and bias take 2^j."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(W, W)
+        with torch.no_grad():
+            self.lin.bias.zero_()
+
+    def forward(self, x):
+        return torch.log(self.lin(x) ** 2 + 1e-8)
+
+
+def test_rule_folds_into_the_blocks_own_layer():
+    torch.manual_seed(0)
+    model, x = um.Net(InnerLinear()).eval(), um.quiet_rows(1e-4, 0.5)
+    the_plan = _check_exact(model, x, "underflow-log", "block.lin weights x 2^", folded="")
+    assert not the_plan.reparametrized  # the block's forward is rewritten with its layer
