@@ -365,7 +365,13 @@ def _fold(gm, an: Analysis, report: Report, owner: str, sites, taken: set[str]) 
         if name in taken or _calls(gm, src.target) != 1:
             raise NoRule(f"{name} is rewritten by another fix or called twice")
         return None, name
-    readers = [sites[u] for u in src.users if u in sites]
+    readers, todo = [], list(src.users)
+    while todo:  # the sites reading the source, through views (which are no sites)
+        u = todo.pop()
+        if u in sites:
+            readers.append(sites[u])
+        elif _name(u) in alg.VIEWS:
+            todo += list(u.users)
     prods = {p for r in readers for p in report.producers(r) if not _inside(p, owner)}
     if len(prods) != 1:
         raise NoRule(f"the block's input {src.name} has {len(prods)} producers in the report, not one")

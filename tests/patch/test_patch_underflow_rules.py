@@ -67,6 +67,8 @@ CASES = {  # name -> (block, quiet scale, loud scale, rule, where the scale ends
                    "one subtraction"),
     "log10-eps-first-clamped": (lambda: um.Fn(lambda x: torch.log10(torch.clamp(1e-8 + x * x, min=1e-8))),
                                 1e-4, 1.0, "underflow-log", "one subtraction"),
+    "log-of-a-band-sum": (lambda: um.Fn(lambda x: torch.log(x.reshape(6, 4, 4).pow(2).sum(-1) + 1e-8)), 1e-4, 1.0,
+                          "underflow-log", "one subtraction"),  # through a view, pow(2), a sum
     "energy-ratio": (lambda: um.Fn(lambda x: (x * x) / ((x * x).sum(-1, keepdim=True) + 1e-9)), 2e-5, 0.3,
                      "underflow-ratio", "cancels"),
     "rms-by-hand": (lambda: um.Fn(lambda x: x * torch.rsqrt((x * x).mean(-1, keepdim=True) + 1e-10)), 1e-4, 0.3,
