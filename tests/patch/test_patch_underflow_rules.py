@@ -256,3 +256,17 @@ def test_rule_folds_into_the_blocks_own_layer():
     model, x = um.Net(InnerLinear()).eval(), um.quiet_rows(1e-4, 0.5)
     the_plan = _check_exact(model, x, "underflow-log", "block.lin weights x 2^", folded="")
     assert not the_plan.reparametrized  # the block's forward is rewritten with its layer
+
+
+def test_exported_fp16_onnx_of_the_rule_passes_verify(tmp_path):
+    """The rewritten block exports to a strongly typed FP16 ONNX graph (no island, no Cast)
+    that verify's onnx-fp16 backend passes, where the original fails torch-fp16."""
+    pytest.importorskip("onnxruntime")
+    import fp16lens
+
+    model, x = _build("log-then-linear")
+    patched = patch(model, _report(model, x), batches=[x])
+    path = str(tmp_path / "m.onnx")
+    fp16lens.export(patched, (x,), path, precision="fp16")
+    assert not fp16lens.verify(model, model, [x], backend="torch-fp16")
+    assert fp16lens.verify(model, path, [x], backend="onnx-fp16")
