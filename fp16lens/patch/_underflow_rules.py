@@ -49,7 +49,8 @@ class Analysis:
     ended: set[fx.Node] = field(default_factory=set)  # ops whose scaled inputs give w = 0
 
     def powers(self) -> list[Fraction]:
-        return [*self.power.values(), *(w for _, _, w in self.logs)]
+        """Every scaled value's power: 2^(j w) must stay a power of two for each."""
+        return list(self.power.values())
 
 
 def _name(node: fx.Node) -> str | None:
@@ -64,17 +65,13 @@ def _name(node: fx.Node) -> str | None:
 
 
 def _args(node: fx.Node) -> list:
-    """The positional operands, with ``input``/``other``/``min``/``max``/``exponent`` kwargs
-    at their places."""
+    """The positional operands, with ``input``/``other``/``exponent`` given as keywords
+    appended in that order (a clamp's bounds are read by name)."""
     args = list(node.args)
     for k in ("input", "other", "exponent"):
         if k in node.kwargs and len(args) < 2:
             args.append(node.kwargs[k])
     return args
-
-
-def _owner_inputs(gm: fx.GraphModule) -> list[fx.Node]:
-    return [n for n in gm.graph.nodes if n.op == "placeholder"]
 
 
 def _is_linear(mod) -> bool:
