@@ -94,5 +94,8 @@ def advice(op: str, origin: str, const: str) -> str:
     """The fix in words (what patch does)."""
     block = f"from {origin} through the {op}" if origin else f"the {op} and what feeds it"
     eps = f"; or raise {const} to at least 2^-24 ≈ 6e-8 (1e-7 or more survives FP16)" if const else ""
-    return (f"run the normalization block {block} in FP32 (patch makes it one FP32 island), "
-            f"or scale the flushing values up by 2^k before they are stored{eps}")
+    return (f"scale the flushing values up by 2^k before they are stored where the {op} ends the "
+            "scale exactly (a log adds k·log 2 for the next bias to take back, a ratio cancels it, "
+            "a power carries it to the next layer: patch does this in PyTorch models, rules "
+            f"underflow-log/-ratio/-power), else run the normalization block {block} in FP32 "
+            f"(patch makes it one FP32 island){eps}")
