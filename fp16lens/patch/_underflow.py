@@ -92,7 +92,8 @@ def _exact(model: nn.Module, report: Report, plan: Plan, owner: str) -> bool:
     found = [f for f in report.findings if f.mechanism == Mechanism.UNDERFLOW
              and _common(site_module(f.tensor if f.tensor in report.sites else f.site), site_module(f.site)) == owner]
     taken = {r.module for r in plan.reparametrized} | {s for r in plan.regions for s in r.sites} \
-        | {i.module for i in [*plan.kept, *plan.islands]} | {m.owner for m in plan.multiplies}
+        | {i.module for i in [*plan.kept, *plan.islands]} | {m.owner for m in plan.multiplies} \
+        | {site_module(i.site) for i in plan.islands if i.site}  # forwards fx rewrites for other fixes
     if owner in taken:
         return False
     rules = []
