@@ -47,7 +47,12 @@ def apply_plan(model: nn.Module, plan: Plan) -> nn.Module:
     for owner in dict.fromkeys(r.owner for r in plan.underflow_rules):  # owners no other fix rewrites
         # (the planner checks); the rules of one owner share their scaled region: applied once
         rule = next(r for r in plan.underflow_rules if r.owner == owner)
-        replace_module(model, owner, apply_rule(model, rule))
+        gm = apply_rule(model, rule)
+        if owner:
+            replace_module(model, owner, gm)
+        elif gm is not model:  # the model's own forward: the GraphModule is the model now
+            _keep_members(model, gm)
+            model = gm
     owners = dict.fromkeys([*(m.owner for m in plan.multiplies), *(site_module(i.site) for i in plan.islands if i.site),
                             *("" for i in plan.islands if i.nodes)])
     for owner in owners:

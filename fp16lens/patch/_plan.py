@@ -164,7 +164,7 @@ class Plan:
         or a functional activation of it made an island): patch returns a GraphModule."""
         return any(m.owner == "" for m in self.multiplies) or any(
             (i.site and not site_module(i.site)) or i.nodes for i in self.islands
-        )
+        ) or any(u.owner == "" for u in self.underflow_rules)
 
     @property
     def changes(self) -> bool:

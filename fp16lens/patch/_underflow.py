@@ -36,7 +36,7 @@ def _common(a: str, b: str) -> str:
 
 
 def _inside(name: str, outer: str) -> bool:
-    return name == outer or name.startswith(outer + ".")
+    return not outer or name == outer or name.startswith(outer + ".")
 
 
 def underflow_islands(model: nn.Module | None, report: Report, plan: Plan) -> None:
@@ -44,11 +44,16 @@ def underflow_islands(model: nn.Module | None, report: Report, plan: Plan) -> No
     if model is None:
         return
     wanted: dict[str, list[str]] = {}
+    root = None  # whether a block in the model's own forward is fixed by an exact rule
     for f in report.findings:
         if f.mechanism != Mechanism.UNDERFLOW:
             continue
         origin = f.tensor if f.tensor in report.sites else f.site
         owner = _common(site_module(origin), site_module(f.site))
+        if not owner and root is None:  # no island can hold it; a rule may rewrite the forward
+            root = not plan.changes and _exact(model, report, plan, "")
+        if not owner and root:
+            continue
         if not owner:
             plan.unresolved.append(Unresolved(f.site, (
                 f"underflow at {f.site} (values flushed at {origin}): the block from {origin} to "

@@ -326,8 +326,8 @@ def plan_rule(model: nn.Module, report: Report, finding, owner: str, taken: set[
     if node is None or not is_singular_name(_name(node) or ""):
         raise NoRule(f"{finding.site} not found in the traced forward of {owner}")
     an = analyse(gm, node)
-    inner = {f"{owner}.{n.target}" for n, _ in an.absorbed} | {f"{owner}.{u.target}" for n, _, _ in an.logs
-                                                                for u in n.users if u.op == "call_module"}
+    inner = {_qual(owner, n.target) for n, _ in an.absorbed} | {_qual(owner, u.target) for n, _, _ in an.logs
+                                                                 for u in n.users if u.op == "call_module"}
     if inner & taken:
         raise NoRule(f"{', '.join(sorted(inner & taken))} rewritten by another fix")
     folded, held = _fold(gm, an, report, owner, sites, taken)
@@ -335,7 +335,7 @@ def plan_rule(model: nn.Module, report: Report, finding, owner: str, taken: set[
     scaled_ops = sum(1 for a in _args(node)[:2] if isinstance(a, fx.Node) and a in an.power)
     rule = alg.rule_name(_name(node), scaled_ops)
     where = f"{folded} weights x 2^{j}" if folded else (
-        f"{owner}.{an.source.target} weights x 2^{j}" if an.source.op == "call_module"
+        f"{_qual(owner, an.source.target)} weights x 2^{j}" if an.source.op == "call_module"
         else f"one multiply x 2^{j} at the block's input {an.source.name}")
     if rule == alg.RULE_LOG:
         ends = "; ".join(f"{n.name} + {alg.log_offset(op, w * j):.6g} taken back by {log_absorber(gm, n)}"
@@ -358,7 +358,7 @@ def _fold(gm, an: Analysis, report: Report, owner: str, sites, taken: set[str]) 
     values the source holds)."""
     src = an.source
     if src.op == "call_module":
-        name = f"{owner}.{src.target}" if owner else str(src.target)
+        name = _qual(owner, src.target)
         if name in taken or _calls(gm, src.target) != 1:
             raise NoRule(f"{name} is rewritten by another fix or called twice")
         return None, name
@@ -383,15 +383,20 @@ def _fold(gm, an: Analysis, report: Report, owner: str, sites, taken: set[str]) 
     return None, p
 
 
+def _qual(owner: str, target) -> str:
+    """The qualified name of the owner's child ``target``."""
+    return f"{owner}.{target}" if owner else str(target)
+
+
 def _inside(site: str, owner: str) -> bool:
     mod = site_module(site) if ":" in site else site
-    return mod == owner or mod.startswith(owner + ".")
+    return not owner or mod == owner or mod.startswith(owner + ".")
 
 
 # ---- applying ------------------------------------------------------------------------------
 def apply_rule(model: nn.Module, rule: UnderflowRule) -> nn.Module:
     """Rewrite the owner's forward for ``rule`` (the folded layer's Reparam is applied
-    before); returns the GraphModule now in the model."""
+    before); returns the GraphModule to put in its place (the model itself for owner "")."""
     gm = trace_owner(model, rule.owner)
     node = next((n for n in gm.graph.nodes if n.name == rule.node), None)
     if node is None:

@@ -270,3 +270,26 @@ def test_exported_fp16_onnx_of_the_rule_passes_verify(tmp_path):
     fp16lens.export(patched, (x,), path, precision="fp16")
     assert not fp16lens.verify(model, model, [x], backend="torch-fp16")
     assert fp16lens.verify(model, path, [x], backend="onnx-fp16")
+
+
+class RootLog(nn.Module):
+    """The block in the model's own forward: no module can be its FP32 island."""
+
+    def __init__(self):
+        super().__init__()
+        self.front = um.Net(nn.Identity()).front
+
+    def forward(self, x):
+        return torch.log(self.front(x) ** 2 + 1e-8) + 5.0
+
+
+def test_rule_fixes_a_block_in_the_models_own_forward():
+    """Where the island cannot be (the model's own forward: unresolved before), the exact
+    rule rewrites that forward with torch.fx: patch returns a GraphModule whose front layer
+    holds 2^j and whose add takes the log's constant back."""
+    from torch import fx
+
+    model, x = RootLog().eval(), um.quiet_rows(1e-4)
+    the_plan = _check_exact(model, x, "underflow-log", ": front weights x 2^", folded="")
+    assert the_plan.underflow_rules[0].owner == "" and the_plan.rewrites_root and not the_plan.unresolved
+    assert isinstance(patch(model, _report(model, x)), fx.GraphModule)
