@@ -20,7 +20,7 @@ from torch import fx, nn
 
 from fp16lens._core import PatchError
 from fp16lens._core.algebra import _underflow as alg
-from fp16lens._core.sites import site_module, site_name
+from fp16lens._core.sites import site_module
 from fp16lens._core.underflow import SINGULAR_ARG, SINGULAR_BOTH, is_singular_name
 from fp16lens.patch._fx import _is_tensor, trace_owner
 from fp16lens.patch._plan import UnderflowRule
@@ -129,10 +129,12 @@ def _source(gm: fx.GraphModule, singular: fx.Node) -> fx.Node:
         if n.op == "placeholder" or (n.op == "call_module" and _is_linear(gm.get_submodule(n.target))):
             leaves.add(n)
             continue
+        if n.op == "get_attr":  # a parameter or buffer: at power 0 (a join with it is refused later)
+            continue
         name = _name(n)
         known = name in alg.SAME or name in alg.POWERS or name in alg.JOINS or name in alg.GUARDS or \
-            name in ("mul", "div", "pow")
-        if not known or n.op == "get_attr":
+            name in alg.PRODUCTS or name in ("mul", "div", "pow")
+        if not known:
             raise NoRule(f"{n.name} ({name or n.op}) feeds the singular operand and carries no power-of-two scale")
         todo += [a for a in n.all_input_nodes if _is_tensor(a)]
     if len(leaves) != 1:
@@ -192,13 +194,13 @@ def _step(gm: fx.GraphModule, node: fx.Node, an: Analysis) -> Fraction:
         if others:
             raise NoRule(f"{node.name} ({name}) takes a scaled value as a second argument")
         return w0
-    if name == "mul" or name == "div":
+    if name == "mul" or name == "div" or name in alg.PRODUCTS:
         a, b = args[0], args[1] if len(args) > 1 else None
         wa = pw.get(a, Fraction(0)) if isinstance(a, fx.Node) else Fraction(0)
         wb = pw.get(b, Fraction(0)) if isinstance(b, fx.Node) else Fraction(0)
         if any(isinstance(v, fx.Node) and not _is_tensor(v) for v in (a, b)):
             raise NoRule(f"{node.name}: a scaled value times a number computed at run time")
-        return wa + wb if name == "mul" else wa - wb
+        return wa - wb if name == "div" else wa + wb
     if name == "atan2":
         wa, wb = (pw.get(a, Fraction(0)) if isinstance(a, fx.Node) else Fraction(0) for a in args[:2])
         if wa != wb:
@@ -227,28 +229,25 @@ def _step(gm: fx.GraphModule, node: fx.Node, an: Analysis) -> Fraction:
 
 # ---- choosing j from the report --------------------------------------------------------
 def _site_map(gm: fx.GraphModule, report: Report, owner: str) -> dict[fx.Node, str]:
-    """fx node -> the report's site of that op: the n-th op of a name the owner runs is
-    ``owner:name#n``. Views and shape arithmetic are no sites. The owner's functional ops
-    must line up one to one, in order, with the report's (a function fx does not enter,
-    ``F.normalize``, runs several ops watch sees): else NoRule."""
-    counts: dict[str, int] = {}
-    out, names = {}, []
+    """fx node -> the report's site of that op: the owner's functional ops (views and shape
+    arithmetic are no sites) in order, one to one with the report's sites of the owner in
+    the order they first ran. Where they do not line up (a function fx does not enter,
+    ``F.normalize``, runs several ops watch sees): NoRule."""
+    nodes = []
     for node in gm.graph.nodes:
         name = _name(node)
         if name is None or name in alg.VIEWS or not _is_tensor(node):
             continue
-        if not any(_is_tensor(a) for a in node.all_input_nodes):
-            continue
-        counts[name] = counts.get(name, 0) + 1
-        names.append(name)
-        out[node] = site_name(owner, name) + (f"#{counts[name]}" if counts[name] > 1 else "")
-    ops = sorted((st for st in report.sites.values() if st.kind != "module" and st.module == owner),
-                 key=lambda st: st.order)
-    seen = [alg.op_name(st.op) for st in ops if alg.op_name(st.op) not in alg.VIEWS]
-    if seen != names or any(site not in report.sites for site in out.values()):
+        if any(_is_tensor(a) for a in node.all_input_nodes):
+            nodes.append(node)
+    ops = sorted((n for n, st in report.sites.items() if st.kind != "module" and st.module == owner
+                  and alg.op_name(st.op) not in alg.VIEWS), key=lambda n: report.sites[n].order)
+    names = [alg.family(_name(n)) for n in nodes]
+    seen = [alg.family(alg.op_name(report.sites[n].op)) for n in ops]
+    if seen != names:
         raise NoRule(f"the traced forward of {owner or 'the model'} runs {', '.join(names) or 'no ops'}, "
                      f"the report {', '.join(seen) or 'none'}: they do not line up")
-    return out
+    return dict(zip(nodes, ops))
 
 
 def _low(report: Report, site: str) -> float:

@@ -46,6 +46,17 @@ class PowLinear(nn.Module):
         return self.proj(torch.pow(x * x + 1e-9, -0.5) * 1e-3)
 
 
+class MelLog(nn.Module):
+    """A log-mel front end: power x², a positive filterbank (a buffer) by matmul, log + eps."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("fb", torch.rand(W, 8, generator=torch.Generator().manual_seed(3)) / 4)
+
+    def forward(self, x):
+        return torch.log(torch.matmul(x * x, self.fb) + 1e-8)
+
+
 class ReluNet(nn.Module):
     """The block reads a ReLU module's output: no linear layer to fold into, one multiply."""
 
@@ -69,6 +80,7 @@ CASES = {  # name -> (block, quiet scale, loud scale, rule, where the scale ends
                                 1e-4, 1.0, "underflow-log", "one subtraction"),
     "log-of-a-band-sum": (lambda: um.Fn(lambda x: torch.log(x.reshape(6, 4, 4).pow(2).sum(-1) + 1e-8)), 1e-4, 1.0,
                           "underflow-log", "one subtraction"),  # through a view, pow(2), a sum
+    "log-mel-by-matmul": (MelLog, 3e-5, 1.0, "underflow-log", "one subtraction"),
     "energy-ratio": (lambda: um.Fn(lambda x: (x * x) / ((x * x).sum(-1, keepdim=True) + 1e-9)), 2e-5, 0.3,
                      "underflow-ratio", "cancels"),
     "rms-by-hand": (lambda: um.Fn(lambda x: x * torch.rsqrt((x * x).mean(-1, keepdim=True) + 1e-10)), 1e-4, 0.3,

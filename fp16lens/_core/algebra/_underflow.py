@@ -61,6 +61,8 @@ JOINS = frozenset({"add", "sub", "maximum", "minimum", "cat", "stack", "hypot"})
 GUARDS = frozenset({"add", "sub", "clamp", "clamp_min", "clamp_max", "maximum", "minimum"})
 RATIO = frozenset({"div", "atan2"})
 """Quotients: the power of the numerator minus the denominator's (atan2: equal powers, 0)."""
+PRODUCTS = frozenset({"matmul", "mm", "bmm"})
+"""Bilinear: the powers of the two operands add (a filterbank buffer is at power 0)."""
 REDUCTIONS = frozenset({"sum", "mean", "std", "var", "norm", "vector_norm", "linalg_vector_norm",
                         "amax", "nansum", "cumsum"})
 """A reduction of values FP16 flushed is 0 where FP32 lifts it: its own low values must lift."""
@@ -73,6 +75,15 @@ def op_name(name: str) -> str:
     """An op's name in this table (``log_`` is ``log``, ``truediv`` is ``div``)."""
     key = name.lower().removeprefix("__").removesuffix("__").removesuffix("_")
     return _ALIASES.get(key, key)
+
+
+_FAMILY = {"matmul": "mm", "bmm": "mm", "clamp_min": "clamp", "square": "pow"}
+
+
+def family(name: str | None) -> str | None:
+    """The name an op and its aten forms share (``matmul`` runs ``mm`` or ``bmm``;
+    ``clamp(min=)`` may run ``clamp_min``): for lining up fx nodes with a report's sites."""
+    return _FAMILY.get(name, name) if name else name
 
 
 def exponent_of(value) -> Fraction | None:
