@@ -23,7 +23,11 @@ SINGULAR_ARG: dict[str, int] = {
     "reciprocal": 0, "rsqrt": 0,
     "div": 1,  # the denominator (true_divide is div in aten)
     "pow": 0,  # only with a negative exponent (see ``singular_pow``)
+    "atan2": 0,  # only where both operands are 0 (see ``SINGULAR_BOTH``)
 }
+SINGULAR_BOTH = frozenset({"atan2"})
+"""Ops singular only where every operand is 0: atan2(0, 0) = 0 in FP16 where FP32 gives
+the angle of two tiny values (a phase of a quiet spectrum bin): wrong, not non-finite."""
 SINGULAR_OPS = frozenset(SINGULAR_ARG)
 
 # ONNX op type -> the input slot where 0 is singular (Pow: with a negative exponent)
@@ -31,7 +35,7 @@ ONNX_SINGULAR_ARG: dict[str, int] = {"Log": 0, "Div": 1, "Reciprocal": 0, "Pow":
 SINGULAR_WHAT: dict[str, str] = {
     "log": "log(0) = -inf", "log2": "log(0) = -inf", "log10": "log(0) = -inf",
     "div": "x/0 = inf, 0/0 = NaN", "reciprocal": "1/0 = inf", "rsqrt": "rsqrt(0) = inf",
-    "pow": "0 to a negative power = inf",
+    "pow": "0 to a negative power = inf", "atan2": "atan2(0, 0) = 0 instead of the angle",
 }
 """What a 0 gives at each singular op (aten names; an ONNX op type lower-cased)."""
 SINGULAR_NAMES = frozenset({*SINGULAR_ARG, "true_divide", *(op.lower() for op in ONNX_SINGULAR_ARG)})
@@ -61,7 +65,7 @@ ZERO_JOINING = frozenset({"add", "sub", "maximum", "hypot"})
 RESULT = {
     "log": "log(0) = -inf", "log2": "log2(0) = -inf", "log10": "log10(0) = -inf",
     "reciprocal": "1/0 = inf", "rsqrt": "rsqrt(0) = inf", "div": "x/0 = inf, 0/0 = NaN",
-    "pow": "0^-k = inf",
+    "pow": "0^-k = inf", "atan2": "atan2(0, 0) = 0 instead of the angle",
 }
 
 
@@ -81,13 +85,17 @@ def describe(op: str, site: str, origin: str, const: str, share: float, count: i
     what = RESULT.get(op, "a zero is singular")
     where = f"values that flush to 0 in FP16 at {origin}" if origin else "values that flush to 0 in FP16"
     gone = f"; {const} meant to keep it away from 0 is itself 0 in FP16" if const else ""
+    wrong = "are wrong (0)" if op in SINGULAR_BOTH else "become inf/NaN"
     return (f"{site} ({op}) receives {where} ({100 * share:.3g}% of its operand){gone}: "
-            f"{what}, so ~{count} values become inf/NaN in FP16 while FP32 is finite")
+            f"{what}, so ~{count} values {wrong} in FP16 while FP32 is finite")
 
 
 def advice(op: str, origin: str, const: str) -> str:
     """The fix in words (what patch does)."""
     block = f"from {origin} through the {op}" if origin else f"the {op} and what feeds it"
     eps = f"; or raise {const} to at least 2^-24 ≈ 6e-8 (1e-7 or more survives FP16)" if const else ""
-    return (f"run the normalization block {block} in FP32 (patch makes it one FP32 island), "
-            f"or scale the flushing values up by 2^k before they are stored{eps}")
+    return (f"scale the flushing values up by 2^k before they are stored where the {op} ends the "
+            "scale exactly (a log adds k·log 2 for the next bias to take back, a ratio cancels it, "
+            "a power carries it to the next layer: patch does this in PyTorch models, rules "
+            f"underflow-log/-ratio/-power), else run the normalization block {block} in FP32 "
+            f"(patch makes it one FP32 island){eps}")

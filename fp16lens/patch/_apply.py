@@ -26,6 +26,7 @@ from fp16lens.patch._rules import (
     scale_linear,
     scale_norm_eps,
 )
+from fp16lens.patch._underflow_rules import apply_rule
 
 
 @torch.no_grad()
@@ -43,6 +44,15 @@ def apply_plan(model: nn.Module, plan: Plan) -> nn.Module:
         inner = model.get_submodule(island.module)
         replace_module(model, island.module, Fp32Island(inner, island.in_scale, island.out_scale,
                                                         island.fp32_out, island.fp32_in))
+    for owner in dict.fromkeys(r.owner for r in plan.underflow_rules):  # owners no other fix rewrites
+        # (the planner checks); the rules of one owner share their scaled region: applied once
+        rule = next(r for r in plan.underflow_rules if r.owner == owner)
+        gm = apply_rule(model, rule)
+        if owner:
+            replace_module(model, owner, gm)
+        elif gm is not model:  # the model's own forward: the GraphModule is the model now
+            _keep_members(model, gm)
+            model = gm
     owners = dict.fromkeys([*(m.owner for m in plan.multiplies), *(site_module(i.site) for i in plan.islands if i.site),
                             *("" for i in plan.islands if i.nodes)])
     for owner in owners:

@@ -68,6 +68,24 @@ class Multiply:
 
 
 @dataclass(frozen=True)
+class UnderflowRule:
+    """An underflow finding fixed exactly (``_core/algebra/_underflow.py``): the block's
+    values are scaled UP by 2^exponent from ``folded`` (a Linear/Conv whose weight and bias
+    take the factor; "" for one multiply at the block's input or its own layer), and the
+    singular op ends the scale (``rule``: ``underflow-log``, ``-ratio``, ``-power``). The
+    forward of ``owner`` is rewritten with torch.fx; ``node`` is the singular op's fx node."""
+
+    site: str  # the singular op ("block:log")
+    owner: str  # the module whose forward runs the block
+    node: str  # its fx node name in the traced forward of ``owner``
+    rule: str
+    exponent: int  # j: the block's values are 2^j times their FP32 selves
+    folded: str  # the layer whose parameters take 2^j ("" : a multiply)
+    detail: str
+    source: str = ""  # the fx node the scale starts from (one per owner)
+
+
+@dataclass(frozen=True)
 class Unresolved:
     """A problem patch() cannot fix; ``reason`` says why and what to do."""
 
@@ -115,6 +133,7 @@ class Plan:
     fp16_flops: float = 0.0  # conv/linear FLOPs of the watched forwards left in FP16
     total_flops: float = 0.0  # all conv/linear FLOPs of the watched forwards
     widened: list[SpanFp32] = field(default_factory=list)  # spans kept FP32 end to end (the proof's last resort)
+    underflow_rules: list[UnderflowRule] = field(default_factory=list)  # underflow fixed exactly
     proof: list[BatchProof] = field(default_factory=list)  # per batch, the final check's findings
     fp16_checked: bool = False  # whether real FP16 ran on the caller's batches
     fp32_checked: bool = False  # whether the FP32 equivalence check ran (batches or recorded inputs)
@@ -145,11 +164,12 @@ class Plan:
         or a functional activation of it made an island): patch returns a GraphModule."""
         return any(m.owner == "" for m in self.multiplies) or any(
             (i.site and not site_module(i.site)) or i.nodes for i in self.islands
-        )
+        ) or any(u.owner == "" for u in self.underflow_rules)
 
     @property
     def changes(self) -> bool:
-        return bool(self.islands or self.reparametrized or self.multiplies or self.widened)
+        return bool(self.islands or self.reparametrized or self.multiplies or self.widened
+                    or self.underflow_rules)
 
     def scale_inputs(self, *inputs):
         """The inputs as the patched model takes them: float input k (counted as the
@@ -178,6 +198,7 @@ class Plan:
             "total_flops": self.total_flops,
             "fp16_flop_share": self.fp16_flop_share,
             "widened": [dataclasses.asdict(w) for w in self.widened],
+            "underflow_rules": [dataclasses.asdict(u) for u in self.underflow_rules],
             "proof": [dataclasses.asdict(b) for b in self.proof],
             "fp16_checked": self.fp16_checked,
             "fp32_checked": self.fp32_checked,
@@ -192,7 +213,8 @@ class Plan:
     def __repr__(self) -> str:
         return (
             f"Plan({len(self.regions)} regions, {len(self.reparametrized)} re-parametrized, "
-            f"{len(self.multiplies)} multiplies, {len(self.islands)} FP32 islands, "
+            f"{len(self.multiplies)} multiplies, {len(self.underflow_rules)} underflow rules, "
+            f"{len(self.islands)} FP32 islands, "
             f"{len(self.widened)} spans kept FP32, {len(self.unresolved)} unresolved, "
             f"FP16 FLOP share {self.fp16_flop_share:.2%}, "
             f"{'proven in FP16' if self.proven else 'FP16 not proven'})"

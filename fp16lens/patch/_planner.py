@@ -150,9 +150,9 @@ def _plan_once(model, report, options, binding, graph, powers, acts, why: dict[s
                            "which is singular at 0: kept FP32 with it")
     islands += host_islands(graph, report, hosts, scales, why)
     plan.islands = rename_islands(islands, acts)
-    if model is not None:
-        underflow_islands(model, report, plan)  # underflow: the normalization block in FP32
     plan.multiplies = join_multiplies(graph, report, scales)
+    if model is not None:  # underflow: an exact rule, else the normalization block in FP32
+        underflow_islands(model, report, plan)  # (after the multiplies: a rule keeps off their owners)
     return plan, grow
 
 

@@ -37,6 +37,13 @@ def render(plan):
         for m in plan.multiplies:
             t.add_row(m.site, "\n".join(m.cut), f"{m.factor:g}")
         yield t
+    if plan.underflow_rules:
+        t = Table(title="underflow fixed exactly (the block scaled up by 2^j)", title_justify="left")
+        for col in ("singular op", "rule", "j", "how"):
+            t.add_column(col, overflow="fold")
+        for u in plan.underflow_rules:
+            t.add_row(u.site, u.rule, str(u.exponent), u.detail)
+        yield t
     if plan.islands:
         t = Table(title="FP32 islands (no rescaling passes them)", title_justify="left")
         for col in ("module", "in x", "out /", "why"):

@@ -30,6 +30,7 @@ from fp16lens._core.sites import FindingKind, Mechanism
 from fp16lens._core.underflow import (
     FLUSH,
     SINGULAR_ARG,
+    SINGULAR_BOTH,
     ZERO_JOINING,
     ZERO_KEEPING,
     ZERO_REDUCING,
@@ -219,6 +220,9 @@ class ZeroShadow:
                 self.consts[eid] = f"{what} {v:.3g}"
 
     def _singular(self, name: str, args, out: torch.Tensor, site: int, inplace) -> None:
+        if name in SINGULAR_BOTH:
+            self._both(name, args, out, site)
+            return
         k = SINGULAR_ARG[name]
         if name == "pow" and not (len(args) > 1 and singular_pow(args[1])):
             return
@@ -245,6 +249,27 @@ class ZeroShadow:
                 return
         operand = inplace if inplace is not None and k == 0 else self.producers(a)
         self.candidates.append(Candidate(site, name, tuple(operand), flushed, nonfinite, a.numel()))
+
+
+    def _both(self, name: str, args, out: torch.Tensor, site: int) -> None:
+        """atan2(y, x): wrong where FP16 makes both operands 0 and FP32 does not."""
+        if len(args) < 2 or not all(isinstance(a, torch.Tensor) and a.is_floating_point() for a in args[:2]):
+            return
+        y, x = args[0], args[1]
+        zy, zx = self.zeros(y), self.zeros(x)
+        if not (isinstance(zy, torch.Tensor) and isinstance(zx, torch.Tensor)):
+            return
+        try:
+            z = torch.broadcast_to(zy & zx & ~((y.detach() == 0) & (x.detach() == 0)), out.shape)
+        except RuntimeError:
+            return
+        flushed = nonfinite = z.sum()
+        if out.device.type == "cpu" and not self.static():
+            flushed = nonfinite = int(flushed)
+            if not nonfinite:
+                return
+        operand = (*self.producers(y), *self.producers(x))
+        self.candidates.append(Candidate(site, name, tuple(operand), flushed, nonfinite, out.numel()))
 
 
 def _operand(name: str, out: torch.Tensor, args) -> torch.Tensor | None:
