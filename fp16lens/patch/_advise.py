@@ -82,6 +82,7 @@ def advice_of(the_plan: Plan) -> Advice:
         "unresolved": [dataclasses.asdict(u) for u in the_plan.unresolved],
         "input_scales": {str(k): v for k, v in the_plan.input_scales.items()},
         "widened": [dataclasses.asdict(w) for w in the_plan.widened],
+        "underflow_rules": [dataclasses.asdict(u) for u in the_plan.underflow_rules],
     }, allow_nan=True))
     return Advice(**rows)
 
@@ -134,7 +135,8 @@ def _fixing(report: Report, the_plan: Plan, item: Span | Finding):
     unresolved = [u for u in the_plan.unresolved if u.site in sites or _names(u.reason, keys)]
     widened = [w for w in the_plan.widened if isinstance(item, Span) and 0 <= w.span < len(report.spans)
                and report.spans[w.span] is item]
-    return regions, islands, reparams, unresolved, widened
+    rules = [u for u in the_plan.underflow_rules if u.site in sites]
+    return regions, islands, reparams, unresolved, widened, rules
 
 
 # ---- words ------------------------------------------------------------------------------
@@ -166,6 +168,11 @@ def _region_words(r) -> str:
         text += f", {_list(r.exits)} undo it"
     rules = list(dict.fromkeys(m.group(0)[1:-1] for reason in r.reasons for m in _RULE.finditer(reason)))
     return text + (f" ({'; '.join(rules)})" if rules else "")
+
+
+def _rule_words(u) -> str:
+    where = f"folded into {u.folded}" if u.folded else "one multiply at the block's input"
+    return f"exact rule {u.rule}: the block scaled up by 2^{u.exponent} ({where}), ended at {u.site}"
 
 
 def _island_words(i: Island) -> str:
@@ -205,14 +212,15 @@ def plan_words(report: Report, the_plan: Plan, item: Span | Finding) -> str:
         words = _input_words(report, the_plan, item)
         if words is not None:
             return words
-    regions, islands, reparams, unresolved, widened = _fixing(report, the_plan, item)
-    parts = [_region_words(r) for r in regions]
+    regions, islands, reparams, unresolved, widened, rules = _fixing(report, the_plan, item)
+    parts = [_rule_words(u) for u in rules]
+    parts += [_region_words(r) for r in regions]
     ends = {m for r in regions for m in (*r.entries, *r.exits)}
     parts += [f"{r.module} re-parametrized ({r.rule}: {r.detail})" for r in reparams
               if not (r.rule in _ABSORB_RULES and r.module in ends)]  # said by its region
     parts += [_island_words(i) for i in islands]
     parts += [f"{_list(w.modules) or 'the whole model'} kept FP32 end to end" for w in widened]
-    if regions and not islands and not unresolved:
+    if (regions or rules) and not islands and not unresolved:
         parts[-1] += "; exact in FP32, no run-time cost"
     parts += [f"unresolved: {u.reason}" for u in unresolved]
     if not parts:

@@ -166,6 +166,7 @@ class Advice:
     unresolved: list[dict[str, Any]] = field(default_factory=list)  # site, reason
     input_scales: dict[str, float] = field(default_factory=dict)  # input index -> 2^k the caller divides by
     widened: list[dict[str, Any]] = field(default_factory=list)  # spans kept FP32 end to end
+    underflow_rules: list[dict[str, Any]] = field(default_factory=list)  # site, rule, exponent, folded, ...
     error: str = ""
 
 
@@ -377,7 +378,7 @@ def _advice(data: Any) -> Advice | None:
     if not isinstance(data, dict):
         raise ValueError(f"advice must be a mapping, got {data!r}")
     advice = Advice(**data)
-    for name in ("regions", "islands", "reparametrized", "unresolved", "widened"):
+    for name in ("regions", "islands", "reparametrized", "unresolved", "widened", "underflow_rules"):
         rows = getattr(advice, name)
         if not (isinstance(rows, list) and all(isinstance(r, dict) for r in rows)):
             raise ValueError(f"advice.{name} must be a list of mappings, got {rows!r}")

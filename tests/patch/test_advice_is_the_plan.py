@@ -171,3 +171,25 @@ def test_an_onnx_scan_advises_what_the_onnx_patch_writes(graph, tmp_path):
     assert all(s.fix.startswith("patch: ") for s in report.spans)
     for f in report.findings_by(Mechanism.UNDERFLOW):
         assert f.fix.startswith("patch: FP32 island"), f.fix
+
+
+@pytest.mark.parametrize("name", ["log10-clamp", "pow-negative", "clip-in-place-div", "log-square-eps"])
+def test_underflow_advice_names_the_rule_patch_uses(name):
+    """An underflow finding advises the exact rule patch applies (or the island it makes)."""
+    import underflow_models as um
+
+    model, x = um.build(name)
+    with torch.no_grad(), fp16lens.watch(model) as lens:
+        model(x)
+    report = lens.report
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", fp16lens.PatchWarning)
+        plan = fp16lens.patch.get_plan(fp16lens.patch(model, report))
+    assert report.advice == advice_of(plan)
+    (f,) = report.findings_by(Mechanism.UNDERFLOW)
+    rules = [u for u in plan.underflow_rules if u.site == f.site]
+    if rules:
+        assert f.fix.startswith(f"patch: exact rule {rules[0].rule}: the block scaled up by 2^{rules[0].exponent}")
+        assert not plan.islands
+    else:
+        assert f.fix.startswith("patch: FP32 island") and plan.islands

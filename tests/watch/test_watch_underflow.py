@@ -71,7 +71,7 @@ def test_report_names_op_origin_and_vanished_constant():
     model, x = um.build("log-square-eps")
     (f,) = _report(model, x).findings_by(Mechanism.UNDERFLOW)
     assert "eps 1e-10" in f.detail  # the constant that vanished
-    assert f.fix == "patch: FP32 island block (rule: FP32 island of the block)"  # what patch does
+    assert f.fix.startswith("patch: FP32 island block (rule: FP32 island of the block; no exact rule: ")
 
 
 def test_rendered_verdict_is_not_fp16_safe():
