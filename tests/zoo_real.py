@@ -348,17 +348,21 @@ _CROP = {"RNet": 24, "ONet": 48}  # PNet scans the whole (downscaled) image
 _FACE_BOX = (60, 190, 180, 310)  # astronaut.png (512x512): rows, then columns; ONet: face 0.99999
 
 
-def face(size: tuple[int, int]) -> torch.Tensor:
-    """The astronaut's face crop (RNet/ONet see face crops), 1x3xHxW pixels 0-255."""
-    full = image("astronaut", (512, 512))
-    r0, r1, c0, c1 = _FACE_BOX
+_CAMERA_FACE_BOX = (60, 180, 190, 310)  # camera.png (512x512): the cameraman's head
+
+
+def face(size: tuple[int, int], photo: str = "astronaut") -> torch.Tensor:
+    """A face crop (RNet/ONet see face crops) of the astronaut or the cameraman,
+    1x3xHxW pixels 0-255."""
+    full = image(photo, (512, 512))
+    r0, r1, c0, c1 = _FACE_BOX if photo == "astronaut" else _CAMERA_FACE_BOX
     crop = full[..., r0:r1, c0:c1]
     return nn.functional.interpolate(crop, size=size, mode="bilinear", antialias=True).round()
 
 
 def _mtcnn_case(stage: str, raw: bool, photo: str = "astronaut") -> Builder:
     def build():
-        x = image(photo, (128, 128)) if stage == "PNet" else face((_CROP[stage], _CROP[stage]))
+        x = image(photo, (128, 128)) if stage == "PNet" else face((_CROP[stage], _CROP[stage]), photo)
         return _mtcnn(stage), (x if raw else (x - 127.5) * 0.0078125,)
 
     return build
@@ -405,6 +409,10 @@ CASES: dict[str, RealCase] = {
                                             "raw 0-255" if kind == "raw" else "normalized",
                                             _mtcnn_case(s, kind == "raw"))
        for s in ("PNet", "RNet", "ONet") for kind in ("normalized", "raw")},
+    **{f"mtcnn.{s.lower()}/camera": RealCase(f"facenet-pytorch MTCNN {s}", "facenet-pytorch",
+                                            "another face (the cameraman), raw 0-255",
+                                            _mtcnn_case(s, True, "camera"))
+       for s in ("RNet", "ONet")},
     "mtcnn.pnet/camera": RealCase("facenet-pytorch MTCNN PNet", "facenet-pytorch", "another photo, raw 0-255",
                                   _mtcnn_case("PNet", True, "camera")),
     "silero_vad/speech": RealCase("Silero VAD v6 (eager)", "silero-vad", "speech", _vad_case(False, 1.0)),
