@@ -16,11 +16,10 @@ from __future__ import annotations
 import functools
 import os
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
-
 import zoo_real as z
 
 DET_SIZE = (96, 320)
@@ -118,7 +117,7 @@ def _input_name(path: str) -> str:
 
     m = onnx.load(path, load_external_data=False)
     inits = {i.name for i in m.graph.initializer}
-    return [i.name for i in m.graph.input if i.name not in inits][0]
+    return next(i.name for i in m.graph.input if i.name not in inits)
 
 
 def _cosines(refs, outs) -> list[float]:

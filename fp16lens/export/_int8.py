@@ -103,7 +103,7 @@ def _feeds(batches: Iterable | None, names: list[str], what: str) -> list[dict[s
 
 
 def quantize_fp16lens(proto, calibration: Iterable, exclude=(), target=None, evaluation=None,
-                      max_fallback: float = 0.1):
+                      max_fallback: float = 0.1, search_batches: int = 2):
     """Quantize the prepared FP32 ``proto`` (``prepared``): (Q/DQ ModelProto, Int8Plan)."""
     import_optional("onnxruntime", "onnx", _PURPOSE)
     from fp16lens.export._int8_search import search, write_qdq
@@ -113,7 +113,7 @@ def quantize_fp16lens(proto, calibration: Iterable, exclude=(), target=None, eva
     feeds = _feeds(calibration, names, "calibration")
     checks = _feeds(evaluation, names, "evaluation") if evaluation is not None else None
     plan = search(proto, feeds, set(exclude), target=target, evaluation=checks,
-                  max_fallback=max_fallback)
+                  max_fallback=max_fallback, search_batches=search_batches)
     return write_qdq(proto, plan), plan
 
 

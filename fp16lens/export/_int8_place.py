@@ -79,8 +79,7 @@ def find_units(graph, exclude: set[str], residual: bool = True) -> list[Unit]:
         if node.name in exclude:
             continue
         if node.op_type in COMPUTE_OPS:
-            n_in = 2 if node.op_type != "Gemm" else 2
-            ins = [t for t in node.input[:n_in] if t]
+            ins = [t for t in node.input[:2] if t]
             if len(ins) < 2:
                 continue
             w = ins[1] if ins[1] in inits else None

@@ -291,35 +291,32 @@ class Int8Plan:
         return line
 
 
-def search(proto, feeds: list[Feed], exclude: set[str] = frozenset(), *, target=None,
-           evaluation: list[Feed] | None = None, search_batches: int = 2, residual: bool = True,
-           max_fallback: float = 0.1, choose: bool = True, fallback: bool = True) -> Int8Plan:
-    """Calibrate on ``feeds``, choose each tensor's range by its cost at the output, rank
-    every unit, and keep the fewest out of INT8 until ``target`` holds on ``evaluation``
-    (default: the calibration batches). ExportError when the target needs more than
-    ``max_fallback`` of the FLOPs out of INT8."""
-    target = as_target(target)
-    name_nodes(proto.graph)
-    units = find_units(proto.graph, set(exclude), residual)
-    if not units:
-        raise ExportError("INT8: the graph has no Conv/ConvTranspose/Gemm/MatMul outside the "
-                          "FP32 islands to quantize; export it as fp16 instead")
-    hists, shapes = collect(proto, units, feeds)
-    inits = {i.name: tuple(i.dims) for i in proto.graph.initializer}
-    nodes = {n.name: n for n in proto.graph.node}
-    units = [Unit(u.node, u.op, u.acts, u.weight, u.axis, node_flops(nodes[u.node], shapes, inits))
-             if u.op != "Add" else u for u in units]
-    tensors = list(hists)
-    cands = {t: hists[t].candidates() for t in tensors}
-    scales = np.array([max(c.values()) / QMAX for c in cands.values()], np.float64)
-    methods = {t: max(c, key=c.get) for t, c in cands.items()}
-    switch = Switch(proto, units, tensors)
-    probe = feeds[:max(1, search_batches)]
-    off = np.zeros(len(units))
-    refs = switch.run(probe, off, scales)
-    readers = {t: [i for i, u in enumerate(units) if t in u.acts] for t in tensors}
-    if choose:
-        for j, t in enumerate(tensors):
+class Searcher:
+    """Calibration, per-tensor ranges and per-unit costs of one graph (the expensive part,
+    done once); ``fallback`` then keeps units out of INT8 for a target."""
+
+    def __init__(self, proto, feeds: list[Feed], exclude: set[str] = frozenset(), *,
+                 search_batches: int = 2, residual: bool = True, choose: bool = True):
+        name_nodes(proto.graph)
+        units = find_units(proto.graph, set(exclude), residual)
+        if not units:
+            raise ExportError("INT8: the graph has no Conv/ConvTranspose/Gemm/MatMul outside the "
+                              "FP32 islands to quantize; export it as fp16 instead")
+        hists, shapes = collect(proto, units, feeds)
+        inits = {i.name: tuple(i.dims) for i in proto.graph.initializer}
+        nodes = {n.name: n for n in proto.graph.node}
+        units = [Unit(u.node, u.op, u.acts, u.weight, u.axis, node_flops(nodes[u.node], shapes, inits))
+                 if u.op != "Add" else u for u in units]
+        tensors = list(hists)
+        cands = {t: hists[t].candidates() for t in tensors}
+        scales = np.array([max(c.values()) / QMAX for c in cands.values()], np.float64)
+        methods = {t: max(c, key=c.get) for t, c in cands.items()}
+        self.feeds, self.switch = feeds, Switch(proto, units, tensors)
+        probe = feeds[:max(1, search_batches)]
+        off = np.zeros(len(units))
+        refs = self.switch.run(probe, off, scales)
+        readers = {t: [i for i, u in enumerate(units) if t in u.acts] for t in tensors}
+        for j, t in enumerate(tensors if choose else ()):
             if len(cands[t]) < 2:
                 continue
             on = off.copy()
@@ -328,23 +325,47 @@ def search(proto, feeds: list[Feed], exclude: set[str] = frozenset(), *, target=
             for name, amax in cands[t].items():
                 trial = scales.copy()
                 trial[j] = amax / QMAX
-                scored.append((nmse(refs, switch.run(probe, on, trial)), -amax, name, amax))
+                scored.append((nmse(refs, self.switch.run(probe, on, trial)), -amax, name, amax))
             best = min(s[0] for s in scored)
             # the widest range within 2% of the least error: no clip bought for nothing
-            cost, _, name, amax = min((s for s in scored if s[0] <= best * 1.02 + 1e-12),
-                                      key=lambda s: s[1])
+            _, _, name, amax = min((s for s in scored if s[0] <= best * 1.02 + 1e-12),
+                                   key=lambda s: s[1])
             scales[j], methods[t] = amax / QMAX, name
-    costs = []
-    for i in range(len(units)):
-        on = off.copy()
-        on[i] = 1
-        costs.append(nmse(refs, switch.run(probe, on, scales)))
-    plan = Int8Plan(units, {t: float(s) for t, s in zip(tensors, scales)}, methods,
-                    [True] * len(units), target=target, costs=costs)
-    if target is not None:
-        _fallback(plan, switch, evaluation or feeds, scales, max_fallback if fallback else 0.0)
-    plan.runs = switch.runs
-    return plan
+        costs = []
+        for i in range(len(units)):  # every unit, alone
+            on = off.copy()
+            on[i] = 1
+            costs.append(nmse(refs, self.switch.run(probe, on, scales)))
+        self.scales = scales
+        self.plan = Int8Plan(units, {t: float(s) for t, s in zip(tensors, scales)}, methods,
+                             [True] * len(units), costs=costs, runs=self.switch.runs)
+
+    def fallback(self, target, evaluation: list[Feed] | None = None,
+                 max_fallback: float = 0.1) -> Int8Plan:
+        """A copy of the plan with the fewest units out of INT8 that meet ``target`` on
+        ``evaluation`` (default: the calibration batches); ExportError when that needs more
+        than ``max_fallback`` of the FLOPs out of INT8."""
+        import copy
+
+        plan = copy.copy(self.plan)
+        plan.target = as_target(target)
+        _fallback(plan, self.switch, evaluation or self.feeds, self.scales, max_fallback)
+        plan.runs = self.switch.runs
+        return plan
+
+
+def search(proto, feeds: list[Feed], exclude: set[str] = frozenset(), *, target=None,
+           evaluation: list[Feed] | None = None, search_batches: int = 2, residual: bool = True,
+           max_fallback: float = 0.1, choose: bool = True) -> Int8Plan:
+    """Calibrate on ``feeds``, choose each tensor's range by its cost at the output, rank
+    every unit, and keep the fewest out of INT8 until ``target`` holds on ``evaluation``
+    (default: the calibration batches). ExportError when the target needs more than
+    ``max_fallback`` of the FLOPs out of INT8."""
+    searcher = Searcher(proto, feeds, exclude, search_batches=search_batches, residual=residual,
+                        choose=choose)
+    if target is None:
+        return searcher.plan
+    return searcher.fallback(target, evaluation, max_fallback)
 
 
 def _fallback(plan: Int8Plan, switch: Switch, evaluation: list[Feed], scales, max_fallback: float):
@@ -359,7 +380,8 @@ def _fallback(plan: Int8Plan, switch: Switch, evaluation: list[Feed], scales, ma
     s = score(set())
     out: set[int] = set()
     if s < target.threshold:
-        # grow the set out of INT8 in costliest-first steps (1, 2, 4, ...), then try each back in
+        # grow the set out of INT8 in costliest-first steps (1, 2, 4, 8, 16, 24, ...), then
+        # try each one back in, cheapest first: what stays out is needed
         k, last = 1, s
         while last < target.threshold and k <= len(order):
             out = set(order[:k])
@@ -367,7 +389,7 @@ def _fallback(plan: Int8Plan, switch: Switch, evaluation: list[Feed], scales, ma
             k = k * 2 if k < 8 else k + 8
         if last < target.threshold:
             out, last = set(order), score(set(order))
-        for i in sorted(out, key=lambda i: plan.costs[i]):  # cheapest first back into INT8
+        for i in sorted(out, key=lambda i: plan.costs[i]):
             trial = out - {i}
             t = score(trial)
             if t >= target.threshold:
@@ -380,11 +402,12 @@ def _fallback(plan: Int8Plan, switch: Switch, evaluation: list[Feed], scales, ma
     float_share = 1.0 - plan.int8_flop_share
     if s < target.threshold or float_share > max_fallback:
         kept = "; ".join(map(str, plan.kept[:8])) + (" ..." if len(plan.kept) > 8 else "")
+        reached = (f"{target.name} {s:.4f} < {target.threshold:g}" if s < target.threshold else
+                   f"{target.name} {s:.4f} >= {target.threshold:g} only")
         raise ExportError(
-            f"INT8 misses its target: {target.name} {s:.4f} < {target.threshold:g} with "
-            f"{float_share:.1%} of the FLOPs kept out of INT8 (allowed {max_fallback:.0%}: "
-            f"{kept or 'none'}); give more representative calibration batches, lower the "
-            f"target, or export precision='fp16'"
+            f"INT8 misses its target: {reached} with {float_share:.1%} of the conv/gemm/matmul "
+            f"FLOPs kept out of INT8 (allowed {max_fallback:.0%}; kept: {kept or 'none'}); give "
+            f"more representative calibration batches, lower the target, or export precision='fp16'"
         )
 
 
