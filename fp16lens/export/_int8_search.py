@@ -165,9 +165,13 @@ def collect(proto, units: list[Unit], feeds: list[Feed]) -> tuple[dict[str, Hist
 ON, SCALE = "fp16lens_int8_on", "fp16lens_int8_scale"
 
 
-def switch_graph(proto, units: list[Unit], tensors: list[str]):
+def switch_graph(proto, units: list[Unit], tensors: list[str], corrections: dict | None = None,
+                 shadow: Sequence[str] = ()):
     """A copy of ``proto`` whose units are switched by the inputs ``ON`` (one float per unit)
-    and whose activations are quantized with the scales of input ``SCALE`` (one per tensor)."""
+    and whose activations are quantized with the scales of input ``SCALE`` (one per tensor);
+    a unit in ``corrections`` adds that per-channel bias correction when on. Each unit node
+    in ``shadow`` also gets a float twin reading its unquantized inputs, its output and the
+    twin's exposed as graph outputs (``<output>`` and ``<output>__shadow``)."""
     import onnx
     from onnx import helper, numpy_helper
 
@@ -189,7 +193,17 @@ def switch_graph(proto, units: list[Unit], tensors: list[str]):
         g.initializer.append(numpy_helper.from_array(np.asarray(value), name))
         return name
 
+    shadows = []
     for node in g.node:
+        if node.name in shadow:
+            twin = onnx.NodeProto()
+            twin.CopyFrom(node)
+            twin.name = f"{node.name}__shadow"
+            del twin.output[:]
+            twin.output.append(f"{node.output[0]}__shadow")
+            shadows.append(twin)
+            g.output.extend([helper.make_tensor_value_info(node.output[0], 1, None),
+                             helper.make_tensor_value_info(twin.output[0], 1, None)])
         for i in by_node.get(node.name, []):
             u = units[i]
             on = f"fp16lens_on_{i}"
@@ -218,18 +232,27 @@ def switch_graph(proto, units: list[Unit], tensors: list[str]):
                 nodes += [helper.make_node("Mul", [delta, on], [f"{u.weight}__m{i}"]),
                           helper.make_node("Add", [u.weight, f"{u.weight}__m{i}"], [f"{u.weight}__u{i}"])]
                 node.input[1] = f"{u.weight}__u{i}"
+            if corrections and u.node in corrections:
+                corr = const(f"{u.node}__corr", corrections[u.node].astype(np.float32))
+                nodes.append(helper.make_node("Mul", [corr, on], [f"{u.node}__corr_on"]))
+                if len(node.input) > 2 and node.input[2]:
+                    nodes.append(helper.make_node("Add", [node.input[2], f"{u.node}__corr_on"],
+                                                  [f"{u.node}__bias"]))
+                    node.input[2] = f"{u.node}__bias"
+                else:
+                    node.input.append(f"{u.node}__corr_on")
         nodes.append(node)
     del g.node[:]
-    g.node.extend(nodes)
+    g.node.extend(nodes + shadows)  # a twin reads only what its node reads: last is fine
     return model
 
 
 class Switch:
     """The switch graph in one session, run on a fixed list of batches."""
 
-    def __init__(self, proto, units: list[Unit], tensors: list[str]):
+    def __init__(self, proto, units: list[Unit], tensors: list[str], corrections: dict | None = None):
         self.units, self.tensors = units, tensors
-        self.sess = session(switch_graph(proto, units, tensors))
+        self.sess = session(switch_graph(proto, units, tensors, corrections))
         self.outputs = [o.name for o in proto.graph.output]
         self.runs = 0
 
@@ -237,6 +260,35 @@ class Switch:
         extra = {ON: on.astype(np.float32), SCALE: scales.astype(np.float32)}
         self.runs += len(feeds)
         return [self.sess.run(self.outputs, {**f, **extra}) for f in feeds]
+
+
+def _channel_means(values: list[np.ndarray], axis: int) -> np.ndarray:
+    moved = [np.moveaxis(np.asarray(v, np.float64), axis, 0).reshape(np.shape(v)[axis], -1)
+             for v in values]
+    return np.concatenate(moved, axis=1).mean(axis=1)
+
+
+def bias_corrections(proto, units: list[Unit], tensors: list[str], scales: np.ndarray,
+                     feeds: list[Feed]) -> dict[str, np.ndarray]:
+    """Per output channel, minus the mean error each Conv/ConvTranspose/Gemm (with a bias)
+    adds by itself in the all-INT8 graph on ``feeds``: its output against a float twin
+    reading the same, unquantized, inputs. One pass, no compounding: the error a layer
+    passes on is corrected where it arises."""
+    nodes = {n.name: n for n in proto.graph.node}
+    where = {u.node: (1 if u.op != "Gemm" else -1) for u in units
+             if u.op in ("Conv", "ConvTranspose") or (u.op == "Gemm" and len(nodes[u.node].input) > 2
+                                                      and nodes[u.node].input[2])}
+    if not where:
+        return {}
+    sess = session(switch_graph(proto, units, tensors, None, list(where)))
+    names = [f"{nodes[n].output[0]}{suffix}" for n in where for suffix in ("", "__shadow")]
+    extra = {ON: np.ones(len(units), np.float32), SCALE: scales.astype(np.float32)}
+    got = [sess.run(names, {**f, **extra}) for f in feeds]
+    corrections = {}
+    for k, (node, axis) in enumerate(where.items()):
+        diff = [g[2 * k] - g[2 * k + 1] for g in got]
+        corrections[node] = -_channel_means(diff, axis)
+    return corrections
 
 
 # ---- the search ----------------------------------------------------------------------------
@@ -267,6 +319,8 @@ class Int8Plan:
     target: Target | None = None
     costs: list[float] = field(default_factory=list)
     runs: int = 0
+    corrections: dict = field(default_factory=dict)  # unit node -> per-channel bias correction
+    notes: list[str] = field(default_factory=list)
 
     @property
     def int8_flop_share(self) -> float:
@@ -284,6 +338,8 @@ class Int8Plan:
         line = (f"INT8: {sum(self.on)}/{len(self.units)} units quantized "
                 f"({self.int8_flop_share:.1%} of conv/gemm/matmul FLOPs), "
                 f"{len(self.scales)} activation scales ({methods})")
+        if self.notes:
+            line += "; " + "; ".join(self.notes)
         if self.target is not None and self.score is not None:
             line += f"; {self.target.name} {self.score:.4f} (target {self.target.threshold:g})"
         if self.kept:
@@ -296,7 +352,8 @@ class Searcher:
     done once); ``fallback`` then keeps units out of INT8 for a target."""
 
     def __init__(self, proto, feeds: list[Feed], exclude: set[str] = frozenset(), *,
-                 search_batches: int = 2, residual: bool = True, choose: bool = True):
+                 search_batches: int = 2, residual: bool = True, choose: bool = True,
+                 correct_bias: bool = True):
         name_nodes(proto.graph)
         units = find_units(proto.graph, set(exclude), residual)
         if not units:
@@ -331,6 +388,21 @@ class Searcher:
             _, _, name, amax = min((s for s in scored if s[0] <= best * 1.02 + 1e-12),
                                    key=lambda s: s[1])
             scales[j], methods[t] = amax / QMAX, name
+        corrections: dict[str, np.ndarray] = {}
+        notes = []
+        if correct_bias:
+            # measured on the calibration batches the search does not probe, kept where it
+            # lowers the all-INT8 error on those it probes (held out: it must generalize)
+            rest = feeds[len(probe):] or feeds
+            trial = bias_corrections(proto, units, tensors, scales, rest)
+            all_on = np.ones(len(units))
+            before = nmse(refs, self.switch.run(probe, all_on, scales))
+            corrected = Switch(proto, units, tensors, trial)
+            after = nmse(refs, corrected.run(probe, all_on, scales))
+            if after < before:
+                corrections, self.switch = trial, corrected
+            notes.append(f"bias correction {'kept' if corrections else 'left out'} (output "
+                         f"error {before:.2e} -> {after:.2e})")
         costs = []
         for i in range(len(units)):  # every unit, alone
             on = off.copy()
@@ -338,7 +410,8 @@ class Searcher:
             costs.append(nmse(refs, self.switch.run(probe, on, scales)))
         self.scales = scales
         self.plan = Int8Plan(units, {t: float(s) for t, s in zip(tensors, scales)}, methods,
-                             [True] * len(units), costs=costs, runs=self.switch.runs)
+                             [True] * len(units), costs=costs, runs=self.switch.runs,
+                             corrections=corrections, notes=notes)
 
     def fallback(self, target, evaluation: list[Feed] | None = None,
                  max_fallback: float = 0.1) -> Int8Plan:
@@ -356,13 +429,13 @@ class Searcher:
 
 def search(proto, feeds: list[Feed], exclude: set[str] = frozenset(), *, target=None,
            evaluation: list[Feed] | None = None, search_batches: int = 2, residual: bool = True,
-           max_fallback: float = 0.1, choose: bool = True) -> Int8Plan:
+           max_fallback: float = 0.1, choose: bool = True, correct_bias: bool = True) -> Int8Plan:
     """Calibrate on ``feeds``, choose each tensor's range by its cost at the output, rank
     every unit, and keep the fewest out of INT8 until ``target`` holds on ``evaluation``
     (default: the calibration batches). ExportError when the target needs more than
     ``max_fallback`` of the FLOPs out of INT8."""
     searcher = Searcher(proto, feeds, exclude, search_batches=search_batches, residual=residual,
-                        choose=choose)
+                        choose=choose, correct_bias=correct_bias)
     if target is None:
         return searcher.plan
     return searcher.fallback(target, evaluation, max_fallback)
@@ -461,6 +534,17 @@ def write_qdq(proto, plan: Int8Plan):
                                                   name=f"{w}_DequantizeLinear", **extra))
                 node.input[1] = done[w]
                 used_weights.add(w)
+            corr = plan.corrections.get(node.name)
+            if corr is not None:
+                bias = node.input[2] if len(node.input) > 2 and node.input[2] else None
+                base = numpy_helper.to_array(inits[bias]) if bias else np.zeros(corr.shape, np.float32)
+                name = f"{node.name}_corrected_bias"
+                g.initializer.append(numpy_helper.from_array((base + corr).astype(np.float32), name))
+                if bias:
+                    node.input[2] = name
+                    used_weights.add(bias)
+                else:
+                    node.input.append(name)
         nodes.append(node)
     del g.node[:]
     g.node.extend(nodes)
