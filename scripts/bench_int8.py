@@ -106,7 +106,7 @@ def _fp16lens(case, target=None, calibrator="search", choose=True, bias=True):
         _SEARCHED[key] = (Searcher(proto, list(case.cal), choose=choose, correct_bias=choose),
                           time.perf_counter() - t0)
     searcher, seconds = _SEARCHED[key]
-    plan = searcher.plan if target is None else searcher.fallback(target, max_fallback=0.25)
+    plan = searcher.plan if target is None else searcher.fallback(target, max_fallback=0.5)
     if not bias:
         plan = dataclasses.replace(plan, corrections={})
     note = f"bias corrected: {len(plan.corrections)} layers; {len(plan.scales)} scales ({', '.join(f'{m} {n}' for m, n in sorted(plan.method_counts().items()))})"
@@ -125,15 +125,9 @@ def _task_target(name: str):
         return Int8Target(0.98, lambda r, o: int8_zoo.det_metric(r, o)["IoU"], "text-mask IoU")
     if name == "recognizer":
         path = int8_zoo.z.rapidocr_model("rec")
-        return Int8Target(0.995, lambda r, o: min(int8_zoo.rec_metric_for(path)(r, o)["same string"],
-                                                   _mean_cos(r, o) + 0.005), "same strings, cosine 0.99")
-    return Int8Target(0.99, None)
-
-
-def _mean_cos(refs, outs) -> float:
-    from fp16lens.export._int8_search import cosine
-
-    return float(np.mean([cosine(r[0], o[0]) for r, o in zip(refs, outs)]))
+        return Int8Target(1.0, lambda r, o: int8_zoo.rec_metric_for(path)(r, o)["same string"],
+                          "same strings")
+    return Int8Target(0.995, None)
 
 
 def _modelopt(case, method: str):
@@ -168,7 +162,11 @@ def modelopt_status() -> str | None:
     return None
 
 
-def methods(name: str, with_modelopt: bool):
+def methods(name: str, with_modelopt: bool, only_modelopt: bool = False):
+    if only_modelopt:
+        for m in ("entropy", "max"):
+            yield f"ModelOpt {m}", lambda c, m=m: _modelopt(c, m)
+        return
     yield "fp16lens before (ORT Entropy, all ops)", lambda c: _fp16lens(c, calibrator="ort-entropy")
     yield "fp16lens placement, max ranges", lambda c: _fp16lens(c, choose=False)
     yield "fp16lens placement, ranges chosen", lambda c: _fp16lens(c, bias=False)
@@ -176,17 +174,15 @@ def methods(name: str, with_modelopt: bool):
     yield "fp16lens + target", lambda c: _fp16lens(c, target=_task_target(name))
     for m in ("MinMax", "Entropy", "Percentile"):
         yield f"ORT {m}", lambda c, m=m: _ort_static(c, m)
-    if with_modelopt:
-        for m in ("entropy", "max"):
-            yield f"ModelOpt {m}", lambda c, m=m: _modelopt(c, m)
 
 
-def bench(name: str, n_cal: int, n_eval: int, with_modelopt: bool) -> list[dict]:
+def bench(name: str, n_cal: int, n_eval: int, with_modelopt: bool, only_modelopt: bool = False
+          ) -> list[dict]:
 
     case = int8_zoo.MODELS[name](n_cal, n_eval)
     refs = int8_zoo.run_outputs(case.path, case.eval)
     rows = []
-    for label, make in methods(name, with_modelopt):
+    for label, make in methods(name, with_modelopt, only_modelopt):
         t0 = time.perf_counter()
         try:
             proto, note, *spent = make(case)
@@ -237,9 +233,16 @@ def main(argv=None) -> int:
     if why:
         print(why)
     rows = []
-    for name in args.models.split(","):
+    names = args.models.split(",")
+    for name in names:
         print(f"{name}: 8 calibration items, {n_eval} evaluation items", flush=True)
         rows += bench(name, 8, n_eval, why is None)
+    # ModelOpt patches ONNX Runtime's calibrators when it runs: it goes last
+    for name in names if why is None else ():
+        print(f"{name}: ModelOpt", flush=True)
+        rows += bench(name, 8, n_eval, True, only_modelopt=True)
+    order = {n: i for i, n in enumerate(dict.fromkeys(r["model"] for r in rows))}
+    rows.sort(key=lambda r: order[r["model"]])
     print()
     print(markdown(rows))
     if why:

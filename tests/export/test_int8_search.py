@@ -9,6 +9,8 @@ fp16lens ran before. Inputs: tests/int8_zoo.py (calibration and evaluation disjo
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -131,7 +133,7 @@ def test_fallback_keeps_the_fewest_and_names_them(detector, det_search):
     for name in names:  # minimal: each one back in INT8 misses the target
         on = list(plan.on)
         on[index[name]] = True
-        trial = type(plan)(plan.units, plan.scales, plan.methods, on)
+        trial = dataclasses.replace(plan, on=on)
         assert iou(refs, int8_zoo.run_outputs(write_qdq(proto, trial), cal)) < target.threshold, name
     assert all(name in plan.summary() for name in names)
 
