@@ -129,11 +129,16 @@ def quantize_int8(proto, calibration: Iterable, exclude: list[str], path: Path, 
     proto = prepared(proto)
     notes: list[str] = []
     if calibrator == "search":
-        from fp16lens.export._int8_place import name_nodes
+        from fp16lens.export._int8_place import find_units, name_nodes
 
         name_nodes(proto.graph)
-        quantized, plan = quantize_fp16lens(proto, calibration, exclude, target, evaluation)
-        notes.append(plan.summary())
+        if find_units(proto.graph, set(exclude)):
+            quantized, plan = quantize_fp16lens(proto, calibration, exclude, target, evaluation)
+            notes.append(plan.summary())
+        else:
+            quantized = proto
+            notes.append("INT8: every Conv/ConvTranspose/Gemm/MatMul is in an FP32 island; "
+                         "the graph is written without Q/DQ (export precision='fp16' instead)")
     else:
         if target is not None:
             raise ExportError("target= needs calibrator='search' (the fallback search)")

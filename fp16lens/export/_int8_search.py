@@ -390,10 +390,13 @@ class Searcher:
             scales[j], methods[t] = amax / QMAX, name
         corrections: dict[str, np.ndarray] = {}
         notes = []
-        if correct_bias:
+        if correct_bias and len(feeds) <= len(probe):
+            notes.append("bias correction not tried: it needs calibration batches beyond the "
+                         f"{len(probe)} that check it")
+        elif correct_bias:
             # measured on the calibration batches the search does not probe, kept where it
             # lowers the all-INT8 error on those it probes (held out: it must generalize)
-            rest = feeds[len(probe):] or feeds
+            rest = feeds[len(probe):]
             trial = bias_corrections(proto, units, tensors, scales, rest)
             all_on = np.ones(len(units))
             before = nmse(refs, self.switch.run(probe, all_on, scales))
