@@ -99,6 +99,15 @@ def _feeds(batches: Iterable | None, names: list[str], what: str) -> list[dict[s
     feeds = [batch_feed(b, names) for b in batches] if batches is not None else []
     if batches is not None and not feeds:
         raise ExportError(f"INT8 {what} is empty; pass at least one input batch")
+    first = {n: a.shape for n, a in feeds[0].items()} if feeds else {}
+    for feed in feeds[1:]:
+        shapes = {n: a.shape for n, a in feed.items()}
+        if shapes != first:
+            raise ExportError(
+                f"INT8 {what} batches must share one shape per input (the search compares "
+                f"them on one graph): got {_shapes(first)} then {_shapes(shapes)}; resize or "
+                "pad the calibration inputs to one shape"
+            )
     return feeds
 
 
