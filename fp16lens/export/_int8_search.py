@@ -390,22 +390,28 @@ class Searcher:
             scales[j], methods[t] = amax / QMAX, name
         corrections: dict[str, np.ndarray] = {}
         notes = []
-        if correct_bias and len(feeds) <= len(probe):
-            notes.append("bias correction not tried: it needs calibration batches beyond the "
-                         f"{len(probe)} that check it")
+        if correct_bias and len(feeds) < 2:
+            notes.append("bias correction not tried: it needs two calibration batches or more "
+                         "(one to measure it, one to check it)")
         elif correct_bias:
-            # measured on the calibration batches the search does not probe, kept where it
-            # lowers the all-INT8 error on those it probes (held out: it must generalize)
-            rest = feeds[len(probe):]
-            trial = bias_corrections(proto, units, tensors, scales, rest)
+            # two folds: measured on one half of the calibration batches, checked on the
+            # other, both ways; kept (measured on all) only where both halves gain
+            half = len(feeds) // 2
+            folds = [(feeds[:half], feeds[half:]), (feeds[half:], feeds[:half])]
             all_on = np.ones(len(units))
-            before = nmse(refs, self.switch.run(probe, all_on, scales))
-            corrected = Switch(proto, units, tensors, trial)
-            after = nmse(refs, corrected.run(probe, all_on, scales))
-            if after < before:
-                corrections, self.switch = trial, corrected
+            gains = []
+            for fit, check in folds:
+                ref = self.switch.run(check, off, scales)
+                before = nmse(ref, self.switch.run(check, all_on, scales))
+                trial = Switch(proto, units, tensors,
+                               bias_corrections(proto, units, tensors, scales, fit))
+                gains.append((before, nmse(ref, trial.run(check, all_on, scales))))
+            if all(after < before for before, after in gains):
+                corrections = bias_corrections(proto, units, tensors, scales, feeds)
+                self.switch = Switch(proto, units, tensors, corrections)
             notes.append(f"bias correction {'kept' if corrections else 'left out'} (output "
-                         f"error {before:.2e} -> {after:.2e})")
+                         "error on held-out halves " + ", ".join(f"{b:.2e} -> {a:.2e}"
+                                                                for b, a in gains) + ")")
         costs = []
         for i in range(len(units)):  # every unit, alone
             on = off.copy()
