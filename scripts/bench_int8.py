@@ -127,7 +127,7 @@ def _task_target(name: str):
     if name == "detector":
         return Int8Target(0.98, lambda r, o: int8_zoo.det_metric(r, o)["IoU"], "text-mask IoU")
     if name == "recognizer":  # its strings on 8 lines are a coarse signal: the logits' cosine
-        return Int8Target(0.97, lambda r, o: int8_zoo.rec_metric_for(path)(r, o)["cosine"],
+        return Int8Target(0.98, lambda r, o: int8_zoo.rec_metric_for(path)(r, o)["cosine"],
                           "mean output cosine")
     return Int8Target(0.995, None)
 
