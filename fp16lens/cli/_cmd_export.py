@@ -45,6 +45,14 @@ def add_parser(sub) -> None:
         help="INT8 calibration batches (.pt/.npz); default: the --input batches",
     )
     p.add_argument(
+        "--target",
+        type=float,
+        default=None,
+        metavar="COSINE",
+        help="INT8 parity target: the worst output cosine to FP32 on the calibration batches "
+        "(e.g. 0.999); the costliest layers leave INT8 until it holds, else the export fails",
+    )
+    p.add_argument(
         "--fp32-modules",
         default=None,
         metavar="A,B",
@@ -103,6 +111,7 @@ def _export_torch(export, args: argparse.Namespace):
             args.output,
             precision=args.precision,
             calibration=calibration,
+            target=args.target,
             fp32_modules=islands or None,
             io_dtype=args.io_dtype,
             exporter=args.exporter,
@@ -134,6 +143,7 @@ def _export_onnx(export, args: argparse.Namespace):
             args.output,
             precision=args.precision,
             calibration=calibration,
+            target=args.target,
             fp32_modules=_names(args.fp32_modules) or None,
             fp32_nodes=_names(args.fp32_nodes) or None,
             io_dtype=args.io_dtype,

@@ -46,6 +46,8 @@ def export(
     calibration: Iterable | None = None,
     calibration_cache: str | Path | None = None,
     dynamic: Iterable[str] | str = (),
+    target=None,
+    evaluation: Iterable | None = None,
 ) -> ExportArtifact:
     """Export ``model(*example_inputs)`` to ``path``.
 
@@ -53,7 +55,12 @@ def export(
     the FP32 islands (the patch plan's ``model._fp16lens_plan.fp32_modules`` plus
     ``fp32_modules``), with Casts at their boundaries; "int8" inserts Q/DQ nodes calibrated
     on ``calibration`` (an iterable of input batches) and writes a TensorRT calibration
-    cache next to the file (or at ``calibration_cache``).
+    cache next to the file (or at ``calibration_cache``). Q/DQ go where TensorRT computes
+    in INT8 (conv/gemm/matmul inputs, residual adds), each activation's range is chosen by
+    its cost at the output; with ``target`` (a worst output cosine such as 0.999, or
+    ``Int8Target(threshold, metric)``) the costliest layers leave INT8 until the target
+    holds on ``evaluation`` (default: the calibration batches), and ExportError says so
+    when it cannot (more than 10% of the FLOPs would leave INT8).
 
     ``model`` may also be an FP32 ONNX file (a path or an ``onnx.ModelProto``; pass
     ``example_inputs=None``): its graph is re-typed, the FP32 islands being the nodes
@@ -71,7 +78,7 @@ def export(
                 "exported with"
             )
         return _export_onnx(model, path, precision, fp32_modules, fp32_nodes, io_dtype, opset,
-                            exporter, calibration, calibration_cache)
+                            exporter, calibration, calibration_cache, target, evaluation)
     _check_model(model)
     if fp32_nodes is not None:
         raise ExportError(
@@ -83,7 +90,7 @@ def export(
     model = _stored_islands_as_fp32(model)
     options = ExportOptions(precision, io_dtype, islands, opset, exporter, dynamic)
     args = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
-    _check_calibration(precision, calibration)
+    _check_calibration(precision, calibration, target)
     proto, used, notes = _export_fp32(model, args, options)
     from fp16lens.export._norms import decomposed_norm_warnings  # imports onnx
 
@@ -93,12 +100,13 @@ def export(
     for node, origin in zip(proto.graph.node, origins):
         stamp(node, origin)
     notes += decomposed_norm_warnings(proto.graph, origins)
-    job = _Job(options, used, notes, calibration, calibration_cache, fp32_outputs(model))
+    job = _Job(options, used, notes, calibration, calibration_cache, fp32_outputs(model),
+               target, evaluation)
     return _typed(proto, path, job)
 
 
 def _export_onnx(model, path, precision, fp32_modules, fp32_nodes, io_dtype, opset, exporter,
-                 calibration, calibration_cache) -> ExportArtifact:
+                 calibration, calibration_cache, target=None, evaluation=None) -> ExportArtifact:
     """An FP32 ONNX graph re-typed (see ``_onnx_in``)."""
     from fp16lens.export._onnx_in import prepare
 
@@ -108,11 +116,11 @@ def _export_onnx(model, path, precision, fp32_modules, fp32_nodes, io_dtype, ops
             "(re-export the PyTorch model to change it)"
         )
     path = _check_writable(Path(path))
-    _check_calibration(precision, calibration)
+    _check_calibration(precision, calibration, target)
     proto, origins, islands = prepare(model, fp32_nodes, fp32_modules)
     recorded = sorted({origins[n].module for n in islands})  # a node is its own module
     options = ExportOptions(precision, io_dtype, tuple(recorded))
-    job = _Job(options, ONNX_EXPORTER, [], calibration, calibration_cache)
+    job = _Job(options, ONNX_EXPORTER, [], calibration, calibration_cache, (), target, evaluation)
     return _typed(proto, path, job, islands)
 
 
@@ -156,6 +164,8 @@ def retype(
     io_dtype: str = "fp32",
     calibration: Iterable | None = None,
     calibration_cache: str | Path | None = None,
+    target=None,
+    evaluation: Iterable | None = None,
 ) -> ExportArtifact:
     """Make an FP32 file written by ``export`` FP16 or INT8 without exporting again
     (the node <-> module map is stored in the file)."""
@@ -170,8 +180,9 @@ def retype(
     islands = tuple(fp32_modules)
     _check_islands_present(proto.graph, islands, src)
     options = ExportOptions(precision, io_dtype, islands)
-    _check_calibration(precision, calibration)
-    job = _Job(options, meta.get(EXPORTER_KEY, "unknown"), [], calibration, calibration_cache)
+    _check_calibration(precision, calibration, target)
+    job = _Job(options, meta.get(EXPORTER_KEY, "unknown"), [], calibration, calibration_cache, (),
+               target, evaluation)
     return _typed(proto, Path(dst), job)
 
 
@@ -183,11 +194,15 @@ class _Job:
     calibration: Iterable | None
     calibration_cache: str | Path | None
     fp32_out: tuple[str, ...] = ()  # islands whose outputs stay FP32 (a graph output among them too)
+    target: object = None  # INT8: the parity the fallback search keeps (_int8_search.Target)
+    evaluation: Iterable | None = None  # INT8: the batches the target is checked on
 
 
-def _check_calibration(precision: str, calibration) -> None:
+def _check_calibration(precision: str, calibration, target=None) -> None:
     if precision == "int8" and calibration is None:
         raise ExportError("precision='int8' needs calibration=<iterable of input batches>")
+    if target is not None and precision != "int8":
+        raise ExportError(f"target= is the INT8 parity target; precision {precision!r} takes none")
 
 
 def _check_islands_present(graph, islands: tuple[str, ...], src) -> None:
@@ -219,9 +234,11 @@ def _typed(proto, path: Path, job: _Job, island_nodes: set[str] | None = None) -
     elif options.precision == "int8":
         from fp16lens.export._int8 import quantize_int8
 
-        proto, cache = quantize_int8(
-            proto, job.calibration, sorted(island_nodes), path, job.calibration_cache
+        proto, cache, int8_notes = quantize_int8(
+            proto, job.calibration, sorted(island_nodes), path, job.calibration_cache,
+            target=job.target, evaluation=job.evaluation,
         )
+        warnings += int8_notes
     for node, origin in zip(proto.graph.node, map_nodes(proto.graph, set(), [])):
         stamp(node, origin)  # Casts and Q/DQ nodes take their neighbours' modules
     meta = {PRECISION_KEY: options.precision, EXPORTER_KEY: job.exporter}

@@ -1,8 +1,15 @@
-"""INT8: explicit Q/DQ through ONNX Runtime's static quantization, in the form TensorRT reads.
+"""INT8: explicit Q/DQ in the form TensorRT reads, calibrated and checked at the output.
 
-QDQ format, symmetric INT8 activations and weights, per-channel weights, Entropy
-calibration, FP32 islands excluded, biases left in float (TensorRT has no INT32 DQ).
-The activation scales are also written as a TensorRT calibration cache.
+Q/DQ sit where TensorRT computes in INT8 (``_int8_place``): the inputs of Conv,
+ConvTranspose, Gemm and MatMul (activations per tensor, weights per output channel,
+symmetric, biases left in float: TensorRT has no INT32 DQ) and the skip input of a
+residual Add. Each activation's range is chosen among histogram candidates by its cost at
+the model's output, and with a ``target`` the costliest units leave INT8 until it holds
+(``_int8_search``). FP32 islands stay unquantized. The activation scales are also written
+as a TensorRT calibration cache (TensorRT 10's implicit path).
+
+``calibrator="ort-entropy"`` keeps the former path: ONNX Runtime's ``quantize_static``
+(Entropy calibration, Q/DQ on every op), for comparison.
 """
 
 from __future__ import annotations
@@ -80,12 +87,80 @@ def _progress():
     return make_bar(console, disable=not console.is_terminal)
 
 
-def quantize_int8(proto, calibration: Iterable, exclude: list[str], path: Path, cache_path):
-    """Quantize the FP32 ``proto``; returns (Q/DQ ModelProto, path of the TensorRT cache)."""
-    onnx = import_optional("onnx", "onnx", _PURPOSE)
-    ort_q = import_optional("onnxruntime.quantization", "onnx", _PURPOSE)
+def prepared(proto):
+    """The FP32 graph as the quantizers take it: opset >= 13, Constant nodes as initializers."""
+    import_optional("onnx", "onnx", _PURPOSE)
     proto = _per_channel_opset(proto)
     _constants_as_initializers(proto.graph)
+    return proto
+
+
+def _feeds(batches: Iterable | None, names: list[str], what: str) -> list[dict[str, np.ndarray]]:
+    feeds = [batch_feed(b, names) for b in batches] if batches is not None else []
+    if batches is not None and not feeds:
+        raise ExportError(f"INT8 {what} is empty; pass at least one input batch")
+    first = {n: a.shape for n, a in feeds[0].items()} if feeds else {}
+    for feed in feeds[1:]:
+        shapes = {n: a.shape for n, a in feed.items()}
+        if shapes != first:
+            raise ExportError(
+                f"INT8 {what} batches must share one shape per input (the search compares "
+                f"them on one graph): got {_shapes(first)} then {_shapes(shapes)}; resize or "
+                "pad the calibration inputs to one shape"
+            )
+    return feeds
+
+
+def quantize_fp16lens(proto, calibration: Iterable, exclude=(), target=None, evaluation=None,
+                      max_fallback: float = 0.1, search_batches: int = 2):
+    """Quantize the prepared FP32 ``proto`` (``prepared``): (Q/DQ ModelProto, Int8Plan)."""
+    import_optional("onnxruntime", "onnx", _PURPOSE)
+    from fp16lens.export._int8_search import search, write_qdq
+
+    initializers = {i.name for i in proto.graph.initializer}
+    names = [v.name for v in proto.graph.input if v.name not in initializers]
+    feeds = _feeds(calibration, names, "calibration")
+    checks = _feeds(evaluation, names, "evaluation") if evaluation is not None else None
+    plan = search(proto, feeds, set(exclude), target=target, evaluation=checks,
+                  max_fallback=max_fallback, search_batches=search_batches)
+    return write_qdq(proto, plan), plan
+
+
+CALIBRATORS = ("search", "ort-entropy")
+
+
+def quantize_int8(proto, calibration: Iterable, exclude: list[str], path: Path, cache_path,
+                  target=None, evaluation=None, calibrator: str = "search"):
+    """Quantize the FP32 ``proto``; returns (Q/DQ ModelProto, path of the TensorRT cache,
+    notes). ``target``: see ``_int8_search.Target`` (ExportError when it is not met)."""
+    if calibrator not in CALIBRATORS:
+        raise ExportError(f"calibrator must be one of {', '.join(CALIBRATORS)}, got {calibrator!r}")
+    proto = prepared(proto)
+    notes: list[str] = []
+    if calibrator == "search":
+        from fp16lens.export._int8_place import find_units, name_nodes
+
+        name_nodes(proto.graph)
+        if find_units(proto.graph, set(exclude)):
+            quantized, plan = quantize_fp16lens(proto, calibration, exclude, target, evaluation)
+            notes.append(plan.summary())
+        else:
+            quantized = proto
+            notes.append("INT8: every Conv/ConvTranspose/Gemm/MatMul is in an FP32 island; "
+                         "the graph is written without Q/DQ (export precision='fp16' instead)")
+    else:
+        if target is not None:
+            raise ExportError("target= needs calibrator='search' (the fallback search)")
+        quantized = _quantize_ort(proto, calibration, exclude)
+    cache = Path(cache_path) if cache_path else path.with_suffix(".cache")
+    write_calibration_cache(cache, activation_scales(quantized))
+    return quantized, cache, notes
+
+
+def _quantize_ort(proto, calibration: Iterable, exclude: list[str]):
+    """ONNX Runtime's quantize_static (Entropy, Q/DQ on every op): the former path."""
+    onnx = import_optional("onnx", "onnx", _PURPOSE)
+    ort_q = import_optional("onnxruntime.quantization", "onnx", _PURPOSE)
     initializers = {i.name for i in proto.graph.initializer}
     names = [v.name for v in proto.graph.input if v.name not in initializers]
     with tempfile.TemporaryDirectory() as tmp, _progress() as progress, quiet("", stderr=False):
@@ -103,10 +178,7 @@ def quantize_int8(proto, calibration: Iterable, exclude: list[str], path: Path, 
             calibrate_method=ort_q.CalibrationMethod.Entropy,
             extra_options=dict(TRT_QDQ_OPTIONS),
         )
-        quantized = onnx.load(str(dst))
-    cache = Path(cache_path) if cache_path else path.with_suffix(".cache")
-    write_calibration_cache(cache, activation_scales(quantized))
-    return quantized, cache
+        return onnx.load(str(dst))
 
 
 PER_CHANNEL_OPSET = 13

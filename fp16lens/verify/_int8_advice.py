@@ -5,8 +5,9 @@ quantization holds and the loss is ONNX Runtime's fused INT8 kernels. Otherwise 
 activation QuantizeLinear -> DequantizeLinear pair is switched on alone (the others pass
 FP32 values): the output cosine to FP32 then says what that one quantizer costs (clipping
 beyond the calibrated range, or a range so wide, by one outlier channel, that the values
-that matter fall into a few levels). The layers reading the worst ones are named, with
-what to try.
+that matter fall into a few levels). Every pair is measured, in one session: each pair's
+output reads ``x + on[k]·(DQ(Q(x)) − x)`` with ``on`` fed one-hot. The layers reading the
+worst ones are named, with what to try.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import torch
 
 QDQ_OPS = frozenset({"QuantizeLinear", "DequantizeLinear"})
 TOP = 5
-MAX_PAIRS = 64  # one session per activation quantizer: bounded for large graphs
+SWITCH = "fp16lens_qdq_on"
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,7 @@ class Cost:
     producer: str | None
     readers: tuple[str, ...]
     cosine: float
+    tensor: str = ""  # the DequantizeLinear output of the pair
 
     @property
     def layers(self) -> tuple[str, ...]:
@@ -45,13 +47,19 @@ def sensitivities(runner, batch: tuple, reference) -> list[Cost]:
     from fp16lens.verify._onnx_sites import site_of_node
 
     made = producers(runner.proto)
+    pairs = _activation_pairs(runner.proto.graph)
+    if not pairs:
+        return []
+    sess = _switched_session(runner.proto, [y for _, y, _ in pairs])
     costs = []
-    for x, y, readers in _activation_pairs(runner.proto.graph)[:MAX_PAIRS]:
-        cosine = _cosine(runner, _only(runner.proto, {y}), batch, reference)
+    for k, (x, y, readers) in enumerate(pairs):
+        on = np.zeros(len(pairs), np.float32)
+        on[k] = 1.0
+        cosine = _cosine_of(runner, sess, batch, reference, {SWITCH: on})
         node = made.get(x)
         producer = (site_of_node(node, runner.model) or node.name) if node is not None else None
         names = [site_of_node(r, runner.model) or r.name for r in readers] or ["the output"]
-        costs.append(Cost(producer, tuple(dict.fromkeys(names)), 1.0 if cosine is None else cosine))
+        costs.append(Cost(producer, tuple(dict.fromkeys(names)), 1.0 if cosine is None else cosine, y))
     return sorted(costs, key=lambda c: c.cosine)
 
 
@@ -97,12 +105,16 @@ def unfused_cosine(runner, batch: tuple, reference) -> float | None:
 
 def _cosine(runner, proto, batch: tuple, reference) -> float | None:
     """Worst output cosine to ``reference`` of ``proto`` run as written (no fusions)."""
-    from fp16lens.verify._metrics import Accumulator, worst
     from fp16lens.verify._onnx import session
 
-    sess = session(proto, optimize=False)
-    names = [i.name for i in sess.get_inputs()]
-    outs = sess.run(None, runner.feed(batch, names))
+    return _cosine_of(runner, session(proto, optimize=False), batch, reference)
+
+
+def _cosine_of(runner, sess, batch: tuple, reference, extra: dict | None = None) -> float | None:
+    from fp16lens.verify._metrics import Accumulator, worst
+
+    names = [i.name for i in sess.get_inputs() if i.name != SWITCH]
+    outs = sess.run(None, {**runner.feed(batch, names), **(extra or {})})
     if len(outs) != len(reference):
         return None
     cosines = []
@@ -134,23 +146,33 @@ def _activation_pairs(graph) -> list[tuple[str, str, list]]:
     return pairs
 
 
-def _only(proto, keep: set[str]):
-    """A copy where every activation Q/DQ pair but those dequantizing to ``keep`` is an
-    Identity (the FP32 value passes unquantized)."""
+def _switched_session(proto, dequantized: list[str]):
+    """One session of ``proto`` where the k-th activation pair (``dequantized[k]``, a
+    DequantizeLinear output) is on only where input ``SWITCH``'s k-th value is 1."""
     from fp16lens._core import import_optional
+    from fp16lens.verify._onnx import session
 
     onnx = import_optional("onnx", "onnx", "running an ONNX candidate")
+    helper, numpy_helper = onnx.helper, onnx.numpy_helper
     model = onnx.ModelProto()
     model.CopyFrom(proto)
     g = model.graph
-    initializers = {i.name for i in g.initializer}
+    index = {y: k for k, y in enumerate(dequantized)}
     made = {n.output[0]: n for n in g.node if n.op_type == "QuantizeLinear"}
+    g.input.append(helper.make_tensor_value_info(SWITCH, onnx.TensorProto.FLOAT, [len(dequantized)]))
+    nodes = []
     for node in g.node:
-        q = made.get(node.input[0]) if node.op_type == "DequantizeLinear" else None
-        if q is None or q.input[0] in initializers or node.output[0] in keep:
+        nodes.append(node)
+        k = index.get(node.output[0]) if node.op_type == "DequantizeLinear" else None
+        if k is None:
             continue
-        node.op_type = "Identity"
-        del node.input[:]
-        node.input.append(q.input[0])
-        del node.attribute[:]
-    return model
+        x, y = made[node.input[0]].input[0], node.output[0]
+        node.output[0] = f"{y}__dq"
+        g.initializer.append(numpy_helper.from_array(np.array(k, np.int64), f"{y}__k"))
+        nodes += [helper.make_node("Gather", [SWITCH, f"{y}__k"], [f"{y}__on"]),
+                  helper.make_node("Sub", [f"{y}__dq", x], [f"{y}__d"]),
+                  helper.make_node("Mul", [f"{y}__d", f"{y}__on"], [f"{y}__m"]),
+                  helper.make_node("Add", [x, f"{y}__m"], [y])]
+    del g.node[:]
+    g.node.extend(nodes)
+    return session(model, optimize=False)

@@ -61,3 +61,17 @@ def test_export_of_an_unknown_island_is_a_user_error(capsys, tmp_path):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("fp16lens: error: ") and "'nope'" in err and "Traceback" not in err
+
+
+def test_export_int8_target_fails_loudly_when_missed(capsys, tmp_path):
+    """--target 1.0 keeps everything out of INT8, beyond the 10% of FLOPs allowed: exit 2,
+    one line naming what was reached; --target 0.99 passes and says what it kept."""
+    torch.save([torch.rand(1, 3, 16, 16) for _ in range(3)], tmp_path / "calib.pt")
+    base = ["export", "models:clean", "--precision", "int8", "--exporter", "torchscript",
+            "--calibration", str(tmp_path / "calib.pt")]
+    assert main([*base, "-o", str(tmp_path / "no.onnx"), "--target", "1.0"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("fp16lens: error: INT8 misses its target") and "Traceback" not in err
+    assert main([*base, "-o", str(tmp_path / "ok.onnx"), "--target", "0.99", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert any("target 0.99" in w for w in data["warnings"])

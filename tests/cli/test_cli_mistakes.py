@@ -351,12 +351,13 @@ def test_int8_failure_names_the_layers_and_the_fix_works(capsys, tmp_path):
     assert run(capsys, *export, "-o", str(int8))[0] == 0
     code, out, _ = run(capsys, "verify", "models:int8_outlier", str(int8))
     flat = " ".join(out.split())
-    assert code == 1 and "FAILED" in flat and "fc1 -> act" in flat and "--fp32-modules" in flat
+    # Q/DQ sit at fc2's input only (where TensorRT computes INT8): the pair act -> fc2
+    assert code == 1 and "FAILED" in flat and "act -> fc2" in flat and "--fp32-modules" in flat
     model, inputs = models.int8_outlier()
     result = fp16lens.verify(model, str(int8), [inputs])
     assert not result and result.backend == "onnx-int8"
     suggested = result.advice[-1].split("--fp32-modules ")[1].split()[0]
-    assert {"fc1", "fc2"} <= set(suggested.split(","))
+    assert {"act", "fc2"} <= set(suggested.split(","))
     assert run(capsys, *export, "-o", str(kept), "--fp32-modules", suggested)[0] == 0
     assert fp16lens.verify(model, str(kept), [inputs]), "the advice must fix the INT8 check"
 

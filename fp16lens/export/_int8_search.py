@@ -1,0 +1,564 @@
+"""INT8 calibration and fallback measured at the model's output.
+
+One *switch graph* holds the whole search: every unit (``_int8_place.Unit``) reads
+``x + on[u] * (DQ(Q(x, scale[t])) - x)`` for each activation ``x`` and the same form for
+its weight (quantized per channel beforehand), with ``on`` and ``scale`` fed at run time.
+One ONNX Runtime session then answers every question by feeds alone:
+
+1. **Calibration per tensor.** For each quantized tensor, each histogram candidate (max,
+   percentiles, entropy; ``_int8_calib``) is tried with only that tensor's readers in INT8;
+   the candidate with the least error at the outputs (normalized MSE to FP32) is kept,
+   the widest among equals. A clip that breaks a threshold downstream costs at the output,
+   so it loses there.
+2. **Cost of each unit.** Every unit (not the first N) is switched on alone; its output
+   error ranks it.
+3. **Fallback.** With all units in INT8, the target (worst output cosine, or a task
+   metric) is checked on the evaluation batches; if it fails, the costliest units leave
+   INT8 one group at a time, then each one kept out is tried back in: the fewest that keep
+   the target, named with their cost.
+
+The result is written as plain Q/DQ (``write_qdq``); evaluated as written it computes what
+the switch graph computed with those feeds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from fp16lens._core import ExportError
+from fp16lens.export._int8_calib import Histogram
+from fp16lens.export._int8_place import Unit, find_units, name_nodes, node_flops
+
+QMAX = 127.0
+Feed = dict  # input name -> np.ndarray
+Outputs = list  # the graph's outputs on one batch, np.ndarrays
+
+
+@dataclass(frozen=True)
+class Target:
+    """Parity to hold on the evaluation batches: ``metric(refs, outs) >= threshold``, where
+    ``refs``/``outs`` are per batch the FP32 and INT8 outputs (lists of arrays); without a
+    metric, the worst cosine over batches and float outputs."""
+
+    threshold: float
+    metric: Callable[[list[Outputs], list[Outputs]], float] | None = None
+    name: str = "worst output cosine"
+
+    def score(self, refs: list[Outputs], outs: list[Outputs]) -> float:
+        if self.metric is not None:
+            return float(self.metric(refs, outs))
+        return worst_cosine(refs, outs)
+
+
+def as_target(target) -> Target | None:
+    if target is None or isinstance(target, Target):
+        return target
+    if isinstance(target, (int, float)) and 0 < float(target) <= 1:
+        return Target(float(target))
+    raise ExportError(
+        f"target must be a cosine in (0, 1] or fp16lens.export.Int8Target(threshold, metric), "
+        f"got {target!r}"
+    )
+
+
+def cosine(a: np.ndarray, b: np.ndarray) -> float:
+    a, b = np.asarray(a, np.float64).ravel(), np.asarray(b, np.float64).ravel()
+    na, nb = np.linalg.norm(a), np.linalg.norm(b)
+    if na == 0 and nb == 0:
+        return 1.0
+    return float(a @ b / (na * nb)) if na and nb else 0.0
+
+
+def worst_cosine(refs: list[Outputs], outs: list[Outputs]) -> float:
+    return min(cosine(r, o) for ref, out in zip(refs, outs) for r, o in zip(ref, out)
+               if np.asarray(r).dtype.kind == "f")
+
+
+def nmse(refs: list[Outputs], outs: list[Outputs]) -> float:
+    """Mean over batches and float outputs of ||out - ref||^2 / ||ref||^2."""
+    costs = []
+    for ref, out in zip(refs, outs):
+        for r, o in zip(ref, out):
+            r = np.asarray(r, np.float64)
+            if r.dtype.kind != "f":
+                continue
+            d = float(np.sum((np.asarray(o, np.float64) - r) ** 2))
+            costs.append(d / max(float(np.sum(r * r)), 1e-30))
+    return float(np.mean(costs)) if costs else 0.0
+
+
+def session(proto):
+    """ONNX Runtime on the CPU with graph optimizations off: the graph computed as written."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.log_severity_level = 3
+    return ort.InferenceSession(proto.SerializeToString(), options,
+                                providers=["CPUExecutionProvider"])
+
+
+def quantize_weight(w: np.ndarray, axis: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """Symmetric INT8 of ``w``, per channel along ``axis`` (per tensor when None):
+    (int8 values, float32 scales)."""
+    w = np.asarray(w, np.float32)
+    if axis is None:
+        amax = np.array(np.abs(w).max() if w.size else 0.0, np.float32)
+    else:
+        amax = np.abs(np.moveaxis(w, axis, 0).reshape(w.shape[axis], -1)).max(axis=1)
+    scale = (np.maximum(amax, 1e-8) / QMAX).astype(np.float32)
+    shaped = scale if axis is None else scale.reshape([-1 if i == axis else 1 for i in range(w.ndim)])
+    q = np.clip(np.rint(w / shaped), -QMAX, QMAX).astype(np.int8)
+    return q, scale
+
+
+# ---- collecting statistics ---------------------------------------------------------------
+
+def _exposed(proto, names: Sequence[str]):
+    import onnx
+
+    model = onnx.ModelProto()
+    model.CopyFrom(proto)
+    present = ({o.name for o in model.graph.output} | {i.name for i in model.graph.input}
+               | {i.name for i in model.graph.initializer})
+    for name in names:
+        if name not in present:
+            model.graph.output.append(onnx.helper.make_tensor_value_info(name, 1, None))
+            present.add(name)
+    return model
+
+
+def _run_all(sess, feed: Feed, names: Sequence[str]) -> dict[str, np.ndarray]:
+    outs = [o.name for o in sess.get_outputs()]
+    got = dict(zip(outs, sess.run(outs, feed)))
+    return {n: got[n] if n in got else feed[n] for n in names if n in got or n in feed}
+
+
+def collect(proto, units: list[Unit], feeds: list[Feed]) -> tuple[dict[str, Histogram], dict]:
+    """Per activation tensor its histogram over ``feeds``, and the shapes of every tensor a
+    conv-like node reads or writes (for FLOPs)."""
+    acts = list(dict.fromkeys(t for u in units for t in u.acts))
+    compute = [n for n in proto.graph.node if n.op_type in ("Conv", "ConvTranspose", "Gemm", "MatMul")]
+    shaped = list(dict.fromkeys([*(t for n in compute for t in n.input[:2]),
+                                 *(n.output[0] for n in compute)]))
+    sess = session(_exposed(proto, [*acts, *shaped]))
+    hists = {t: Histogram() for t in acts}
+    shapes: dict[str, tuple[int, ...]] = {}
+    for i, feed in enumerate(feeds):
+        values = _run_all(sess, feed, list(dict.fromkeys([*acts, *shaped])))
+        if i == 0:
+            shapes = {n: tuple(np.shape(v)) for n, v in values.items()}
+        for t in acts:
+            hists[t].see_max(values[t])
+    for feed in feeds:
+        values = _run_all(sess, feed, acts)
+        for t in acts:
+            hists[t].add(values[t])
+    return hists, shapes
+
+
+# ---- the switch graph ----------------------------------------------------------------------
+
+ON, SCALE = "fp16lens_int8_on", "fp16lens_int8_scale"
+
+
+def switch_graph(proto, units: list[Unit], tensors: list[str], corrections: dict | None = None,
+                 shadow: Sequence[str] = ()):
+    """A copy of ``proto`` whose units are switched by the inputs ``ON`` (one float per unit)
+    and whose activations are quantized with the scales of input ``SCALE`` (one per tensor);
+    a unit in ``corrections`` adds that per-channel bias correction when on. Each unit node
+    in ``shadow`` also gets a float twin reading its unquantized inputs, its output and the
+    twin's exposed as graph outputs (``<output>`` and ``<output>__shadow``)."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    model = onnx.ModelProto()
+    model.CopyFrom(proto)
+    g = model.graph
+    inits = {i.name: i for i in g.initializer}
+    g.input.append(helper.make_tensor_value_info(ON, onnx.TensorProto.FLOAT, [len(units)]))
+    g.input.append(helper.make_tensor_value_info(SCALE, onnx.TensorProto.FLOAT, [len(tensors)]))
+    g.initializer.append(numpy_helper.from_array(np.array(0, np.int8), "fp16lens_int8_zp"))
+    index = {t: j for j, t in enumerate(tensors)}
+    by_node: dict[str, list[int]] = {}
+    for i, u in enumerate(units):
+        by_node.setdefault(u.node, []).append(i)
+    made: set[str] = set()
+    nodes = []
+
+    def const(name: str, value) -> str:
+        g.initializer.append(numpy_helper.from_array(np.asarray(value), name))
+        return name
+
+    shadows = []
+    for node in g.node:
+        if node.name in shadow:
+            twin = onnx.NodeProto()
+            twin.CopyFrom(node)
+            twin.name = f"{node.name}__shadow"
+            del twin.output[:]
+            twin.output.append(f"{node.output[0]}__shadow")
+            shadows.append(twin)
+            g.output.extend([helper.make_tensor_value_info(node.output[0], 1, None),
+                             helper.make_tensor_value_info(twin.output[0], 1, None)])
+        for i in by_node.get(node.name, []):
+            u = units[i]
+            on = f"fp16lens_on_{i}"
+            nodes.append(helper.make_node("Gather", [ON, const(f"{on}_idx", np.array(i, np.int64))], [on]))
+            for t in u.acts:
+                q = f"{t}__fq"
+                if t not in made:
+                    made.add(t)
+                    s = f"{t}__s"
+                    j = const(f"{s}_idx", np.array(index[t], np.int64))
+                    nodes += [helper.make_node("Gather", [SCALE, j], [s]),
+                              helper.make_node("QuantizeLinear", [t, s, "fp16lens_int8_zp"], [f"{t}__q"]),
+                              helper.make_node("DequantizeLinear", [f"{t}__q", s, "fp16lens_int8_zp"], [q])]
+                nodes += [helper.make_node("Sub", [q, t], [f"{t}__d{i}"]),
+                          helper.make_node("Mul", [f"{t}__d{i}", on], [f"{t}__m{i}"]),
+                          helper.make_node("Add", [t, f"{t}__m{i}"], [f"{t}__u{i}"])]
+                for k, name in enumerate(node.input):
+                    if name == t:
+                        node.input[k] = f"{t}__u{i}"
+            if u.weight is not None:
+                w = numpy_helper.to_array(inits[u.weight]).astype(np.float32)
+                q, scale = quantize_weight(w, u.axis)
+                shaped = scale if u.axis is None else scale.reshape(
+                    [-1 if a == u.axis else 1 for a in range(w.ndim)])
+                delta = const(f"{u.weight}__delta{i}", (q.astype(np.float32) * shaped - w).astype(np.float32))
+                nodes += [helper.make_node("Mul", [delta, on], [f"{u.weight}__m{i}"]),
+                          helper.make_node("Add", [u.weight, f"{u.weight}__m{i}"], [f"{u.weight}__u{i}"])]
+                node.input[1] = f"{u.weight}__u{i}"
+            if corrections and u.node in corrections:
+                corr = const(f"{u.node}__corr", corrections[u.node].astype(np.float32))
+                nodes.append(helper.make_node("Mul", [corr, on], [f"{u.node}__corr_on"]))
+                if len(node.input) > 2 and node.input[2]:
+                    nodes.append(helper.make_node("Add", [node.input[2], f"{u.node}__corr_on"],
+                                                  [f"{u.node}__bias"]))
+                    node.input[2] = f"{u.node}__bias"
+                else:
+                    node.input.append(f"{u.node}__corr_on")
+        nodes.append(node)
+    del g.node[:]
+    g.node.extend(nodes + shadows)  # a twin reads only what its node reads: last is fine
+    return model
+
+
+class Switch:
+    """The switch graph in one session, run on a fixed list of batches."""
+
+    def __init__(self, proto, units: list[Unit], tensors: list[str], corrections: dict | None = None):
+        self.units, self.tensors = units, tensors
+        self.sess = session(switch_graph(proto, units, tensors, corrections))
+        self.outputs = [o.name for o in proto.graph.output]
+        self.runs = 0
+
+    def run(self, feeds: list[Feed], on: np.ndarray, scales: np.ndarray) -> list[Outputs]:
+        extra = {ON: on.astype(np.float32), SCALE: scales.astype(np.float32)}
+        self.runs += len(feeds)
+        return [self.sess.run(self.outputs, {**f, **extra}) for f in feeds]
+
+
+def _channel_means(values: list[np.ndarray], axis: int) -> np.ndarray:
+    moved = [np.moveaxis(np.asarray(v, np.float64), axis, 0).reshape(np.shape(v)[axis], -1)
+             for v in values]
+    return np.concatenate(moved, axis=1).mean(axis=1)
+
+
+def bias_corrections(proto, units: list[Unit], tensors: list[str], scales: np.ndarray,
+                     feeds: list[Feed]) -> dict[str, np.ndarray]:
+    """Per output channel, minus the mean error each Conv/ConvTranspose/Gemm (with a bias)
+    adds by itself in the all-INT8 graph on ``feeds``: its output against a float twin
+    reading the same, unquantized, inputs. One pass, no compounding: the error a layer
+    passes on is corrected where it arises."""
+    nodes = {n.name: n for n in proto.graph.node}
+    where = {u.node: (1 if u.op != "Gemm" else -1) for u in units
+             if u.op in ("Conv", "ConvTranspose") or (u.op == "Gemm" and len(nodes[u.node].input) > 2
+                                                      and nodes[u.node].input[2])}
+    if not where:
+        return {}
+    sess = session(switch_graph(proto, units, tensors, None, list(where)))
+    names = [f"{nodes[n].output[0]}{suffix}" for n in where for suffix in ("", "__shadow")]
+    extra = {ON: np.ones(len(units), np.float32), SCALE: scales.astype(np.float32)}
+    got = [sess.run(names, {**f, **extra}) for f in feeds]
+    corrections = {}
+    for k, (node, axis) in enumerate(where.items()):
+        diff = [g[2 * k] - g[2 * k + 1] for g in got]
+        corrections[node] = -_channel_means(diff, axis)
+    return corrections
+
+
+# ---- the search ----------------------------------------------------------------------------
+
+@dataclass
+class Kept:
+    """A unit left out of INT8, with what it cost alone (normalized MSE at the output)."""
+
+    node: str
+    op: str
+    cost: float
+    flops: int
+
+    def __str__(self) -> str:
+        return f"{self.node} ({self.op}, error {self.cost:.2e} alone)"
+
+
+@dataclass
+class Int8Plan:
+    """What the INT8 search decided and measured."""
+
+    units: list[Unit]
+    scales: dict[str, float]  # activation tensor -> scale (amax / 127)
+    methods: dict[str, str]  # activation tensor -> calibration method kept
+    on: list[bool]
+    kept: list[Kept] = field(default_factory=list)
+    score: float | None = None  # the target's metric on the evaluation batches
+    target: Target | None = None
+    costs: list[float] = field(default_factory=list)
+    runs: int = 0
+    corrections: dict = field(default_factory=dict)  # unit node -> per-channel bias correction
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def int8_flop_share(self) -> float:
+        total = sum(u.flops for u in self.units)
+        return sum(u.flops for u, o in zip(self.units, self.on) if o) / total if total else 0.0
+
+    def method_counts(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for m in self.methods.values():
+            counts[m] = counts.get(m, 0) + 1
+        return counts
+
+    def summary(self) -> str:
+        methods = ", ".join(f"{m} {n}" for m, n in sorted(self.method_counts().items()))
+        line = (f"INT8: {sum(self.on)}/{len(self.units)} units quantized "
+                f"({self.int8_flop_share:.1%} of conv/gemm/matmul FLOPs), "
+                f"{len(self.scales)} activation scales ({methods})")
+        if self.notes:
+            line += "; " + "; ".join(self.notes)
+        if self.target is not None and self.score is not None:
+            line += f"; {self.target.name} {self.score:.4f} (target {self.target.threshold:g})"
+        if self.kept:
+            line += "; kept out of INT8: " + "; ".join(map(str, self.kept))
+        return line
+
+
+class Searcher:
+    """Calibration, per-tensor ranges and per-unit costs of one graph (the expensive part,
+    done once); ``fallback`` then keeps units out of INT8 for a target."""
+
+    def __init__(self, proto, feeds: list[Feed], exclude: set[str] = frozenset(), *,
+                 search_batches: int = 2, residual: bool = True, choose: bool = True,
+                 correct_bias: bool = True):
+        name_nodes(proto.graph)
+        units = find_units(proto.graph, set(exclude), residual)
+        if not units:
+            raise ExportError("INT8: the graph has no Conv/ConvTranspose/Gemm/MatMul outside the "
+                              "FP32 islands to quantize; export it as fp16 instead")
+        hists, shapes = collect(proto, units, feeds)
+        inits = {i.name: tuple(i.dims) for i in proto.graph.initializer}
+        nodes = {n.name: n for n in proto.graph.node}
+        units = [Unit(u.node, u.op, u.acts, u.weight, u.axis, node_flops(nodes[u.node], shapes, inits))
+                 if u.op != "Add" else u for u in units]
+        tensors = list(hists)
+        cands = {t: hists[t].candidates() for t in tensors}
+        scales = np.array([max(c.values()) / QMAX for c in cands.values()], np.float64)
+        methods = {t: max(c, key=c.get) for t, c in cands.items()}
+        self.feeds, self.switch = feeds, Switch(proto, units, tensors)
+        probe = feeds[:max(1, search_batches)]
+        off = np.zeros(len(units))
+        refs = self.switch.run(probe, off, scales)
+        readers = {t: [i for i, u in enumerate(units) if t in u.acts] for t in tensors}
+        for j, t in enumerate(tensors if choose else ()):
+            if len(cands[t]) < 2:
+                continue
+            on = off.copy()
+            on[readers[t]] = 1
+            scored = []
+            for name, amax in cands[t].items():
+                trial = scales.copy()
+                trial[j] = amax / QMAX
+                scored.append((nmse(refs, self.switch.run(probe, on, trial)), -amax, name, amax))
+            best = min(s[0] for s in scored)
+            # the widest range within 2% of the least error: no clip bought for nothing
+            _, _, name, amax = min((s for s in scored if s[0] <= best * 1.02 + 1e-12),
+                                   key=lambda s: s[1])
+            scales[j], methods[t] = amax / QMAX, name
+        corrections: dict[str, np.ndarray] = {}
+        notes = []
+        if correct_bias and len(feeds) < 2:
+            notes.append("bias correction not tried: it needs two calibration batches or more "
+                         "(one to measure it, one to check it)")
+        elif correct_bias:
+            # two folds: measured on one half of the calibration batches, checked on the
+            # other, both ways; kept (measured on all) only where both halves gain
+            half = len(feeds) // 2
+            folds = [(feeds[:half], feeds[half:]), (feeds[half:], feeds[:half])]
+            all_on = np.ones(len(units))
+            gains = []
+            for fit, check in folds:
+                ref = self.switch.run(check, off, scales)
+                before = nmse(ref, self.switch.run(check, all_on, scales))
+                trial = Switch(proto, units, tensors,
+                               bias_corrections(proto, units, tensors, scales, fit))
+                gains.append((before, nmse(ref, trial.run(check, all_on, scales))))
+            if all(after < before for before, after in gains):
+                corrections = bias_corrections(proto, units, tensors, scales, feeds)
+                self.switch = Switch(proto, units, tensors, corrections)
+            notes.append(f"bias correction {'kept' if corrections else 'left out'} (output "
+                         "error on held-out halves " + ", ".join(f"{b:.2e} -> {a:.2e}"
+                                                                for b, a in gains) + ")")
+        costs = []
+        for i in range(len(units)):  # every unit, alone
+            on = off.copy()
+            on[i] = 1
+            costs.append(nmse(refs, self.switch.run(probe, on, scales)))
+        self.scales = scales
+        self.plan = Int8Plan(units, {t: float(s) for t, s in zip(tensors, scales)}, methods,
+                             [True] * len(units), costs=costs, runs=self.switch.runs,
+                             corrections=corrections, notes=notes)
+
+    def fallback(self, target, evaluation: list[Feed] | None = None,
+                 max_fallback: float = 0.1) -> Int8Plan:
+        """A copy of the plan with the fewest units out of INT8 that meet ``target`` on
+        ``evaluation`` (default: the calibration batches); ExportError when that needs more
+        than ``max_fallback`` of the FLOPs out of INT8."""
+        import copy
+
+        plan = copy.copy(self.plan)
+        plan.target = as_target(target)
+        _fallback(plan, self.switch, evaluation or self.feeds, self.scales, max_fallback)
+        plan.runs = self.switch.runs
+        return plan
+
+
+def search(proto, feeds: list[Feed], exclude: set[str] = frozenset(), *, target=None,
+           evaluation: list[Feed] | None = None, search_batches: int = 2, residual: bool = True,
+           max_fallback: float = 0.1, choose: bool = True, correct_bias: bool = True) -> Int8Plan:
+    """Calibrate on ``feeds``, choose each tensor's range by its cost at the output, rank
+    every unit, and keep the fewest out of INT8 until ``target`` holds on ``evaluation``
+    (default: the calibration batches). ExportError when the target needs more than
+    ``max_fallback`` of the FLOPs out of INT8."""
+    searcher = Searcher(proto, feeds, exclude, search_batches=search_batches, residual=residual,
+                        choose=choose, correct_bias=correct_bias)
+    if target is None:
+        return searcher.plan
+    return searcher.fallback(target, evaluation, max_fallback)
+
+
+def _fallback(plan: Int8Plan, switch: Switch, evaluation: list[Feed], scales, max_fallback: float):
+    units, target = plan.units, plan.target
+    refs = switch.run(evaluation, np.zeros(len(units)), scales)
+    order = sorted(range(len(units)), key=lambda i: -plan.costs[i])
+
+    def score(out: set[int]) -> float:
+        on = np.array([0.0 if i in out else 1.0 for i in range(len(units))])
+        return target.score(refs, switch.run(evaluation, on, scales))
+
+    s = score(set())
+    out: set[int] = set()
+    if s < target.threshold:
+        # grow the set out of INT8 in costliest-first steps (1, 2, 4, 8, 16, 24, ...), then
+        # try each one back in, cheapest first: what stays out is needed
+        k, last = 1, s
+        while last < target.threshold and k <= len(order):
+            out = set(order[:k])
+            last = score(out)
+            k = k * 2 if k < 8 else k + 8
+        if last < target.threshold:
+            out, last = set(order), score(set(order))
+        for i in sorted(out, key=lambda i: plan.costs[i]):
+            trial = out - {i}
+            t = score(trial)
+            if t >= target.threshold:
+                out, last = trial, t
+        s = last
+    plan.on = [i not in out for i in range(len(units))]
+    plan.kept = [Kept(units[i].node, units[i].op, plan.costs[i], units[i].flops)
+                 for i in sorted(out, key=lambda i: -plan.costs[i])]
+    plan.score = s
+    float_share = 1.0 - plan.int8_flop_share
+    if s < target.threshold or float_share > max_fallback:
+        kept = "; ".join(map(str, plan.kept[:8])) + (" ..." if len(plan.kept) > 8 else "")
+        reached = (f"{target.name} {s:.4f} < {target.threshold:g}" if s < target.threshold else
+                   f"{target.name} {s:.4f} >= {target.threshold:g} only")
+        raise ExportError(
+            f"INT8 misses its target: {reached} with {float_share:.1%} of the conv/gemm/matmul "
+            f"FLOPs kept out of INT8 (allowed {max_fallback:.0%}; kept: {kept or 'none'}); give "
+            f"more representative calibration batches, lower the target, or export precision='fp16'"
+        )
+
+
+# ---- the Q/DQ graph ------------------------------------------------------------------------
+
+def write_qdq(proto, plan: Int8Plan):
+    """``proto`` with Q/DQ at the inputs of the plan's units that are on: activations per
+    tensor (symmetric, zero point 0), weights as INT8 initializers per channel."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    model = onnx.ModelProto()
+    model.CopyFrom(proto)
+    g = model.graph
+    inits = {i.name: i for i in g.initializer}
+    active = {u.node: u for u, on in zip(plan.units, plan.on) if on}
+    done: dict[str, str] = {}
+    nodes, used_weights = [], set()
+
+    def qdq(t: str) -> list:
+        if t in done:
+            return []
+        s, zp = f"{t}_scale", f"{t}_zero_point"
+        g.initializer.extend([numpy_helper.from_array(np.array(plan.scales[t], np.float32), s),
+                              numpy_helper.from_array(np.array(0, np.int8), zp)])
+        done[t] = f"{t}_DequantizeLinear_Output"
+        return [helper.make_node("QuantizeLinear", [t, s, zp], [f"{t}_QuantizeLinear_Output"],
+                                 name=f"{t}_QuantizeLinear"),
+                helper.make_node("DequantizeLinear", [f"{t}_QuantizeLinear_Output", s, zp],
+                                 [done[t]], name=f"{t}_DequantizeLinear")]
+
+    for node in g.node:
+        u = active.get(node.name)
+        if u is not None:
+            for t in u.acts:
+                nodes += qdq(t)
+                for k, name in enumerate(node.input):
+                    if name == t:
+                        node.input[k] = done[t]
+            if u.weight is not None:
+                w = u.weight
+                if w not in done:
+                    q, scale = quantize_weight(numpy_helper.to_array(inits[w]), u.axis)
+                    names = (f"{w}_quantized", f"{w}_scale", f"{w}_zero_point")
+                    g.initializer.extend([numpy_helper.from_array(q, names[0]),
+                                          numpy_helper.from_array(scale, names[1]),
+                                          numpy_helper.from_array(np.zeros(scale.shape, np.int8), names[2])])
+                    done[w] = f"{w}_DequantizeLinear_Output"
+                    extra = {"axis": u.axis} if u.axis is not None else {}
+                    nodes.append(helper.make_node("DequantizeLinear", list(names), [done[w]],
+                                                  name=f"{w}_DequantizeLinear", **extra))
+                node.input[1] = done[w]
+                used_weights.add(w)
+            corr = plan.corrections.get(node.name)
+            if corr is not None:
+                bias = node.input[2] if len(node.input) > 2 and node.input[2] else None
+                base = numpy_helper.to_array(inits[bias]) if bias else np.zeros(corr.shape, np.float32)
+                name = f"{node.name}_corrected_bias"
+                g.initializer.append(numpy_helper.from_array((base + corr).astype(np.float32), name))
+                if bias:
+                    node.input[2] = name
+                    used_weights.add(bias)
+                else:
+                    node.input.append(name)
+        nodes.append(node)
+    del g.node[:]
+    g.node.extend(nodes)
+    still = {t for n in g.node for t in n.input} | {o.name for o in g.output}
+    kept = [i for i in g.initializer if i.name not in used_weights or i.name in still]
+    del g.initializer[:]
+    g.initializer.extend(kept)
+    return model

@@ -1,0 +1,262 @@
+"""INT8 side by side on the real-weights zoo, in one run and one harness.
+
+    python scripts/bench_int8.py [--quick] [--models detector,recognizer,classifier] [--json OUT]
+
+Models: PP-OCRv4's detector and recognizer as rapidocr-onnxruntime ships them, and
+EfficientNet-Lite0 (ImageNet) exported to FP32 ONNX by fp16lens; inputs from
+``tests/int8_zoo.py``: 8 calibration items and 24 evaluation items (``--quick``: 4 and
+8, about 4 minutes on 2 cores), disjoint (other words, other crops).
+
+Methods, each given the same calibration feeds:
+- fp16lens before: ONNX Runtime's quantize_static as fp16lens ran it (Entropy, Q/DQ on
+  every op, per-channel weights, symmetric), ``calibrator="ort-entropy"``;
+- fp16lens placement, max ranges: Q/DQ as TensorRT runs it, max calibration;
+- fp16lens placement, ranges chosen: each activation's range chosen at the output;
+- fp16lens: that, with per-channel bias correction where held-out calibration batches
+  say it lowers the error (the default);
+- fp16lens + target: the same with the fallback search (the target is checked on the
+  calibration items, never on the evaluation items);
+- ONNX Runtime quantize_static, QDQ, per channel, symmetric INT8 (what TensorRT reads),
+  with MinMax, Entropy and Percentile;
+- ModelOpt ``modelopt.onnx.quantization.quantize`` int8 with entropy and max (the rest of
+  the graph kept FP32: its FP16 default clamps the detector's batch-norm variances), when
+  nvidia-modelopt imports here; otherwise the output says why not.
+
+Every Q/DQ graph is computed as written (ONNX Runtime, graph optimizations off: each
+QuantizeLinear/DequantizeLinear on its own, the arithmetic TensorRT runs; the onnx-int8
+backend's way), against the FP32 file in the same session type. Metrics: detector text-mask
+IoU (mean, worst image), recognizer same-string share, classifier top-1 agreement, the mean
+output cosine, the share of Conv/ConvTranspose/Gemm/MatMul multiply-adds in INT8, and the
+time the method took.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import io
+import json
+import logging
+import os
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+os.environ.setdefault("TQDM_DISABLE", "1")  # ModelOpt's calibration progress bars
+logging.disable(logging.WARNING)  # ORT's "consider pre-processing", ModelOpt's missing NVML
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "tests"))
+sys.path.insert(0, os.path.join(HERE, ".."))
+
+import int8_zoo  # noqa: E402
+
+
+def _ort_static(case, method: str):
+    import onnx
+    from onnxruntime import quantization as q
+
+    from fp16lens.export._int8 import TRT_QDQ_OPTIONS, prepared
+
+    feeds = list(case.cal)
+
+    class Reader(q.CalibrationDataReader):
+        def __init__(self):
+            self.it = iter(feeds)
+
+        def get_next(self):
+            return next(self.it, None)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        src, dst = os.path.join(tmp, "a.onnx"), os.path.join(tmp, "b.onnx")
+        onnx.save(prepared(onnx.load(case.path)), src)
+        extra = dict(TRT_QDQ_OPTIONS)
+        if method == "Percentile":
+            extra.update(CalibPercentile=99.999, CalibNumBins=2048)
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            q.quantize_static(src, dst, Reader(), quant_format=q.QuantFormat.QDQ, per_channel=True,
+                              activation_type=q.QuantType.QInt8, weight_type=q.QuantType.QInt8,
+                              calibrate_method=getattr(q.CalibrationMethod, method),
+                              extra_options=extra)
+        return onnx.load(dst), ""
+
+
+_SEARCHED: dict = {}
+SEARCH_BATCHES = [2]  # calibration items each candidate is measured on (--quick: 1)
+
+
+def _fp16lens(case, target=None, calibrator="search", choose=True, bias=True):
+    """fp16lens's INT8 of ``case``; the search is made once per case and choice, and the
+    fallback for ``target`` runs on it."""
+    import onnx
+
+    from fp16lens.export._int8 import _quantize_ort, prepared
+    from fp16lens.export._int8_place import name_nodes
+    from fp16lens.export._int8_search import Searcher, write_qdq
+
+    proto = prepared(onnx.load(case.path))
+    name_nodes(proto.graph)
+    if calibrator != "search":
+        return _quantize_ort(proto, list(case.cal), []), ""
+    key = (case.name, choose)
+    start, first = time.perf_counter(), key not in _SEARCHED
+    if first:
+        t0 = time.perf_counter()
+        _SEARCHED[key] = (Searcher(proto, list(case.cal), choose=choose, correct_bias=choose,
+                                   search_batches=SEARCH_BATCHES[0]), time.perf_counter() - t0)
+    searcher, seconds = _SEARCHED[key]
+    plan = searcher.plan if target is None else searcher.fallback(target, max_fallback=0.5)
+    if not bias:
+        plan = dataclasses.replace(plan, corrections={})
+    note = f"bias corrected: {len(plan.corrections)} layers; {len(plan.scales)} scales ({', '.join(f'{m} {n}' for m, n in sorted(plan.method_counts().items()))})"
+    if plan.kept:
+        note += "; kept out of INT8: " + ", ".join(k.node for k in plan.kept)
+    quantized = write_qdq(proto, plan)
+    elapsed = time.perf_counter() - start  # a reused search counts as if made here
+    return quantized, note, elapsed if first else seconds + elapsed
+
+
+def _task_target(name: str):
+    """The parity each model's fallback keeps, checked on the calibration items."""
+    from fp16lens.export import Int8Target
+
+    path = int8_zoo.z.rapidocr_model("rec") if name == "recognizer" else None
+
+    if name == "detector":
+        return Int8Target(0.98, lambda r, o: int8_zoo.det_metric(r, o)["IoU"], "text-mask IoU")
+    if name == "recognizer":  # its strings on 8 lines are a coarse signal: the logits' cosine
+        return Int8Target(0.98, lambda r, o: int8_zoo.rec_metric_for(path)(r, o)["cosine"],
+                          "mean output cosine")
+    return Int8Target(0.995, None)
+
+
+def _modelopt(case, method: str):
+    import onnx
+    from modelopt.onnx.quantization import quantize
+
+    from fp16lens.export._int8 import prepared
+
+    name = next(iter(case.cal[0]))
+    data = {name: np.concatenate([f[name] for f in case.cal])}
+    with tempfile.TemporaryDirectory() as tmp:
+        src, dst = os.path.join(tmp, "a.onnx"), os.path.join(tmp, "a.quant.onnx")
+        proto = prepared(onnx.load(case.path))
+        batch = proto.graph.input[0].type.tensor_type.shape.dim[0]
+        batch.ClearField("dim_param")
+        batch.dim_value = 1
+        onnx.save(proto, src)
+        with contextlib.redirect_stdout(io.StringIO()):
+            quantize(src, quantize_mode="int8", calibration_method=method, calibration_data=data,
+                     calibration_eps=["cpu"], output_path=dst, high_precision_dtype="fp32",
+                     log_level="ERROR")
+        return onnx.load(dst), ""
+
+
+def modelopt_status() -> str | None:
+    """None when ModelOpt's ONNX quantization imports here, else why not."""
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            import modelopt.onnx.quantization  # noqa: F401
+    except Exception as exc:  # its optional [onnx] dependencies may be absent
+        return f"ModelOpt not run: {str(exc).splitlines()[0]}"
+    return None
+
+
+def methods(name: str, with_modelopt: bool, only_modelopt: bool = False):
+    if only_modelopt:
+        for m in ("entropy", "max"):
+            yield f"ModelOpt {m}", lambda c, m=m: _modelopt(c, m)
+        return
+    yield "fp16lens before (ORT Entropy, all ops)", lambda c: _fp16lens(c, calibrator="ort-entropy")
+    yield "fp16lens placement, max ranges", lambda c: _fp16lens(c, choose=False)
+    yield "fp16lens placement, ranges chosen", lambda c: _fp16lens(c, bias=False)
+    yield "fp16lens", lambda c: _fp16lens(c)
+    yield "fp16lens + target", lambda c: _fp16lens(c, target=_task_target(name))
+    for m in ("MinMax", "Entropy", "Percentile"):
+        yield f"ORT {m}", lambda c, m=m: _ort_static(c, m)
+
+
+def bench(name: str, n_cal: int, n_eval: int, with_modelopt: bool, only_modelopt: bool = False
+          ) -> list[dict]:
+
+    case = int8_zoo.MODELS[name](n_cal, n_eval)
+    refs = int8_zoo.run_outputs(case.path, case.eval)
+    rows = []
+    for label, make in methods(name, with_modelopt, only_modelopt):
+        t0 = time.perf_counter()
+        try:
+            proto, note, *spent = make(case)
+        except Exception as exc:  # a peer failing on a model is a result, not a crash
+            rows.append({"model": case.name, "method": label, "error": str(exc).splitlines()[0][:160]})
+            print(f"  {label}: failed: {rows[-1]['error']}", flush=True)
+            continue
+        seconds = spent[0] if spent else time.perf_counter() - t0
+        outs = int8_zoo.run_outputs(proto, case.eval)
+        row = {"model": case.name, "method": label, **case.metric(refs, outs),
+               "int8 flops": int8_zoo.flop_share(proto, case.eval[0]),
+               "activation Q": sum(n.op_type == "QuantizeLinear" for n in proto.graph.node),
+               "seconds": seconds, "note": note}
+        rows.append(row)
+        shown = ", ".join(f"{k} {row[k]:.4f}" for k in case.headline)
+        print(f"  {label}: {shown}, INT8 FLOPs {row['int8 flops']:.1%}, {row['activation Q']} Q, "
+              f"{seconds:.1f} s {note}", flush=True)
+    return rows
+
+
+def markdown(rows: list[dict]) -> str:
+    lines = ["| model | method | task metric | cosine | INT8 FLOPs | Q nodes | time (s) |",
+             "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['model']} | {r['method']} | failed: {r['error']} | | | | |")
+            continue
+        if "IoU" in r:
+            task = f"IoU {r['IoU']:.3f} (worst {r['IoU worst']:.3f})"
+        elif "same string" in r:
+            task = f"same string {r['same string']:.1%}"
+        else:
+            task = f"top-1 {r['top-1']:.1%}"
+        lines.append(f"| {r['model']} | {r['method']} | {task} | {r['cosine']:.4f} | "
+                     f"{r['int8 flops']:.1%} | {r['activation Q']} | {r['seconds']:.1f} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true",
+                   help="4 calibration items (1 probing the search) and 8 evaluation items, "
+                   "instead of 8 (2) and 24")
+    p.add_argument("--models", default="detector,recognizer,classifier")
+    p.add_argument("--no-modelopt", action="store_true")
+    p.add_argument("--json", help="write the rows here")
+    args = p.parse_args(argv)
+    n_eval, n_cal = (8, 4) if args.quick else (24, 8)
+    SEARCH_BATCHES[0] = 1 if args.quick else 2
+    why = "ModelOpt left out (--no-modelopt)" if args.no_modelopt else modelopt_status()
+    if why:
+        print(why)
+    rows = []
+    names = args.models.split(",")
+    for name in names:
+        print(f"{name}: {n_cal} calibration items, {n_eval} evaluation items", flush=True)
+        rows += bench(name, n_cal, n_eval, why is None)
+    # ModelOpt patches ONNX Runtime's calibrators when it runs: it goes last
+    for name in names if why is None else ():
+        print(f"{name}: ModelOpt", flush=True)
+        rows += bench(name, n_cal, n_eval, True, only_modelopt=True)
+    order = {n: i for i, n in enumerate(dict.fromkeys(r["model"] for r in rows))}
+    rows.sort(key=lambda r: order[r["model"]])
+    print()
+    print(markdown(rows))
+    if why:
+        print(f"\n{why}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,260 @@
+"""INT8 on the real-weights zoo: real inputs (calibration and evaluation disjoint), the task
+metrics against FP32, and one harness that runs every Q/DQ graph as written.
+
+Inputs come from the wheels the zoo already uses (``zoo_real``): the detector reads text
+lines rendered with Pillow's font on crops of scikit-image's photographs (and crops of its
+scanned page); the recognizer reads rendered words 48 pixels high; EfficientNet-Lite0
+reads crops of scikit-image's colour photographs. Calibration items and evaluation items
+come from disjoint strings and crop positions (different seeds, different word lists).
+
+    MODELS[name] -> builder(n_cal, n_eval) -> Int8Case(fp32 proto path, cal feeds, eval feeds,
+                                                          metric(refs, outs) -> dict)
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import zoo_real as z
+
+DET_SIZE = (96, 320)
+REC_WIDTH = 320
+CLS_SIZE = 224
+DET_THRESH = 0.3  # DBNet's binarization threshold (rapidocr's default)
+_PHOTOS = ("astronaut", "chelsea", "coffee", "rocket", "motorcycle_left", "hubble_deep_field",
+           "retina", "ihc", "color", "logo", "immunohistochemistry", "horse", "camera", "coins",
+           "brick", "grass", "gravel", "moon", "page", "text", "clock_motion", "cell")
+_WORDS_CAL = ("Overflow", "model", "Check", "before", "ship", "parity", "tensor", "scale", "range",
+              "kernel", "engine", "export", "layer", "weights", "batch", "float")
+_WORDS_EVAL = ("Quantize", "accuracy", "network", "deploy", "invoice", "Total 42.50", "Monday",
+               "street", "coffee", "Station", "OPEN", "welcome", "price", "number 7", "detector",
+               "window", "garden", "river", "market", "yellow", "silver", "Paris 2024", "orange",
+               "bridge", "mountain", "Exit", "library", "station 9", "morning", "planet")
+
+
+@dataclass
+class Int8Case:
+    name: str
+    path: str  # the FP32 ONNX file
+    cal: list[dict]
+    eval: list[dict]
+    metric: Callable  # (refs, outs) -> {metric name: value}
+    headline: tuple[str, ...]  # the metric names the table shows
+
+
+@functools.cache
+def _photo(name: str) -> np.ndarray:
+    """A scikit-image sample as HxWx3 uint8 (greyscale and palette ones as RGB)."""
+    import importlib.util
+
+    from PIL import Image
+
+    z._need("scikit-image")
+    folder = os.path.join(importlib.util.find_spec("skimage").submodule_search_locations[0], "data")
+    found = [f for f in os.listdir(folder) if f.split(".")[0] == name]
+    return np.asarray(Image.open(os.path.join(folder, found[0])).convert("RGB"))
+
+
+def _photos() -> list[str]:
+    return [p for p in _PHOTOS if _try(p)]
+
+
+def _try(name: str) -> bool:
+    try:
+        _photo(name)
+        return True
+    except (IndexError, OSError):
+        return False
+
+
+def _crop(rng, name: str, h: int, w: int) -> np.ndarray:
+    """A random crop of photo ``name`` (at least half its short side), resized to h x w."""
+    from PIL import Image
+
+    img = _photo(name)
+    H, W = img.shape[:2]
+    aspect = w / h
+    ch = int(rng.uniform(0.5, 1.0) * min(H, W / aspect))
+    cw = int(ch * aspect)
+    y, x = rng.integers(0, H - ch + 1), rng.integers(0, W - cw + 1)
+    return np.asarray(Image.fromarray(img[y:y + ch, x:x + cw]).resize((w, h), Image.BILINEAR))
+
+
+def _text_canvas(rng, words, h: int, w: int, photos: list[str], lines: int) -> np.ndarray:
+    """Dark words on a light crop of a photograph: HxWx3 uint8."""
+    from PIL import Image, ImageDraw, ImageFont
+
+    bg = _crop(rng, photos[rng.integers(len(photos))], h, w).astype(np.float32)
+    bg = 150 + 0.4 * bg  # light, textured background
+    img = Image.fromarray(bg.clip(0, 255).astype(np.uint8))
+    draw = ImageDraw.Draw(img)
+    for k in range(lines):
+        size = int(rng.uniform(0.45, 0.8) * h / lines)
+        font = ImageFont.load_default(size=size)
+        text = " ".join(words[rng.integers(len(words))] for _ in range(rng.integers(1, 3)))
+        x0 = int(rng.integers(2, max(3, w // 6)))
+        y0 = int(k * h / lines + rng.integers(0, max(1, h // lines - size)))
+        ink = tuple(int(v) for v in rng.integers(0, 70, size=3))
+        draw.text((x0, y0), text, fill=ink, font=font)
+    return np.asarray(img)
+
+
+_MEAN = np.array([0.485, 0.456, 0.406], np.float32).reshape(1, 3, 1, 1)
+_STD = np.array([0.229, 0.224, 0.225], np.float32).reshape(1, 3, 1, 1)
+
+
+def _nchw(img: np.ndarray) -> np.ndarray:
+    return img.astype(np.float32).transpose(2, 0, 1)[None]
+
+
+def _input_name(path: str) -> str:
+    import onnx
+
+    m = onnx.load(path, load_external_data=False)
+    inits = {i.name for i in m.graph.initializer}
+    return next(i.name for i in m.graph.input if i.name not in inits)
+
+
+def _cosines(refs, outs) -> list[float]:
+    from fp16lens.export._int8_search import cosine
+
+    return [cosine(r[0], o[0]) for r, o in zip(refs, outs)]
+
+
+# ---- the detector ------------------------------------------------------------------------
+
+def det_metric(refs, outs) -> dict:
+    ious = []
+    for r, o in zip(refs, outs):
+        a, b = r[0] > DET_THRESH, o[0] > DET_THRESH
+        union = (a | b).sum()
+        ious.append(float((a & b).sum() / union) if union else 1.0)
+    return {"IoU": float(np.mean(ious)), "IoU worst": float(np.min(ious)),
+            "cosine": float(np.mean(_cosines(refs, outs)))}
+
+
+def detector(n_cal: int = 8, n_eval: int = 24) -> Int8Case:
+    path = z.rapidocr_model("det")
+    name = _input_name(path)
+    photos = _photos()
+    h, w = DET_SIZE
+
+    def items(seed, words, n):
+        rng = np.random.default_rng(seed)
+        out = []
+        for i in range(n):
+            if i % 4 == 3 and "page" in photos:  # a real scan now and then
+                img = _crop(rng, "page", h, w)
+            else:
+                img = _text_canvas(rng, words, h, w, photos, lines=int(rng.integers(1, 3)))
+            out.append({name: ((_nchw(img) / 255 - _MEAN) / _STD).astype(np.float32)})
+        return out
+
+    return Int8Case("PP-OCRv4 detector", path, items(1, _WORDS_CAL, n_cal),
+                    items(2, _WORDS_EVAL, n_eval), det_metric, ("IoU", "IoU worst", "cosine"))
+
+
+# ---- the recognizer ----------------------------------------------------------------------
+
+def rec_metric_for(path: str):
+    def metric(refs, outs) -> dict:
+        same = [z.rec_decode(path, r[0]) == z.rec_decode(path, o[0]) for r, o in zip(refs, outs)]
+        return {"same string": float(np.mean(same)), "cosine": float(np.mean(_cosines(refs, outs)))}
+    return metric
+
+
+def recognizer(n_cal: int = 8, n_eval: int = 24) -> Int8Case:
+    from PIL import Image, ImageDraw, ImageFont
+
+    path = z.rapidocr_model("rec")
+    name = _input_name(path)
+
+    def items(seed, words, n):
+        rng = np.random.default_rng(seed)
+        out = []
+        for _ in range(n):
+            text = " ".join(words[rng.integers(len(words))] for _ in range(rng.integers(1, 3)))
+            font = ImageFont.load_default(size=int(rng.uniform(26, 34)))
+            shade = int(rng.integers(200, 256))
+            img = Image.new("RGB", (REC_WIDTH, 48), (shade,) * 3)
+            ink = tuple(int(v) for v in rng.integers(0, 80, size=3))
+            ImageDraw.Draw(img).text((int(rng.integers(2, 12)), int(rng.integers(2, 10))), text,
+                                     fill=ink, font=font)
+            x = _nchw(np.asarray(img))
+            mean, std = z.REC_MEAN_STD
+            out.append({name: ((x / 255 - mean) / std).astype(np.float32)})
+        return out
+
+    return Int8Case("PP-OCRv4 recognizer", path, items(3, _WORDS_CAL, n_cal),
+                    items(4, _WORDS_EVAL, n_eval), rec_metric_for(path), ("same string", "cosine"))
+
+
+# ---- the classifier ----------------------------------------------------------------------
+
+def cls_metric(refs, outs) -> dict:
+    top1 = [int(np.argmax(r[0])) == int(np.argmax(o[0])) for r, o in zip(refs, outs)]
+    return {"top-1": float(np.mean(top1)), "cosine": float(np.mean(_cosines(refs, outs)))}
+
+
+@functools.cache
+def _lite0_onnx() -> str:
+    import torch
+
+    from fp16lens.export import export
+
+    model = z._efficientnet_lite0()
+    folder = tempfile.mkdtemp(prefix="fp16lens_int8_")
+    x = torch.zeros(1, 3, CLS_SIZE, CLS_SIZE)
+    return str(export(model, (x,), os.path.join(folder, "lite0.onnx"), "fp32").path)
+
+
+def classifier(n_cal: int = 8, n_eval: int = 24) -> Int8Case:
+    path = _lite0_onnx()
+    name = _input_name(path)
+    photos = [p for p in _photos() if p not in ("page", "text")]
+
+    def items(seed, n, offset):
+        rng = np.random.default_rng(seed)
+        out = []
+        for i in range(n):
+            img = _crop(rng, photos[(i + offset) % len(photos)], CLS_SIZE, CLS_SIZE)
+            out.append({name: ((_nchw(img) / 255 - _MEAN) / _STD).astype(np.float32)})
+        return out
+
+    return Int8Case("EfficientNet-Lite0", path, items(5, n_cal, 0), items(6, n_eval, 3), cls_metric,
+                    ("top-1", "cosine"))
+
+
+MODELS = {"detector": detector, "recognizer": recognizer, "classifier": classifier}
+
+
+# ---- one harness -------------------------------------------------------------------------
+
+def run_outputs(proto_or_path, feeds: list[dict]) -> list[list[np.ndarray]]:
+    """The graph computed as written (ONNX Runtime, graph optimizations off): every
+    QuantizeLinear/DequantizeLinear on its own, as the onnx-int8 backend runs it."""
+    import onnx
+
+    from fp16lens.export._int8_search import session
+
+    proto = onnx.load(proto_or_path) if isinstance(proto_or_path, str) else proto_or_path
+    sess = session(proto)
+    names = [o.name for o in sess.get_outputs()]
+    return [sess.run(names, f) for f in feeds]
+
+
+def flop_share(proto, feed: dict) -> float:
+    """The share of Conv/ConvTranspose/Gemm/MatMul multiply-adds left in INT8 on ``feed``."""
+    from fp16lens.export._int8_place import COMPUTE_OPS, int8_flop_share
+    from fp16lens.export._int8_search import _exposed, _run_all, session
+
+    compute = [n for n in proto.graph.node if n.op_type in COMPUTE_OPS]
+    names = list(dict.fromkeys([*(t for n in compute for t in n.input[:2]),
+                                *(n.output[0] for n in compute)]))
+    values = _run_all(session(_exposed(proto, names)), feed, names)
+    return int8_flop_share(proto, {n: tuple(np.shape(v)) for n, v in values.items()})[0]
