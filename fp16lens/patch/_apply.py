@@ -9,13 +9,8 @@ from fp16lens._core.algebra import eps_name
 from fp16lens._core.compat import BN_AFFINE_EPS, BN_AFFINE_VAR
 from fp16lens._core.sites import site_module
 from fp16lens.patch._actisland import insert_island
-from fp16lens.patch._fx import (
-    find_op,
-    functional_params,
-    replace_module,
-    scale_operands,
-    trace_owner,
-)
+from fp16lens.patch._fx_read import find_op, functional_params, trace_owner
+from fp16lens.patch._fx_rewrite import replace_module, scale_operands
 from fp16lens.patch._fxisland import insert_group
 from fp16lens.patch._island import Fp32Island
 from fp16lens.patch._plan import Plan, Reparam

@@ -13,7 +13,7 @@ from torch import nn
 from fp16lens._core import PatchError
 from fp16lens._core.algebra import Kind
 from fp16lens.patch._classes import class_problem
-from fp16lens.patch._fx import find_op, operands, producer_site, trace_owner
+from fp16lens.patch._fx_read import find_op, operands, producer_site, trace_owner
 from fp16lens.patch._graph import SiteGraph
 from fp16lens.patch._plan import Multiply
 from fp16lens.report import Report

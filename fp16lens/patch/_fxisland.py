@@ -17,7 +17,7 @@ from torch import fx, nn
 from fp16lens._core import PatchError
 from fp16lens._core.sites import parse_site
 from fp16lens._trace import graph_forwards, running_node
-from fp16lens.patch._fx import _RETRACED, trace_owner
+from fp16lens.patch._fx_read import _RETRACED, trace_owner
 from fp16lens.patch._island import Fp32Island
 from fp16lens.patch._trace import SiteTracer, Trace, traced
 

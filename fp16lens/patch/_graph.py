@@ -38,7 +38,7 @@ from fp16lens._core.algebra import (
     product_carrier,
 )
 from fp16lens._core.sites import is_island
-from fp16lens.patch._fx import (
+from fp16lens.patch._fx_read import (
     FunctionalParams,
     constant_factor,
     functional_params,

@@ -22,7 +22,7 @@ from fp16lens._core import PatchError
 from fp16lens._core.algebra import _underflow as alg
 from fp16lens._core.sites import site_module
 from fp16lens._core.underflow import SINGULAR_ARG, SINGULAR_BOTH, is_singular_name
-from fp16lens.patch._fx import _is_tensor, trace_owner
+from fp16lens.patch._fx_read import _is_tensor, trace_owner
 from fp16lens.patch._plan import UnderflowRule
 from fp16lens.report import Report
 

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from fp16lens._core import FP16_MAX
-from fp16lens.patch._fx import replace_module
+from fp16lens.patch._fx_rewrite import replace_module
 from fp16lens.patch._island import Fp32Island, _leave
 from fp16lens.patch._plan import Plan, SpanFp32
 from fp16lens.report import Report

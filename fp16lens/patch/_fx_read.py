@@ -1,9 +1,11 @@
-"""One scalar multiply on an operand of a functional add/sub/cat, by torch.fx.
+"""Reading a module's forward with torch.fx, for planning: the traced forward of the
+module that runs an op, its nodes and operands, and the parameters a functional op reads.
+Nothing here changes a model (the rewrites are in ``_fx_rewrite.py``).
 
 Only the module whose forward runs the op is traced (all its submodules stay leaves, so
-qualified names and state_dict keys do not change) and replaced by the GraphModule. A
-module that already is a GraphModule (symbolic_trace, onnx2torch, torch.export) is edited
-in place: its nodes are those watch named its functional ops after (``:add_1``).
+qualified names and state_dict keys do not change). A module that already is a
+GraphModule (symbolic_trace, onnx2torch, torch.export) is read as it is: its nodes are
+those watch named its functional ops after (``:add_1``).
 """
 
 from __future__ import annotations
@@ -85,20 +87,6 @@ def operands(node: fx.Node, op: str | None = None) -> list:
     names = ("input", "other") if node.op == "call_function" else ("self", "other")
     args = list(node.args[:2])
     return args + [node.kwargs[k] for k in names[len(args):] if k in node.kwargs]
-
-
-def _set_operands(node: fx.Node, new: list, op: str) -> None:
-    if op == "cat":
-        if node.args:
-            node.args = (new, *node.args[1:])
-        else:
-            key = "tensors" if "tensors" in node.kwargs else "input"
-            node.kwargs = {**node.kwargs, key: new}
-        return
-    n_args = min(len(node.args), 2)
-    node.args = (*new[:n_args], *node.args[n_args:])
-    names = ("input", "other") if node.op == "call_function" else ("self", "other")
-    node.kwargs = {**node.kwargs, **dict(zip(names[n_args:], new[n_args:]))}
 
 
 def _is_tensor(arg) -> bool:
@@ -199,42 +187,6 @@ def _attr(mod: nn.Module, target: str):
     for part in target.split("."):
         mod = getattr(mod, part, None)
     return mod
-
-
-_SCALED = "fp16lens_scaled"  # fx node meta: a multiply this module inserted
-
-
-def scale_operands(
-    gm: fx.GraphModule, node: fx.Node, keep: set[str], owner: str, factor: float,
-    cut: set[str] | None = None,
-) -> int:
-    """Multiply the tensor operands of ``node`` produced by ``cut`` (when fx shows every
-    one of them), else every operand whose producer is not in ``keep``, by ``factor``;
-    returns how many multiplies were inserted."""
-    inserted = 0
-    op = op_of(node)
-    args = operands(node, op)
-    sites = [producer_site(a, owner) for a in args]
-    by_cut = bool(cut) and all(c in sites for c in cut)  # a functional producer shows as None
-    new = []
-    for arg, site in zip(args, sites):
-        scaled = isinstance(arg, fx.Node) and arg.meta.get(_SCALED, False)  # by an earlier Multiply
-        hit = site in cut if by_cut else site not in keep
-        if _is_tensor(arg) and not scaled and hit:
-            with gm.graph.inserting_before(node):
-                arg = gm.graph.call_function(operator.mul, (arg, factor))
-            arg.meta[_SCALED] = True
-            inserted += 1
-        new.append(arg)
-    _set_operands(node, new, op)
-    gm.graph.lint()
-    gm.recompile()
-    return inserted
-
-
-def replace_module(model: nn.Module, name: str, new: nn.Module) -> None:
-    parent, _, child = name.rpartition(".")
-    setattr(model.get_submodule(parent) if parent else model, child, new)
 
 
 # ---- parameters that join a tensor (a class token concatenated, a position embedding added)
