@@ -76,10 +76,17 @@ def _ort_static(case, method: str):
         if method == "Percentile":
             extra.update(CalibPercentile=99.999, CalibNumBins=2048)
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-            q.quantize_static(src, dst, Reader(), quant_format=q.QuantFormat.QDQ, per_channel=True,
-                              activation_type=q.QuantType.QInt8, weight_type=q.QuantType.QInt8,
-                              calibrate_method=getattr(q.CalibrationMethod, method),
-                              extra_options=extra)
+            q.quantize_static(
+                src,
+                dst,
+                Reader(),
+                quant_format=q.QuantFormat.QDQ,
+                per_channel=True,
+                activation_type=q.QuantType.QInt8,
+                weight_type=q.QuantType.QInt8,
+                calibrate_method=getattr(q.CalibrationMethod, method),
+                extra_options=extra,
+            )
         return onnx.load(dst), ""
 
 
@@ -104,8 +111,16 @@ def _fp16lens(case, target=None, calibrator="search", choose=True, bias=True):
     start, first = time.perf_counter(), key not in _SEARCHED
     if first:
         t0 = time.perf_counter()
-        _SEARCHED[key] = (Searcher(proto, list(case.cal), choose=choose, correct_bias=choose,
-                                   search_batches=SEARCH_BATCHES[0]), time.perf_counter() - t0)
+        _SEARCHED[key] = (
+            Searcher(
+                proto,
+                list(case.cal),
+                choose=choose,
+                correct_bias=choose,
+                search_batches=SEARCH_BATCHES[0],
+            ),
+            time.perf_counter() - t0,
+        )
     searcher, seconds = _SEARCHED[key]
     plan = searcher.plan if target is None else searcher.fallback(target, max_fallback=0.5)
     if not bias:
@@ -127,8 +142,9 @@ def _task_target(name: str):
     if name == "detector":
         return Int8Target(0.98, lambda r, o: int8_zoo.det_metric(r, o)["IoU"], "text-mask IoU")
     if name == "recognizer":  # its strings on 8 lines are a coarse signal: the logits' cosine
-        return Int8Target(0.98, lambda r, o: int8_zoo.rec_metric_for(path)(r, o)["cosine"],
-                          "mean output cosine")
+        return Int8Target(
+            0.98, lambda r, o: int8_zoo.rec_metric_for(path)(r, o)["cosine"], "mean output cosine"
+        )
     return Int8Target(0.995, None)
 
 
@@ -148,9 +164,16 @@ def _modelopt(case, method: str):
         batch.dim_value = 1
         onnx.save(proto, src)
         with contextlib.redirect_stdout(io.StringIO()):
-            quantize(src, quantize_mode="int8", calibration_method=method, calibration_data=data,
-                     calibration_eps=["cpu"], output_path=dst, high_precision_dtype="fp32",
-                     log_level="ERROR")
+            quantize(
+                src,
+                quantize_mode="int8",
+                calibration_method=method,
+                calibration_data=data,
+                calibration_eps=["cpu"],
+                output_path=dst,
+                high_precision_dtype="fp32",
+                log_level="ERROR",
+            )
         return onnx.load(dst), ""
 
 
@@ -178,8 +201,9 @@ def methods(name: str, with_modelopt: bool, only_modelopt: bool = False):
         yield f"ORT {m}", lambda c, m=m: _ort_static(c, m)
 
 
-def bench(name: str, n_cal: int, n_eval: int, with_modelopt: bool, only_modelopt: bool = False
-          ) -> list[dict]:
+def bench(
+    name: str, n_cal: int, n_eval: int, with_modelopt: bool, only_modelopt: bool = False
+) -> list[dict]:
 
     case = int8_zoo.MODELS[name](n_cal, n_eval)
     refs = int8_zoo.run_outputs(case.path, case.eval)
@@ -189,25 +213,37 @@ def bench(name: str, n_cal: int, n_eval: int, with_modelopt: bool, only_modelopt
         try:
             proto, note, *spent = make(case)
         except Exception as exc:  # a peer failing on a model is a result, not a crash
-            rows.append({"model": case.name, "method": label, "error": str(exc).splitlines()[0][:160]})
+            rows.append(
+                {"model": case.name, "method": label, "error": str(exc).splitlines()[0][:160]}
+            )
             print(f"  {label}: failed: {rows[-1]['error']}", flush=True)
             continue
         seconds = spent[0] if spent else time.perf_counter() - t0
         outs = int8_zoo.run_outputs(proto, case.eval)
-        row = {"model": case.name, "method": label, **case.metric(refs, outs),
-               "int8 flops": int8_zoo.flop_share(proto, case.eval[0]),
-               "activation Q": sum(n.op_type == "QuantizeLinear" for n in proto.graph.node),
-               "seconds": seconds, "note": note}
+        row = {
+            "model": case.name,
+            "method": label,
+            **case.metric(refs, outs),
+            "int8 flops": int8_zoo.flop_share(proto, case.eval[0]),
+            "activation Q": sum(n.op_type == "QuantizeLinear" for n in proto.graph.node),
+            "seconds": seconds,
+            "note": note,
+        }
         rows.append(row)
         shown = ", ".join(f"{k} {row[k]:.4f}" for k in case.headline)
-        print(f"  {label}: {shown}, INT8 FLOPs {row['int8 flops']:.1%}, {row['activation Q']} Q, "
-              f"{seconds:.1f} s {note}", flush=True)
+        print(
+            f"  {label}: {shown}, INT8 FLOPs {row['int8 flops']:.1%}, {row['activation Q']} Q, "
+            f"{seconds:.1f} s {note}",
+            flush=True,
+        )
     return rows
 
 
 def markdown(rows: list[dict]) -> str:
-    lines = ["| model | method | task metric | cosine | INT8 FLOPs | Q nodes | time (s) |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        "| model | method | task metric | cosine | INT8 FLOPs | Q nodes | time (s) |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         if "error" in r:
             lines.append(f"| {r['model']} | {r['method']} | failed: {r['error']} | | | | |")
@@ -218,16 +254,21 @@ def markdown(rows: list[dict]) -> str:
             task = f"same string {r['same string']:.1%}"
         else:
             task = f"top-1 {r['top-1']:.1%}"
-        lines.append(f"| {r['model']} | {r['method']} | {task} | {r['cosine']:.4f} | "
-                     f"{r['int8 flops']:.1%} | {r['activation Q']} | {r['seconds']:.1f} |")
+        lines.append(
+            f"| {r['model']} | {r['method']} | {task} | {r['cosine']:.4f} | "
+            f"{r['int8 flops']:.1%} | {r['activation Q']} | {r['seconds']:.1f} |"
+        )
     return "\n".join(lines)
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true",
-                   help="4 calibration items (1 probing the search) and 8 evaluation items, "
-                   "instead of 8 (2) and 24")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="4 calibration items (1 probing the search) and 8 evaluation items, "
+        "instead of 8 (2) and 24",
+    )
     p.add_argument("--models", default="detector,recognizer,classifier")
     p.add_argument("--no-modelopt", action="store_true")
     p.add_argument("--json", help="write the rows here")

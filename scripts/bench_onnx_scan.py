@@ -31,7 +31,9 @@ def _export(path: str) -> None:
     model = nn.Sequential(*layers).eval()
     with warnings.catch_warnings():  # the TorchScript exporter's deprecation notice
         warnings.simplefilter("ignore")
-        torch.onnx.export(model, (torch.rand(1, 3, SIZE, SIZE),), path, opset_version=17, dynamo=False)
+        torch.onnx.export(
+            model, (torch.rand(1, 3, SIZE, SIZE),), path, opset_version=17, dynamo=False
+        )
 
 
 def _child(path: str, batches: int) -> None:
@@ -40,12 +42,23 @@ def _child(path: str, batches: int) -> None:
     import fp16lens
 
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    xs = [torch.rand(1, 3, SIZE, SIZE, generator=torch.Generator().manual_seed(i)) for i in range(batches)]
+    xs = [
+        torch.rand(1, 3, SIZE, SIZE, generator=torch.Generator().manual_seed(i))
+        for i in range(batches)
+    ]
     report = fp16lens.scan(path, xs, progress=False)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     inter = sum(4 * s.numel // s.calls for s in report.sites.values())
-    print(json.dumps({"batches": report.meta.batches, "peak_mib": peak / 1024,
-                      "grew_mib": (peak - before) / 1024, "one_batch_mib": inter / 2**20}))
+    print(
+        json.dumps(
+            {
+                "batches": report.meta.batches,
+                "peak_mib": peak / 1024,
+                "grew_mib": (peak - before) / 1024,
+                "one_batch_mib": inter / 2**20,
+            }
+        )
+    )
 
 
 def main() -> None:
@@ -57,16 +70,21 @@ def main() -> None:
         _export(path)
         rows = []
         for n in (1, 8):
-            out = subprocess.run([sys.executable, __file__, path, str(n)], check=True,
-                                 capture_output=True, text=True).stdout
+            out = subprocess.run(
+                [sys.executable, __file__, path, str(n)], check=True, capture_output=True, text=True
+            ).stdout
             rows.append(json.loads(out.strip().splitlines()[-1]))
         for r in rows:
-            print(f"{r['batches']} batch(es): peak RSS {r['peak_mib']:.0f} MiB "
-                  f"(+{r['grew_mib']:.0f} MiB in scan); one batch of intermediates "
-                  f"{r['one_batch_mib']:.0f} MiB")
+            print(
+                f"{r['batches']} batch(es): peak RSS {r['peak_mib']:.0f} MiB "
+                f"(+{r['grew_mib']:.0f} MiB in scan); one batch of intermediates "
+                f"{r['one_batch_mib']:.0f} MiB"
+            )
         extra = rows[1]["peak_mib"] - rows[0]["peak_mib"]
-        print(f"8 batches vs 1: {extra:+.0f} MiB ({extra / rows[0]['one_batch_mib']:.2f} "
-              "batches' worth of intermediates)")
+        print(
+            f"8 batches vs 1: {extra:+.0f} MiB ({extra / rows[0]['one_batch_mib']:.2f} "
+            "batches' worth of intermediates)"
+        )
 
 
 if __name__ == "__main__":

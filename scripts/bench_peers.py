@@ -222,7 +222,9 @@ def main(argv=None) -> int:
     )
     parser.add_argument("--models", default=None, help="comma list of Fixing-table models")
     parser.add_argument(
-        "--markdown", default=None, help="write the 'Compared with' section of docs/benchmarks.md here"
+        "--markdown",
+        default=None,
+        help="write the 'Compared with' section of docs/benchmarks.md here",
     )
     args = parser.parse_args(argv)
     unknown = set(_csv(args.tables)) - set(TABLES)

@@ -59,8 +59,13 @@ def bert_base(quick: bool, batch: int = 4):
         ensure_torchvision()
         from transformers import BertConfig, BertModel
 
-        cfg = BertConfig(num_hidden_layers=layers, hidden_size=768, num_attention_heads=12,
-                         intermediate_size=3072, attn_implementation="eager")
+        cfg = BertConfig(
+            num_hidden_layers=layers,
+            hidden_size=768,
+            num_attention_heads=12,
+            intermediate_size=3072,
+            attn_implementation="eager",
+        )
         model = BertModel(cfg).eval()
         return model, (torch.randint(0, cfg.vocab_size, (batch, seq)),)
     except ImportError:
@@ -179,9 +184,15 @@ def _one_batch(model, inputs, method: str, calls: int, device: torch.device) -> 
     return time.perf_counter() - t0
 
 
-def time_ratio_spread(model, inputs, methods: Sequence[str], reps: int, calls: int = 2,
-                      device: torch.device | None = None, timer=_steady,
-                      ) -> dict[str, tuple[float, float, float]]:
+def time_ratio_spread(
+    model,
+    inputs,
+    methods: Sequence[str],
+    reps: int,
+    calls: int = 2,
+    device: torch.device | None = None,
+    timer=_steady,
+) -> dict[str, tuple[float, float, float]]:
     """Per method: (lower quartile, median, upper quartile) over repetitions of
     (method time / plain time). Each repetition times every method back to back (by
     default ``calls`` forwards after one warm-up inside the method's context), so a ratio
@@ -235,19 +246,38 @@ def peak_rss_mb(model_name: str, method: str, quick: bool, batch: int) -> float:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="small inputs and few repetitions (CI)")
+    parser.add_argument(
+        "--quick", action="store_true", help="small inputs and few repetitions (CI)"
+    )
     parser.add_argument("--models", nargs="*", default=list(MODELS))
-    parser.add_argument("--methods", nargs="*", default=list(METHODS), choices=list(METHODS),
-                        help="the methods to time (plain always runs: the ratios' reference)")
+    parser.add_argument(
+        "--methods",
+        nargs="*",
+        default=list(METHODS),
+        choices=list(METHODS),
+        help="the methods to time (plain always runs: the ratios' reference)",
+    )
     parser.add_argument("--json", action="store_true")
-    parser.add_argument("--reps", type=int, default=None, help="interleaved repetitions (default 15, quick 3)")
-    parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory measurements")
-    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
-                        help="where the models and inputs live (cuda: synchronized timings, "
-                        "peak CUDA memory)")
-    parser.add_argument("--batch", type=int, default=4, help="batch size of both models (default 4)")
-    parser.add_argument("--compile", action="store_true",
-                        help="add a scan(compile=True) row per model (compile time, break-even)")
+    parser.add_argument(
+        "--reps", type=int, default=None, help="interleaved repetitions (default 15, quick 3)"
+    )
+    parser.add_argument(
+        "--no-memory", action="store_true", help="skip the peak-memory measurements"
+    )
+    parser.add_argument(
+        "--device",
+        default="cpu",
+        choices=("cpu", "cuda"),
+        help="where the models and inputs live (cuda: synchronized timings, peak CUDA memory)",
+    )
+    parser.add_argument(
+        "--batch", type=int, default=4, help="batch size of both models (default 4)"
+    )
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="add a scan(compile=True) row per model (compile time, break-even)",
+    )
     args = parser.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda needs a CUDA GPU (torch.cuda.is_available() is False)")
@@ -268,17 +298,36 @@ def main(argv=None) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    where = f"{torch.get_num_threads()} threads" if device.type == "cpu" else torch.cuda.get_device_name()
-    table = Table(title=f"watch overhead vs a plain forward ({'quick' if args.quick else 'full'} mode, {where})")
+    where = (
+        f"{torch.get_num_threads()} threads"
+        if device.type == "cpu"
+        else torch.cuda.get_device_name()
+    )
+    table = Table(
+        title=f"watch overhead vs a plain forward ({'quick' if args.quick else 'full'} mode, {where})"
+    )
     memory = "peak CUDA memory / plain" if device.type == "cuda" else "peak memory / plain"
-    for col in ("model", "method", "time / plain (median)", "interquartile range",
-                "one batch / plain", memory, "note"):
+    for col in (
+        "model",
+        "method",
+        "time / plain (median)",
+        "interquartile range",
+        "one batch / plain",
+        memory,
+        "note",
+    ):
         table.add_column(col)
     for r in rows:
         iqr = r.get("time_iqr")
-        table.add_row(r["model"], r["method"], _x(r["time"]),
-                      "-" if not iqr else f"{iqr[0]:.2f}-{iqr[1]:.2f}x",
-                      _x(r.get("one_batch")), _x(r["memory"]), r["note"])
+        table.add_row(
+            r["model"],
+            r["method"],
+            _x(r["time"]),
+            "-" if not iqr else f"{iqr[0]:.2f}-{iqr[1]:.2f}x",
+            _x(r.get("one_batch")),
+            _x(r["memory"]),
+            r["note"],
+        )
     Console(width=max(120, Console().width)).print(table)
     return 0
 
@@ -295,8 +344,11 @@ def _bench_model(name: str, model, inputs, reps: int, device: torch.device, args
     memory = {}
     if not args.no_memory:
         for m in methods:
-            memory[m] = (peak_cuda_mb(model, inputs, m, device) if device.type == "cuda"
-                         else peak_rss_mb(name, m, args.quick, args.batch))
+            memory[m] = (
+                peak_cuda_mb(model, inputs, m, device)
+                if device.type == "cuda"
+                else peak_rss_mb(name, m, args.quick, args.batch)
+            )
     rows = []
     for m in chosen:
         why = available(m)
@@ -304,11 +356,25 @@ def _bench_model(name: str, model, inputs, reps: int, device: torch.device, args
             rows.append({"model": name, "method": m, "time": None, "memory": None, "note": why})
             continue
         lo, mid, hi = spread[m]
-        rows.append({"model": name, "method": m, "device": device.type, "time": mid,
-                     "time_iqr": [lo, hi], "one_batch": one[m][1], "one_batch_iqr": [one[m][0], one[m][2]],
-                     "memory": memory[m] / memory["plain"] if memory else None, "note": ""})
-        print(f"# {name} {m} ({device.type}): time {mid:.2f}x (IQR {lo:.2f}-{hi:.2f}), "
-              f"one batch {one[m][1]:.2f}x (IQR {one[m][0]:.2f}-{one[m][2]:.2f})", file=sys.stderr, flush=True)
+        rows.append(
+            {
+                "model": name,
+                "method": m,
+                "device": device.type,
+                "time": mid,
+                "time_iqr": [lo, hi],
+                "one_batch": one[m][1],
+                "one_batch_iqr": [one[m][0], one[m][2]],
+                "memory": memory[m] / memory["plain"] if memory else None,
+                "note": "",
+            }
+        )
+        print(
+            f"# {name} {m} ({device.type}): time {mid:.2f}x (IQR {lo:.2f}-{hi:.2f}), "
+            f"one batch {one[m][1]:.2f}x (IQR {one[m][0]:.2f}-{one[m][2]:.2f})",
+            file=sys.stderr,
+            flush=True,
+        )
     return rows
 
 

@@ -83,10 +83,16 @@ def compiled_numbers(model, inputs: tuple, reps: int, device: torch.device) -> d
     e, c = statistics.median(eager), statistics.median(compiled)
     one_off = first + capture + compile_s - 3 * c * p
     return {
-        "time": c, "time_iqr": _iqr(compiled), "eager_time": e, "graph_time": statistics.median(graph),
+        "time": c,
+        "time_iqr": _iqr(compiled),
+        "eager_time": e,
+        "graph_time": statistics.median(graph),
         "plain_s": p,
-        "first_s": first, "capture_s": capture, "compile_s": compile_s,
-        "break_even": break_even(one_off, e * p, c * p), "memory": memory,
+        "first_s": first,
+        "capture_s": capture,
+        "compile_s": compile_s,
+        "break_even": break_even(one_off, e * p, c * p),
+        "memory": memory,
     }
 
 
@@ -109,28 +115,44 @@ def peak_rss_ratio(model_name: str, quick: bool, batch: int) -> float:
             f"{body}\n"
             "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)\n"
         )
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+        out = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, check=True
+        )
         return float(out.stdout.strip().splitlines()[-1])
 
     plain = rss("with torch.no_grad():\n    model(*inputs); model(*inputs)")
-    scanned = rss("import fp16lens\nfp16lens.scan(model, [inputs] * 4, progress=False, compile=True)")
+    scanned = rss(
+        "import fp16lens\nfp16lens.scan(model, [inputs] * 4, progress=False, compile=True)"
+    )
     return scanned / plain
 
 
 def compiled_row(name: str, model, inputs: tuple, reps: int, device: torch.device, args) -> dict:
     """The row bench_watch.py prints for ``fp16lens.scan(compile=True)``."""
     n = compiled_numbers(model, inputs, reps, device)
-    row = {"model": name, "method": "fp16lens.scan(compile=True)", "device": device.type,
-           "time": n.get("time"), "time_iqr": n.get("time_iqr"), "one_batch": None,
-           "memory": n.get("memory"), **{k: v for k, v in n.items() if k not in ("time", "time_iqr")}}
+    row = {
+        "model": name,
+        "method": "fp16lens.scan(compile=True)",
+        "device": device.type,
+        "time": n.get("time"),
+        "time_iqr": n.get("time_iqr"),
+        "one_batch": None,
+        "memory": n.get("memory"),
+        **{k: v for k, v in n.items() if k not in ("time", "time_iqr")},
+    }
     if "fallback" in n:
         row["note"] = f"fell back to eager: {n['fallback']}"
         return row
     if device.type == "cpu" and not args.no_memory:
         row["memory"] = peak_rss_ratio(name, args.quick, args.batch)
     even = "never" if n["break_even"] is None else f"{n['break_even']} batches"
-    row["note"] = (f"compile {n['compile_s']:.0f}s, capture {n['capture_s']:.1f}s; the graph alone "
-                   f"{n['graph_time']:.2f}x; eager watch {n['eager_time']:.2f}x here; breaks even at {even}")
-    print(f"# {name} compiled ({device.type}): time {n['time']:.2f}x, {row['note']}",
-          file=sys.stderr, flush=True)
+    row["note"] = (
+        f"compile {n['compile_s']:.0f}s, capture {n['capture_s']:.1f}s; the graph alone "
+        f"{n['graph_time']:.2f}x; eager watch {n['eager_time']:.2f}x here; breaks even at {even}"
+    )
+    print(
+        f"# {name} compiled ({device.type}): time {n['time']:.2f}x, {row['note']}",
+        file=sys.stderr,
+        flush=True,
+    )
     return row

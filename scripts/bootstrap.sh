@@ -67,6 +67,7 @@ case "$what" in
       installer=$!
     fi
     ruff check .
+    ruff format --check .
     python -m pytest "$@"
     if [ -n "$matrix" ]; then
       wait "$installer" || { cat .venv/torch-matrix-install.log >&2; exit 1; }

@@ -30,8 +30,12 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     seen: collections.Counter = collections.Counter()
 
-    @settings(max_examples=args.examples, deadline=None, database=None,
-              suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=args.examples,
+        deadline=None,
+        database=None,
+        suppress_health_check=list(HealthCheck),
+    )
     @given(**{**prop.GRAPHS, "boost": st.sampled_from([1.0, 3.0e3, 1.0e5, 3.0e6])})
     def run(**example):
         out = prop.check_graph(**example)
@@ -51,8 +55,10 @@ def main(argv=None) -> int:
         run()
     finally:
         took = time.perf_counter() - start
-        print(f"{seen['examples']} examples in {took:.0f} s: " +
-              ", ".join(f"{k} {v}" for k, v in seen.items() if k != "examples"))
+        print(
+            f"{seen['examples']} examples in {took:.0f} s: "
+            + ", ".join(f"{k} {v}" for k, v in seen.items() if k != "examples")
+        )
     return 0
 
 

@@ -98,9 +98,14 @@ def check_patch(name: str, model, inputs) -> str:
         import copy
 
         half = copy.deepcopy(patched).half()
-        out16 = half(*[t.half() if torch.is_tensor(t) and t.is_floating_point() else t for t in inputs])
-    eq = all(torch.allclose(a.float(), b.float(), rtol=1e-5, atol=1e-5 * float(a.abs().max()) + 1e-30)
-             for a, b in zip(_leaves(ref), _leaves(got)) if a.is_floating_point())
+        out16 = half(
+            *[t.half() if torch.is_tensor(t) and t.is_floating_point() else t for t in inputs]
+        )
+    eq = all(
+        torch.allclose(a.float(), b.float(), rtol=1e-5, atol=1e-5 * float(a.abs().max()) + 1e-30)
+        for a, b in zip(_leaves(ref), _leaves(got))
+        if a.is_floating_point()
+    )
     finite = all(torch.isfinite(t).all() for t in _leaves(out16) if t.is_floating_point())
     unresolved = fp16lens.patch.get_plan(patched).unresolved
     if eq and not finite and unresolved:  # the plan says so itself: explained, not hidden
@@ -121,12 +126,16 @@ def sweep(names: list[str]) -> list[dict]:
             row["trace"] = traceback.format_exc(limit=3)
             rows.append(row)
             continue
-        for col, fn, args in (("patch", check_patch, (name, model, inputs)),
-                              ("onnx_fp16_valid", check_export, (model, inputs))):
+        for col, fn, args in (
+            ("patch", check_patch, (name, model, inputs)),
+            ("onnx_fp16_valid", check_export, (model, inputs)),
+        ):
             try:
                 row[col] = fn(*args)
             except Exception as exc:
-                row[col] = f"no ({type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''})"
+                row[col] = (
+                    f"no ({type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''})"
+                )
         rows.append(row)
     return rows
 
@@ -137,8 +146,11 @@ def real_row(name: str) -> dict:
     import zoo_real
 
     case = zoo_real.CASES[name]
-    row = {"model": case.model, "package": f"{case.package} {zoo_real.version(case.package)}",
-           "input": case.input}
+    row = {
+        "model": case.model,
+        "package": f"{case.package} {zoo_real.version(case.package)}",
+        "input": case.input,
+    }
     try:
         run = zoo_real.run_case(name)
     except zoo_real.Missing as exc:
@@ -147,23 +159,29 @@ def real_row(name: str) -> dict:
         return {**row, "verdict": f"error: {type(exc).__name__}: {str(exc).splitlines()[0][:100]}"}
     report, truth, starts = run["report"], run["first_inf"], [s.start for s in run["report"].spans]
     problems = [f for f in report.findings if f.mechanism != "note"]
-    row.update({
-        "shape": "x".join(map(str, run["inputs"][0].shape)),
-        "cosine": f"{run['cosine']:.6f}",
-        "peak": f"{report.hottest(1)[0].absmax:.3g} at {report.hottest(1)[0].name}",
-        "verdict": "clean ✓" if report.clean else f"{len(starts)} spans, {len(problems)} problems",
-        "first": f"{starts[0] if starts else '-'} / {truth or '-'}",
-        "agree": _agreement(report, run["cosine"], truth, starts),
-        "watch_ok": _same(run["ref"], run["watched"]) and run["left"] == 0,
-    })
+    row.update(
+        {
+            "shape": "x".join(map(str, run["inputs"][0].shape)),
+            "cosine": f"{run['cosine']:.6f}",
+            "peak": f"{report.hottest(1)[0].absmax:.3g} at {report.hottest(1)[0].name}",
+            "verdict": "clean ✓"
+            if report.clean
+            else f"{len(starts)} spans, {len(problems)} problems",
+            "first": f"{starts[0] if starts else '-'} / {truth or '-'}",
+            "agree": _agreement(report, run["cosine"], truth, starts),
+            "watch_ok": _same(run["ref"], run["watched"]) and run["left"] == 0,
+        }
+    )
     if report.clean:
         row["patch"] = "n/a (clean)"
     else:
         try:
             res = zoo_real.patch_case(run)
-            row["patch"] = (f"FP32 rel {res['fp32_rel']:.1e}; real FP16 cosine {res['fp16_cosine']} "
-                            f"({'proven by patch' if res['proven'] else 'not proven'}); "
-                            f"{res['islands']} FP32 islands; {len(res['unresolved'])} unresolved")
+            row["patch"] = (
+                f"FP32 rel {res['fp32_rel']:.1e}; real FP16 cosine {res['fp16_cosine']} "
+                f"({'proven by patch' if res['proven'] else 'not proven'}); "
+                f"{res['islands']} FP32 islands; {len(res['unresolved'])} unresolved"
+            )
         except Exception as exc:
             row["patch"] = f"error: {type(exc).__name__}: {str(exc).splitlines()[0][:100]}"
     return row
@@ -178,10 +196,19 @@ def _agreement(report, cos: float, truth, starts: list) -> str:
 
 
 def real_table(names: list[str]) -> tuple[str, list[dict]]:
-    cols = [("model", "model"), ("package", "package"), ("input", "input"), ("shape", "shape"),
-            ("cosine", "real FP16 cosine"), ("peak", "peak |x| (FP32)"), ("verdict", "fp16lens verdict"),
-            ("first", "first span / first real-FP16 inf"), ("agree", "agreement"),
-            ("watch_ok", "watch bit-identical, no hooks"), ("patch", "patch")]
+    cols = [
+        ("model", "model"),
+        ("package", "package"),
+        ("input", "input"),
+        ("shape", "shape"),
+        ("cosine", "real FP16 cosine"),
+        ("peak", "peak |x| (FP32)"),
+        ("verdict", "fp16lens verdict"),
+        ("first", "first span / first real-FP16 inf"),
+        ("agree", "agreement"),
+        ("watch_ok", "watch bit-identical, no hooks"),
+        ("patch", "patch"),
+    ]
     rows = []
     for name in names:
         rows.append(real_row(name))
@@ -196,7 +223,9 @@ def main(argv=None) -> int:
     parser.add_argument("--fast", action="store_true")
     parser.add_argument("--models", nargs="*")
     parser.add_argument("--json", action="store_true")
-    parser.add_argument("--real", action="store_true", help="trained-weights zoo (tests/zoo_real.py)")
+    parser.add_argument(
+        "--real", action="store_true", help="trained-weights zoo (tests/zoo_real.py)"
+    )
     args = parser.parse_args(argv)
     if args.real:
         import zoo_real
@@ -212,8 +241,18 @@ def main(argv=None) -> int:
         from rich.console import Console
         from rich.table import Table
 
-        cols = ["model", "sites", "findings", "spans", "bit_identical", "leaked_hooks",
-                "json_round_trip", "patch", "onnx_fp16_valid", "error"]
+        cols = [
+            "model",
+            "sites",
+            "findings",
+            "spans",
+            "bit_identical",
+            "leaked_hooks",
+            "json_round_trip",
+            "patch",
+            "onnx_fp16_valid",
+            "error",
+        ]
         table = Table(title="fp16lens zoo sweep")
         for c in cols:
             table.add_column(c)

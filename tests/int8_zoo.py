@@ -26,15 +26,80 @@ DET_SIZE = (96, 320)
 REC_WIDTH = 320
 CLS_SIZE = 224
 DET_THRESH = 0.3  # DBNet's binarization threshold (rapidocr's default)
-_PHOTOS = ("astronaut", "chelsea", "coffee", "rocket", "motorcycle_left", "hubble_deep_field",
-           "retina", "ihc", "color", "logo", "immunohistochemistry", "horse", "camera", "coins",
-           "brick", "grass", "gravel", "moon", "page", "text", "clock_motion", "cell")
-_WORDS_CAL = ("Overflow", "model", "Check", "before", "ship", "parity", "tensor", "scale", "range",
-              "kernel", "engine", "export", "layer", "weights", "batch", "float")
-_WORDS_EVAL = ("Quantize", "accuracy", "network", "deploy", "invoice", "Total 42.50", "Monday",
-               "street", "coffee", "Station", "OPEN", "welcome", "price", "number 7", "detector",
-               "window", "garden", "river", "market", "yellow", "silver", "Paris 2024", "orange",
-               "bridge", "mountain", "Exit", "library", "station 9", "morning", "planet")
+_PHOTOS = (
+    "astronaut",
+    "chelsea",
+    "coffee",
+    "rocket",
+    "motorcycle_left",
+    "hubble_deep_field",
+    "retina",
+    "ihc",
+    "color",
+    "logo",
+    "immunohistochemistry",
+    "horse",
+    "camera",
+    "coins",
+    "brick",
+    "grass",
+    "gravel",
+    "moon",
+    "page",
+    "text",
+    "clock_motion",
+    "cell",
+)
+_WORDS_CAL = (
+    "Overflow",
+    "model",
+    "Check",
+    "before",
+    "ship",
+    "parity",
+    "tensor",
+    "scale",
+    "range",
+    "kernel",
+    "engine",
+    "export",
+    "layer",
+    "weights",
+    "batch",
+    "float",
+)
+_WORDS_EVAL = (
+    "Quantize",
+    "accuracy",
+    "network",
+    "deploy",
+    "invoice",
+    "Total 42.50",
+    "Monday",
+    "street",
+    "coffee",
+    "Station",
+    "OPEN",
+    "welcome",
+    "price",
+    "number 7",
+    "detector",
+    "window",
+    "garden",
+    "river",
+    "market",
+    "yellow",
+    "silver",
+    "Paris 2024",
+    "orange",
+    "bridge",
+    "mountain",
+    "Exit",
+    "library",
+    "station 9",
+    "morning",
+    "planet",
+)
 
 
 @dataclass
@@ -82,7 +147,7 @@ def _crop(rng, name: str, h: int, w: int) -> np.ndarray:
     ch = int(rng.uniform(0.5, 1.0) * min(H, W / aspect))
     cw = int(ch * aspect)
     y, x = rng.integers(0, H - ch + 1), rng.integers(0, W - cw + 1)
-    return np.asarray(Image.fromarray(img[y:y + ch, x:x + cw]).resize((w, h), Image.BILINEAR))
+    return np.asarray(Image.fromarray(img[y : y + ch, x : x + cw]).resize((w, h), Image.BILINEAR))
 
 
 def _text_canvas(rng, words, h: int, w: int, photos: list[str], lines: int) -> np.ndarray:
@@ -128,14 +193,18 @@ def _cosines(refs, outs) -> list[float]:
 
 # ---- the detector ------------------------------------------------------------------------
 
+
 def det_metric(refs, outs) -> dict:
     ious = []
     for r, o in zip(refs, outs):
         a, b = r[0] > DET_THRESH, o[0] > DET_THRESH
         union = (a | b).sum()
         ious.append(float((a & b).sum() / union) if union else 1.0)
-    return {"IoU": float(np.mean(ious)), "IoU worst": float(np.min(ious)),
-            "cosine": float(np.mean(_cosines(refs, outs)))}
+    return {
+        "IoU": float(np.mean(ious)),
+        "IoU worst": float(np.min(ious)),
+        "cosine": float(np.mean(_cosines(refs, outs))),
+    }
 
 
 def detector(n_cal: int = 8, n_eval: int = 24) -> Int8Case:
@@ -155,16 +224,24 @@ def detector(n_cal: int = 8, n_eval: int = 24) -> Int8Case:
             out.append({name: ((_nchw(img) / 255 - _MEAN) / _STD).astype(np.float32)})
         return out
 
-    return Int8Case("PP-OCRv4 detector", path, items(1, _WORDS_CAL, n_cal),
-                    items(2, _WORDS_EVAL, n_eval), det_metric, ("IoU", "IoU worst", "cosine"))
+    return Int8Case(
+        "PP-OCRv4 detector",
+        path,
+        items(1, _WORDS_CAL, n_cal),
+        items(2, _WORDS_EVAL, n_eval),
+        det_metric,
+        ("IoU", "IoU worst", "cosine"),
+    )
 
 
 # ---- the recognizer ----------------------------------------------------------------------
+
 
 def rec_metric_for(path: str):
     def metric(refs, outs) -> dict:
         same = [z.rec_decode(path, r[0]) == z.rec_decode(path, o[0]) for r, o in zip(refs, outs)]
         return {"same string": float(np.mean(same)), "cosine": float(np.mean(_cosines(refs, outs)))}
+
     return metric
 
 
@@ -183,18 +260,26 @@ def recognizer(n_cal: int = 8, n_eval: int = 24) -> Int8Case:
             shade = int(rng.integers(200, 256))
             img = Image.new("RGB", (REC_WIDTH, 48), (shade,) * 3)
             ink = tuple(int(v) for v in rng.integers(0, 80, size=3))
-            ImageDraw.Draw(img).text((int(rng.integers(2, 12)), int(rng.integers(2, 10))), text,
-                                     fill=ink, font=font)
+            ImageDraw.Draw(img).text(
+                (int(rng.integers(2, 12)), int(rng.integers(2, 10))), text, fill=ink, font=font
+            )
             x = _nchw(np.asarray(img))
             mean, std = z.REC_MEAN_STD
             out.append({name: ((x / 255 - mean) / std).astype(np.float32)})
         return out
 
-    return Int8Case("PP-OCRv4 recognizer", path, items(3, _WORDS_CAL, n_cal),
-                    items(4, _WORDS_EVAL, n_eval), rec_metric_for(path), ("same string", "cosine"))
+    return Int8Case(
+        "PP-OCRv4 recognizer",
+        path,
+        items(3, _WORDS_CAL, n_cal),
+        items(4, _WORDS_EVAL, n_eval),
+        rec_metric_for(path),
+        ("same string", "cosine"),
+    )
 
 
 # ---- the classifier ----------------------------------------------------------------------
+
 
 def cls_metric(refs, outs) -> dict:
     top1 = [int(np.argmax(r[0])) == int(np.argmax(o[0])) for r, o in zip(refs, outs)]
@@ -226,14 +311,21 @@ def classifier(n_cal: int = 8, n_eval: int = 24) -> Int8Case:
             out.append({name: ((_nchw(img) / 255 - _MEAN) / _STD).astype(np.float32)})
         return out
 
-    return Int8Case("EfficientNet-Lite0", path, items(5, n_cal, 0), items(6, n_eval, 3), cls_metric,
-                    ("top-1", "cosine"))
+    return Int8Case(
+        "EfficientNet-Lite0",
+        path,
+        items(5, n_cal, 0),
+        items(6, n_eval, 3),
+        cls_metric,
+        ("top-1", "cosine"),
+    )
 
 
 MODELS = {"detector": detector, "recognizer": recognizer, "classifier": classifier}
 
 
 # ---- one harness -------------------------------------------------------------------------
+
 
 def run_outputs(proto_or_path, feeds: list[dict]) -> list[list[np.ndarray]]:
     """The graph computed as written (ONNX Runtime, graph optimizations off): every
@@ -254,7 +346,8 @@ def flop_share(proto, feed: dict) -> float:
     from fp16lens.export._int8_search import _exposed, _run_all, session
 
     compute = [n for n in proto.graph.node if n.op_type in COMPUTE_OPS]
-    names = list(dict.fromkeys([*(t for n in compute for t in n.input[:2]),
-                                *(n.output[0] for n in compute)]))
+    names = list(
+        dict.fromkeys([*(t for n in compute for t in n.input[:2]), *(n.output[0] for n in compute)])
+    )
     values = _run_all(session(_exposed(proto, names)), feed, names)
     return int8_flop_share(proto, {n: tuple(np.shape(v)) for n, v in values.items()})[0]

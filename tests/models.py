@@ -72,7 +72,9 @@ class FPNNeck(nn.Module):
         p3 = self.reduce_c3(c3) + F.interpolate(p4, size=c3.shape[-2:], mode="nearest")
         p2 = self.reduce_c2(c2) + F.interpolate(p3, size=c2.shape[-2:], mode="nearest")
         size = p2.shape[-2:]
-        up = [F.interpolate(p, size=size, mode="bilinear", align_corners=False) for p in (p3, p4, p5)]
+        up = [
+            F.interpolate(p, size=size, mode="bilinear", align_corners=False) for p in (p3, p4, p5)
+        ]
         return self.smooth(torch.cat([p2, *up], dim=1))
 
 
@@ -218,8 +220,12 @@ class CleanNet(nn.Module):
     def __init__(self):
         super().__init__()
         self.features = nn.Sequential(
-            nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
-            nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+            nn.Conv2d(3, 8, 3, padding=1),
+            nn.BatchNorm2d(8),
+            nn.ReLU(),
+            nn.Conv2d(8, 8, 3, padding=1),
+            nn.BatchNorm2d(8),
+            nn.ReLU(),
         )
         self.pool = nn.AdaptiveAvgPool2d(1)
         self.fc = nn.Linear(8, 3)
@@ -346,7 +352,9 @@ def first_inf_site_fp16(model: nn.Module, inputs: tuple) -> tuple[str, str] | No
     from torch.utils._pytree import tree_flatten, tree_map
 
     half = copy.deepcopy(model).half()
-    args = tree_map(lambda a: a.half() if torch.is_tensor(a) and a.is_floating_point() else a, tuple(inputs))
+    args = tree_map(
+        lambda a: a.half() if torch.is_tensor(a) and a.is_floating_point() else a, tuple(inputs)
+    )
     first: list[str] = []
 
     class FirstInf(TorchDispatchMode):
@@ -362,6 +370,7 @@ def first_inf_site_fp16(model: nn.Module, inputs: tuple) -> tuple[str, str] | No
     stack: list[str] = []
     names = {m: n for n, m in half.named_modules()}
     handles = []
+
     def pre(mod, args):
         stack.append(names[mod])
 
@@ -554,8 +563,14 @@ class RandomGraph(nn.Module):
 
     KINDS = ("conv", "linear", "bn", "relu", "leaky", "maxpool", "avgpool", "add", "cat")
 
-    def __init__(self, spec: list[tuple[str, int]], width: int = 4, size: int = 6,
-                 boost: tuple[int, float] = (0, 1.0), extra_out: int = 0):
+    def __init__(
+        self,
+        spec: list[tuple[str, int]],
+        width: int = 4,
+        size: int = 6,
+        boost: tuple[int, float] = (0, 1.0),
+        extra_out: int = 0,
+    ):
         super().__init__()
         self.spec = [(k, b) for k, b in spec]
         self.extra_out = min(extra_out, len(self.spec))
@@ -566,7 +581,9 @@ class RandomGraph(nn.Module):
         self.heads = nn.ModuleList(nn.Linear(width, 2) for _ in range(self.extra_out))
         with torch.no_grad():
             _trained_like_bn(self)
-            target = [m for m in self.modules() if isinstance(m, (nn.Conv2d, nn.Linear, nn.BatchNorm2d))]
+            target = [
+                m for m in self.modules() if isinstance(m, (nn.Conv2d, nn.Linear, nn.BatchNorm2d))
+            ]
             index, gain = boost
             target[index % len(target)].weight.mul_(gain)
 
@@ -598,12 +615,16 @@ class RandomGraph(nn.Module):
         out = self.head(xs[-1].mean((2, 3)))
         if not self.extra_out:
             return out
-        extra = xs[-1 - self.extra_out:-1]
+        extra = xs[-1 - self.extra_out : -1]
         return (out, *[h(t.mean((2, 3))) for h, t in zip(self.heads, extra)])
 
 
-def random_graph(spec: list[tuple[str, int]], seed: int = 0,
-                 boost: tuple[int, float] = (0, 1.0), extra_out: int = 0):
+def random_graph(
+    spec: list[tuple[str, int]],
+    seed: int = 0,
+    boost: tuple[int, float] = (0, 1.0),
+    extra_out: int = 0,
+):
     _seeded(seed)
     return RandomGraph(spec, boost=boost, extra_out=extra_out).eval(), (torch.rand(1, 3, 6, 6),)
 
@@ -619,10 +640,24 @@ class FusedEncoderLayer(nn.TransformerEncoderLayer):
     def forward(self, src, src_mask=None, src_key_padding_mask=None, is_causal=False):
         a = self.self_attn
         return torch._transformer_encoder_layer_fwd(
-            src, a.embed_dim, a.num_heads, a.in_proj_weight, a.in_proj_bias, a.out_proj.weight,
-            a.out_proj.bias, self.activation_relu_or_gelu == 2, self.norm_first, self.norm1.eps,
-            self.norm1.weight, self.norm1.bias, self.norm2.weight, self.norm2.bias,
-            self.linear1.weight, self.linear1.bias, self.linear2.weight, self.linear2.bias,
+            src,
+            a.embed_dim,
+            a.num_heads,
+            a.in_proj_weight,
+            a.in_proj_bias,
+            a.out_proj.weight,
+            a.out_proj.bias,
+            self.activation_relu_or_gelu == 2,
+            self.norm_first,
+            self.norm1.eps,
+            self.norm1.weight,
+            self.norm1.bias,
+            self.norm2.weight,
+            self.norm2.bias,
+            self.linear1.weight,
+            self.linear1.bias,
+            self.linear2.weight,
+            self.linear2.bias,
         )
 
 
@@ -701,6 +736,8 @@ def sdpa_attention(scale: float = 3000.0, masked: bool = False):
     causal = torch.ones(16, 16, dtype=torch.bool).tril()
     mask = torch.zeros(2, 1, 16, 16).masked_fill(~causal, torch.finfo(torch.float32).min)
     return SdpaAttention().eval(), (x, mask)
+
+
 class AttentionSpan(nn.Module):
     """A post-LN TransformerEncoderLayer whose value projection (inside MultiheadAttention,
     no module of its own) passes 65504: real FP16 gives NaN, FP32 outputs are O(1). The
@@ -743,6 +780,8 @@ class EmbeddingRow(nn.Module):
 def embedding_row():
     _seeded(14)
     return EmbeddingRow().eval(), (torch.tensor([[1, 3, 5, 3], [0, 2, 3, 9]]),)
+
+
 # Parameters FP16 flushes: harmless where the values they join are large, harmful where not
 # --------------------------------------------------------------------------------------
 def mobilenet_v2_tiny_params(size: int = 64, seed: int = 0):
@@ -791,6 +830,8 @@ def layer_scale_readout(gamma: float = 1e-8):
     _seeded(11)
     model = LayerScaleReadout(gamma=gamma).eval()
     return model, (torch.rand(4, 16) * 1e-3 + 1e-4, torch.rand(4, 16) * 4e3)
+
+
 # torch.fx graphs: what symbolic_trace, torch.export and onnx2torch put in node args
 # --------------------------------------------------------------------------------------
 class ShapeArgsNet(nn.Module):
@@ -846,6 +887,8 @@ class OnnxTiny(nn.Module):
 def onnx_tiny():
     _seeded(12)
     return OnnxTiny().eval(), (torch.rand(1, 3, 16, 16),)
+
+
 class OutlierChannel(nn.Module):
     """fc1's channel 0 is ~1000x its other channels and the head reads all of them: one
     per-tensor INT8 scale for fc1's output either clips channel 0 or rounds the others to
@@ -969,6 +1012,8 @@ def rms_norm_head(kind: str = "t5"):
     model.fc1.weight.mul_(k)
     model.fc1.bias.mul_(k)
     return model, inputs
+
+
 class MaskedSoftmax(nn.Module):
     """An HF-style additive attention mask: finfo(float32).min where masked. The huge
     constant is a mask, not overflow (a .half() model uses finfo(float16).min)."""
@@ -1025,6 +1070,8 @@ def magnitude(inner: str = "pow", peak: float = 3e3):
     with torch.no_grad():
         scale = peak / float(m.stft(x).abs().max())
     return m, (x * scale,)
+
+
 # --------------------------------------------------------------------------------------
 # Squeeze-excitation: x * gate(pool(x)) (torchvision SqueezeExcitation, MobileNetV3)
 # --------------------------------------------------------------------------------------
@@ -1057,16 +1104,25 @@ class MobileNetV3Shaped(nn.Module):
         from torchvision.models.mobilenetv3 import InvertedResidual, InvertedResidualConfig
 
         self.stem = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.Hardswish())
-        self.re = InvertedResidual(InvertedResidualConfig(8, 3, 24, 8, True, "RE", 1, 1, 1.0), nn.BatchNorm2d)
-        self.hs = InvertedResidual(InvertedResidualConfig(8, 3, 24, 8, True, "HS", 1, 1, 1.0), nn.BatchNorm2d)
+        self.re = InvertedResidual(
+            InvertedResidualConfig(8, 3, 24, 8, True, "RE", 1, 1, 1.0), nn.BatchNorm2d
+        )
+        self.hs = InvertedResidual(
+            InvertedResidualConfig(8, 3, 24, 8, True, "HS", 1, 1, 1.0), nn.BatchNorm2d
+        )
         self.head = nn.Linear(8, 4)
 
     def forward(self, x):
         return self.head(self.hs(self.re(self.stem(x))).mean((2, 3)))
 
 
-def _plant_bn(model: nn.Module, inputs: tuple, bn: nn.BatchNorm2d, back: nn.Module | None = None,
-              target: float = 4 * 65504.0) -> None:
+def _plant_bn(
+    model: nn.Module,
+    inputs: tuple,
+    bn: nn.BatchNorm2d,
+    back: nn.Module | None = None,
+    target: float = 4 * 65504.0,
+) -> None:
     """Scale ``bn``'s affine part so its output peaks near ``target``; ``back``, a later
     conv, divides its weight by as much (it brings the values back to their range)."""
     k = target / peak_of(model, inputs, bn)
@@ -1165,8 +1221,20 @@ def huge_weight_head():
     return HugeWeightHead().eval(), (x,)
 
 
-_ACT_FNS = {"silu": F.silu, "gelu": F.gelu, "hardswish": F.hardswish, "sigmoid": torch.sigmoid, "tanh": torch.tanh}
-_ACT_MODULES = {"silu": nn.SiLU, "gelu": nn.GELU, "hardswish": nn.Hardswish, "sigmoid": nn.Sigmoid, "tanh": nn.Tanh}
+_ACT_FNS = {
+    "silu": F.silu,
+    "gelu": F.gelu,
+    "hardswish": F.hardswish,
+    "sigmoid": torch.sigmoid,
+    "tanh": torch.tanh,
+}
+_ACT_MODULES = {
+    "silu": nn.SiLU,
+    "gelu": nn.GELU,
+    "hardswish": nn.Hardswish,
+    "sigmoid": nn.Sigmoid,
+    "tanh": nn.Tanh,
+}
 
 
 class ActSpan(nn.Module):
@@ -1175,7 +1243,11 @@ class ActSpan(nn.Module):
 
     def __init__(self, act: str, functional: bool, mlp: bool = False):
         super().__init__()
-        self.first = nn.Linear(16, 32) if mlp else nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8))
+        self.first = (
+            nn.Linear(16, 32)
+            if mlp
+            else nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8))
+        )
         if functional:
             self.fn = _ACT_FNS[act]
         else:
@@ -1212,7 +1284,10 @@ _MB_ACTS = {"relu": nn.ReLU, "relu6": nn.ReLU6, "silu": nn.SiLU, "hardswish": nn
 
 
 def _conv_bn_act(cin: int, cout: int, k: int, act: str | None, groups: int = 1) -> nn.Sequential:
-    layers = [nn.Conv2d(cin, cout, k, padding=k // 2, groups=groups, bias=False), nn.BatchNorm2d(cout)]
+    layers = [
+        nn.Conv2d(cin, cout, k, padding=k // 2, groups=groups, bias=False),
+        nn.BatchNorm2d(cout),
+    ]
     return nn.Sequential(*layers, *([_MB_ACTS[act]()] if act else []))
 
 
@@ -1223,8 +1298,14 @@ class SqueezeExcite(nn.Module):
     def __init__(self, ch: int, squeeze: int, act: str, gate: str):
         super().__init__()
         self.pool = nn.AdaptiveAvgPool2d(1)
-        self.fc1, self.act, self.fc2 = nn.Conv2d(ch, squeeze, 1), _MB_ACTS[act](), nn.Conv2d(squeeze, ch, 1)
-        self.gate = {"hardsigmoid": nn.Hardsigmoid(), "sigmoid": nn.Sigmoid()}.get(gate, torch.sigmoid)
+        self.fc1, self.act, self.fc2 = (
+            nn.Conv2d(ch, squeeze, 1),
+            _MB_ACTS[act](),
+            nn.Conv2d(squeeze, ch, 1),
+        )
+        self.gate = {"hardsigmoid": nn.Hardsigmoid(), "sigmoid": nn.Sigmoid()}.get(
+            gate, torch.sigmoid
+        )
 
     def forward(self, x):
         return x * self.gate(self.fc2(self.act(self.fc1(self.pool(x)))))
@@ -1279,7 +1360,9 @@ def random_mbconv(seed: int):
     for _ in range(rng.randint(2, 3)):
         cout = rng.choice([ch, ch, 8])
         se = rng.choice([None, "sigmoid", "hardsigmoid", "sigmoid-fn"])
-        blocks.append((ch, cout, rng.choice([1, 2, 4]), rng.choice([3, 5]), rng.choice(list(_MB_ACTS)), se))
+        blocks.append(
+            (ch, cout, rng.choice([1, 2, 4]), rng.choice([3, 5]), rng.choice(list(_MB_ACTS)), se)
+        )
         ch = cout
     model = MBConvStack(blocks, blocks[0][0], act).eval()
     inputs = (torch.rand(2, 3, 8, 8),)
@@ -1289,9 +1372,8 @@ def random_mbconv(seed: int):
     k = 2.0 ** rng.randint(1, 6) * 65504.0 / peak_of(model, inputs, bn)
     bn.weight.mul_(k)
     bn.bias.mul_(k)
-    calibrate_bn(model, inputs, [m for n, m in bns[[b for b, _ in bns].index(name) + 1:]])
+    calibrate_bn(model, inputs, [m for n, m in bns[[b for b, _ in bns].index(name) + 1 :]])
     return model, inputs, name
-
 
 
 class FunctionModule(nn.Module):
@@ -1308,7 +1390,9 @@ class FunctionModule(nn.Module):
 
 # ---- transformers whose residual stream passes 65504 (tests/patch/test_patch_streams.py)
 @torch.no_grad()
-def plant_linear(model: nn.Module, inputs: tuple, name: str, target: float = 4 * 65504.0) -> nn.Module:
+def plant_linear(
+    model: nn.Module, inputs: tuple, name: str, target: float = 4 * 65504.0
+) -> nn.Module:
     """Scale the weight and bias of module ``name`` (a residual stream's producer) so that
     its output peaks at ``target``: the stream it adds into passes 65504 from there on."""
     mod = model.get_submodule(name)
@@ -1328,8 +1412,15 @@ def tv_vit_tiny(plant: str | None = "encoder.layers.encoder_layer_0.mlp.3"):
     from torchvision.models import VisionTransformer
 
     _seeded(21)
-    model = VisionTransformer(image_size=32, patch_size=8, num_layers=2, num_heads=2, hidden_dim=32,
-                              mlp_dim=64, num_classes=8).eval()
+    model = VisionTransformer(
+        image_size=32,
+        patch_size=8,
+        num_layers=2,
+        num_heads=2,
+        hidden_dim=32,
+        mlp_dim=64,
+        num_classes=8,
+    ).eval()
     nn.init.normal_(model.heads.head.weight, std=0.2)
     nn.init.normal_(model.class_token, std=0.5)
     inputs = (torch.rand(2, 3, 32, 32),)
@@ -1350,20 +1441,60 @@ def hf_tiny(kind: str, plant: str | None = None):
     _seeded(22)
     ids = (torch.randint(0, 100, (2, 12)),)
     if kind == "gpt2":
-        m = tr.GPT2Model(tr.GPT2Config(vocab_size=100, n_embd=32, n_layer=2, n_head=2, n_positions=32,
-                                       use_cache=False, bos_token_id=0, eos_token_id=0))
+        m = tr.GPT2Model(
+            tr.GPT2Config(
+                vocab_size=100,
+                n_embd=32,
+                n_layer=2,
+                n_head=2,
+                n_positions=32,
+                use_cache=False,
+                bos_token_id=0,
+                eos_token_id=0,
+            )
+        )
     elif kind == "bert":
-        m = tr.BertModel(tr.BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                                       intermediate_size=64, max_position_embeddings=32))
+        m = tr.BertModel(
+            tr.BertConfig(
+                vocab_size=100,
+                hidden_size=32,
+                num_hidden_layers=2,
+                num_attention_heads=2,
+                intermediate_size=64,
+                max_position_embeddings=32,
+            )
+        )
     elif kind == "t5":
-        m = tr.T5EncoderModel(tr.T5Config(vocab_size=100, d_model=32, d_kv=16, d_ff=64, num_layers=2, num_heads=2))
+        m = tr.T5EncoderModel(
+            tr.T5Config(vocab_size=100, d_model=32, d_kv=16, d_ff=64, num_layers=2, num_heads=2)
+        )
     elif kind == "llama":
-        m = tr.LlamaModel(tr.LlamaConfig(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=32,
-                                         use_cache=False, bos_token_id=0, eos_token_id=0, pad_token_id=0))
+        m = tr.LlamaModel(
+            tr.LlamaConfig(
+                vocab_size=100,
+                hidden_size=32,
+                intermediate_size=64,
+                num_hidden_layers=2,
+                num_attention_heads=2,
+                num_key_value_heads=2,
+                max_position_embeddings=32,
+                use_cache=False,
+                bos_token_id=0,
+                eos_token_id=0,
+                pad_token_id=0,
+            )
+        )
     elif kind == "vit":
-        m = tr.ViTModel(tr.ViTConfig(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2,
-                                     num_attention_heads=2, intermediate_size=64))
+        m = tr.ViTModel(
+            tr.ViTConfig(
+                image_size=32,
+                patch_size=8,
+                hidden_size=32,
+                num_hidden_layers=2,
+                num_attention_heads=2,
+                intermediate_size=64,
+            )
+        )
         nn.init.normal_(m.embeddings.cls_token, std=0.5)
         nn.init.normal_(m.embeddings.position_embeddings, std=0.5)
         model, inputs = ViTPixels(m).eval(), (torch.rand(2, 3, 32, 32),)
@@ -1393,8 +1524,14 @@ def tv_swin_tiny(plant: str | None = "features.1.0.mlp.3"):
     from torchvision.models.swin_transformer import SwinTransformer
 
     _seeded(23)
-    model = SwinTransformer(patch_size=[4, 4], embed_dim=32, depths=[2, 2], num_heads=[2, 4],
-                            window_size=[4, 4], num_classes=8).eval()
+    model = SwinTransformer(
+        patch_size=[4, 4],
+        embed_dim=32,
+        depths=[2, 2],
+        num_heads=[2, 4],
+        window_size=[4, 4],
+        num_classes=8,
+    ).eval()
     inputs = (torch.rand(2, 3, 32, 32),)
     return (plant_linear(model, inputs, plant) if plant else model), inputs
 
@@ -1408,7 +1545,10 @@ class HandAttention(nn.Module):
 
     def forward(self, x):
         b, n, d = x.shape
-        q, k, v = (f(x).view(b, n, self.heads, d // self.heads).transpose(1, 2) for f in (self.q, self.k, self.v))
+        q, k, v = (
+            f(x).view(b, n, self.heads, d // self.heads).transpose(1, 2)
+            for f in (self.q, self.k, self.v)
+        )
         att = torch.softmax(q @ k.transpose(-1, -2) / (d // self.heads) ** 0.5, dim=-1)
         return self.out((att @ v).transpose(1, 2).reshape(b, n, d))
 
@@ -1419,7 +1559,9 @@ class StreamBlock(nn.Module):
     def __init__(self, d: int, pre_ln: bool, attention: str):
         super().__init__()
         self.pre_ln, self.hand = pre_ln, attention == "hand"
-        self.attn = HandAttention(d, 2) if self.hand else nn.MultiheadAttention(d, 2, batch_first=True)
+        self.attn = (
+            HandAttention(d, 2) if self.hand else nn.MultiheadAttention(d, 2, batch_first=True)
+        )
         self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
         self.up, self.act, self.down = nn.Linear(d, 2 * d), nn.GELU(), nn.Linear(2 * d, d)
 
@@ -1457,7 +1599,9 @@ class StreamNet(nn.Module):
 
 
 @torch.no_grad()
-def stream_net(seed: int, layers: int, pre_ln: bool, attention: str, tokens: bool, plant_at: int, peak: float):
+def stream_net(
+    seed: int, layers: int, pre_ln: bool, attention: str, tokens: bool, plant_at: int, peak: float
+):
     """A random StreamNet (d 32, sequence 8) whose ``plant_at``-th residual producer (the
     attention outputs and MLP down projections in order) outputs ``peak``."""
     _seeded(seed)
@@ -1467,7 +1611,9 @@ def stream_net(seed: int, layers: int, pre_ln: bool, attention: str, tokens: boo
     producers = [m for b in model.blocks for m in (b.attn, b.down)]
     at = producers[plant_at % len(producers)]  # an attention's output: its out projection's
     seen = []
-    hook = at.register_forward_hook(lambda m, a, o: seen.append(float((o[0] if isinstance(o, tuple) else o).abs().max())))
+    hook = at.register_forward_hook(
+        lambda m, a, o: seen.append(float((o[0] if isinstance(o, tuple) else o).abs().max()))
+    )
     try:
         model(x)
     finally:
@@ -1509,7 +1655,9 @@ def timm_vit_tiny(plant: str | None = "blocks.0.mlp.fc2"):
 
     timm = pytest.importorskip("timm")
     _seeded(5)
-    model = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, num_classes=8).eval()
+    model = timm.create_model(
+        "vit_tiny_patch16_224", pretrained=False, img_size=32, num_classes=8
+    ).eval()
     nn.init.normal_(model.head.weight, std=0.2)
     inputs = (torch.rand(2, 3, 32, 32),)
     return (plant_linear(model, inputs, plant) if plant else model), inputs
@@ -1649,7 +1797,7 @@ def stft_log(samples: int = 1024):
     half near silence (dither of +-1: magnitudes near 0 reach the log)."""
     g = _seeded(0)
     x = (torch.randn(1, 1, samples, generator=g) * 8000).clamp(-32768, 32767).round()
-    x[..., samples // 2:] = torch.randint(-1, 2, (samples - samples // 2,), generator=g).float()
+    x[..., samples // 2 :] = torch.randint(-1, 2, (samples - samples // 2,), generator=g).float()
     return PitchFrontEnd().eval(), (x,)
 
 
@@ -1706,7 +1854,11 @@ class ScaledInput(nn.Module):
 def raw_conv_input(peak: float = 3e5, scaled: bool = False):
     """Raw values beyond FP16 into a conv (``scaled``: through ``x * 0.5`` first)."""
     g = _seeded(0)
-    m = ScaledInput() if scaled else nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Conv2d(4, 2, 1))
+    m = (
+        ScaledInput()
+        if scaled
+        else nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Conv2d(4, 2, 1))
+    )
     with torch.no_grad():
         for c in m.modules():
             if isinstance(c, nn.Conv2d):
@@ -1717,7 +1869,9 @@ def raw_conv_input(peak: float = 3e5, scaled: bool = False):
 def silu_pair(peak: float = 1e5):
     """conv (peak 1e5) -> SiLU -> SiLU -> conv: two module islands with a region between."""
     g = _seeded(0)
-    m = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.SiLU(), nn.SiLU(), nn.Conv2d(8, 4, 1)).eval()
+    m = nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1), nn.SiLU(), nn.SiLU(), nn.Conv2d(8, 4, 1)
+    ).eval()
     x = torch.rand(1, 3, 8, 8, generator=g)
     with torch.no_grad():
         m[0].weight.mul_(peak / m[0](x).max())

@@ -30,7 +30,7 @@ def plant_overflow(model: nn.Module, inputs: tuple, target: float = 4 * 65504.0)
             return None
         bn.weight.mul_(target / peak)
         bn.bias.mul_(target / peak)
-        later = bns[bns.index(bn) + 1:]
+        later = bns[bns.index(bn) + 1 :]
         for b in later:
             b.reset_running_stats()
             b.momentum = None
@@ -44,7 +44,7 @@ def plant_overflow(model: nn.Module, inputs: tuple, target: float = 4 * 65504.0)
     mods = dict(m.named_modules())
     for name in names[: int(len(names) * 0.8)][::-1]:
         mod = mods[name]
-        nxt = [mods[n] for n in names[names.index(name) + 1: names.index(name) + 4]]
+        nxt = [mods[n] for n in names[names.index(name) + 1 : names.index(name) + 4]]
         if isinstance(mod, nn.Linear) and any(isinstance(x, nn.LayerNorm) for x in nxt):
             peak = peak_of(m, inputs, mod)
             if peak <= 0:
@@ -110,7 +110,9 @@ def onnx_fp16_run(proto, feed: dict, fp32_nodes=()) -> list:
 
     def half(t):
         with np.errstate(over="ignore"):
-            return numpy_helper.from_array(numpy_helper.to_array(t).astype(np.float16).astype(np.float32), t.name)
+            return numpy_helper.from_array(
+                numpy_helper.to_array(t).astype(np.float16).astype(np.float32), t.name
+            )
 
     readers: dict[str, set] = {}
     for n in m.graph.node:
@@ -128,6 +130,8 @@ def onnx_fp16_run(proto, feed: dict, fp32_nodes=()) -> list:
         nodes.extend(_round_outputs(node, types))
     del m.graph.node[:]
     m.graph.node.extend(nodes)
-    rounded = {k: (v.astype(np.float16).astype(np.float32) if v.dtype == np.float32 else v)
-               for k, v in feed.items()}
+    rounded = {
+        k: (v.astype(np.float16).astype(np.float32) if v.dtype == np.float32 else v)
+        for k, v in feed.items()
+    }
     return session(m).run(None, rounded)

@@ -66,8 +66,19 @@ def _has_fix(message: str, *words: str) -> None:
     low = message.lower()
     for w in words:
         assert w.lower() in low, f"{w!r} not in {message!r}"
-    verbs = ("pass ", "use ", "call ", "install", "re-create", "create ", "choose", "load ",
-             "watch ", "such as", "check ")
+    verbs = (
+        "pass ",
+        "use ",
+        "call ",
+        "install",
+        "re-create",
+        "create ",
+        "choose",
+        "load ",
+        "watch ",
+        "such as",
+        "check ",
+    )
     assert any(v in low for v in verbs), f"no fix named in {message!r}"
 
 
@@ -209,7 +220,9 @@ def _same_outputs(a, b) -> bool:
     if dataclasses.is_dataclass(a):
         return _same_outputs(dataclasses.asdict(a), dataclasses.asdict(b))
     la, lb = _leaves(a), _leaves(b)
-    return len(la) == len(lb) and all(x.dtype == y.dtype and torch.equal(x, y) for x, y in zip(la, lb))
+    return len(la) == len(lb) and all(
+        x.dtype == y.dtype and torch.equal(x, y) for x, y in zip(la, lb)
+    )
 
 
 @pytest.mark.parametrize("kind", ["none", "dict", "dataclass", "nested", "odd_dtypes"])
@@ -482,13 +495,18 @@ def _run_without(module: str, code: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": here + os.pathsep + os.environ.get("PYTHONPATH", "")}
     return subprocess.run(
         [sys.executable, "-c", prelude + textwrap.dedent(code)],
-        capture_output=True, text=True, timeout=120, env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
     )
 
 
 def test_export_without_onnx_names_the_extra(tmp_path):
     out = tmp_path / "m.onnx"
-    proc = _run_without("onnx", f"""
+    proc = _run_without(
+        "onnx",
+        f"""
         import torch, fp16lens
         from fp16lens._core import MissingDependencyError
         model = torch.nn.Linear(4, 2).eval()
@@ -498,7 +516,8 @@ def test_export_without_onnx_names_the_extra(tmp_path):
             print("MDE:", exc)
         else:
             print("NO ERROR")
-    """)
+    """,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "MDE:" in proc.stdout, proc.stdout + proc.stderr
     assert "pip install -e '.[onnx]'" in proc.stdout
@@ -511,7 +530,9 @@ def test_verify_onnx_without_onnxruntime_names_the_extra(tmp_path):
     x = torch.rand(1, 4)
     art = fp16lens.export(model, (x,), tmp_path / "m.onnx")
     torch.save(model, tmp_path / "m.pt")
-    proc = _run_without("onnxruntime", f"""
+    proc = _run_without(
+        "onnxruntime",
+        f"""
         import torch, fp16lens
         from fp16lens._core import MissingDependencyError
         model = torch.load({str(tmp_path / "m.pt")!r}, weights_only=False)
@@ -519,7 +540,8 @@ def test_verify_onnx_without_onnxruntime_names_the_extra(tmp_path):
             fp16lens.verify(model, {str(art.path)!r}, torch.rand(1, 4))
         except MissingDependencyError as exc:
             print("MDE:", exc)
-    """)
+    """,
+    )
     assert "MDE:" in proc.stdout, proc.stdout + proc.stderr
     assert "pip install -e '.[" in proc.stdout
 
@@ -559,8 +581,11 @@ def test_watch_of_a_submodule_inside_a_watched_model_is_refused_or_works():
 @pytest.mark.parametrize("mode", ["no_grad", "inference_mode", "grad"])
 def test_watch_under_grad_modes(mode):
     model, inputs = models.relu_span()
-    ctx = {"no_grad": torch.no_grad, "inference_mode": torch.inference_mode,
-           "grad": torch.enable_grad}[mode]
+    ctx = {
+        "no_grad": torch.no_grad,
+        "inference_mode": torch.inference_mode,
+        "grad": torch.enable_grad,
+    }[mode]
     snap = _snapshot(model)
     with ctx():
         ref = model(*inputs)

@@ -36,13 +36,19 @@ CUDA_GAPS: dict[str, str] = {}  # cases where watch on CUDA is known to differ f
 
 @pytest.fixture(autouse=True)
 def _exact_cuda():
-    saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
-             torch.backends.cudnn.deterministic)
+    saved = (
+        torch.backends.cuda.matmul.allow_tf32,
+        torch.backends.cudnn.allow_tf32,
+        torch.backends.cudnn.deterministic,
+    )
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
     torch.backends.cudnn.deterministic = True
     yield
-    (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
-     torch.backends.cudnn.deterministic) = saved
+    (
+        torch.backends.cuda.matmul.allow_tf32,
+        torch.backends.cudnn.allow_tf32,
+        torch.backends.cudnn.deterministic,
+    ) = saved
 
 
 def _on(model, inputs, device=DEVICE):
@@ -70,8 +76,12 @@ def _half_out(model, inputs, device=DEVICE):
 
 @pytest.mark.parametrize(
     "case",
-    [pytest.param(c, marks=pytest.mark.xfail(reason=CUDA_GAPS[c], strict=True))
-     if c in CUDA_GAPS else c for c in CASES],
+    [
+        pytest.param(c, marks=pytest.mark.xfail(reason=CUDA_GAPS[c], strict=True))
+        if c in CUDA_GAPS
+        else c
+        for c in CASES
+    ],
 )
 def test_watch_on_cuda_is_bit_identical_and_reports_as_on_cpu(case):
     model, inputs = CASES[case]()
@@ -131,7 +141,8 @@ def test_torch_verify_backends_on_cuda(backend):
     cpu_patched = fp16lens.patch(model, _watched(model, inputs)[1])
     result = fp16lens.verify(model, cpu_patched, inputs, backend=backend, device=DEVICE)
     assert result and result.cosine == pytest.approx(
-        fp16lens.verify(gm, patched, gx, backend=backend).cosine, abs=1e-4)
+        fp16lens.verify(gm, patched, gx, backend=backend).cosine, abs=1e-4
+    )
     assert next(cpu_patched.parameters()).device.type == "cpu"
 
 
@@ -140,7 +151,9 @@ def test_compiled_scan_on_cuda_replays_a_cuda_graph_and_reports_as_eager(case):
     """scan(compile=True) on CUDA: Inductor with CUDA graphs (the batches after the third
     replay one), the report the eager scan gives on the same device, no fallback note."""
     model, inputs = _on(*CASES[case]())
-    batches = [tuple(x * (1 + 0.25 * i) if x.is_floating_point() else x for x in inputs) for i in range(5)]
+    batches = [
+        tuple(x * (1 + 0.25 * i) if x.is_floating_point() else x for x in inputs) for i in range(5)
+    ]
     eager = fp16lens.scan(model, batches, progress=False)
     compiled = fp16lens.scan(model, batches, progress=False, compile=True)
     assert not [f for f in compiled.findings if f.kind == "compile-fallback"]

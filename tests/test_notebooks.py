@@ -42,7 +42,9 @@ def test_notebook_runs_top_to_bottom(path, tmp_path, monkeypatch):
     tmp.mkdir()
     monkeypatch.setenv("TMPDIR", str(tmp))  # the kernel's tempfile.mkdtemp() lands here
     # the kernel imports this checkout's fp16lens, whatever is installed in the environment
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    monkeypatch.setenv(
+        "PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    )
     client = nbclient.NotebookClient(
         nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(cwd)}}
     )
@@ -54,7 +56,9 @@ def test_notebook_runs_top_to_bottom(path, tmp_path, monkeypatch):
     written = {p.name for p in tmp.glob("fp16lens-*/*")}
     if path.stem.startswith("01"):
         assert {"report.json", "report.html"} <= written
-        fig_cell = next(c for c in nb.cells if c.cell_type == "code" and "report.plot()" in c.source)
+        fig_cell = next(
+            c for c in nb.cells if c.cell_type == "code" and "report.plot()" in c.source
+        )
         shown = [o for o in fig_cell.outputs if o.output_type in ("display_data", "execute_result")]
         assert shown and "image/png" in shown[-1]["data"], shown  # the picture, not a repr
     if path.stem.startswith("03"):

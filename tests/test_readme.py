@@ -38,8 +38,12 @@ def test_the_readme_reads_in_two_minutes():
     lines = README.read_text(encoding="utf-8").splitlines()
     assert len(lines) <= 180
     headings = [line for line in lines if line.startswith("## ")]
-    assert headings[:4] == ["## Two commands", "## The 60-second demo", "## Using it",
-                            "## From a terminal"]
+    assert headings[:4] == [
+        "## Two commands",
+        "## The 60-second demo",
+        "## Using it",
+        "## From a terminal",
+    ]
     assert "docs/DESIGN.md" in README.read_text(encoding="utf-8")
 
 
@@ -81,8 +85,14 @@ def test_the_python_journey_runs_as_written(tmp_path, monkeypatch, capsys):
 def test_the_demo_output_is_the_real_one(tmp_path):
     pytest.importorskip("onnxruntime")
     env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "120"}
-    done = subprocess.run([sys.executable, "-m", "fp16lens", "demo"], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-m", "fp16lens", "demo"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     got = {line.rstrip() for line in done.stdout.splitlines()}
     shown = _shown_lines(_blocks(_section("The 60-second demo"), "text")[0])

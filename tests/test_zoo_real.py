@@ -38,7 +38,10 @@ def _case(name: str) -> dict:
     return run
 
 
-BREAKS = ["silero_vad/raw", "silero_vad/speaker2-raw"]  # the cases whose real FP16 run overflows (asserted below)
+BREAKS = [
+    "silero_vad/raw",
+    "silero_vad/speaker2-raw",
+]  # the cases whose real FP16 run overflows (asserted below)
 FIRST_INF = {"silero_vad/raw": ":pow#3", "silero_vad/speaker2-raw": "stft_conv"}
 """Where real FP16 first gives inf: the peak moves with the input (the louder second speaker
 overflows already in the STFT's convolution, the first only in its magnitude's square)."""
@@ -48,7 +51,9 @@ overflows already in the STFT's convolution, the first only in its magnitude's s
 def test_watch_is_bit_identical_and_leaves_nothing(name):
     run = _case(name)
     leaves = zoo_real._floats
-    assert all(torch.equal(a, b) for a, b in zip(leaves(run["ref"]), leaves(run["watched"]), strict=True))
+    assert all(
+        torch.equal(a, b) for a, b in zip(leaves(run["ref"]), leaves(run["watched"]), strict=True)
+    )
     assert run["left"] == 0
 
 
@@ -88,6 +93,7 @@ def test_patch_restores_fp16_parity(name):
 
 # ---- the task, not just the tensors --------------------------------------------------
 
+
 def test_silero_eager_module_is_the_wheels_model():
     try:
         jit = zoo_real.silero_jit()
@@ -95,7 +101,7 @@ def test_silero_eager_module_is_the_wheels_model():
         pytest.skip(str(exc))
     run = _case("silero_vad/speech")
     (x,) = run["inputs"]
-    probs = torch.cat([jit(x[:, i:i + 512], 16000) for i in range(0, x.shape[1], 512)], 1)
+    probs = torch.cat([jit(x[:, i : i + 512], 16000) for i in range(0, x.shape[1], 512)], 1)
     assert torch.equal(probs, run["ref"])
     assert run["ref"].max() > 0.99 and run["ref"][0, 0] < 0.1  # speech after a short silence
 
@@ -105,7 +111,10 @@ def test_the_wheels_torchscript_model_is_refused_with_the_fix_named():
         jit = zoo_real.silero_jit()
     except zoo_real.Missing as exc:
         pytest.skip(str(exc))
-    with pytest.raises(fp16lens.Fp16LensError, match=r"TorchScript.*Python definition"), fp16lens.watch(jit):
+    with (
+        pytest.raises(fp16lens.Fp16LensError, match=r"TorchScript.*Python definition"),
+        fp16lens.watch(jit),
+    ):
         pass
 
 
@@ -138,6 +147,7 @@ def test_a_missing_package_is_a_skip_with_the_pip_line(monkeypatch):
 
 # ---- patch proves its result on the user's batches (issue 25) ------------------------------
 
+
 @pytest.mark.parametrize("name", zoo_real.FAST)
 def test_patch_with_batches_is_proven_and_watch_agrees_with_real_fp16(name):
     """Every model of the CI zoo on each of its inputs (normalized, raw 0-255 pixels, raw
@@ -156,7 +166,9 @@ def test_patch_with_batches_is_proven_and_watch_agrees_with_real_fp16(name):
     with torch.no_grad():
         got = patched(*run["inputs"])
     for a, b in zip(zoo_real._floats(got), zoo_real._floats(run["ref"]), strict=True):
-        assert float((a - b).abs().max() / b.abs().max()) <= 1e-4  # patch's FP32 tolerance: threads reorder sums
+        assert (
+            float((a - b).abs().max() / b.abs().max()) <= 1e-4
+        )  # patch's FP32 tolerance: threads reorder sums
     half = zoo_real.real_fp16(patched, run["inputs"])
     assert all(torch.isfinite(t).all() for t in zoo_real._floats(half))
     assert zoo_real.cosine(run["ref"], half) >= PARITY

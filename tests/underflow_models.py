@@ -61,10 +61,22 @@ BLOCKS = {  # name -> (block fn, quiet scale, loud scale)
     "reciprocal": (lambda x: torch.reciprocal(x * x + 1e-10) * 1e-6, 1e-5, 1.0),
     "pow-negative": (lambda x: torch.pow(x * x + 1e-9, -0.5) * 1e-3, 1e-5, 1.0),
     "normalize": (lambda x: F.normalize(x * x, dim=-1), 1e-5, 1.0),
-    "cosine-similarity": (lambda x: F.cosine_similarity(x * x, x.flip(-1) ** 2 + 1.0, dim=-1), 1e-5, 1.0),
-    "log-of-softmax": (lambda x: torch.log(torch.softmax(x * 4, -1)), 1.0, 1.0),  # tiny probabilities
+    "cosine-similarity": (
+        lambda x: F.cosine_similarity(x * x, x.flip(-1) ** 2 + 1.0, dim=-1),
+        1e-5,
+        1.0,
+    ),
+    "log-of-softmax": (
+        lambda x: torch.log(torch.softmax(x * 4, -1)),
+        1.0,
+        1.0,
+    ),  # tiny probabilities
     "log-of-sigmoid": (lambda x: torch.log(torch.sigmoid(x * 5 - 20)), 1e-5, 1.0),
-    "log-in-place": (lambda x: (x * x).add_(1e-10).log_(), 1e-5, 1.0),  # log_ overwrites its operand
+    "log-in-place": (
+        lambda x: (x * x).add_(1e-10).log_(),
+        1e-5,
+        1.0,
+    ),  # log_ overwrites its operand
     "clip-in-place-div": (lambda x: x / (x * x).mean(-1, keepdim=True).clip_(min=1e-8), 1e-5, 1.0),
     # clean controls: the small values flush, harmlessly
     "log-eps-1e-3": (lambda x: torch.log(x * x + 1e-3), 1e-5, 1.0),
@@ -73,9 +85,22 @@ BLOCKS = {  # name -> (block fn, quiet scale, loud scale)
     # a .half() model computes this block in FP32 (its own upcast): nothing flushes
     "log-upcast-float": (lambda x: torch.log(x.float() ** 2 + 1e-10), 1e-5, 1.0),
 }
-FAILING = ("log-square-eps", "log2-square-eps", "log10-clamp", "softmax-by-hand", "rsqrt-rms",
-           "sqrt-denominator", "reciprocal", "pow-negative", "normalize", "log-in-place",
-           "clip-in-place-div", "cosine-similarity", "log-of-softmax", "log-of-sigmoid")
+FAILING = (
+    "log-square-eps",
+    "log2-square-eps",
+    "log10-clamp",
+    "softmax-by-hand",
+    "rsqrt-rms",
+    "sqrt-denominator",
+    "reciprocal",
+    "pow-negative",
+    "normalize",
+    "log-in-place",
+    "clip-in-place-div",
+    "cosine-similarity",
+    "log-of-softmax",
+    "log-of-sigmoid",
+)
 CLEAN = ("log-eps-1e-3", "softmax-by-hand-in-range", "relu-flush-linear", "log-upcast-float")
 
 
@@ -85,6 +110,10 @@ def build(name: str) -> tuple[nn.Module, torch.Tensor]:
     x = quiet_rows(quiet, loud)
     if name == "softmax-by-hand":
         # exp of the front's output: rows 0-2 far below ln(2^-25) ≈ -17 flush whole
-        x = x + torch.linalg.pinv(model.front.weight.detach()) @ torch.full((WIDTH,), -30.0) * (
-            torch.arange(6) < 3).float()[:, None]
+        x = (
+            x
+            + torch.linalg.pinv(model.front.weight.detach())
+            @ torch.full((WIDTH,), -30.0)
+            * (torch.arange(6) < 3).float()[:, None]
+        )
     return model, x

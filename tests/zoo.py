@@ -31,7 +31,9 @@ def _tv_seg(name: str) -> Builder:
     def build():
         tv = ensure_torchvision()
         fn = getattr(tv.models.segmentation, name)
-        return fn(weights=None, weights_backbone=None, num_classes=3, aux_loss=False).eval(), _img(64)
+        return fn(weights=None, weights_backbone=None, num_classes=3, aux_loss=False).eval(), _img(
+            64
+        )
 
     return build
 
@@ -41,7 +43,9 @@ def _tv_vit() -> tuple[nn.Module, tuple]:
     from torchvision.models.vision_transformer import VisionTransformer
 
     del tv
-    m = VisionTransformer(image_size=32, patch_size=8, num_layers=2, num_heads=2, hidden_dim=64, mlp_dim=128)
+    m = VisionTransformer(
+        image_size=32, patch_size=8, num_layers=2, num_heads=2, hidden_dim=64, mlp_dim=128
+    )
     return m.eval(), _img(32)
 
 
@@ -49,7 +53,9 @@ def _tv_swin() -> tuple[nn.Module, tuple]:
     ensure_torchvision()
     from torchvision.models.swin_transformer import SwinTransformer
 
-    m = SwinTransformer(patch_size=[4, 4], embed_dim=32, depths=[2, 2], num_heads=[2, 4], window_size=[4, 4])
+    m = SwinTransformer(
+        patch_size=[4, 4], embed_dim=32, depths=[2, 2], num_heads=[2, 4], window_size=[4, 4]
+    )
     return m.eval(), _img(32)
 
 
@@ -57,7 +63,9 @@ def _tv_fpn_backbone() -> tuple[nn.Module, tuple]:
     ensure_torchvision()
     from torchvision.models.detection.backbone_utils import resnet_fpn_backbone
 
-    return resnet_fpn_backbone(backbone_name="resnet18", weights=None, trainable_layers=5).eval(), _img(64)
+    return resnet_fpn_backbone(
+        backbone_name="resnet18", weights=None, trainable_layers=5
+    ).eval(), _img(64)
 
 
 def _timm(name: str, size: int = 64, **kw) -> Builder:
@@ -89,16 +97,30 @@ def _hf(kind: str) -> Builder:
         ids = torch.randint(0, 500, (2, 12))
         mask = torch.ones(2, 12, dtype=torch.long)
         mask[1, 8:] = 0
-        small = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 128}
+        small = {
+            "hidden_size": 64,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "intermediate_size": 128,
+        }
         if kind == "bert":
             m = tr.BertModel(tr.BertConfig(vocab_size=500, **small))
             return HFEncoder(m).eval(), (ids, mask)
         if kind == "gpt2":
-            cfg = tr.GPT2Config(vocab_size=500, n_embd=64, n_layer=2, n_head=4, use_cache=False,
-                                bos_token_id=0, eos_token_id=0)
+            cfg = tr.GPT2Config(
+                vocab_size=500,
+                n_embd=64,
+                n_layer=2,
+                n_head=4,
+                use_cache=False,
+                bos_token_id=0,
+                eos_token_id=0,
+            )
             return HFEncoder(tr.GPT2Model(cfg)).eval(), (ids, mask)
         if kind == "t5":
-            cfg = tr.T5Config(vocab_size=500, d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4)
+            cfg = tr.T5Config(
+                vocab_size=500, d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4
+            )
             return HFEncoder(tr.T5EncoderModel(cfg)).eval(), (ids, mask)
         if kind == "vit":
             m = tr.ViTModel(tr.ViTConfig(image_size=32, patch_size=8, **small))

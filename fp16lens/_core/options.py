@@ -10,7 +10,9 @@ from fp16lens._core.errors import OptionError
 T = TypeVar("T")
 
 
-def one_form(cls: type[T], options: T | None, fields: dict[str, Any], error: type[Exception] = OptionError) -> T:
+def one_form(
+    cls: type[T], options: T | None, fields: dict[str, Any], error: type[Exception] = OptionError
+) -> T:
     """``options`` itself, or ``cls(**fields)``; ``error`` (one line naming the fix) when
     both are given or a keyword is not one of ``cls``'s fields."""
     if options is not None:
@@ -20,4 +22,6 @@ def one_form(cls: type[T], options: T | None, fields: dict[str, Any], error: typ
     try:
         return cls(**fields)
     except TypeError as exc:
-        raise error(f"{exc}; the options are the fields of {cls.__module__.split('._')[0]}.{cls.__name__}") from None
+        raise error(
+            f"{exc}; the options are the fields of {cls.__module__.split('._')[0]}.{cls.__name__}"
+        ) from None

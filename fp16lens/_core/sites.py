@@ -76,7 +76,9 @@ def in_branch(site: str) -> bool:
 
 def branch_owner(site: str, if_sites) -> str | None:
     """The If (of ``if_sites``, a main graph's) whose inlined branch holds ``site``, or None."""
-    return next((s for s in if_sites for c in IF_BRANCHES if site.startswith(branch_site(s, c, ""))), None)
+    return next(
+        (s for s in if_sites for c in IF_BRANCHES if site.startswith(branch_site(s, c, ""))), None
+    )
 
 
 class _Names(str, Enum):

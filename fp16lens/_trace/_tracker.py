@@ -48,9 +48,12 @@ class ModuleTracker:
     ``attach()``/``detach()`` add and remove the hooks; ``with tracker:`` does both.
     """
 
-    def __init__(self, model: nn.Module,
-                 on_enter: Callable[[Frame, tuple, dict], None] | None = None,
-                 on_leave: Callable[[Frame, tuple, object], None] | None = None):
+    def __init__(
+        self,
+        model: nn.Module,
+        on_enter: Callable[[Frame, tuple, dict], None] | None = None,
+        on_leave: Callable[[Frame, tuple, object], None] | None = None,
+    ):
         self.names: dict[nn.Module, str] = {}
         for name, m in model.named_modules(remove_duplicate=False):
             self.names.setdefault(m, name)
@@ -90,8 +93,13 @@ class ModuleTracker:
     def _pre(self, module, args, kwargs):
         island = is_island(module)
         stack = self.stack
-        frame = Frame(self.names.get(module, "?"), module, self.leaf.get(module, False), island,
-                      island or bool(stack and stack[-1].fp32))
+        frame = Frame(
+            self.names.get(module, "?"),
+            module,
+            self.leaf.get(module, False),
+            island,
+            island or bool(stack and stack[-1].fp32),
+        )
         if self.on_enter is not None:
             self.on_enter(frame, args, kwargs)
         stack.append(frame)
@@ -104,6 +112,7 @@ class ModuleTracker:
         if self.on_leave is not None:
             self.on_leave(frame, args, output)
         return None
+
 
 def pause_at_boundary(mode: TorchDispatchMode, frame):
     """``(frame, exit stack)`` with ``mode`` paused while a boundary module (``nn.Linear``:

@@ -31,13 +31,21 @@ def add_parser(sub) -> None:
     add_model_arguments(p)
     p.add_argument("-o", "--output", required=True, help="the ONNX file to write")
     p.add_argument("--precision", choices=("fp16", "int8", "fp32"), default="fp16")
-    p.add_argument("--dynamic", metavar="AXES", default="",
-                   help="symbolic axes of the graph: batch (dimension 0 of every input and "
-                   "output) and/or sequence (dimension 1 of inputs of rank 2-3), e.g. "
-                   "--dynamic batch,sequence")
-    p.add_argument("--io-dtype", choices=("fp32", "fp16"), default="fp32",
-                   help="dtype of the graph's float inputs and outputs in an FP16 export "
-                   "(default fp32: Casts at the boundary; fp16: the caller feeds half tensors)")
+    p.add_argument(
+        "--dynamic",
+        metavar="AXES",
+        default="",
+        help="symbolic axes of the graph: batch (dimension 0 of every input and "
+        "output) and/or sequence (dimension 1 of inputs of rank 2-3), e.g. "
+        "--dynamic batch,sequence",
+    )
+    p.add_argument(
+        "--io-dtype",
+        choices=("fp32", "fp16"),
+        default="fp32",
+        help="dtype of the graph's float inputs and outputs in an FP16 export "
+        "(default fp32: Casts at the boundary; fp16: the caller feeds half tensors)",
+    )
     p.add_argument(
         "--calibration",
         metavar="FILE",
@@ -81,6 +89,7 @@ def _names(text: str | None) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     from fp16lens.export import export
+
     if Path(args.output).suffix.lower() != ".onnx":
         raise Fp16LensError(
             f"-o {args.output}: export writes an ONNX file; name it with the .onnx suffix "

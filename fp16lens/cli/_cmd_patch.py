@@ -51,6 +51,7 @@ def run(args: argparse.Namespace) -> int:
         return run_onnx(args)
     from fp16lens.patch import PatchWarning, get_plan
     from fp16lens.patch import patch as patch_fn
+
     check_save_path(args.output)
     report = Report.load(args.report)
     loaded = load_model(args.model, parse_kwargs(args.kwargs))
@@ -94,7 +95,9 @@ def run_onnx(args: argparse.Namespace) -> int:
 
     options = PatchOptions(factor=args.factor)
     if not args.output.lower().endswith(".onnx"):
-        raise Fp16LensError(f"an ONNX MODEL is saved as ONNX: give -o with a .onnx name, not {args.output!r}")
+        raise Fp16LensError(
+            f"an ONNX MODEL is saved as ONNX: give -o with a .onnx name, not {args.output!r}"
+        )
     out = check_writable(Path(args.output))
     report = Report.load(args.report)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -103,20 +106,35 @@ def run_onnx(args: argparse.Namespace) -> int:
     left_notes = _unchecked(plan)
     left = [{"site": u.site, "reason": u.reason, "module": u.site} for u in plan.unresolved]
     if args.json:
-        emit_json({"output": str(out), "fixed": not left, "unfixed": left,
-                   "fp32_nodes": plan.fp32_modules, "proven": plan.proven, "plan": to_plain(plan)})
+        emit_json(
+            {
+                "output": str(out),
+                "fixed": not left,
+                "unfixed": left,
+                "fp32_nodes": plan.fp32_modules,
+                "proven": plan.proven,
+                "plan": to_plain(plan),
+            }
+        )
         return 1 if left else 0
     con = console()
     con.print(plan)
     con.print(f"patched model saved to {escape(str(out))}")
     if left:
-        con.print(f"NOT FIXED: {len(left)} problem(s) stay out of FP16 range after the patch:",
-                  markup=False, highlight=False)
+        con.print(
+            f"NOT FIXED: {len(left)} problem(s) stay out of FP16 range after the patch:",
+            markup=False,
+            highlight=False,
+        )
         for u in left:
             con.print(f"  {u['site']}: {u['reason']}", markup=False, highlight=False)
     if plan.fp32_modules:
-        con.print(f"FP32 nodes (metadata fp16lens.fp32_nodes, read by the FP16 export): "
-                  f"{', '.join(plan.fp32_modules)}", markup=False, highlight=False)
+        con.print(
+            f"FP32 nodes (metadata fp16lens.fp32_nodes, read by the FP16 export): "
+            f"{', '.join(plan.fp32_modules)}",
+            markup=False,
+            highlight=False,
+        )
     for line in left_notes:
         con.print(f"warning: {line}", markup=False, highlight=False)
     return 1 if left else 0
@@ -124,8 +142,11 @@ def run_onnx(args: argparse.Namespace) -> int:
 
 def _unchecked(plan) -> list[str]:
     """The plan's notes saying a check did not run (the FP32 check, real FP16)."""
-    return [n for n in getattr(plan, "notes", []) if n.startswith(("FP32 equivalence not checked",
-                                                                    "the FP16 check did not run"))]
+    return [
+        n
+        for n in getattr(plan, "notes", [])
+        if n.startswith(("FP32 equivalence not checked", "the FP16 check did not run"))
+    ]
 
 
 def unfixed(plan, model) -> list[dict]:
@@ -135,7 +156,9 @@ def unfixed(plan, model) -> list[dict]:
     left = []
     for u in getattr(plan, "unresolved", None) or []:
         module = site_module(u.site)  # a functional op runs in its owner's forward
-        left.append({"site": u.site, "reason": u.reason, "module": module if module in names else None})
+        left.append(
+            {"site": u.site, "reason": u.reason, "module": module if module in names else None}
+        )
     return left
 
 
@@ -155,10 +178,14 @@ def finish_lines(left: list[dict], islands: list[str], saved) -> list[str]:
         names = ",".join(islands)
         quoted = ", ".join(repr(m) for m in islands)
         lines.append(f"export it with: fp16lens export {saved} -o model.onnx")
-        lines.append(f"  (the file names its FP32 islands {names}, and export keeps them FP32; "
-                     f"for another export of the model: --fp32-modules {names})")
-        lines.append(f"  (Python: fp16lens.export(patched, x, path) keeps them too; "
-                     f"fp32_modules=[{quoted}] for the unpatched model)")
+        lines.append(
+            f"  (the file names its FP32 islands {names}, and export keeps them FP32; "
+            f"for another export of the model: --fp32-modules {names})"
+        )
+        lines.append(
+            f"  (Python: fp16lens.export(patched, x, path) keeps them too; "
+            f"fp32_modules=[{quoted}] for the unpatched model)"
+        )
     from fp16lens.patch import PROOF_SITE
 
     opaque = [u["site"] for u in left if not u["module"] and u["site"] != PROOF_SITE]

@@ -27,18 +27,29 @@ def add_parser(sub) -> None:
     p = sub.add_parser("scan", help="find where values leave the FP16 range", description=__doc__)
     add_model_arguments(p)
     add_input_arguments(p)
-    p.add_argument("--save", metavar="PATH", action="append",
-                   help="save the report (.json, .html, .svg or .txt) or its plot (.png or "
-                        ".pdf, needs matplotlib); repeatable")
+    p.add_argument(
+        "--save",
+        metavar="PATH",
+        action="append",
+        help="save the report (.json, .html, .svg or .txt) or its plot (.png or "
+        ".pdf, needs matplotlib); repeatable",
+    )
     p.add_argument("--fail-on", action="append", choices=POLICIES, help=POLICY_HELP)
-    p.add_argument("--threshold", type=float, default=None,
-                   help="overflow limit, at most 65504 (the default): a lower one keeps a margin")
+    p.add_argument(
+        "--threshold",
+        type=float,
+        default=None,
+        help="overflow limit, at most 65504 (the default): a lower one keeps a margin",
+    )
     p.add_argument("--json", action="store_true", help="print a JSON summary")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
-    p.add_argument("--compile", action="store_true",
-                   help="long scans: record through one graph per input shape compiled with "
-                        "torch.compile/Inductor (first batch eager; eager with a note where "
-                        "the model cannot be captured)")
+    p.add_argument(
+        "--compile",
+        action="store_true",
+        help="long scans: record through one graph per input shape compiled with "
+        "torch.compile/Inductor (first batch eager; eager with a note where "
+        "the model cannot be captured)",
+    )
     p.set_defaults(run=run)
 
 
@@ -66,7 +77,9 @@ def run(args: argparse.Namespace) -> int:
         else:
             loaded = load_model(args.model, parse_kwargs(args.kwargs))
             batches = batches_from_args(args, loaded.example_inputs, loaded.model)
-            report = watch_batches(loaded.model, batches, not args.no_progress, compile=args.compile, **options)
+            report = watch_batches(
+                loaded.model, batches, not args.no_progress, compile=args.compile, **options
+            )
     except ScanInterrupted as stop:
         return _save_partial(stop, args)
     for path in args.save or []:
@@ -75,8 +88,15 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         summary = report_summary(report)
         saved = args.save or []
-        emit_json({**summary, "saved": saved[0] if saved else None, "saved_all": saved,
-                   "fail_on": args.fail_on or [], "failed": failed})
+        emit_json(
+            {
+                **summary,
+                "saved": saved[0] if saved else None,
+                "saved_all": saved,
+                "fail_on": args.fail_on or [],
+                "failed": failed,
+            }
+        )
     else:
         print_report(report)
         _print_gate(failed, args)
@@ -91,8 +111,10 @@ def _scan_onnx(args: argparse.Namespace, options: dict) -> Report:
     if args.kwargs:
         raise ReportError("--kwargs applies to a module:callable MODEL, not to an .onnx file")
     if args.compile:
-        raise ReportError("--compile applies to a torch MODEL; an .onnx file runs in ONNX Runtime "
-                          "(leave --compile out)")
+        raise ReportError(
+            "--compile applies to a torch MODEL; an .onnx file runs in ONNX Runtime "
+            "(leave --compile out)"
+        )
     return scan(args.model, onnx_batches(args), progress=not args.no_progress, **options)
 
 

@@ -59,6 +59,7 @@ def add_parser(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from fp16lens.verify import verify
+
     onnx_candidate = is_onnx(args.candidate)
     if onnx_candidate and not Path(args.candidate).is_file():
         raise Fp16LensError(

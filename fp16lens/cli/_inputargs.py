@@ -93,8 +93,12 @@ def match_model_dtype(batches: list[Batch], model) -> list[Batch]:
 
     want = model_float_dtype(model)
     made = hasattr(batches, "map")  # generated batches share their dtypes: look at one
-    found = {t.dtype for b in (batches[:1] if made else batches) for t in b
-             if _is_float(t) and t.dtype != want}
+    found = {
+        t.dtype
+        for b in (batches[:1] if made else batches)
+        for t in b
+        if _is_float(t) and t.dtype != want
+    }
     if want is None or not found:
         return batches
     names = ", ".join(sorted(str(d).removeprefix("torch.") for d in found))
@@ -102,6 +106,7 @@ def match_model_dtype(batches: list[Batch], model) -> list[Batch]:
         f"fp16lens: note: {names} inputs cast to the model's {str(want).removeprefix('torch.')}",
         file=sys.stderr,
     )
+
     def cast(b):
         return tuple(t.to(want) if _is_float(t) else t for t in b)
 
@@ -175,7 +180,12 @@ def onnx_batches(args: argparse.Namespace) -> list:
     if len(specs) == 1 and specs[0].lower().endswith(".npz") and args.batch_size is None:
         batch = npz_batch(Path(specs[0]), np)
         wanted = _graph_inputs(args.model)
-        if isinstance(batch, dict) and wanted and set(batch) != set(wanted) and len(batch) == len(wanted):
+        if (
+            isinstance(batch, dict)
+            and wanted
+            and set(batch) != set(wanted)
+            and len(batch) == len(wanted)
+        ):
             return [tuple(batch.values())]  # names that are not the graph's: by position
         return [batch]
     return batches_from_args(args, None)

@@ -101,7 +101,9 @@ class InputSpec:
     def batch(self, i: int) -> Batch:
         """Batch ``i``: the same tensors whenever it is asked for (seeded by seed and i)."""
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + i)
-        return tuple(_random(s, d, self.low, self.high, g) for s, d in zip(self.shapes, self.dtypes))
+        return tuple(
+            _random(s, d, self.low, self.high, g) for s, d in zip(self.shapes, self.dtypes)
+        )
 
 
 class Batches(Sequence):

@@ -235,7 +235,11 @@ def _check_kwargs(target, spec: str, kwargs: dict) -> None:
     try:
         signature.bind(**kwargs)
     except TypeError as exc:
-        takes = [n for n, p in signature.parameters.items() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+        takes = [
+            n
+            for n, p in signature.parameters.items()
+            if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+        ]
         raise Fp16LensError(
             f"--kwargs does not fit {spec} ({exc}); it takes "
             f"{', '.join(takes) if takes else 'no keyword arguments'}"

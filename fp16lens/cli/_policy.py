@@ -35,13 +35,23 @@ def _check(report: Report, policy: str) -> list[str]:
         "internal": (Mechanism.INTERNAL,),
         "parameter": (Mechanism.PARAMETER,),
         "underflow": (Mechanism.UNDERFLOW,),
-        "any": (Mechanism.OUTPUT, Mechanism.INPUT, Mechanism.INTERNAL, Mechanism.PARAMETER, Mechanism.UNDERFLOW),
+        "any": (
+            Mechanism.OUTPUT,
+            Mechanism.INPUT,
+            Mechanism.INTERNAL,
+            Mechanism.PARAMETER,
+            Mechanism.UNDERFLOW,
+        ),
     }[policy]
     in_spans = {site for span in report.spans for site in span.sites}
     for f in report.findings:
         if f.mechanism == Mechanism.OUTPUT and f.site in in_spans:
             continue  # the span above already says it
         if f.mechanism in wanted and not report.margin_finding(f):
-            what = f"{f.site}.{f.tensor}" if f.tensor and f.mechanism == Mechanism.PARAMETER else f.site
+            what = (
+                f"{f.site}.{f.tensor}"
+                if f.tensor and f.mechanism == Mechanism.PARAMETER
+                else f.site
+            )
             lines.append(f"{f.mechanism} {f.kind or 'finding'} at {what} (peak {f.peak:.4g})")
     return lines

@@ -58,8 +58,10 @@ def _onnx_feed_error(exc: BaseException) -> bool:
 
 def describe(batch) -> str:
     """``x 1x4x64x64 float32, 1x8 int64``: each input's shape and dtype (names for dicts)."""
-    items = batch.items() if isinstance(batch, dict) else enumerate(
-        batch if isinstance(batch, (tuple, list)) else (batch,)
+    items = (
+        batch.items()
+        if isinstance(batch, dict)
+        else enumerate(batch if isinstance(batch, (tuple, list)) else (batch,))
     )
     parts = []
     for key, value in items:

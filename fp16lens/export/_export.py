@@ -77,8 +77,20 @@ def export(
                 "dynamic= applies to a PyTorch model; an ONNX file keeps the axes it was "
                 "exported with"
             )
-        return _export_onnx(model, path, precision, fp32_modules, fp32_nodes, io_dtype, opset,
-                            exporter, calibration, calibration_cache, target, evaluation)
+        return _export_onnx(
+            model,
+            path,
+            precision,
+            fp32_modules,
+            fp32_nodes,
+            io_dtype,
+            opset,
+            exporter,
+            calibration,
+            calibration_cache,
+            target,
+            evaluation,
+        )
     _check_model(model)
     if fp32_nodes is not None:
         raise ExportError(
@@ -100,13 +112,33 @@ def export(
     for node, origin in zip(proto.graph.node, origins):
         stamp(node, origin)
     notes += decomposed_norm_warnings(proto.graph, origins)
-    job = _Job(options, used, notes, calibration, calibration_cache, fp32_outputs(model),
-               target, evaluation)
+    job = _Job(
+        options,
+        used,
+        notes,
+        calibration,
+        calibration_cache,
+        fp32_outputs(model),
+        target,
+        evaluation,
+    )
     return _typed(proto, path, job)
 
 
-def _export_onnx(model, path, precision, fp32_modules, fp32_nodes, io_dtype, opset, exporter,
-                 calibration, calibration_cache, target=None, evaluation=None) -> ExportArtifact:
+def _export_onnx(
+    model,
+    path,
+    precision,
+    fp32_modules,
+    fp32_nodes,
+    io_dtype,
+    opset,
+    exporter,
+    calibration,
+    calibration_cache,
+    target=None,
+    evaluation=None,
+) -> ExportArtifact:
     """An FP32 ONNX graph re-typed (see ``_onnx_in``)."""
     from fp16lens.export._onnx_in import prepare
 
@@ -181,8 +213,16 @@ def retype(
     _check_islands_present(proto.graph, islands, src)
     options = ExportOptions(precision, io_dtype, islands)
     _check_calibration(precision, calibration, target)
-    job = _Job(options, meta.get(EXPORTER_KEY, "unknown"), [], calibration, calibration_cache, (),
-               target, evaluation)
+    job = _Job(
+        options,
+        meta.get(EXPORTER_KEY, "unknown"),
+        [],
+        calibration,
+        calibration_cache,
+        (),
+        target,
+        evaluation,
+    )
     return _typed(proto, Path(dst), job)
 
 
@@ -193,7 +233,9 @@ class _Job:
     notes: list[str]
     calibration: Iterable | None
     calibration_cache: str | Path | None
-    fp32_out: tuple[str, ...] = ()  # islands whose outputs stay FP32 (a graph output among them too)
+    fp32_out: tuple[
+        str, ...
+    ] = ()  # islands whose outputs stay FP32 (a graph output among them too)
     target: object = None  # INT8: the parity the fallback search keeps (_int8_search.Target)
     evaluation: Iterable | None = None  # INT8: the batches the target is checked on
 
@@ -228,15 +270,22 @@ def _typed(proto, path: Path, job: _Job, island_nodes: set[str] | None = None) -
     cache = None
     if options.precision == "fp16":
         by_name = {n.name: o for n, o in zip(proto.graph.node, origins)}
-        keep = {n.name for n, o in zip(proto.graph.node, origins) if in_islands(o.modules, job.fp32_out)}
+        keep = {
+            n.name for n, o in zip(proto.graph.node, origins) if in_islands(o.modules, job.fp32_out)
+        }
         result = convert_fp16(proto, island_nodes, by_name, options.io_dtype, keep & island_nodes)
         fp32_nodes, warnings = result.fp32_nodes, warnings + result.warnings
     elif options.precision == "int8":
         from fp16lens.export._int8 import quantize_int8
 
         proto, cache, int8_notes = quantize_int8(
-            proto, job.calibration, sorted(island_nodes), path, job.calibration_cache,
-            target=job.target, evaluation=job.evaluation,
+            proto,
+            job.calibration,
+            sorted(island_nodes),
+            path,
+            job.calibration_cache,
+            target=job.target,
+            evaluation=job.evaluation,
         )
         warnings += int8_notes
     for node, origin in zip(proto.graph.node, map_nodes(proto.graph, set(), [])):

@@ -20,8 +20,18 @@ from fp16lens.export._ranges import clamp_mask_constants, subnormal_summary, to_
 from fp16lens.export._typing import FLOAT, FLOAT16, NodeTyping, type_node
 
 _TAG = {FLOAT: "fp32", FLOAT16: "fp16"}
-_BIAS_SLOT = {op: 2 for op in ("Conv", "ConvTranspose", "Gemm", "BatchNormalization",
-                               "InstanceNormalization", "LayerNormalization", "GroupNormalization")}
+_BIAS_SLOT = {
+    op: 2
+    for op in (
+        "Conv",
+        "ConvTranspose",
+        "Gemm",
+        "BatchNormalization",
+        "InstanceNormalization",
+        "LayerNormalization",
+        "GroupNormalization",
+    )
+}
 
 
 @dataclass
@@ -40,7 +50,10 @@ def elem_types(model) -> dict[str, int]:
 
 
 def convert_fp16(
-    model, island: set[str], origins: dict[str, NodeOrigin], io_dtype: str,
+    model,
+    island: set[str],
+    origins: dict[str, NodeOrigin],
+    io_dtype: str,
     fp32_out: set[str] = frozenset(),
 ) -> Fp16Result:
     """Rewrite the FP32 ``model`` in place into strongly typed FP16; returns it with notes.
@@ -84,7 +97,11 @@ def _keep_fp32_constants(graph, typing: dict[str, NodeTyping]) -> None:
             readers.setdefault(t, []).append((n.name, None))  # a body reads it, in FP32
     outputs = {o.name for o in graph.output}
     for n in graph.node:
-        if n.op_type != "Constant" or typing[n.name].outputs != (FLOAT16,) or n.output[0] in outputs:
+        if (
+            n.op_type != "Constant"
+            or typing[n.name].outputs != (FLOAT16,)
+            or n.output[0] in outputs
+        ):
             continue
         wants = [_wanted(typing[r], i) for r, i in readers.get(n.output[0], [])]
         if all(w == FLOAT for w in wants):  # no reader at all: left as it is
@@ -165,12 +182,17 @@ class _Rewriter:
 
     def _additive(self, name: str) -> bool:
         """Whether every use of ``name`` adds it to the values it joins (a bias slot)."""
-        uses = [(n.op_type, i) for n in self.consumers.get(name, []) for i, t in enumerate(n.input)
-                if t == name]
+        uses = [
+            (n.op_type, i)
+            for n in self.consumers.get(name, [])
+            for i, t in enumerate(n.input)
+            if t == name
+        ]
         return bool(uses) and all(op in ("Add", "Sub") or _BIAS_SLOT.get(op) == i for op, i in uses)
 
-    def _half(self, name: str, array: np.ndarray, modules: list[str],
-              additive: bool = False) -> np.ndarray:
+    def _half(
+        self, name: str, array: np.ndarray, modules: list[str], additive: bool = False
+    ) -> np.ndarray:
         half, issues = to_fp16_checked(name, array, modules)
         label = f"{name} of {', '.join(map(repr, modules))}" if modules else name
         clamped = clamp_mask_constants(array)[1]
@@ -266,7 +288,12 @@ class _Rewriter:
                 continue
             want = FLOAT16 if io_dtype == "fp16" else FLOAT
             producer = self.producer.get(v.name)
-            if want == FLOAT16 and have == FLOAT and producer is not None and producer.name in fp32_out:
+            if (
+                want == FLOAT16
+                and have == FLOAT
+                and producer is not None
+                and producer.name in fp32_out
+            ):
                 want = FLOAT
                 self.warnings.append(
                     f"output {v.name!r} stays FP32 (io_dtype='fp16'): the FP32 island that produces "

@@ -111,8 +111,15 @@ def _feeds(batches: Iterable | None, names: list[str], what: str) -> list[dict[s
     return feeds
 
 
-def quantize_fp16lens(proto, calibration: Iterable, exclude=(), target=None, evaluation=None,
-                      max_fallback: float = 0.1, search_batches: int = 2):
+def quantize_fp16lens(
+    proto,
+    calibration: Iterable,
+    exclude=(),
+    target=None,
+    evaluation=None,
+    max_fallback: float = 0.1,
+    search_batches: int = 2,
+):
     """Quantize the prepared FP32 ``proto`` (``prepared``): (Q/DQ ModelProto, Int8Plan)."""
     import_optional("onnxruntime", "onnx", _PURPOSE)
     from fp16lens.export._int8_search import search, write_qdq
@@ -121,16 +128,31 @@ def quantize_fp16lens(proto, calibration: Iterable, exclude=(), target=None, eva
     names = [v.name for v in proto.graph.input if v.name not in initializers]
     feeds = _feeds(calibration, names, "calibration")
     checks = _feeds(evaluation, names, "evaluation") if evaluation is not None else None
-    plan = search(proto, feeds, set(exclude), target=target, evaluation=checks,
-                  max_fallback=max_fallback, search_batches=search_batches)
+    plan = search(
+        proto,
+        feeds,
+        set(exclude),
+        target=target,
+        evaluation=checks,
+        max_fallback=max_fallback,
+        search_batches=search_batches,
+    )
     return write_qdq(proto, plan), plan
 
 
 CALIBRATORS = ("search", "ort-entropy")
 
 
-def quantize_int8(proto, calibration: Iterable, exclude: list[str], path: Path, cache_path,
-                  target=None, evaluation=None, calibrator: str = "search"):
+def quantize_int8(
+    proto,
+    calibration: Iterable,
+    exclude: list[str],
+    path: Path,
+    cache_path,
+    target=None,
+    evaluation=None,
+    calibrator: str = "search",
+):
     """Quantize the FP32 ``proto``; returns (Q/DQ ModelProto, path of the TensorRT cache,
     notes). ``target``: see ``_int8_search.Target`` (ExportError when it is not met)."""
     if calibrator not in CALIBRATORS:
@@ -146,8 +168,10 @@ def quantize_int8(proto, calibration: Iterable, exclude: list[str], path: Path, 
             notes.append(plan.summary())
         else:
             quantized = proto
-            notes.append("INT8: every Conv/ConvTranspose/Gemm/MatMul is in an FP32 island; "
-                         "the graph is written without Q/DQ (export precision='fp16' instead)")
+            notes.append(
+                "INT8: every Conv/ConvTranspose/Gemm/MatMul is in an FP32 island; "
+                "the graph is written without Q/DQ (export precision='fp16' instead)"
+            )
     else:
         if target is not None:
             raise ExportError("target= needs calibrator='search' (the fallback search)")
@@ -208,9 +232,12 @@ def _constants_as_initializers(graph) -> None:
     outputs = {o.name for o in graph.output}
     kept = []
     for node in graph.node:
-        if node.op_type == "Constant" and not node.domain and node.output[0] not in outputs and [
-            a.name for a in node.attribute
-        ] == ["value"]:
+        if (
+            node.op_type == "Constant"
+            and not node.domain
+            and node.output[0] not in outputs
+            and [a.name for a in node.attribute] == ["value"]
+        ):
             tensor = graph.initializer.add()
             tensor.CopyFrom(node.attribute[0].t)
             tensor.name = node.output[0]

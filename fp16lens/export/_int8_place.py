@@ -21,8 +21,19 @@ import numpy as np
 
 COMPUTE_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
 # ops a conv's output passes through and that TensorRT still fuses into that conv
-_FUSIBLE = frozenset({"BatchNormalization", "Relu", "Clip", "LeakyRelu", "Sigmoid", "HardSigmoid",
-                      "HardSwish", "Mul", "Add"})
+_FUSIBLE = frozenset(
+    {
+        "BatchNormalization",
+        "Relu",
+        "Clip",
+        "LeakyRelu",
+        "Sigmoid",
+        "HardSigmoid",
+        "HardSwish",
+        "Mul",
+        "Add",
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -141,7 +152,13 @@ def node_flops(node, shapes: dict[str, tuple[int, ...]], inits: dict[str, tuple[
         return int(np.prod(x)) * int(np.prod(w[1:])) if x is not None else 0
     if node.op_type in ("MatMul", "Gemm"):
         attrs = {a.name: a.i for a in node.attribute}
-        k = w[1] if node.op_type == "Gemm" and attrs.get("transB", 0) else w[-2] if len(w) >= 2 else w[0]
+        k = (
+            w[1]
+            if node.op_type == "Gemm" and attrs.get("transB", 0)
+            else w[-2]
+            if len(w) >= 2
+            else w[0]
+        )
         return int(np.prod(out)) * int(k)
     return 0
 
@@ -158,11 +175,20 @@ def int8_flop_share(proto, shapes: dict[str, tuple[int, ...]]) -> tuple[float, i
             continue
         w_in = node.input[1]
         dq = producer.get(w_in)
-        w_shape = inits.get(w_in) or (inits.get(dq.input[0]) if dq is not None and dq.op_type
-                                      == "DequantizeLinear" else None) or shapes.get(w_in)
+        w_shape = (
+            inits.get(w_in)
+            or (
+                inits.get(dq.input[0])
+                if dq is not None and dq.op_type == "DequantizeLinear"
+                else None
+            )
+            or shapes.get(w_in)
+        )
         f = node_flops(node, shapes, {w_in: w_shape} if w_shape else {})
         total += f
-        if all(producer.get(t) is not None and producer[t].op_type == "DequantizeLinear"
-               for t in node.input[:2]):
+        if all(
+            producer.get(t) is not None and producer[t].op_type == "DequantizeLinear"
+            for t in node.input[:2]
+        ):
             int8 += f
     return (int8 / total if total else 0.0), total

@@ -73,8 +73,12 @@ def cosine(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def worst_cosine(refs: list[Outputs], outs: list[Outputs]) -> float:
-    return min(cosine(r, o) for ref, out in zip(refs, outs) for r, o in zip(ref, out)
-               if np.asarray(r).dtype.kind == "f")
+    return min(
+        cosine(r, o)
+        for ref, out in zip(refs, outs)
+        for r, o in zip(ref, out)
+        if np.asarray(r).dtype.kind == "f"
+    )
 
 
 def nmse(refs: list[Outputs], outs: list[Outputs]) -> float:
@@ -97,8 +101,9 @@ def session(proto):
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     options.log_severity_level = 3
-    return ort.InferenceSession(proto.SerializeToString(), options,
-                                providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(
+        proto.SerializeToString(), options, providers=["CPUExecutionProvider"]
+    )
 
 
 def quantize_weight(w: np.ndarray, axis: int | None) -> tuple[np.ndarray, np.ndarray]:
@@ -110,20 +115,26 @@ def quantize_weight(w: np.ndarray, axis: int | None) -> tuple[np.ndarray, np.nda
     else:
         amax = np.abs(np.moveaxis(w, axis, 0).reshape(w.shape[axis], -1)).max(axis=1)
     scale = (np.maximum(amax, 1e-8) / QMAX).astype(np.float32)
-    shaped = scale if axis is None else scale.reshape([-1 if i == axis else 1 for i in range(w.ndim)])
+    shaped = (
+        scale if axis is None else scale.reshape([-1 if i == axis else 1 for i in range(w.ndim)])
+    )
     q = np.clip(np.rint(w / shaped), -QMAX, QMAX).astype(np.int8)
     return q, scale
 
 
 # ---- collecting statistics ---------------------------------------------------------------
 
+
 def _exposed(proto, names: Sequence[str]):
     import onnx
 
     model = onnx.ModelProto()
     model.CopyFrom(proto)
-    present = ({o.name for o in model.graph.output} | {i.name for i in model.graph.input}
-               | {i.name for i in model.graph.initializer})
+    present = (
+        {o.name for o in model.graph.output}
+        | {i.name for i in model.graph.input}
+        | {i.name for i in model.graph.initializer}
+    )
     for name in names:
         if name not in present:
             model.graph.output.append(onnx.helper.make_tensor_value_info(name, 1, None))
@@ -141,9 +152,12 @@ def collect(proto, units: list[Unit], feeds: list[Feed]) -> tuple[dict[str, Hist
     """Per activation tensor its histogram over ``feeds``, and the shapes of every tensor a
     conv-like node reads or writes (for FLOPs)."""
     acts = list(dict.fromkeys(t for u in units for t in u.acts))
-    compute = [n for n in proto.graph.node if n.op_type in ("Conv", "ConvTranspose", "Gemm", "MatMul")]
-    shaped = list(dict.fromkeys([*(t for n in compute for t in n.input[:2]),
-                                 *(n.output[0] for n in compute)]))
+    compute = [
+        n for n in proto.graph.node if n.op_type in ("Conv", "ConvTranspose", "Gemm", "MatMul")
+    ]
+    shaped = list(
+        dict.fromkeys([*(t for n in compute for t in n.input[:2]), *(n.output[0] for n in compute)])
+    )
     sess = session(_exposed(proto, [*acts, *shaped]))
     hists = {t: Histogram() for t in acts}
     shapes: dict[str, tuple[int, ...]] = {}
@@ -165,8 +179,13 @@ def collect(proto, units: list[Unit], feeds: list[Feed]) -> tuple[dict[str, Hist
 ON, SCALE = "fp16lens_int8_on", "fp16lens_int8_scale"
 
 
-def switch_graph(proto, units: list[Unit], tensors: list[str], corrections: dict | None = None,
-                 shadow: Sequence[str] = ()):
+def switch_graph(
+    proto,
+    units: list[Unit],
+    tensors: list[str],
+    corrections: dict | None = None,
+    shadow: Sequence[str] = (),
+):
     """A copy of ``proto`` whose units are switched by the inputs ``ON`` (one float per unit)
     and whose activations are quantized with the scales of input ``SCALE`` (one per tensor);
     a unit in ``corrections`` adds that per-channel bias correction when on. Each unit node
@@ -202,42 +221,64 @@ def switch_graph(proto, units: list[Unit], tensors: list[str], corrections: dict
             del twin.output[:]
             twin.output.append(f"{node.output[0]}__shadow")
             shadows.append(twin)
-            g.output.extend([helper.make_tensor_value_info(node.output[0], 1, None),
-                             helper.make_tensor_value_info(twin.output[0], 1, None)])
+            g.output.extend(
+                [
+                    helper.make_tensor_value_info(node.output[0], 1, None),
+                    helper.make_tensor_value_info(twin.output[0], 1, None),
+                ]
+            )
         for i in by_node.get(node.name, []):
             u = units[i]
             on = f"fp16lens_on_{i}"
-            nodes.append(helper.make_node("Gather", [ON, const(f"{on}_idx", np.array(i, np.int64))], [on]))
+            nodes.append(
+                helper.make_node("Gather", [ON, const(f"{on}_idx", np.array(i, np.int64))], [on])
+            )
             for t in u.acts:
                 q = f"{t}__fq"
                 if t not in made:
                     made.add(t)
                     s = f"{t}__s"
                     j = const(f"{s}_idx", np.array(index[t], np.int64))
-                    nodes += [helper.make_node("Gather", [SCALE, j], [s]),
-                              helper.make_node("QuantizeLinear", [t, s, "fp16lens_int8_zp"], [f"{t}__q"]),
-                              helper.make_node("DequantizeLinear", [f"{t}__q", s, "fp16lens_int8_zp"], [q])]
-                nodes += [helper.make_node("Sub", [q, t], [f"{t}__d{i}"]),
-                          helper.make_node("Mul", [f"{t}__d{i}", on], [f"{t}__m{i}"]),
-                          helper.make_node("Add", [t, f"{t}__m{i}"], [f"{t}__u{i}"])]
+                    nodes += [
+                        helper.make_node("Gather", [SCALE, j], [s]),
+                        helper.make_node("QuantizeLinear", [t, s, "fp16lens_int8_zp"], [f"{t}__q"]),
+                        helper.make_node(
+                            "DequantizeLinear", [f"{t}__q", s, "fp16lens_int8_zp"], [q]
+                        ),
+                    ]
+                nodes += [
+                    helper.make_node("Sub", [q, t], [f"{t}__d{i}"]),
+                    helper.make_node("Mul", [f"{t}__d{i}", on], [f"{t}__m{i}"]),
+                    helper.make_node("Add", [t, f"{t}__m{i}"], [f"{t}__u{i}"]),
+                ]
                 for k, name in enumerate(node.input):
                     if name == t:
                         node.input[k] = f"{t}__u{i}"
             if u.weight is not None:
                 w = numpy_helper.to_array(inits[u.weight]).astype(np.float32)
                 q, scale = quantize_weight(w, u.axis)
-                shaped = scale if u.axis is None else scale.reshape(
-                    [-1 if a == u.axis else 1 for a in range(w.ndim)])
-                delta = const(f"{u.weight}__delta{i}", (q.astype(np.float32) * shaped - w).astype(np.float32))
-                nodes += [helper.make_node("Mul", [delta, on], [f"{u.weight}__m{i}"]),
-                          helper.make_node("Add", [u.weight, f"{u.weight}__m{i}"], [f"{u.weight}__u{i}"])]
+                shaped = (
+                    scale
+                    if u.axis is None
+                    else scale.reshape([-1 if a == u.axis else 1 for a in range(w.ndim)])
+                )
+                delta = const(
+                    f"{u.weight}__delta{i}", (q.astype(np.float32) * shaped - w).astype(np.float32)
+                )
+                nodes += [
+                    helper.make_node("Mul", [delta, on], [f"{u.weight}__m{i}"]),
+                    helper.make_node("Add", [u.weight, f"{u.weight}__m{i}"], [f"{u.weight}__u{i}"]),
+                ]
                 node.input[1] = f"{u.weight}__u{i}"
             if corrections and u.node in corrections:
                 corr = const(f"{u.node}__corr", corrections[u.node].astype(np.float32))
                 nodes.append(helper.make_node("Mul", [corr, on], [f"{u.node}__corr_on"]))
                 if len(node.input) > 2 and node.input[2]:
-                    nodes.append(helper.make_node("Add", [node.input[2], f"{u.node}__corr_on"],
-                                                  [f"{u.node}__bias"]))
+                    nodes.append(
+                        helper.make_node(
+                            "Add", [node.input[2], f"{u.node}__corr_on"], [f"{u.node}__bias"]
+                        )
+                    )
                     node.input[2] = f"{u.node}__bias"
                 else:
                     node.input.append(f"{u.node}__corr_on")
@@ -250,7 +291,9 @@ def switch_graph(proto, units: list[Unit], tensors: list[str], corrections: dict
 class Switch:
     """The switch graph in one session, run on a fixed list of batches."""
 
-    def __init__(self, proto, units: list[Unit], tensors: list[str], corrections: dict | None = None):
+    def __init__(
+        self, proto, units: list[Unit], tensors: list[str], corrections: dict | None = None
+    ):
         self.units, self.tensors = units, tensors
         self.sess = session(switch_graph(proto, units, tensors, corrections))
         self.outputs = [o.name for o in proto.graph.output]
@@ -263,21 +306,27 @@ class Switch:
 
 
 def _channel_means(values: list[np.ndarray], axis: int) -> np.ndarray:
-    moved = [np.moveaxis(np.asarray(v, np.float64), axis, 0).reshape(np.shape(v)[axis], -1)
-             for v in values]
+    moved = [
+        np.moveaxis(np.asarray(v, np.float64), axis, 0).reshape(np.shape(v)[axis], -1)
+        for v in values
+    ]
     return np.concatenate(moved, axis=1).mean(axis=1)
 
 
-def bias_corrections(proto, units: list[Unit], tensors: list[str], scales: np.ndarray,
-                     feeds: list[Feed]) -> dict[str, np.ndarray]:
+def bias_corrections(
+    proto, units: list[Unit], tensors: list[str], scales: np.ndarray, feeds: list[Feed]
+) -> dict[str, np.ndarray]:
     """Per output channel, minus the mean error each Conv/ConvTranspose/Gemm (with a bias)
     adds by itself in the all-INT8 graph on ``feeds``: its output against a float twin
     reading the same, unquantized, inputs. One pass, no compounding: the error a layer
     passes on is corrected where it arises."""
     nodes = {n.name: n for n in proto.graph.node}
-    where = {u.node: (1 if u.op != "Gemm" else -1) for u in units
-             if u.op in ("Conv", "ConvTranspose") or (u.op == "Gemm" and len(nodes[u.node].input) > 2
-                                                      and nodes[u.node].input[2])}
+    where = {
+        u.node: (1 if u.op != "Gemm" else -1)
+        for u in units
+        if u.op in ("Conv", "ConvTranspose")
+        or (u.op == "Gemm" and len(nodes[u.node].input) > 2 and nodes[u.node].input[2])
+    }
     if not where:
         return {}
     sess = session(switch_graph(proto, units, tensors, None, list(where)))
@@ -292,6 +341,7 @@ def bias_corrections(proto, units: list[Unit], tensors: list[str], scales: np.nd
 
 
 # ---- the search ----------------------------------------------------------------------------
+
 
 @dataclass
 class Kept:
@@ -335,9 +385,11 @@ class Int8Plan:
 
     def summary(self) -> str:
         methods = ", ".join(f"{m} {n}" for m, n in sorted(self.method_counts().items()))
-        line = (f"INT8: {sum(self.on)}/{len(self.units)} units quantized "
-                f"({self.int8_flop_share:.1%} of conv/gemm/matmul FLOPs), "
-                f"{len(self.scales)} activation scales ({methods})")
+        line = (
+            f"INT8: {sum(self.on)}/{len(self.units)} units quantized "
+            f"({self.int8_flop_share:.1%} of conv/gemm/matmul FLOPs), "
+            f"{len(self.scales)} activation scales ({methods})"
+        )
         if self.notes:
             line += "; " + "; ".join(self.notes)
         if self.target is not None and self.score is not None:
@@ -351,25 +403,39 @@ class Searcher:
     """Calibration, per-tensor ranges and per-unit costs of one graph (the expensive part,
     done once); ``fallback`` then keeps units out of INT8 for a target."""
 
-    def __init__(self, proto, feeds: list[Feed], exclude: set[str] = frozenset(), *,
-                 search_batches: int = 2, residual: bool = True, choose: bool = True,
-                 correct_bias: bool = True):
+    def __init__(
+        self,
+        proto,
+        feeds: list[Feed],
+        exclude: set[str] = frozenset(),
+        *,
+        search_batches: int = 2,
+        residual: bool = True,
+        choose: bool = True,
+        correct_bias: bool = True,
+    ):
         name_nodes(proto.graph)
         units = find_units(proto.graph, set(exclude), residual)
         if not units:
-            raise ExportError("INT8: the graph has no Conv/ConvTranspose/Gemm/MatMul outside the "
-                              "FP32 islands to quantize; export it as fp16 instead")
+            raise ExportError(
+                "INT8: the graph has no Conv/ConvTranspose/Gemm/MatMul outside the "
+                "FP32 islands to quantize; export it as fp16 instead"
+            )
         hists, shapes = collect(proto, units, feeds)
         inits = {i.name: tuple(i.dims) for i in proto.graph.initializer}
         nodes = {n.name: n for n in proto.graph.node}
-        units = [Unit(u.node, u.op, u.acts, u.weight, u.axis, node_flops(nodes[u.node], shapes, inits))
-                 if u.op != "Add" else u for u in units]
+        units = [
+            Unit(u.node, u.op, u.acts, u.weight, u.axis, node_flops(nodes[u.node], shapes, inits))
+            if u.op != "Add"
+            else u
+            for u in units
+        ]
         tensors = list(hists)
         cands = {t: hists[t].candidates() for t in tensors}
         scales = np.array([max(c.values()) / QMAX for c in cands.values()], np.float64)
         methods = {t: max(c, key=c.get) for t, c in cands.items()}
         self.feeds, self.switch = feeds, Switch(proto, units, tensors)
-        probe = feeds[:max(1, search_batches)]
+        probe = feeds[: max(1, search_batches)]
         off = np.zeros(len(units))
         refs = self.switch.run(probe, off, scales)
         readers = {t: [i for i, u in enumerate(units) if t in u.acts] for t in tensors}
@@ -385,14 +451,17 @@ class Searcher:
                 scored.append((nmse(refs, self.switch.run(probe, on, trial)), -amax, name, amax))
             best = min(s[0] for s in scored)
             # the widest range within 2% of the least error: no clip bought for nothing
-            _, _, name, amax = min((s for s in scored if s[0] <= best * 1.02 + 1e-12),
-                                   key=lambda s: s[1])
+            _, _, name, amax = min(
+                (s for s in scored if s[0] <= best * 1.02 + 1e-12), key=lambda s: s[1]
+            )
             scales[j], methods[t] = amax / QMAX, name
         corrections: dict[str, np.ndarray] = {}
         notes = []
         if correct_bias and len(feeds) < 2:
-            notes.append("bias correction not tried: it needs two calibration batches or more "
-                         "(one to measure it, one to check it)")
+            notes.append(
+                "bias correction not tried: it needs two calibration batches or more "
+                "(one to measure it, one to check it)"
+            )
         elif correct_bias:
             # two folds: measured on one half of the calibration batches, checked on the
             # other, both ways; kept (measured on all) only where both halves gain
@@ -403,27 +472,39 @@ class Searcher:
             for fit, check in folds:
                 ref = self.switch.run(check, off, scales)
                 before = nmse(ref, self.switch.run(check, all_on, scales))
-                trial = Switch(proto, units, tensors,
-                               bias_corrections(proto, units, tensors, scales, fit))
+                trial = Switch(
+                    proto, units, tensors, bias_corrections(proto, units, tensors, scales, fit)
+                )
                 gains.append((before, nmse(ref, trial.run(check, all_on, scales))))
             if all(after < before for before, after in gains):
                 corrections = bias_corrections(proto, units, tensors, scales, feeds)
                 self.switch = Switch(proto, units, tensors, corrections)
-            notes.append(f"bias correction {'kept' if corrections else 'left out'} (output "
-                         "error on held-out halves " + ", ".join(f"{b:.2e} -> {a:.2e}"
-                                                                for b, a in gains) + ")")
+            notes.append(
+                f"bias correction {'kept' if corrections else 'left out'} (output "
+                "error on held-out halves "
+                + ", ".join(f"{b:.2e} -> {a:.2e}" for b, a in gains)
+                + ")"
+            )
         costs = []
         for i in range(len(units)):  # every unit, alone
             on = off.copy()
             on[i] = 1
             costs.append(nmse(refs, self.switch.run(probe, on, scales)))
         self.scales = scales
-        self.plan = Int8Plan(units, {t: float(s) for t, s in zip(tensors, scales)}, methods,
-                             [True] * len(units), costs=costs, runs=self.switch.runs,
-                             corrections=corrections, notes=notes)
+        self.plan = Int8Plan(
+            units,
+            {t: float(s) for t, s in zip(tensors, scales)},
+            methods,
+            [True] * len(units),
+            costs=costs,
+            runs=self.switch.runs,
+            corrections=corrections,
+            notes=notes,
+        )
 
-    def fallback(self, target, evaluation: list[Feed] | None = None,
-                 max_fallback: float = 0.1) -> Int8Plan:
+    def fallback(
+        self, target, evaluation: list[Feed] | None = None, max_fallback: float = 0.1
+    ) -> Int8Plan:
         """A copy of the plan with the fewest units out of INT8 that meet ``target`` on
         ``evaluation`` (default: the calibration batches); ExportError when that needs more
         than ``max_fallback`` of the FLOPs out of INT8."""
@@ -436,15 +517,32 @@ class Searcher:
         return plan
 
 
-def search(proto, feeds: list[Feed], exclude: set[str] = frozenset(), *, target=None,
-           evaluation: list[Feed] | None = None, search_batches: int = 2, residual: bool = True,
-           max_fallback: float = 0.1, choose: bool = True, correct_bias: bool = True) -> Int8Plan:
+def search(
+    proto,
+    feeds: list[Feed],
+    exclude: set[str] = frozenset(),
+    *,
+    target=None,
+    evaluation: list[Feed] | None = None,
+    search_batches: int = 2,
+    residual: bool = True,
+    max_fallback: float = 0.1,
+    choose: bool = True,
+    correct_bias: bool = True,
+) -> Int8Plan:
     """Calibrate on ``feeds``, choose each tensor's range by its cost at the output, rank
     every unit, and keep the fewest out of INT8 until ``target`` holds on ``evaluation``
     (default: the calibration batches). ExportError when the target needs more than
     ``max_fallback`` of the FLOPs out of INT8."""
-    searcher = Searcher(proto, feeds, exclude, search_batches=search_batches, residual=residual,
-                        choose=choose, correct_bias=correct_bias)
+    searcher = Searcher(
+        proto,
+        feeds,
+        exclude,
+        search_batches=search_batches,
+        residual=residual,
+        choose=choose,
+        correct_bias=correct_bias,
+    )
     if target is None:
         return searcher.plan
     return searcher.fallback(target, evaluation, max_fallback)
@@ -478,14 +576,19 @@ def _fallback(plan: Int8Plan, switch: Switch, evaluation: list[Feed], scales, ma
                 out, last = trial, t
         s = last
     plan.on = [i not in out for i in range(len(units))]
-    plan.kept = [Kept(units[i].node, units[i].op, plan.costs[i], units[i].flops)
-                 for i in sorted(out, key=lambda i: -plan.costs[i])]
+    plan.kept = [
+        Kept(units[i].node, units[i].op, plan.costs[i], units[i].flops)
+        for i in sorted(out, key=lambda i: -plan.costs[i])
+    ]
     plan.score = s
     float_share = 1.0 - plan.int8_flop_share
     if s < target.threshold or float_share > max_fallback:
         kept = "; ".join(map(str, plan.kept[:8])) + (" ..." if len(plan.kept) > 8 else "")
-        reached = (f"{target.name} {s:.4f} < {target.threshold:g}" if s < target.threshold else
-                   f"{target.name} {s:.4f} >= {target.threshold:g} only")
+        reached = (
+            f"{target.name} {s:.4f} < {target.threshold:g}"
+            if s < target.threshold
+            else f"{target.name} {s:.4f} >= {target.threshold:g} only"
+        )
         raise ExportError(
             f"INT8 misses its target: {reached} with {float_share:.1%} of the conv/gemm/matmul "
             f"FLOPs kept out of INT8 (allowed {max_fallback:.0%}; kept: {kept or 'none'}); give "
@@ -494,6 +597,7 @@ def _fallback(plan: Int8Plan, switch: Switch, evaluation: list[Feed], scales, ma
 
 
 # ---- the Q/DQ graph ------------------------------------------------------------------------
+
 
 def write_qdq(proto, plan: Int8Plan):
     """``proto`` with Q/DQ at the inputs of the plan's units that are on: activations per
@@ -513,13 +617,27 @@ def write_qdq(proto, plan: Int8Plan):
         if t in done:
             return []
         s, zp = f"{t}_scale", f"{t}_zero_point"
-        g.initializer.extend([numpy_helper.from_array(np.array(plan.scales[t], np.float32), s),
-                              numpy_helper.from_array(np.array(0, np.int8), zp)])
+        g.initializer.extend(
+            [
+                numpy_helper.from_array(np.array(plan.scales[t], np.float32), s),
+                numpy_helper.from_array(np.array(0, np.int8), zp),
+            ]
+        )
         done[t] = f"{t}_DequantizeLinear_Output"
-        return [helper.make_node("QuantizeLinear", [t, s, zp], [f"{t}_QuantizeLinear_Output"],
-                                 name=f"{t}_QuantizeLinear"),
-                helper.make_node("DequantizeLinear", [f"{t}_QuantizeLinear_Output", s, zp],
-                                 [done[t]], name=f"{t}_DequantizeLinear")]
+        return [
+            helper.make_node(
+                "QuantizeLinear",
+                [t, s, zp],
+                [f"{t}_QuantizeLinear_Output"],
+                name=f"{t}_QuantizeLinear",
+            ),
+            helper.make_node(
+                "DequantizeLinear",
+                [f"{t}_QuantizeLinear_Output", s, zp],
+                [done[t]],
+                name=f"{t}_DequantizeLinear",
+            ),
+        ]
 
     for node in g.node:
         u = active.get(node.name)
@@ -534,21 +652,36 @@ def write_qdq(proto, plan: Int8Plan):
                 if w not in done:
                     q, scale = quantize_weight(numpy_helper.to_array(inits[w]), u.axis)
                     names = (f"{w}_quantized", f"{w}_scale", f"{w}_zero_point")
-                    g.initializer.extend([numpy_helper.from_array(q, names[0]),
-                                          numpy_helper.from_array(scale, names[1]),
-                                          numpy_helper.from_array(np.zeros(scale.shape, np.int8), names[2])])
+                    g.initializer.extend(
+                        [
+                            numpy_helper.from_array(q, names[0]),
+                            numpy_helper.from_array(scale, names[1]),
+                            numpy_helper.from_array(np.zeros(scale.shape, np.int8), names[2]),
+                        ]
+                    )
                     done[w] = f"{w}_DequantizeLinear_Output"
                     extra = {"axis": u.axis} if u.axis is not None else {}
-                    nodes.append(helper.make_node("DequantizeLinear", list(names), [done[w]],
-                                                  name=f"{w}_DequantizeLinear", **extra))
+                    nodes.append(
+                        helper.make_node(
+                            "DequantizeLinear",
+                            list(names),
+                            [done[w]],
+                            name=f"{w}_DequantizeLinear",
+                            **extra,
+                        )
+                    )
                 node.input[1] = done[w]
                 used_weights.add(w)
             corr = plan.corrections.get(node.name)
             if corr is not None:
                 bias = node.input[2] if len(node.input) > 2 and node.input[2] else None
-                base = numpy_helper.to_array(inits[bias]) if bias else np.zeros(corr.shape, np.float32)
+                base = (
+                    numpy_helper.to_array(inits[bias]) if bias else np.zeros(corr.shape, np.float32)
+                )
                 name = f"{node.name}_corrected_bias"
-                g.initializer.append(numpy_helper.from_array((base + corr).astype(np.float32), name))
+                g.initializer.append(
+                    numpy_helper.from_array((base + corr).astype(np.float32), name)
+                )
                 if bias:
                     node.input[2] = name
                     used_weights.add(bias)

@@ -131,9 +131,11 @@ def dynamic_failure(proto, model: torch.nn.Module, args: tuple, spec: IoSpec) ->
         return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
     with torch.no_grad():
         want = model(*other)
-    flat = [want] if torch.is_tensor(want) else [
-        v for v in (want.values() if hasattr(want, "values") else want) if torch.is_tensor(v)
-    ]
+    flat = (
+        [want]
+        if torch.is_tensor(want)
+        else [v for v in (want.values() if hasattr(want, "values") else want) if torch.is_tensor(v)]
+    )
     for g, w in zip(got, flat):
         if tuple(g.shape) != tuple(w.shape):
             return f"an output has shape {tuple(g.shape)} where the model gives {tuple(w.shape)}"

@@ -95,7 +95,9 @@ def recorded_fp32_nodes(proto) -> list[str]:
             "names, as fp16lens.patch writes it"
         ) from exc
     if not isinstance(nodes, list) or not all(isinstance(n, str) for n in nodes):
-        raise ExportError(f"metadata {FP32_NODES_KEY!r} must be a JSON list of node names, got {raw!r}")
+        raise ExportError(
+            f"metadata {FP32_NODES_KEY!r} must be a JSON list of node names, got {raw!r}"
+        )
     return nodes
 
 
@@ -114,7 +116,9 @@ def island_nodes(
     modules = tuple(fp32_modules)
     for module in modules:
         if not any(in_islands(o.modules, (module,)) for o in origins.values()):
-            raise ExportError(f"fp32_modules names {module!r}, which no node of the graph comes from")
+            raise ExportError(
+                f"fp32_modules names {module!r}, which no node of the graph comes from"
+            )
     by_module = {n for n, o in origins.items() if modules and in_islands(o.modules, modules)}
     return set(wanted) | by_module
 

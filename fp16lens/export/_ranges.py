@@ -33,7 +33,9 @@ def range_issues(array: np.ndarray) -> RangeIssues:
     subnormal = int(((h != 0) & (np.abs(h) < FP16_MIN_NORMAL)).sum()) + zeroed
     # ONNX keeps the output channel first (Conv, Gemm with transB) or last (MatMul): both
     lost = flush_loss(torch.from_numpy(a.copy()), (0, -1)).rel if subnormal else 0.0
-    return RangeIssues(float(np.abs(a).max()), int((~np.isfinite(h)).sum()), subnormal, zeroed, lost)
+    return RangeIssues(
+        float(np.abs(a).max()), int((~np.isfinite(h)).sum()), subnormal, zeroed, lost
+    )
 
 
 SATURATED = 1e30
@@ -86,7 +88,9 @@ def harmless(issues: RangeIssues, additive: bool) -> bool:
     return additive or issues.lost_rel <= REL_STEP
 
 
-def subnormal_summary(entries: list[tuple[str, int, RangeIssues, bool]], shown: int = 5) -> str | None:
+def subnormal_summary(
+    entries: list[tuple[str, int, RangeIssues, bool]], shown: int = 5
+) -> str | None:
     """One warning for all weights with subnormal values, (name, size, issues, additive):
     whether their loss matters, judged by ``harmless``, and what to do where it does."""
     hit = [e for e in entries if e[2].subnormal]
@@ -113,6 +117,9 @@ def subnormal_summary(entries: list[tuple[str, int, RangeIssues, bool]], shown: 
         f"{_parts(matter, shown)}; check parity (fp16lens.verify(..., backend='onnx-fp16')) and "
         "where it drops, scale that weight up by 2^k and the next layer down by 2^-k, or keep "
         "its module FP32 (export(..., fp32_modules=[...]))"
-        + (f"; the other {rest} lose less than the output precision of their layers: harmless"
-           if rest else "")
+        + (
+            f"; the other {rest} lose less than the output precision of their layers: harmless"
+            if rest
+            else ""
+        )
     )

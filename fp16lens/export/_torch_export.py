@@ -64,7 +64,12 @@ def _torchscript(model: torch.nn.Module, args: tuple, opset: int | None, names: 
     buffer = io.BytesIO()
     with quiet("torch.onnx"):
         torch.onnx.export(
-            model, args, buffer, dynamo=False, opset_version=opset or 18, do_constant_folding=True,
+            model,
+            args,
+            buffer,
+            dynamo=False,
+            opset_version=opset or 18,
+            do_constant_folding=True,
             **names,
         )
     return onnx.load_from_string(buffer.getvalue())

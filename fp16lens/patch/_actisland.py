@@ -63,7 +63,11 @@ def _node_op(node: fx.Node) -> str | None:
 def _single_input(node: fx.Node) -> bool:
     """The call's first argument is its only fx value (the rest are constants)."""
     rest = [*node.args[1:], *node.kwargs.values()]
-    return bool(node.args) and isinstance(node.args[0], fx.Node) and not any(isinstance(a, fx.Node) for a in rest)
+    return (
+        bool(node.args)
+        and isinstance(node.args[0], fx.Node)
+        and not any(isinstance(a, fx.Node) for a in rest)
+    )
 
 
 def find_activation(gm: fx.GraphModule, site: str) -> fx.Node | None:
@@ -72,7 +76,11 @@ def find_activation(gm: fx.GraphModule, site: str) -> fx.Node | None:
     name = parse_site(site)
     if not getattr(gm, _RETRACED, False):
         node = next((n for n in gm.graph.nodes if n.name == name.op), None)
-        return node if node is not None and _node_op(node) in ACTIVATIONS and _single_input(node) else None
+        return (
+            node
+            if node is not None and _node_op(node) in ACTIVATIONS and _single_input(node)
+            else None
+        )
     nodes = [n for n in gm.graph.nodes if _node_op(n) == name.op]
     node = nodes[name.nth - 1] if 0 < name.nth <= len(nodes) else None
     return node if node is not None and _single_input(node) else None
@@ -92,15 +100,26 @@ def mark_activations(model: nn.Module, graph, report) -> dict[str, str]:
     taken: set[str] = set()
     for site in sorted(near, key=lambda s: report.sites[s].order if s in report.sites else 0):
         st = report.sites.get(site)
-        if st is None or st.kind == "module" or site in graph.frozen or len(graph.producers.get(site, ())) != 1:
+        if (
+            st is None
+            or st.kind == "module"
+            or site in graph.frozen
+            or len(graph.producers.get(site, ())) != 1
+        ):
             continue
         if _fn_name(st.op) not in ACTIVATIONS:
             continue
         if _alone(model, report, st.module):
-            graph.kinds[site], graph.modules[site], found[site] = Kind.BLOCK, model.get_submodule(st.module), st.module
+            graph.kinds[site], graph.modules[site], found[site] = (
+                Kind.BLOCK,
+                model.get_submodule(st.module),
+                st.module,
+            )
             continue
         gm = _traced(model, st.module, traced)
-        node = None if gm is None or not _numbered_alike(gm, report, st) else find_activation(gm, site)
+        node = (
+            None if gm is None or not _numbered_alike(gm, report, st) else find_activation(gm, site)
+        )
         if node is None or _opaque_beside(graph, report, site, near):
             continue
         graph.kinds[site] = Kind.BLOCK
@@ -117,7 +136,10 @@ def _alone(model: nn.Module, report, owner: str) -> bool:
     mod = model.get_submodule(owner)
     if next(mod.children(), None) is not None or next(mod.parameters(), None) is not None:
         return False
-    return next(mod.buffers(), None) is None and sum(s.module == owner for s in report.sites.values()) == 1
+    return (
+        next(mod.buffers(), None) is None
+        and sum(s.module == owner for s in report.sites.values()) == 1
+    )
 
 
 def _opaque_beside(graph, report, site: str, near: set[str]) -> bool:
@@ -125,9 +147,13 @@ def _opaque_beside(graph, report, site: str, near: set[str]) -> bool:
     owner becomes an island: a child island inside it would be traced twice)."""
     owner = report.sites[site].module
     return any(
-        s != site and report.sites[s].kind != "module" and report.sites[s].module == owner
-        and graph.kinds.get(s) == Kind.OPAQUE and _fn_name(report.sites[s].op) not in ACTIVATIONS
-        for s in near if s in report.sites
+        s != site
+        and report.sites[s].kind != "module"
+        and report.sites[s].module == owner
+        and graph.kinds.get(s) == Kind.OPAQUE
+        and _fn_name(report.sites[s].op) not in ACTIVATIONS
+        for s in near
+        if s in report.sites
     )
 
 
@@ -146,7 +172,11 @@ def _numbered_alike(gm: fx.GraphModule, report, st) -> bool:
     if not getattr(gm, _RETRACED, False):
         return True
     key = _fn_name(st.op)
-    sites = [s for s in report.sites.values() if s.kind != "module" and s.module == st.module and _fn_name(s.op) == key]
+    sites = [
+        s
+        for s in report.sites.values()
+        if s.kind != "module" and s.module == st.module and _fn_name(s.op) == key
+    ]
     return len(sites) == sum(_node_op(n) == key for n in gm.graph.nodes)
 
 
@@ -175,8 +205,14 @@ def rename_islands(islands: list[Island], found: dict[str, str]) -> list[Island]
             continue
         whole = parse_site(i.module).module == name
         why = i.reason
-        if why.endswith("does not commute with scaling"):  # module_changes names the Activation class
-            how = f"its module {name} runs nothing else" if whole else f"it becomes the new child {name}"
+        if why.endswith(
+            "does not commute with scaling"
+        ):  # module_changes names the Activation class
+            how = (
+                f"its module {name} runs nothing else"
+                if whole
+                else f"it becomes the new child {name}"
+            )
             why = f"{i.module} ({parse_site(i.module).op}) does not commute with scaling; {how}"
         out.append(dataclasses.replace(i, module=name, reason=why, site="" if whole else i.module))
     return out
@@ -190,7 +226,9 @@ def insert_island(gm: fx.GraphModule, island: Island) -> None:
         raise PatchError(f"cannot find {island.site} in the traced forward of its module")
     attr = island.module.rpartition(".")[2]
     act = Activation(node.target, node.args[1:], node.kwargs)
-    gm.add_submodule(attr, Fp32Island(act, island.in_scale, island.out_scale, island.fp32_out, island.fp32_in))
+    gm.add_submodule(
+        attr, Fp32Island(act, island.in_scale, island.out_scale, island.fp32_out, island.fp32_in)
+    )
     with gm.graph.inserting_before(node):
         call = gm.graph.call_module(attr, (node.args[0],))
     node.replace_all_uses_with(call)

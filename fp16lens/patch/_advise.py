@@ -50,7 +50,9 @@ def advise(model, report: Report, options: PatchOptions | None = None) -> Report
             warnings.simplefilter("ignore")  # planning only: patch() itself warns
             the_plan = _plan(model, report, opts)
     except Exception as exc:  # the report stays useful: the error is shown, never hidden
-        report.advice = Advice(error=f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+        report.advice = Advice(
+            error=f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        )
         return report
     report.advice = advice_of(the_plan)
     for span in report.spans:
@@ -75,15 +77,20 @@ def _plan(model, report: Report, opts: PatchOptions) -> Plan:
 
 def advice_of(the_plan: Plan) -> Advice:
     """The plan as the report stores it (plain data)."""
-    rows = json.loads(json.dumps({  # as the report's JSON holds them (tuples become lists)
-        "regions": [dataclasses.asdict(r) for r in the_plan.regions],
-        "islands": [dataclasses.asdict(i) for i in the_plan.islands],
-        "reparametrized": [dataclasses.asdict(r) for r in the_plan.reparametrized],
-        "unresolved": [dataclasses.asdict(u) for u in the_plan.unresolved],
-        "input_scales": {str(k): v for k, v in the_plan.input_scales.items()},
-        "widened": [dataclasses.asdict(w) for w in the_plan.widened],
-        "underflow_rules": [dataclasses.asdict(u) for u in the_plan.underflow_rules],
-    }, allow_nan=True))
+    rows = json.loads(
+        json.dumps(
+            {  # as the report's JSON holds them (tuples become lists)
+                "regions": [dataclasses.asdict(r) for r in the_plan.regions],
+                "islands": [dataclasses.asdict(i) for i in the_plan.islands],
+                "reparametrized": [dataclasses.asdict(r) for r in the_plan.reparametrized],
+                "unresolved": [dataclasses.asdict(u) for u in the_plan.unresolved],
+                "input_scales": {str(k): v for k, v in the_plan.input_scales.items()},
+                "widened": [dataclasses.asdict(w) for w in the_plan.widened],
+                "underflow_rules": [dataclasses.asdict(u) for u in the_plan.underflow_rules],
+            },
+            allow_nan=True,
+        )
+    )
     return Advice(**rows)
 
 
@@ -98,7 +105,9 @@ def _keys(report: Report, item: Span | Finding) -> tuple[set[str], tuple[str, ..
     if item.mechanism == Mechanism.INTERNAL:
         return sites, (f"{item.kind} in {item.site} (",)
     if item.mechanism == Mechanism.OUTPUT:  # the span that starts there names it
-        return sites, tuple(f"span {s.start} -> {s.end or 'output'}" for s in report.spans if s.start == item.site)
+        return sites, tuple(
+            f"span {s.start} -> {s.end or 'output'}" for s in report.spans if s.start == item.site
+        )
     return sites, ()
 
 
@@ -117,7 +126,9 @@ def _island_holds(report: Report, island: Island, site: str) -> bool:
     if island.site:
         return island.site == site
     owner = _owner(report, site)
-    return _inside(owner, island.module) and (island.module != "" or not owner or site in report.sites)
+    return _inside(owner, island.module) and (
+        island.module != "" or not owner or site in report.sites
+    )
 
 
 def _names(reasons, keys: tuple[str, ...]) -> bool:
@@ -127,14 +138,30 @@ def _names(reasons, keys: tuple[str, ...]) -> bool:
 
 def _fixing(report: Report, the_plan: Plan, item: Span | Finding):
     sites, keys = _keys(report, item)
-    regions = [r for r in the_plan.regions if _names(r.reasons, keys) or (isinstance(item, Span) and sites & set(r.sites))]
-    ends = {m for r in regions for m in (*r.entries, *r.exits)}  # a region's end that cannot hold its scale
-    islands = [i for i in the_plan.islands if _names(i.reason, keys) or i.module in ends
-               or any(_island_holds(report, i, s) for s in sites)]
+    regions = [
+        r
+        for r in the_plan.regions
+        if _names(r.reasons, keys) or (isinstance(item, Span) and sites & set(r.sites))
+    ]
+    ends = {
+        m for r in regions for m in (*r.entries, *r.exits)
+    }  # a region's end that cannot hold its scale
+    islands = [
+        i
+        for i in the_plan.islands
+        if _names(i.reason, keys)
+        or i.module in ends
+        or any(_island_holds(report, i, s) for s in sites)
+    ]
     reparams = [r for r in the_plan.reparametrized if r.rule != "input" and r.module in sites]
     unresolved = [u for u in the_plan.unresolved if u.site in sites or _names(u.reason, keys)]
-    widened = [w for w in the_plan.widened if isinstance(item, Span) and 0 <= w.span < len(report.spans)
-               and report.spans[w.span] is item]
+    widened = [
+        w
+        for w in the_plan.widened
+        if isinstance(item, Span)
+        and 0 <= w.span < len(report.spans)
+        and report.spans[w.span] is item
+    ]
     rules = [u for u in the_plan.underflow_rules if u.site in sites]
     return regions, islands, reparams, unresolved, widened, rules
 
@@ -166,13 +193,17 @@ def _region_words(r) -> str:
         text += f": {_list(r.entries)} absorb 2^-{k} in their parameters"
     if r.exits:
         text += f", {_list(r.exits)} undo it"
-    rules = list(dict.fromkeys(m.group(0)[1:-1] for reason in r.reasons for m in _RULE.finditer(reason)))
+    rules = list(
+        dict.fromkeys(m.group(0)[1:-1] for reason in r.reasons for m in _RULE.finditer(reason))
+    )
     return text + (f" ({'; '.join(rules)})" if rules else "")
 
 
 def _rule_words(u) -> str:
     where = f"folded into {u.folded}" if u.folded else "one multiply at the block's input"
-    return f"exact rule {u.rule}: the block scaled up by 2^{u.exponent} ({where}), ended at {u.site}"
+    return (
+        f"exact rule {u.rule}: the block scaled up by 2^{u.exponent} ({where}), ended at {u.site}"
+    )
 
 
 def _island_words(i: Island) -> str:
@@ -195,13 +226,15 @@ def _island_words(i: Island) -> str:
 
 
 def _input_words(report: Report, the_plan: Plan, f: Finding) -> str | None:
-    index = int(f.site[f.site.index("[") + 1:f.site.index("]")]) if "[" in f.site else 0
+    index = int(f.site[f.site.index("[") + 1 : f.site.index("]")]) if "[" in f.site else 0
     p = the_plan.input_scales.get(index)
     if p is None:
         return None
     readers = [r.module for r in the_plan.reparametrized if r.rule == "input"]
-    return (f"{PATCH_SAYS}2^{_k(p)} folded into the weights of {_list(readers)}; the caller divides input {index} "
-            f"by 2^{_k(p)} before the patched model runs (plan.scale_inputs(*inputs) does it)")
+    return (
+        f"{PATCH_SAYS}2^{_k(p)} folded into the weights of {_list(readers)}; the caller divides input {index} "
+        f"by 2^{_k(p)} before the patched model runs (plan.scale_inputs(*inputs) does it)"
+    )
 
 
 def plan_words(report: Report, the_plan: Plan, item: Span | Finding) -> str:
@@ -216,8 +249,11 @@ def plan_words(report: Report, the_plan: Plan, item: Span | Finding) -> str:
     parts = [_rule_words(u) for u in rules]
     parts += [_region_words(r) for r in regions]
     ends = {m for r in regions for m in (*r.entries, *r.exits)}
-    parts += [f"{r.module} re-parametrized ({r.rule}: {r.detail})" for r in reparams
-              if not (r.rule in _ABSORB_RULES and r.module in ends)]  # said by its region
+    parts += [
+        f"{r.module} re-parametrized ({r.rule}: {r.detail})"
+        for r in reparams
+        if not (r.rule in _ABSORB_RULES and r.module in ends)
+    ]  # said by its region
     parts += [_island_words(i) for i in islands]
     parts += [f"{_list(w.modules) or 'the whole model'} kept FP32 end to end" for w in widened]
     if (regions or rules) and not islands and not unresolved:
@@ -229,6 +265,8 @@ def plan_words(report: Report, the_plan: Plan, item: Span | Finding) -> str:
         return f"patch plans nothing for it; by hand: {words_fix(report, item)}"
     text = PATCH_SAYS + "; ".join(parts)
     if isinstance(item, Span) and item.fused:
-        text += ("; TensorRT keeps this inside one fused kernel, where it is never stored in "
-                 "FP16: the fix matters for runtimes that do not fuse it")
+        text += (
+            "; TensorRT keeps this inside one fused kernel, where it is never stored in "
+            "FP16: the fix matters for runtimes that do not fuse it"
+        )
     return text

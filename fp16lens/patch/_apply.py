@@ -37,9 +37,14 @@ def apply_plan(model: nn.Module, plan: Plan) -> nn.Module:
         _RULES[r.rule](mod if mod is not None else functional_params(model, r.module), r)
     for island in (i for i in plan.islands if not i.site and not i.nodes):  # functional ones: below
         inner = model.get_submodule(island.module)
-        replace_module(model, island.module, Fp32Island(inner, island.in_scale, island.out_scale,
-                                                        island.fp32_out, island.fp32_in))
-    for owner in dict.fromkeys(r.owner for r in plan.underflow_rules):  # owners no other fix rewrites
+        replace_module(
+            model,
+            island.module,
+            Fp32Island(inner, island.in_scale, island.out_scale, island.fp32_out, island.fp32_in),
+        )
+    for owner in dict.fromkeys(
+        r.owner for r in plan.underflow_rules
+    ):  # owners no other fix rewrites
         # (the planner checks); the rules of one owner share their scaled region: applied once
         rule = next(r for r in plan.underflow_rules if r.owner == owner)
         gm = apply_rule(model, rule)
@@ -48,15 +53,22 @@ def apply_plan(model: nn.Module, plan: Plan) -> nn.Module:
         elif gm is not model:  # the model's own forward: the GraphModule is the model now
             _keep_members(model, gm)
             model = gm
-    owners = dict.fromkeys([*(m.owner for m in plan.multiplies), *(site_module(i.site) for i in plan.islands if i.site),
-                            *("" for i in plan.islands if i.nodes)])
+    owners = dict.fromkeys(
+        [
+            *(m.owner for m in plan.multiplies),
+            *(site_module(i.site) for i in plan.islands if i.site),
+            *("" for i in plan.islands if i.nodes),
+        ]
+    )
     for owner in owners:
         gm = trace_owner(model, owner)
         for m in (m for m in plan.multiplies if m.owner == owner):
             scale_operands(gm, find_op(gm, m.site), set(m.keep), owner, m.factor, set(m.cut))
         for island in (i for i in plan.islands if i.site and site_module(i.site) == owner):
             insert_island(gm, island)
-        for island in (i for i in plan.islands if i.nodes and not owner):  # ops of the model's forward
+        for island in (
+            i for i in plan.islands if i.nodes and not owner
+        ):  # ops of the model's forward
             insert_group(gm, island.module, island.nodes, island)
         original = model.get_submodule(owner) if owner else model
         if gm is original:  # a GraphModule: edited in place
@@ -129,7 +141,9 @@ def _bn_affine(mod: nn.Module, r: Reparam) -> None:
 def _norm(mod: nn.Module, r: Reparam) -> None:
     if r.s_in != 1:
         name = eps_name(mod) or "eps"  # HF's RMS norms: variance_epsilon
-        eps = getattr(mod, name) if getattr(mod, name) is not None else torch.finfo(torch.float32).eps
+        eps = (
+            getattr(mod, name) if getattr(mod, name) is not None else torch.finfo(torch.float32).eps
+        )
         setattr(mod, name, scale_norm_eps(eps, r.s_in))
     if r.s_out != 1:
         _set(mod.weight, mod.weight.double().div(r.s_out).to(mod.weight.dtype))
@@ -154,4 +168,10 @@ def input_weights(mod: nn.Module) -> list[str]:
     return []
 
 
-_RULES = {"linear": _linear, "bn-scale": _bn_scale, "bn-affine": _bn_affine, "norm": _norm, "input": _input}
+_RULES = {
+    "linear": _linear,
+    "bn-scale": _bn_scale,
+    "bn-affine": _bn_affine,
+    "norm": _norm,
+    "input": _input,
+}

@@ -74,8 +74,13 @@ def _synth(spec: dict, g: torch.Generator):
 
 
 @torch.no_grad()
-def check_equivalent(original: nn.Module, patched: nn.Module, report: Report, batches=None,
-                     input_scales: dict[int, float] | None = None) -> list[str]:
+def check_equivalent(
+    original: nn.Module,
+    patched: nn.Module,
+    report: Report,
+    batches=None,
+    input_scales: dict[int, float] | None = None,
+) -> list[str]:
     """Compare both models in FP32 on ``batches`` (each a tensor, a tuple of positional
     inputs or a dict of keywords), else on one batch like the report's recorded inputs
     (``report_batch``); float input k of the patched model divided by ``input_scales[k]``
@@ -95,7 +100,10 @@ def check_equivalent(original: nn.Module, patched: nn.Module, report: Report, ba
         what = "the given batches"
     for batch in batches:
         try:
-            want, got = call_model(original, batch), call_model(patched, scale_batch(batch, input_scales))
+            want, got = (
+                call_model(original, batch),
+                call_model(patched, scale_batch(batch, input_scales)),
+            )
         except Exception as exc:  # the report's inputs may not be all the model needs
             return [
                 f"{NOT_CHECKED}: the model does not run on {what} ({type(exc).__name__}: "
@@ -132,7 +140,9 @@ def _output_floor(report: Report) -> float:
     saturated sigmoid on random pixels), where relative rounding in the 7th digit would
     look like a wrong rewrite; its error is measured against at least this scale."""
     read = {p for p, _ in report.edges}
-    sinks = [s.absmax for n, s in report.sites.items() if n not in read and 0 < s.absmax < float("inf")]
+    sinks = [
+        s.absmax for n, s in report.sites.items() if n not in read and 0 < s.absmax < float("inf")
+    ]
     return min(sinks, default=0.0)
 
 

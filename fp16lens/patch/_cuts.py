@@ -26,8 +26,9 @@ def overflowing(graph: SiteGraph, report: Report) -> set[str]:
     }
 
 
-def choose_cuts(model: nn.Module, graph: SiteGraph, report: Report, demands, extend: bool,
-                mappable=None) -> set:
+def choose_cuts(
+    model: nn.Module, graph: SiteGraph, report: Report, demands, extend: bool, mappable=None
+) -> set:
     """The (producer, join) pairs to multiply; ``mappable(model, report, join, keep, traced)``
     says where a multiply can go (default: the join's owner traces with torch.fx)."""
     mappable = mappable or _mappable

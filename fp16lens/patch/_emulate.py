@@ -134,6 +134,7 @@ def _is_view(func, writes: bool) -> bool:
 def _cast_floats(batch, dtype):
     """``batch`` (a tensor, a tuple/list of positional inputs or a dict of keywords) with
     its float tensors cast to ``dtype``."""
+
     def cast(a):
         return a.to(dtype) if torch.is_tensor(a) and a.is_floating_point() else a
 
@@ -154,7 +155,9 @@ def emulated_copy(model: torch.nn.Module) -> torch.nn.Module:
     return out
 
 
-def run_emulated(model: torch.nn.Module, batch, trace: Trace | None = None, fp32_ops: set[int] | None = None):
+def run_emulated(
+    model: torch.nn.Module, batch, trace: Trace | None = None, fp32_ops: set[int] | None = None
+):
     """One forward of ``model`` (from ``emulated_copy``) on ``batch`` with FP16 storage of
     every stored tensor: the inputs rounded to FP16, each op's float output rounded (see
     the module docstring). ``trace`` (default: no copies) names the first non-finite op.
@@ -163,7 +166,9 @@ def run_emulated(model: torch.nn.Module, batch, trace: Trace | None = None, fp32
 
     x = _cast_floats(_cast_floats(batch, torch.float16), torch.float32)
     if fp32_ops is None:
-        args, kwargs = (((), x) if isinstance(x, dict) else ((x if isinstance(x, tuple) else (x,)), {}))
+        args, kwargs = (
+            ((), x) if isinstance(x, dict) else ((x if isinstance(x, tuple) else (x,)), {})
+        )
         fp32_ops = fp32_compute_ops(model, args, kwargs) or set()
     trace = trace if trace is not None else Trace(keep=False)
     mode = StorageRounding(trace, fp32_ops=fp32_ops)

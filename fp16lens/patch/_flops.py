@@ -19,10 +19,16 @@ def conv_linear_flops(graph, report, islands: list[str]) -> tuple[float, float]:
         st = report.sites.get(site)
         if graph.kinds.get(site) != Kind.LINEAR or not torch.is_tensor(weight) or st is None:
             continue
-        outputs = getattr(mod, "out_channels", None) or getattr(mod, "out_features", None) or weight.shape[0]
+        outputs = (
+            getattr(mod, "out_channels", None)
+            or getattr(mod, "out_features", None)
+            or weight.shape[0]
+        )
         flops = 2.0 * st.numel * weight.numel() / max(int(outputs), 1)
         total += flops
         owner = site if st.kind == "module" else site_module(site)
-        inside = site in graph.frozen or any(owner == i or owner.startswith(i + ".") for i in islands)
+        inside = site in graph.frozen or any(
+            owner == i or owner.startswith(i + ".") for i in islands
+        )
         fp16 += 0.0 if inside else flops
     return fp16, total

@@ -21,13 +21,39 @@ from fp16lens._core import PatchError
 from fp16lens._core.sites import parse_site, site_name
 
 _OPS = {
-    "add": {operator.add, operator.iadd, torch.add, "add", "add_", "__add__", "__iadd__", "__radd__"},
+    "add": {
+        operator.add,
+        operator.iadd,
+        torch.add,
+        "add",
+        "add_",
+        "__add__",
+        "__iadd__",
+        "__radd__",
+    },
     "sub": {operator.sub, operator.isub, torch.sub, "sub", "sub_", "__sub__", "__isub__"},
     "cat": {torch.cat, torch.concat, torch.concatenate},
-    "mul": {operator.mul, operator.imul, torch.mul, "mul", "mul_", "__mul__", "__imul__", "__rmul__"},
+    "mul": {
+        operator.mul,
+        operator.imul,
+        torch.mul,
+        "mul",
+        "mul_",
+        "__mul__",
+        "__imul__",
+        "__rmul__",
+    },
 }
-_ATEN = {"add": "add", "add_": "add", "sub": "sub", "sub_": "sub", "cat": "cat", "concat": "cat",
-         "mul": "mul", "mul_": "mul"}
+_ATEN = {
+    "add": "add",
+    "add_": "add",
+    "sub": "sub",
+    "sub_": "sub",
+    "cat": "cat",
+    "concat": "cat",
+    "mul": "mul",
+    "mul_": "mul",
+}
 _PASS = {"view", "reshape", "flatten", "contiguous", "permute", "transpose", "clone"}
 _SHAPES = {"shape", "ndim", "dtype", "device", "size", "dim", "numel"}  # non-tensor results
 _RETRACED = "_fp16lens_retraced"  # a GraphModule this module traced (its node names are fx's)
@@ -60,12 +86,14 @@ def _none_defaults(mod: nn.Module) -> dict[str, None] | None:
     """Arguments of the forward that default to None, traced as None: a proxy for them
     would take every ``if x is not None`` branch (fx then asserts they stay None)."""
     params = inspect.signature(mod.forward).parameters.values()
-    found = {p.name: None for p in params if p.default is None and p.kind is p.POSITIONAL_OR_KEYWORD}
+    found = {
+        p.name: None for p in params if p.default is None and p.kind is p.POSITIONAL_OR_KEYWORD
+    }
     return found or None
 
 
 def op_of(node: fx.Node) -> str | None:
-    """"add", "sub", "cat" or "mul" for a node running one of them on tensors, else None."""
+    """ "add", "sub", "cat" or "mul" for a node running one of them on tensors, else None."""
     if node.op not in ("call_function", "call_method"):
         return None
     target = node.target
@@ -82,11 +110,13 @@ def op_of(node: fx.Node) -> str | None:
 def operands(node: fx.Node, op: str | None = None) -> list:
     """The operands of an add/sub (two) or the tensors of a cat, from args or kwargs."""
     if (op or op_of(node)) == "cat":
-        found = node.args[0] if node.args else node.kwargs.get("tensors", node.kwargs.get("input", ()))
+        found = (
+            node.args[0] if node.args else node.kwargs.get("tensors", node.kwargs.get("input", ()))
+        )
         return list(found) if isinstance(found, (list, tuple)) else []  # *args: not seen
     names = ("input", "other") if node.op == "call_function" else ("self", "other")
     args = list(node.args[:2])
-    return args + [node.kwargs[k] for k in names[len(args):] if k in node.kwargs]
+    return args + [node.kwargs[k] for k in names[len(args) :] if k in node.kwargs]
 
 
 def _is_tensor(arg) -> bool:
@@ -132,15 +162,25 @@ def producer_site(node, owner: str) -> str | None:
         return None
     if node.op == "call_module":
         return f"{owner}.{node.target}" if owner else str(node.target)
-    if node.op in ("call_function", "call_method") and not getattr(node.graph.owning_module, _RETRACED, False):
+    if node.op in ("call_function", "call_method") and not getattr(
+        node.graph.owning_module, _RETRACED, False
+    ):
         return site_name(owner, node.name)
     return None
 
 
-_PARAM_OPS = frozenset({
-    "conv1d", "conv2d", "conv3d", "convolution", "linear",
-    "conv_transpose1d", "conv_transpose2d", "conv_transpose3d",
-})
+_PARAM_OPS = frozenset(
+    {
+        "conv1d",
+        "conv2d",
+        "conv3d",
+        "convolution",
+        "linear",
+        "conv_transpose1d",
+        "conv_transpose2d",
+        "conv_transpose3d",
+    }
+)
 
 
 @dataclass
@@ -210,8 +250,11 @@ def _analysis_trace(mod: nn.Module) -> fx.Graph | None:
     """The module's own forward as an fx graph, arguments defaulting to None or to a bool
     taken as those values (only read, never run: the module is not replaced)."""
     params = inspect.signature(mod.forward).parameters.values()
-    concrete = {p.name: p.default for p in params if p.kind is p.POSITIONAL_OR_KEYWORD
-                and (p.default is None or isinstance(p.default, bool))}
+    concrete = {
+        p.name: p.default
+        for p in params
+        if p.kind is p.POSITIONAL_OR_KEYWORD and (p.default is None or isinstance(p.default, bool))
+    }
     try:
         graph = _ReadTracer().trace(mod, concrete_args=concrete or None)
     except Exception:  # a forward fx cannot follow: its joins stay opaque
@@ -261,14 +304,21 @@ def _param_of(root, mod: nn.Module) -> str | None:
         return None
     t = _attr(mod, root.target)
     reads = sum(n.op == "get_attr" and n.target == root.target for n in root.graph.nodes)
-    ok = isinstance(t, nn.Parameter) and t.is_floating_point() and reads == 1 and len(root.users) == 1
+    ok = (
+        isinstance(t, nn.Parameter)
+        and t.is_floating_point()
+        and reads == 1
+        and len(root.users) == 1
+    )
     holder = _attr(mod, root.target.rpartition(".")[0]) if "." in root.target else mod
     if not isinstance(holder, (nn.ParameterList, nn.ParameterDict)) and holder is not mod:
         return None  # a submodule's parameter: its own forward may read it too
     return str(root.target) if ok else None
 
 
-def _site_node(model: nn.Module, site: str, seen: int, graphs: dict) -> tuple[nn.Module, fx.Node | None]:
+def _site_node(
+    model: nn.Module, site: str, seen: int, graphs: dict
+) -> tuple[nn.Module, fx.Node | None]:
     """The module owning functional ``site`` and the site's fx node in its traced forward,
     when that forward runs as many such ops as the ``seen`` ones the report saw in it."""
     name = parse_site(site)
@@ -280,7 +330,11 @@ def _site_node(model: nn.Module, site: str, seen: int, graphs: dict) -> tuple[nn
             return mod, None
     if name.module not in graphs:
         graphs[name.module] = _analysis_trace(mod)
-    nodes = [nd for nd in graphs[name.module].nodes if op_of(nd) == name.op] if graphs[name.module] else []
+    nodes = (
+        [nd for nd in graphs[name.module].nodes if op_of(nd) == name.op]
+        if graphs[name.module]
+        else []
+    )
     if len(nodes) != seen or not 0 < name.nth <= len(nodes):
         return mod, None
     return mod, nodes[name.nth - 1]
@@ -296,8 +350,12 @@ def constant_factor(model: nn.Module, site: str, seen: int, graphs: dict) -> boo
         return False
     roots = [_root(a) for a in operands(node)]
     tensors = [r for r in roots if isinstance(r, fx.Node) and r.op != "get_attr"]
-    constants = [r for r in roots if (isinstance(r, (int, float)) and not isinstance(r, bool))
-                 or (isinstance(r, fx.Node) and r.op == "get_attr")]
+    constants = [
+        r
+        for r in roots
+        if (isinstance(r, (int, float)) and not isinstance(r, bool))
+        or (isinstance(r, fx.Node) and r.op == "get_attr")
+    ]
     return len(roots) == 2 and len(tensors) == 1 and len(constants) == 1
 
 

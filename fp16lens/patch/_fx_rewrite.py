@@ -25,12 +25,15 @@ def _set_operands(node: fx.Node, new: list, op: str) -> None:
     node.kwargs = {**node.kwargs, **dict(zip(names[n_args:], new[n_args:]))}
 
 
-
 _SCALED = "fp16lens_scaled"  # fx node meta: a multiply this module inserted
 
 
 def scale_operands(
-    gm: fx.GraphModule, node: fx.Node, keep: set[str], owner: str, factor: float,
+    gm: fx.GraphModule,
+    node: fx.Node,
+    keep: set[str],
+    owner: str,
+    factor: float,
     cut: set[str] | None = None,
 ) -> int:
     """Multiply the tensor operands of ``node`` produced by ``cut`` (when fx shows every

@@ -34,14 +34,20 @@ class Ops(nn.Module):
         return self.graph_module[0](x)
 
     def extra_repr(self) -> str:
-        return ", ".join(n.name for n in self.graph_module[0].graph.nodes if n.op not in ("placeholder", "output"))
+        return ", ".join(
+            n.name
+            for n in self.graph_module[0].graph.nodes
+            if n.op not in ("placeholder", "output")
+        )
 
 
 def root_nodes(model: nn.Module, report) -> dict[str, str]:
     """The model's own functional sites -> the names of their fx nodes (empty when the
     forward does not trace, or its ops do not line up with the report's)."""
-    own = sorted((s for s, st in report.sites.items() if st.kind != "module" and st.module == ""),
-                 key=lambda s: report.sites[s].order)
+    own = sorted(
+        (s for s, st in report.sites.items() if st.kind != "module" and st.module == ""),
+        key=lambda s: report.sites[s].order,
+    )
     if not own or not report.meta.input_shapes:
         return {}
     try:
@@ -110,7 +116,9 @@ def insert_group(gm: fx.GraphModule, attr: str, names: tuple[str, ...], island) 
     with the island's scales and hand-offs, called on the group's one input."""
     found = group_io(gm, set(names))
     if found is None:
-        raise PatchError(f"cannot move {', '.join(names)} of the model's forward into an FP32 island")
+        raise PatchError(
+            f"cannot move {', '.join(names)} of the model's forward into an FP32 island"
+        )
     source, out, nodes = found
     sub = fx.Graph()
     env = {source: sub.placeholder("x")}
@@ -118,7 +126,9 @@ def insert_group(gm: fx.GraphModule, attr: str, names: tuple[str, ...], island) 
         env[n] = sub.node_copy(n, lambda a: env[a])
     sub.output(env[out])
     child = Ops(fx.GraphModule(nn.Module(), sub, class_name="Fp32Ops"))
-    gm.add_submodule(attr, Fp32Island(child, island.in_scale, island.out_scale, island.fp32_out, island.fp32_in))
+    gm.add_submodule(
+        attr, Fp32Island(child, island.in_scale, island.out_scale, island.fp32_out, island.fp32_in)
+    )
     with gm.graph.inserting_after(out):
         call = gm.graph.call_module(attr, (source,))
     out.replace_all_uses_with(call)

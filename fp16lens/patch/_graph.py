@@ -63,11 +63,17 @@ class SiteGraph:
     conflicts: set[str] = field(default_factory=set)  # sites whose class got two exponents
     carries: dict[str, str] = field(default_factory=dict)  # product x * g(x) -> x (its scale)
     params: dict[str, tuple[str, ...]] = field(default_factory=dict)  # join -> parameter operands
-    hosts: dict[str, tuple] = field(default_factory=dict)  # functional linear -> (weight, bias) names
-    fp32: set[str] = field(default_factory=set)  # sites run by this plan's FP32 islands (patch/_reach.py)
+    hosts: dict[str, tuple] = field(
+        default_factory=dict
+    )  # functional linear -> (weight, bias) names
+    fp32: set[str] = field(
+        default_factory=set
+    )  # sites run by this plan's FP32 islands (patch/_reach.py)
     pinned: set[str] = field(default_factory=set)  # sites whose class can carry no scale
     tied: list[tuple[str, ...]] = field(default_factory=list)  # sites that must share one class
-    fxnodes: dict[str, str] = field(default_factory=dict)  # the model's own functional sites -> fx nodes
+    fxnodes: dict[str, str] = field(
+        default_factory=dict
+    )  # the model's own functional sites -> fx nodes
     fxgroup: object = None  # names -> whether those fx nodes can run as one island (_fxisland.py)
 
     def find(self, site: str) -> str:
@@ -158,23 +164,42 @@ def build_graph(model: nn.Module, report: Report, binding: Binding | None = None
         kinds[name], mod = binding.site(name, st, len(producers[name]))
         if mod is not None:
             modules[name] = mod
-    carries = {s: c for s, st in report.sites.items() if binding.is_product(st)
-               and (c := product_carrier(s, producers)) is not None}
+    carries = {
+        s: c
+        for s, st in report.sites.items()
+        if binding.is_product(st) and (c := product_carrier(s, producers)) is not None
+    }
     modules = {s: m for s, m in modules.items() if s not in carries}  # a product's x passes
     kinds.update(dict.fromkeys(carries, Kind.HOMOG))  # the scale of x passes; g must be unscaled
     params, hosts = {}, {}
     if model is not None:  # a PyTorch model: parameters reached by probes and torch.fx
         hosts = _hosted_linears(model, report, producers, consumers, kinds)
         for site, (w, b) in hosts.items():  # a functional linear on parameters patch can reach
-            kinds[site], modules[site] = Kind.LINEAR, FunctionalParams(model.get_parameter(w), b and model.get_parameter(b))
+            kinds[site], modules[site] = (
+                Kind.LINEAR,
+                FunctionalParams(model.get_parameter(w), b and model.get_parameter(b)),
+            )
         for name in _tied(model, modules):  # rescaling one would rescale the other's parameters
             kinds[name] = Kind.OPAQUE
         params = _param_joins(model, report, producers)
-        kinds.update(dict.fromkeys(_constant_products(model, report, producers, carries), Kind.HOMOG))
-        kinds.update(dict.fromkeys(params, Kind.JOIN))  # x + parameter: the parameter takes x's scale
-    graph = SiteGraph(producers, consumers, kinds, modules, frozen=binding.frozen(report),
-                      owners=binding.owners, carries=carries, params=params, hosts=hosts,
-                      ops={n: st.op for n, st in report.sites.items() if st.kind != "module"})
+        kinds.update(
+            dict.fromkeys(_constant_products(model, report, producers, carries), Kind.HOMOG)
+        )
+        kinds.update(
+            dict.fromkeys(params, Kind.JOIN)
+        )  # x + parameter: the parameter takes x's scale
+    graph = SiteGraph(
+        producers,
+        consumers,
+        kinds,
+        modules,
+        frozen=binding.frozen(report),
+        owners=binding.owners,
+        carries=carries,
+        params=params,
+        hosts=hosts,
+        ops={n: st.op for n, st in report.sites.items() if st.kind != "module"},
+    )
     _unite(graph)
     return graph
 
@@ -185,7 +210,9 @@ class Binding(Protocol):
     not another planner."""
 
     owners: Collection[str]  # modules that host functional ops ("" never): fallback islands
-    mappable: Callable | None  # whether a join's operand can take a multiply (None: map onto torch.fx)
+    mappable: (
+        Callable | None
+    )  # whether a join's operand can take a multiply (None: map onto torch.fx)
 
     def contract(self, report: Report) -> Report:
         """The report with units the planner treats as one site merged (fused norms)."""
@@ -228,7 +255,9 @@ class TorchBinding:
         return st.kind != "module" and is_product(st.op)
 
 
-def _hosted_linears(model: nn.Module, report: Report, producers: dict, consumers: dict, kinds: dict) -> dict:
+def _hosted_linears(
+    model: nn.Module, report: Report, producers: dict, consumers: dict, kinds: dict
+) -> dict:
     """Functional linears whose parameters patch can find: the one whose value its module
     returns (``F.linear(x, self.proj.weight, self.proj.bias)``: Swin's attention), or the
     one that first reads its module's input (``nn.MultiheadAttention``'s ``in_proj``),
@@ -240,18 +269,34 @@ def _hosted_linears(model: nn.Module, report: Report, producers: dict, consumers
         if o.kind != "module":
             by_module.setdefault(o.module, set()).add(s)
     for site, st in report.sites.items():
-        if st.kind == "module" or kinds[site] != Kind.OPAQUE or aten_class(st.op) != OpClass.ABSORBING or not st.module:
+        if (
+            st.kind == "module"
+            or kinds[site] != Kind.OPAQUE
+            or aten_class(st.op) != OpClass.ABSORBING
+            or not st.module
+        ):
             continue
         own = by_module[st.module]
         leaving = [s for s in own if any(c not in own for c in consumers[s])]
         entering = [s for s in own if any(p not in own for p in producers[s])]
         inputs = {p for s in own for p in producers[s] if p not in own}
         shape = report.sites[next(iter(inputs))].shape if len(inputs) == 1 else None
-        probe = output_linear_child if leaving == [site] else input_linear_weight if entering == [site] else None
+        probe = (
+            output_linear_child
+            if leaving == [site]
+            else input_linear_weight
+            if entering == [site]
+            else None
+        )
         if probe is None or not shape:
             continue
-        names = probe(model.get_submodule(st.module), torch.randn(shape, generator=torch.Generator().manual_seed(0)))
-        if names is not None and names[0].rpartition(".")[0] not in report.sites:  # not a module site
+        names = probe(
+            model.get_submodule(st.module),
+            torch.randn(shape, generator=torch.Generator().manual_seed(0)),
+        )
+        if (
+            names is not None and names[0].rpartition(".")[0] not in report.sites
+        ):  # not a module site
             found[site] = tuple(None if n is None else f"{st.module}.{n}" for n in names)
     return found
 
@@ -265,17 +310,30 @@ def _tied(model: nn.Module, modules: dict) -> list[str]:
         for p in mod.parameters(recurse=False):
             holders.setdefault(id(p), set()).add(id(mod))
     ran = {id(m): s for s, m in modules.items() if isinstance(m, nn.Module)}  # module sites
-    shared = {ran[m] for mods in holders.values() if sum(m in ran for m in mods) > 1 for m in mods if m in ran}
+    shared = {
+        ran[m]
+        for mods in holders.values()
+        if sum(m in ran for m in mods) > 1
+        for m in mods
+        if m in ran
+    }
     return sorted(shared)
 
 
-def _constant_products(model: nn.Module, report: Report, producers: dict, carries: dict) -> list[str]:
+def _constant_products(
+    model: nn.Module, report: Report, producers: dict, carries: dict
+) -> list[str]:
     """Products of one tensor with a constant (a layer scale, a number): x's scale passes."""
     found, graphs = [], {}
     ops = Counter((st.module, st.op) for st in report.sites.values() if st.kind != "module")
     for name, st in report.sites.items():
-        if (st.kind != "module" and is_product(st.op) and name not in carries and len(producers[name]) == 1
-                and constant_factor(model, name, ops[st.module, st.op], graphs)):
+        if (
+            st.kind != "module"
+            and is_product(st.op)
+            and name not in carries
+            and len(producers[name]) == 1
+            and constant_factor(model, name, ops[st.module, st.op], graphs)
+        ):
             found.append(name)
     return found
 
@@ -340,7 +398,7 @@ def _unite(graph: SiteGraph) -> None:
         if site in graph.carries:
             graph.union(site, graph.carries[site])
         elif kind in (Kind.HOMOG, Kind.JOIN, Kind.POWER):
-            k = 1 / degree(graph.ops.get(site, '')) if kind == Kind.POWER else Fraction(1)
+            k = 1 / degree(graph.ops.get(site, "")) if kind == Kind.POWER else Fraction(1)
             for p in prods:
                 if (p, site) not in graph.cuts:
                     graph.union(site, p, k)

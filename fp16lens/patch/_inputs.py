@@ -26,7 +26,11 @@ def fold_inputs(graph, report, plan: Plan, onnx: bool = False) -> None:
     """Reparams of rule "input" and ``plan.input_scales`` for each input finding; an
     unresolved entry where the fold is impossible."""
     for f in report.findings:
-        if f.mechanism != Mechanism.INPUT or f.kind != FindingKind.OVERFLOW or not math.isfinite(f.peak):
+        if (
+            f.mechanism != Mechanism.INPUT
+            or f.kind != FindingKind.OVERFLOW
+            or not math.isfinite(f.peak)
+        ):
             continue
         k, index = rescale_exponent(f.peak), _index(f.site)
         p = 2.0**k
@@ -36,20 +40,34 @@ def fold_inputs(graph, report, plan: Plan, onnx: bool = False) -> None:
             plan.input_scales[index] = p
             for s in readers:
                 names = " and ".join(input_weights(graph.modules[s]))
-                plan.reparametrized.append(Reparam(
-                    s, "input", p, 1.0, f"{names} x {p:g}: input {index} arrives divided by {p:g}"))
+                plan.reparametrized.append(
+                    Reparam(
+                        s,
+                        "input",
+                        p,
+                        1.0,
+                        f"{names} x {p:g}: input {index} arrives divided by {p:g}",
+                    )
+                )
             plan.notes.append(
                 f"input {index} (values up to {f.peak:.3g}) must be divided by {p:g} (2^{k}) by the caller "
                 f"before the patched model runs: {', '.join(readers)} hold the factor "
-                f"(plan.scale_inputs(*inputs) does it)")
+                f"(plan.scale_inputs(*inputs) does it)"
+            )
         else:
-            plan.unresolved.append(Unresolved(f.site, (
-                f"model input {index} holds values up to {f.peak:.3g}, beyond FP16; no fold: {why}; "
-                f"divide it by {p:g} (2^{k}) before the model and scale what reads it by hand")))
+            plan.unresolved.append(
+                Unresolved(
+                    f.site,
+                    (
+                        f"model input {index} holds values up to {f.peak:.3g}, beyond FP16; no fold: {why}; "
+                        f"divide it by {p:g} (2^{k}) before the model and scale what reads it by hand"
+                    ),
+                )
+            )
 
 
 def _index(site: str) -> int:
-    return int(site[site.index("[") + 1:site.index("]")]) if "[" in site else 0
+    return int(site[site.index("[") + 1 : site.index("]")]) if "[" in site else 0
 
 
 def _why_not(graph, report, readers: list[str], p: float, onnx: bool) -> str | None:
@@ -62,7 +80,11 @@ def _why_not(graph, report, readers: list[str], p: float, onnx: bool) -> str | N
         return "no op of the report reads it"
     for s in readers:
         mod = graph.modules.get(s)
-        names = input_weights(mod) if isinstance(mod, torch.nn.Module) and report.sites[s].kind == "module" else []
+        names = (
+            input_weights(mod)
+            if isinstance(mod, torch.nn.Module) and report.sites[s].kind == "module"
+            else []
+        )
         if not names:
             return f"{s} ({report.sites[s].op}) reads it and has no weight to hold the factor"
         peak = max(float(getattr(mod, n).detach().abs().max()) for n in names)

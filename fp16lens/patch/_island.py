@@ -106,8 +106,14 @@ class Fp32Island(nn.Module):
     fp32_out = False  # class defaults: islands pickled before these existed
     fp32_in = False
 
-    def __init__(self, module: nn.Module, in_scale: float = 1.0, out_scale: float = 1.0,
-                 fp32_out: bool = False, fp32_in: bool = False):
+    def __init__(
+        self,
+        module: nn.Module,
+        in_scale: float = 1.0,
+        out_scale: float = 1.0,
+        fp32_out: bool = False,
+        fp32_in: bool = False,
+    ):
         super().__init__()
         self.fp32_out, self.fp32_in = bool(fp32_out), bool(fp32_in)
         tensors = [*module.parameters(), *module.buffers()]
@@ -170,7 +176,7 @@ class Fp32Island(nn.Module):
         own = hasattr(self.module, _INNER)
         for key in [k for k in state_dict if k.startswith(prefix)]:
             if own or not key.startswith(f"{prefix}{_INNER}."):
-                state_dict[f"{prefix}{_INNER}.{key[len(prefix):]}"] = state_dict.pop(key)
+                state_dict[f"{prefix}{_INNER}.{key[len(prefix) :]}"] = state_dict.pop(key)
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def extra_repr(self) -> str:

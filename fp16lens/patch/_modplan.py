@@ -16,13 +16,18 @@ def module_changes(
 ) -> tuple[list[Reparam], list[Island]]:
     reparams, out_islands = [], []
     for site, mod in graph.modules.items():
-        if site in graph.frozen or site in graph.fp32:  # islands of an earlier patch, or hosts (_reach.py)
+        if (
+            site in graph.frozen or site in graph.fp32
+        ):  # islands of an earlier patch, or hosts (_reach.py)
             continue
         s_in = graph.scale(graph.input_site(site), scales)
         s_out = graph.scale(site, scales)
         kind = graph.kinds[site]
         if site in islands or (kind == Kind.BLOCK and (s_in != 1 or s_out != 1)):
-            why = islands.get(site) or f"{getattr(mod, 'op_type', type(mod).__name__)} does not commute with scaling"
+            why = (
+                islands.get(site)
+                or f"{getattr(mod, 'op_type', type(mod).__name__)} does not commute with scaling"
+            )
             out_islands.append(Island(site, s_in, s_out, why))
         elif kind == Kind.LINEAR and (s_in != 1 or s_out != 1) and site in graph.hosts:
             reparams += _hosted(graph.hosts[site], site, s_in, s_out)
@@ -37,7 +42,9 @@ def module_changes(
     for join, names in graph.params.items():  # parameters joining a scaled tensor take its scale
         s = graph.scale(join, scales)
         if s != 1 and join not in graph.frozen and join not in graph.fp32:
-            reparams += [Reparam(n, "parameter", 1.0, s, f"/ {s:g} (joins at {join})") for n in names]
+            reparams += [
+                Reparam(n, "parameter", 1.0, s, f"/ {s:g} (joins at {join})") for n in names
+            ]
     for owner, why in islands.items():  # modules hosting functional ops no scale passes
         if owner not in graph.modules:
             out_islands.append(Island(owner, 1.0, 1.0, why))
@@ -47,7 +54,11 @@ def module_changes(
 def _hosted(names: tuple, site: str, s_in: float, s_out: float) -> list[Reparam]:
     """A functional linear's weight and bias, found by name: each divided in place."""
     weight, bias = names
-    out = [Reparam(weight, "parameter", 1.0, s_out / s_in, f"x {s_in / s_out:g} (the weight of {site})")]
+    out = [
+        Reparam(
+            weight, "parameter", 1.0, s_out / s_in, f"x {s_in / s_out:g} (the weight of {site})"
+        )
+    ]
     if bias is not None and s_out != 1:
         out.append(Reparam(bias, "parameter", 1.0, s_out, f"/ {s_out:g} (the bias of {site})"))
     return out

@@ -23,10 +23,20 @@ def contract(model: nn.Module, report: Report) -> Report:
     units = _units(model, report)
     if not units:
         return report
-    rename = {s: st.module for s, st in report.sites.items() if st.kind == "op" and st.module in units}
-    sites, edges = merge_sites(report, rename, lambda unit: dataclasses.replace(
-        _output_site(report, unit, rename), name=unit, kind="module", op=type(units[unit]).__name__,
-        module=unit))
+    rename = {
+        s: st.module for s, st in report.sites.items() if st.kind == "op" and st.module in units
+    }
+    sites, edges = merge_sites(
+        report,
+        rename,
+        lambda unit: dataclasses.replace(
+            _output_site(report, unit, rename),
+            name=unit,
+            kind="module",
+            op=type(units[unit]).__name__,
+            module=unit,
+        ),
+    )
     return dataclasses.replace(
         report,
         sites=sites,

@@ -78,8 +78,12 @@ class PatchOptions:
         if not 0 <= self.low_share < 1:
             raise PatchError(f"low_share must be within [0, 1), got {self.low_share!r}")
         if not (isinstance(self.min_cosine, (int, float)) and -1 <= self.min_cosine <= 1):
-            raise PatchError(f"min_cosine must be within [-1, 1], got {self.min_cosine!r}; the default is 0.999")
-        if self.max_rel is not None and not (isinstance(self.max_rel, (int, float)) and self.max_rel > 0):
+            raise PatchError(
+                f"min_cosine must be within [-1, 1], got {self.min_cosine!r}; the default is 0.999"
+            )
+        if self.max_rel is not None and not (
+            isinstance(self.max_rel, (int, float)) and self.max_rel > 0
+        ):
             raise PatchError(f"max_rel must be a number > 0 or None, got {self.max_rel!r}")
         object.__setattr__(self, "fp32_spans", tuple(int(i) for i in self.fp32_spans))
         object.__setattr__(self, "fp32_modules", tuple(str(m) for m in self.fp32_modules))

@@ -85,7 +85,9 @@ def patch(
         from fp16lens.patch.onnx import patch_onnx
 
         if inplace:
-            raise PatchError("an ONNX model is never patched in place: use the returned ModelProto or out=")
+            raise PatchError(
+                "an ONNX model is never patched in place: use the returned ModelProto or out="
+            )
         proto, the_plan = patch_onnx(model, report, opts, out=out, batches=batches)
         finish(the_plan, opts)
         return proto
@@ -133,7 +135,9 @@ def _proven(model: nn.Module, report: Report, opts: PatchOptions, batches: list 
             the_plan, patched, report = _apply_checked(model, report, opts, batches)
         if batches is None:
             wider = _statistics_widening(model, report, opts, the_plan)
-            if wider is not None and not stats_round:  # the statistics alone show a failing island: widen once
+            if (
+                wider is not None and not stats_round
+            ):  # the statistics alone show a failing island: widen once
                 stats_round, unwidened, opts = True, opts, wider
                 continue
             _statistics_unresolved(the_plan, report)
@@ -153,12 +157,18 @@ def _proven(model: nn.Module, report: Report, opts: PatchOptions, batches: list 
             break
         opts = nxt
     worst = failed[0]
-    the_plan.unresolved.append(Unresolved(PROOF_SITE, (
-        f"real FP16 still fails on batch {worst.batch} after keeping "
-        f"{', '.join(m or 'the model' for w in the_plan.widened for m in w.modules) or 'nothing'} in FP32 "
-        f"({'non-finite at ' + (worst.first_nonfinite or '?') if not worst.finite else f'cosine {worst.cosine:.6f}'}): "
-        "the inputs may be out of FP16 range themselves (scale them), or the model is not FP16-safe "
-        "anywhere; run it in FP32")))
+    the_plan.unresolved.append(
+        Unresolved(
+            PROOF_SITE,
+            (
+                f"real FP16 still fails on batch {worst.batch} after keeping "
+                f"{', '.join(m or 'the model' for w in the_plan.widened for m in w.modules) or 'nothing'} in FP32 "
+                f"({'non-finite at ' + (worst.first_nonfinite or '?') if not worst.finite else f'cosine {worst.cosine:.6f}'}): "
+                "the inputs may be out of FP16 range themselves (scale them), or the model is not FP16-safe "
+                "anywhere; run it in FP32"
+            ),
+        )
+    )
     return patched, the_plan
 
 
@@ -174,22 +184,33 @@ def without_batches(model: nn.Module, report: Report, opts: PatchOptions) -> Pla
     return the_plan
 
 
-def _statistics_widening(model: nn.Module, report: Report, opts: PatchOptions, the_plan: Plan) -> PatchOptions | None:
+def _statistics_widening(
+    model: nn.Module, report: Report, opts: PatchOptions, the_plan: Plan
+) -> PatchOptions | None:
     """The options keeping FP32 end to end the spans whose island the report's statistics
     show handing back values beyond FP16 (never the whole model); None when there are none."""
     problems = statistics_problems(the_plan, report)
-    new = [i for i in spans_for_sites(report, [s for s, _ in problems]) if i not in opts.fp32_spans
-           and "" not in span_hosts(report, i, model)[0]]
+    new = [
+        i
+        for i in spans_for_sites(report, [s for s, _ in problems])
+        if i not in opts.fp32_spans and "" not in span_hosts(report, i, model)[0]
+    ]
     return dataclasses.replace(opts, fp32_spans=(*opts.fp32_spans, *new)) if new else None
 
 
 def _statistics_unresolved(the_plan: Plan, report: Report) -> None:
     for site, value in statistics_problems(the_plan, report):
         if not any(_covers(w.modules, site, report) for w in the_plan.widened):
-            the_plan.unresolved.append(Unresolved(site, (
-                f"its FP32 island hands back {value:.3g} (the report's range), beyond FP16: "
-                "the island must reach where values are back in range; pass batches= to "
-                "prove and widen the fix")))
+            the_plan.unresolved.append(
+                Unresolved(
+                    site,
+                    (
+                        f"its FP32 island hands back {value:.3g} (the report's range), beyond FP16: "
+                        "the island must reach where values are back in range; pass batches= to "
+                        "prove and widen the fix"
+                    ),
+                )
+            )
 
 
 def _half_breaks(patched: nn.Module, report: Report) -> bool:
@@ -227,7 +248,9 @@ def _apply_checked(model: nn.Module, report: Report, opts: PatchOptions, batches
     return the_plan, _apply_one(model, report, the_plan, opts, batches), report
 
 
-def _apply_one(model: nn.Module, report: Report, the_plan: Plan, opts: PatchOptions, batches) -> nn.Module:
+def _apply_one(
+    model: nn.Module, report: Report, the_plan: Plan, opts: PatchOptions, batches
+) -> nn.Module:
     patched = apply_widened(apply_plan(copy.deepcopy(model), the_plan), the_plan)
     if opts.check and the_plan.changes:
         notes = check_equivalent(model, patched, report, batches, the_plan.input_scales)
@@ -250,11 +273,19 @@ def finish(the_plan: Plan, opts: PatchOptions) -> None:
             raise PatchError(msg)
         warnings.warn(PatchWarning(msg), stacklevel=3)
     if any("" in w.modules for w in the_plan.widened):
-        warnings.warn(PatchWarning(
-            "real FP16 failed until the whole model was kept FP32 (plan.widened): the patched model "
-            "runs no FP16 arithmetic; move the failing ops into their own nn.Modules so that patch "
-            "can keep only them FP32, then scan and patch again"), stacklevel=3)
-    unchecked = [n for n in the_plan.notes if n.startswith(NOT_CHECKED) or n.startswith("the FP16 check did not run")]
+        warnings.warn(
+            PatchWarning(
+                "real FP16 failed until the whole model was kept FP32 (plan.widened): the patched model "
+                "runs no FP16 arithmetic; move the failing ops into their own nn.Modules so that patch "
+                "can keep only them FP32, then scan and patch again"
+            ),
+            stacklevel=3,
+        )
+    unchecked = [
+        n
+        for n in the_plan.notes
+        if n.startswith(NOT_CHECKED) or n.startswith("the FP16 check did not run")
+    ]
     if unchecked:
         warnings.warn(PatchWarning("; ".join(unchecked)), stacklevel=3)
 
@@ -295,7 +326,9 @@ def _require(model: nn.Module, report: Report) -> None:
             f"patch needs a fp16lens Report, got {type(report).__name__}; create one with "
             "fp16lens.watch(model) or load one with fp16lens.Report.load(path)"
         )
-    training = [n or "(the model)" for n, m in model.named_modules() if m.training and _has_modes(m)]
+    training = [
+        n or "(the model)" for n, m in model.named_modules() if m.training and _has_modes(m)
+    ]
     if training:
         raise PatchError(
             f"the model is in training mode ({training[0]}{' and others' if len(training) > 1 else ''}): "
@@ -316,4 +349,8 @@ def _has_modes(module: nn.Module) -> bool:
     own graph (fixed when traced; torch.export's modules refuse .eval()), nor for a
     module with no forward of its own (torch.export keeps those to hold parameters)."""
     own_forward = type(module).forward is not nn.Module.forward
-    return own_forward and not isinstance(module, fx.GraphModule) and type(module).__name__ != "GuardsFn"
+    return (
+        own_forward
+        and not isinstance(module, fx.GraphModule)
+        and type(module).__name__ != "GuardsFn"
+    )

@@ -132,11 +132,15 @@ class Plan:
     # divides it by: its first layers hold the factor (Reparam rule "input")
     fp16_flops: float = 0.0  # conv/linear FLOPs of the watched forwards left in FP16
     total_flops: float = 0.0  # all conv/linear FLOPs of the watched forwards
-    widened: list[SpanFp32] = field(default_factory=list)  # spans kept FP32 end to end (the proof's last resort)
+    widened: list[SpanFp32] = field(
+        default_factory=list
+    )  # spans kept FP32 end to end (the proof's last resort)
     underflow_rules: list[UnderflowRule] = field(default_factory=list)  # underflow fixed exactly
     proof: list[BatchProof] = field(default_factory=list)  # per batch, the final check's findings
     fp16_checked: bool = False  # whether real FP16 ran on the caller's batches
-    fp32_checked: bool = False  # whether the FP32 equivalence check ran (batches or recorded inputs)
+    fp32_checked: bool = (
+        False  # whether the FP32 equivalence check ran (batches or recorded inputs)
+    )
 
     @property
     def fp16_flop_share(self) -> float:
@@ -154,22 +158,31 @@ class Plan:
     def proven(self) -> bool:
         """Real FP16 ran on the caller's batches and every batch was finite and within the
         tolerance (the plan's ``proof``); False when the check did not run or failed."""
-        return self.fp16_checked and bool(self.proof) and not any(
-            u.site.startswith(PROOF_SITE) for u in self.unresolved
+        return (
+            self.fp16_checked
+            and bool(self.proof)
+            and not any(u.site.startswith(PROOF_SITE) for u in self.unresolved)
         )
 
     @property
     def rewrites_root(self) -> bool:
         """Whether the model's own forward is rewritten with torch.fx (a multiply in it,
         or a functional activation of it made an island): patch returns a GraphModule."""
-        return any(m.owner == "" for m in self.multiplies) or any(
-            (i.site and not site_module(i.site)) or i.nodes for i in self.islands
-        ) or any(u.owner == "" for u in self.underflow_rules)
+        return (
+            any(m.owner == "" for m in self.multiplies)
+            or any((i.site and not site_module(i.site)) or i.nodes for i in self.islands)
+            or any(u.owner == "" for u in self.underflow_rules)
+        )
 
     @property
     def changes(self) -> bool:
-        return bool(self.islands or self.reparametrized or self.multiplies or self.widened
-                    or self.underflow_rules)
+        return bool(
+            self.islands
+            or self.reparametrized
+            or self.multiplies
+            or self.widened
+            or self.underflow_rules
+        )
 
     def scale_inputs(self, *inputs):
         """The inputs as the patched model takes them: float input k (counted as the

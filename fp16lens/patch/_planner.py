@@ -51,13 +51,17 @@ class Demands:
     ``resolve``, so that one collection serves the graph before and after its cuts.
     """
 
-    anchors: list[tuple[str, float, int, str]] = field(default_factory=list)  # (site, v, power, why)
+    anchors: list[tuple[str, float, int, str]] = field(
+        default_factory=list
+    )  # (site, v, power, why)
     fallback_at: list[tuple[str, str, str]] = field(default_factory=list)  # (anchor, site, why)
     values: dict[str, list[tuple[float, int]]] = field(default_factory=dict)
     reasons: dict[str, list[str]] = field(default_factory=dict)
     affine: set[str] = field(default_factory=set)  # batch norms to rewrite in affine form
     islands: dict[str, str] = field(default_factory=dict)  # site -> reason (fallback)
-    fallback: dict[str, list[tuple[str, str]]] = field(default_factory=dict)  # class -> (site, reason)s
+    fallback: dict[str, list[tuple[str, str]]] = field(
+        default_factory=dict
+    )  # class -> (site, reason)s
     weights: dict[str, float] = field(default_factory=dict)  # module -> |parameter| beyond FP16
 
     def add(self, anchor: str, value: float, power: int, reason: str) -> None:
@@ -76,8 +80,13 @@ class Demands:
         return self
 
 
-def build_plan(model: nn.Module | None, report: Report, options: PatchOptions, binding: Binding | None = None,
-               keep_fp32: Iterable[str] = ()) -> Plan:
+def build_plan(
+    model: nn.Module | None,
+    report: Report,
+    options: PatchOptions,
+    binding: Binding | None = None,
+    keep_fp32: Iterable[str] = (),
+) -> Plan:
     """``model`` None: an ONNX graph, read through ``binding``. ``keep_fp32``: sites to run in
     FP32 islands from the start (``replan``, ``options.fp32_spans``); the plan grows that set
     until every island hands on values FP16 holds (``patch/_reach.py``)."""
@@ -86,13 +95,19 @@ def build_plan(model: nn.Module | None, report: Report, options: PatchOptions, b
     spans = span_sites(report, getattr(options, "fp32_spans", None) or ())  # before sites merge
     report = binding.contract(report)  # fused norm modules: one site each
     graph = build_graph(model, report, binding)
-    acts = {} if model is None else mark_activations(model, graph, report)  # F.silu(x) & co.: islands
+    acts = (
+        {} if model is None else mark_activations(model, graph, report)
+    )  # F.silu(x) & co.: islands
     if model is not None and _own_ops_at_stake(report):  # ops of the model's forward: fx islands
         graph.fxnodes = root_nodes(model, report)
         graph.fxgroup = functools.partial(groupable, model, {})
     saved = graph.snapshot()
     why = dict.fromkeys((s for s in keep_fp32 if s in report.sites), "kept FP32 as asked (replan)")
-    why.update((s, "its span kept FP32 end to end as asked (fp32_spans)") for s in spans if s in report.sites)
+    why.update(
+        (s, "its span kept FP32 end to end as asked (fp32_spans)")
+        for s in spans
+        if s in report.sites
+    )
     for _ in range(len(report.sites) + 1):
         graph.restore(saved)
         plan, grow = _plan_once(model, report, options, binding, graph, powers, acts, why)
@@ -100,14 +115,22 @@ def build_plan(model: nn.Module | None, report: Report, options: PatchOptions, b
             break
         for s, r in grow.items():
             why.setdefault(s, r)
-    fold_inputs(graph, report, plan, onnx=model is None)  # the caller divides, first layers hold 2^k
+    fold_inputs(
+        graph, report, plan, onnx=model is None
+    )  # the caller divides, first layers hold 2^k
     kept = [] if model is None else [n for n, m in model.named_modules() if is_island(m)]
-    base = dataclasses.replace(graph, kinds=saved[0], modules=saved[1])  # FLOPs of the model as built
+    base = dataclasses.replace(
+        graph, kinds=saved[0], modules=saved[1]
+    )  # FLOPs of the model as built
     plan.fp16_flops, plan.total_flops = conv_linear_flops(base, report, [*kept, *plan.fp32_modules])
     if options.factor is None:
         return plan
     for r in plan.regions:
-        over = [s for s in r.sites if report.sites[s].absmax / graph.scale(s, {graph.find(s): r.factor}) > FP16_MAX]
+        over = [
+            s
+            for s in r.sites
+            if report.sites[s].absmax / graph.scale(s, {graph.find(s): r.factor}) > FP16_MAX
+        ]
         if over:
             plan.notes.append(f"factor {r.factor:g} leaves {', '.join(over)} beyond {FP16_MAX:g}")
     return plan
@@ -116,10 +139,16 @@ def build_plan(model: nn.Module | None, report: Report, options: PatchOptions, b
 def _own_ops_at_stake(report: Report) -> bool:
     """Whether a span or finding names an op of the model's own forward (not a module's)."""
     named = {s for sp in report.spans for s in sp.sites} | {f.site for f in report.findings}
-    return any(report.sites[s].kind != "module" and not report.sites[s].module for s in named if s in report.sites)
+    return any(
+        report.sites[s].kind != "module" and not report.sites[s].module
+        for s in named
+        if s in report.sites
+    )
 
 
-def _plan_once(model, report, options, binding, graph, powers, acts, why: dict[str, str]) -> tuple[Plan, dict]:
+def _plan_once(
+    model, report, options, binding, graph, powers, acts, why: dict[str, str]
+) -> tuple[Plan, dict]:
     """One plan with the sites ``why`` names (site -> why) in FP32 islands; returns it and
     the sites that must join them, with their reasons (none when every island hands on
     values in range)."""
@@ -140,24 +169,43 @@ def _plan_once(model, report, options, binding, graph, powers, acts, why: dict[s
         if owner not in graph.modules and any(inside(owner, h) or inside(h, owner) for h in hosts):
             for s, st in report.sites.items():
                 if inside(s if st.kind == "module" else st.module, owner):
-                    grow.setdefault(s, f"{demands.islands[owner]}; one island with the FP32 span beside it")
-    islands = [i for i in islands if not any(inside(i.module, h) for h in hosts if not hosts[h].single)]
+                    grow.setdefault(
+                        s, f"{demands.islands[owner]}; one island with the FP32 span beside it"
+                    )
+    islands = [
+        i for i in islands if not any(inside(i.module, h) for h in hosts if not hosts[h].single)
+    ]
     for s in early_exits(graph, report, islands, acts):
-        grow.setdefault(s, f"its island handed on {report.sites[s].absmax:.3g}, beyond FP16: it reaches further")
+        grow.setdefault(
+            s, f"its island handed on {report.sites[s].absmax:.3g}, beyond FP16: it reaches further"
+        )
     on_islands = graph.fp32 | {i.module for i in islands}  # sites that are islands (named by site)
     for s, e in flushed_regions(graph, report, plan.regions, scales, on_islands, acts).items():
-        grow.setdefault(s, f"its region's scale would push small values below FP16's normal range before {e}, "
-                           "which is singular at 0: kept FP32 with it")
+        grow.setdefault(
+            s,
+            f"its region's scale would push small values below FP16's normal range before {e}, "
+            "which is singular at 0: kept FP32 with it",
+        )
     islands += host_islands(graph, report, hosts, scales, why)
     plan.islands = rename_islands(islands, acts)
     plan.multiplies = join_multiplies(graph, report, scales)
     if model is not None:  # underflow: an exact rule, else the normalization block in FP32
-        underflow_islands(model, report, plan)  # (after the multiplies: a rule keeps off their owners)
+        underflow_islands(
+            model, report, plan
+        )  # (after the multiplies: a rule keeps off their owners)
     return plan, grow
 
 
-def replan(model: nn.Module | None, report: Report, options: PatchOptions, *, binding=None,
-           fp32_spans=(), fp32_sites: Iterable[str] = (), merge=()) -> Plan:
+def replan(
+    model: nn.Module | None,
+    report: Report,
+    options: PatchOptions,
+    *,
+    binding=None,
+    fp32_spans=(),
+    fp32_sites: Iterable[str] = (),
+    merge=(),
+) -> Plan:
     """The seam of patch's widening loop: the plan again, with the spans ``fp32_spans``
     (``Span`` objects, indexes into ``report.spans`` or their start sites) kept FP32 end to
     end, the sites ``fp32_sites`` in FP32 islands, and each group of islands in ``merge``
@@ -178,8 +226,13 @@ def _chain_power(report: Report, site: str) -> Fraction:
     power, seen = degree(st.op), {site}
     node = site
     while True:
-        inside = [p for p in report.producers(node) if p not in seen and report.sites[p].kind != "module"
-                  and report.sites[p].module == st.module]
+        inside = [
+            p
+            for p in report.producers(node)
+            if p not in seen
+            and report.sites[p].kind != "module"
+            and report.sites[p].module == st.module
+        ]
         if not inside:
             return power
         node = inside[0]
@@ -187,14 +240,21 @@ def _chain_power(report: Report, site: str) -> Fraction:
         power *= degree(report.sites[node].op)
 
 
-def collect_demands(graph: SiteGraph, report: Report, plan: Plan, powers: list | None = None) -> Demands:
+def collect_demands(
+    graph: SiteGraph, report: Report, plan: Plan, powers: list | None = None
+) -> Demands:
     """Every demand on a site, unresolved ones into ``plan``; ``resolve`` groups them.
     ``powers``: per finding, the power of its module's input its value is (``_chain_power``)."""
     d = Demands()
     for span in report.spans:
         reason = f"span {span.start} -> {span.end or 'output'}"
         for s in span.sites:
-            if s not in span.ends and s in report.sites and s not in graph.frozen and not held(graph, s):
+            if (
+                s not in span.ends
+                and s in report.sites
+                and s not in graph.frozen
+                and not held(graph, s)
+            ):
                 d.add(s, report.sites[s].absmax, 1, reason)
     for i, f in enumerate(report.findings):
         if f.site in graph.frozen or f.site in graph.fp32:  # an island computes it in FP32
@@ -210,7 +270,12 @@ def _internal(graph: SiteGraph, f, d: Demands, plan: Plan, chain: Fraction | Non
     kind = graph.kinds.get(f.site)
     reason = f"{f.kind} in {f.site} ({f.peak:.3g})"
     power = 2 if f.kind in _SQUARE else 1
-    if kind == Kind.NORM and f.kind == FindingKind.SUM_BEFORE_MEAN and chain is not None and chain > 0:
+    if (
+        kind == Kind.NORM
+        and f.kind == FindingKind.SUM_BEFORE_MEAN
+        and chain is not None
+        and chain > 0
+    ):
         power = chain  # inside a norm recognized by what it computes: the mean of x**2 (RMS) or x
     norm = kind == Kind.NORM and (f.kind in _SQUARE or f.kind == FindingKind.SUM_BEFORE_MEAN)
     if norm or (kind == Kind.HOMOG and f.kind == FindingKind.SUM_BEFORE_MEAN):
@@ -258,7 +323,9 @@ def _affine_peak(bn, shift: bool = True) -> float:
     if bn is None or getattr(bn, "running_var", None) is None:
         return 0.0
     scale, bias = bn_affine(bn.running_mean, bn.running_var, bn.eps, bn.weight, bn.bias)
-    return float(torch.cat([scale.abs().flatten(), *([bias.abs().flatten()] if shift else [])]).max())
+    return float(
+        torch.cat([scale.abs().flatten(), *([bias.abs().flatten()] if shift else [])]).max()
+    )
 
 
 def _opaque_reason(graph: SiteGraph, site: str, what: str) -> str:
@@ -281,7 +348,9 @@ def _scale_classes(graph, report, demands: Demands, options, plan: Plan, reach) 
             _fail(graph, report, root, problem, reasons, demands, plan, reach)
             continue
         members = graph.members(root)
-        low = min((_low(report, s, options.low_share, graph.weight(s)) for s in members), default=0.0)
+        low = min(
+            (_low(report, s, options.low_share, graph.weight(s)) for s in members), default=0.0
+        )
         p = options.factor or choose_factor(values, low, options.target)
         exps = [graph.weight(s) for s in members]
         if any(w != 1 for w in exps):  # powers in the class: every p^w a power of two
@@ -306,10 +375,15 @@ def _fit_weights(graph, report, demands: Demands, scales, target: float, plan: P
         for site, peak in _fit_peaks(graph, demands, scales).items():
             root_out, s_in = graph.find(site), graph.scale(graph.input_site(site), scales)
             w = graph.weight(site)
-            if w <= 0 or site in demands.islands or site in graph.fp32:  # a scale that grows as p shrinks: left as it is
+            if (
+                w <= 0 or site in demands.islands or site in graph.fp32
+            ):  # a scale that grows as p shrinks: left as it is
                 continue
             members = graph.members(root_out)  # the class's p: need at the site's exponent w
-            need = exact_powers(pow2_ceil(peak * s_in / target) ** (1 / float(w)), [graph.weight(m) for m in members])
+            need = exact_powers(
+                pow2_ceil(peak * s_in / target) ** (1 / float(w)),
+                [graph.weight(m) for m in members],
+            )
             if root_out in scales and need > scales[root_out]:
                 scales[root_out], changed = need, True
                 plan.regions = [
@@ -340,7 +414,10 @@ def _fit_peaks(graph, demands: Demands, scales) -> dict[str, float]:
         w, kind = getattr(mod, "weight", None), graph.kinds[site]
         if kind == Kind.LINEAR and torch.is_tensor(w):
             weights[site] = max(weights.get(site, 0.0), float(w.detach().abs().max()))
-        elif kind == Kind.BN and (site in demands.affine or not _bn_scale_fits(mod, graph.scale(graph.input_site(site), scales))):
+        elif kind == Kind.BN and (
+            site in demands.affine
+            or not _bn_scale_fits(mod, graph.scale(graph.input_site(site), scales))
+        ):
             weights[site] = max(weights.get(site, 0.0), _affine_peak(mod, shift=False))
     return weights
 

@@ -217,8 +217,11 @@ def rehydrate(model: nn.Module) -> int:
         if not isinstance(graph, torch.fx.Graph):
             continue
         for node in list(graph.nodes):
-            if not (node.op == "call_function" and node.target == view
-                    and node.args[1:] == (torch.float32,)):
+            if not (
+                node.op == "call_function"
+                and node.target == view
+                and node.args[1:] == (torch.float32,)
+            ):
                 continue
             src = node.args[0]
             bits = getattr(sub, src.target, None) if src.op == "get_attr" else None

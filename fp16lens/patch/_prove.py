@@ -38,11 +38,15 @@ _HOW = "pass batches=[x], batches=[(x1, x2)], batches=[{'input_ids': ids}] or a 
 def as_batches(batches: Any) -> list:
     """The batches as a list (each a tensor, a tuple/list of positional inputs or a dict)."""
     if torch.is_tensor(batches):
-        raise PatchError(f"batches= got a bare tensor (it would be iterated over its first axis); {_HOW}")
+        raise PatchError(
+            f"batches= got a bare tensor (it would be iterated over its first axis); {_HOW}"
+        )
     if isinstance(batches, Mapping):
         raise PatchError(f"batches= got a dict: one batch of keyword inputs is batches=[d]; {_HOW}")
     if not isinstance(batches, Iterable) or isinstance(batches, (str, bytes)):
-        raise PatchError(f"batches= needs an iterable of batches, got {type(batches).__name__}; {_HOW}")
+        raise PatchError(
+            f"batches= needs an iterable of batches, got {type(batches).__name__}; {_HOW}"
+        )
     out = list(batches)
     if not out:
         raise PatchError(f"batches= holds no batch; {_HOW}")
@@ -94,7 +98,9 @@ class Fp16Runner:
         else:
             if self.fp32_ops is None:
                 x = _to(_to(batch, torch.float16), torch.float32)
-                args, kwargs = ((), x) if isinstance(x, dict) else ((x if isinstance(x, tuple) else (x,)), {})
+                args, kwargs = (
+                    ((), x) if isinstance(x, dict) else ((x if isinstance(x, tuple) else (x,)), {})
+                )
                 broken = _half_fails(self.model, args, kwargs)
                 if broken:
                     return [], broken
@@ -112,7 +118,9 @@ def _half_fails(model: nn.Module, args, kwargs) -> str:
     def meta(t):
         if not torch.is_tensor(t):
             return t
-        return t.detach().to(device="meta", dtype=torch.float16 if t.is_floating_point() else t.dtype)
+        return t.detach().to(
+            device="meta", dtype=torch.float16 if t.is_floating_point() else t.dtype
+        )
 
     try:
         half = copy.deepcopy(model).half().to("meta")
@@ -138,8 +146,13 @@ def _cosine(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 @torch.no_grad()
-def prove_batches(original: nn.Module, patched: nn.Module, batches: list, opts: PatchOptions,
-                  input_scales: dict[int, float] | None = None) -> list[BatchProof]:
+def prove_batches(
+    original: nn.Module,
+    patched: nn.Module,
+    batches: list,
+    opts: PatchOptions,
+    input_scales: dict[int, float] | None = None,
+) -> list[BatchProof]:
     """Per batch: the patched model's FP32 outputs against the original's (rescaling is
     exact), and its real FP16 outputs against the original's FP32 ones (a folded input k
     divided by ``input_scales[k]`` for the patched model, as its caller does)."""
@@ -194,8 +207,13 @@ def _report_name(patched: nn.Module, site: str) -> str:
     return f"{name}{sep}{op}" if sep else name
 
 
-def next_widening(report: Report, patched: nn.Module, failed: list[BatchProof], opts: PatchOptions,
-                  model: nn.Module) -> PatchOptions | None:
+def next_widening(
+    report: Report,
+    patched: nn.Module,
+    failed: list[BatchProof],
+    opts: PatchOptions,
+    model: nn.Module,
+) -> PatchOptions | None:
     """The options for the next round: one more thing kept FP32, or None when everything
     that could be has been."""
     import dataclasses
@@ -226,8 +244,14 @@ def _spans_of(report: Report, site: str) -> list[int]:
     if exact:
         return exact
     mod = host(report, site)
-    return [i for i, s in enumerate(report.spans)
-            if any(mod and (host(report, x) == mod or host(report, x).startswith(mod + ".")) for x in s.sites)]
+    return [
+        i
+        for i, s in enumerate(report.spans)
+        if any(
+            mod and (host(report, x) == mod or host(report, x).startswith(mod + "."))
+            for x in s.sites
+        )
+    ]
 
 
 def _output_site(report: Report, module: str) -> str | None:
@@ -236,8 +260,11 @@ def _output_site(report: Report, module: str) -> str | None:
     st = report.sites.get(module)
     if st is not None and st.kind == "module":
         return module
-    inside = [s for s in report.sites.values() if host(report, s.name) == module
-              or host(report, s.name).startswith(module + ".")]
+    inside = [
+        s
+        for s in report.sites.values()
+        if host(report, s.name) == module or host(report, s.name).startswith(module + ".")
+    ]
     return max(inside, key=lambda s: s.order).name if inside else None
 
 

@@ -47,7 +47,11 @@ class Host:
 
     def exits(self, graph: SiteGraph) -> list[str]:
         """Sites whose values leave the host (or are the model's output)."""
-        return [s for s in self.sites if not graph.consumers[s] or any(c not in self.sites for c in graph.consumers[s])]
+        return [
+            s
+            for s in self.sites
+            if not graph.consumers[s] or any(c not in self.sites for c in graph.consumers[s])
+        ]
 
 
 def inside(name: str, host: str) -> bool:
@@ -58,7 +62,9 @@ def _single(graph: SiteGraph, report: Report, site: str, acts: dict[str, str]) -
     """A site that is a module of its own (a leaf module, an ONNX node, a planned
     activation child): its island runs that site alone."""
     st = report.sites.get(site)
-    return site in acts or (st is not None and (st.kind == "module" or not graph.owners) and graph.is_module(site))
+    return site in acts or (
+        st is not None and (st.kind == "module" or not graph.owners) and graph.is_module(site)
+    )
 
 
 def host_of(graph: SiteGraph, report: Report, site: str, acts: dict[str, str]) -> str | None:
@@ -83,7 +89,9 @@ def _module(report: Report, host: str) -> str:
     return st.module if st is not None and st.kind != "module" else host
 
 
-def realize(graph: SiteGraph, report: Report, fp32: set[str], acts: dict[str, str]) -> dict[str, Host]:
+def realize(
+    graph: SiteGraph, report: Report, fp32: set[str], acts: dict[str, str]
+) -> dict[str, Host]:
     """The hosts of ``fp32``: a host inside another one's module is part of it."""
     names = {h for s in fp32 if (h := host_of(graph, report, s, acts)) is not None}
     hosts = _groups(graph, report, fp32 - set(acts)) if _GROUP in names else {}
@@ -95,8 +103,11 @@ def realize(graph: SiteGraph, report: Report, fp32: set[str], acts: dict[str, st
         if h not in owners:
             hosts[h] = Host(h, frozenset({h}), True)
             continue
-        sites = frozenset(s for s, st in report.sites.items()
-                          if s not in graph.frozen and inside(s if st.kind == "module" else st.module, h))
+        sites = frozenset(
+            s
+            for s, st in report.sites.items()
+            if s not in graph.frozen and inside(s if st.kind == "module" else st.module, h)
+        )
         hosts[h] = Host(h, sites, False)
     return hosts
 
@@ -137,8 +148,12 @@ def _single_input(graph: SiteGraph, report: Report, piece: set[str]) -> list[str
         order = sorted(piece, key=lambda s: report.sites[s].order)
         if graph.fxgroup is not None and graph.fxgroup({graph.fxnodes[s] for s in order}):
             return order
-        feeding = {p for s in piece for p in graph.producers[s]
-                   if p not in piece and p in graph.fxnodes and host_of(graph, report, p, {}) == _GROUP}
+        feeding = {
+            p
+            for s in piece
+            for p in graph.producers[s]
+            if p not in piece and p in graph.fxnodes and host_of(graph, report, p, {}) == _GROUP
+        }
         if not feeding:
             return None
         piece |= {max(feeding, key=lambda s: report.sites[s].order)}  # the latest one first
@@ -162,7 +177,11 @@ def mark(graph: SiteGraph, hosts: dict[str, Host]) -> None:
             continue
         if len([s for s in exits if not held(graph, s)]) > 1:
             graph.pinned.update(exits)
-        prods = tuple(dict.fromkeys(p for s in h.entries(graph) for p in graph.producers[s] if p not in h.sites))
+        prods = tuple(
+            dict.fromkeys(
+                p for s in h.entries(graph) for p in graph.producers[s] if p not in h.sites
+            )
+        )
         if len(prods) > 1:
             graph.tied.append(prods)
         if prods and any(not graph.producers[s] for s in h.sites):
@@ -175,8 +194,13 @@ def held(graph: SiteGraph, site: str) -> bool:
     return site in graph.fp32 and all(c in graph.fp32 for c in graph.consumers[site])
 
 
-def host_islands(graph: SiteGraph, report: Report, hosts: dict[str, Host], scales: dict[str, float],
-                 why: dict[str, str]) -> list[Island]:
+def host_islands(
+    graph: SiteGraph,
+    report: Report,
+    hosts: dict[str, Host],
+    scales: dict[str, float],
+    why: dict[str, str],
+) -> list[Island]:
     """One island per host: its scales from the classes around it, FP32 in and out where
     its neighbours are islands too; ``why``: site -> why it runs in FP32."""
     out = []
@@ -191,10 +215,21 @@ def host_islands(graph: SiteGraph, report: Report, hosts: dict[str, Host], scale
         out_scale = graph.scale(outs[0], scales) if len(outs) == 1 else 1.0
         fp32_out = bool(exits) and not outs
         fp32_in = any(p in fp32_out_sites for p in prods)
-        first = next((why[s] for s in sorted(h.sites, key=lambda s: report.sites[s].order) if s in why), "")
+        first = next(
+            (why[s] for s in sorted(h.sites, key=lambda s: report.sites[s].order) if s in why), ""
+        )
         reason = _reason(first, fp32_out, fp32_in)
-        out.append(Island(h.name, in_scale, out_scale, reason, fp32_out=fp32_out, fp32_in=fp32_in,
-                          nodes=h.nodes))
+        out.append(
+            Island(
+                h.name,
+                in_scale,
+                out_scale,
+                reason,
+                fp32_out=fp32_out,
+                fp32_in=fp32_in,
+                nodes=h.nodes,
+            )
+        )
     return out
 
 
@@ -207,7 +242,9 @@ def _reason(first: str, fp32_out: bool, fp32_in: bool) -> str:
     return what
 
 
-def early_exits(graph: SiteGraph, report: Report, islands: list[Island], acts: dict[str, str]) -> set[str]:
+def early_exits(
+    graph: SiteGraph, report: Report, islands: list[Island], acts: dict[str, str]
+) -> set[str]:
     """The sites of islands other than hosts (an internal finding's, a scaled module or
     activation) whose output divided by ``out_scale`` FP16 cannot hold: they join ``fp32``,
     so that their output carries a scale or their island reaches further. ``islands`` are
@@ -219,7 +256,11 @@ def early_exits(graph: SiteGraph, report: Report, islands: list[Island], acts: d
         if i.module in report.sites:
             sites = {i.module}
         else:
-            sites = {s for s, st in report.sites.items() if inside(s if st.kind == "module" else st.module, i.module)}
+            sites = {
+                s
+                for s, st in report.sites.items()
+                if inside(s if st.kind == "module" else st.module, i.module)
+            }
         if sites & graph.fp32:
             continue
         for s in sites - graph.frozen:
@@ -230,11 +271,16 @@ def early_exits(graph: SiteGraph, report: Report, islands: list[Island], acts: d
     return {s for s in grow if host_of(graph, report, s, acts) is not None}
 
 
-def widen(graph: SiteGraph, report: Report, root: str, fp32: set[str], acts: dict[str, str]) -> set[str]:
+def widen(
+    graph: SiteGraph, report: Report, root: str, fp32: set[str], acts: dict[str, str]
+) -> set[str]:
     """Sites to keep FP32 for a class no region can rescale: its out-of-range members, or
     where they already run in islands, their consumers (the island reaches further)."""
-    over = [m for m in graph.members(root) if m in report.sites and m not in graph.frozen
-            and not report.sites[m].absmax <= FP16_MAX]
+    over = [
+        m
+        for m in graph.members(root)
+        if m in report.sites and m not in graph.frozen and not report.sites[m].absmax <= FP16_MAX
+    ]
     new = {m for m in over if m not in fp32}
     if not new:
         new = {c for m in over for c in graph.consumers[m] if c not in fp32}
@@ -258,8 +304,14 @@ def _sensitive(graph: SiteGraph, report: Report, site: str) -> bool:
         if st is None:
             continue
         ops = [st]
-        if s in graph.fp32 and st.kind != "module" and graph.owners:  # an owner island: every op it runs
-            ops = [o for o in report.sites.values() if o.kind != "module" and inside(o.module, st.module)]
+        if (
+            s in graph.fp32 and st.kind != "module" and graph.owners
+        ):  # an owner island: every op it runs
+            ops = [
+                o
+                for o in report.sites.values()
+                if o.kind != "module" and inside(o.module, st.module)
+            ]
         if any(is_singular(o.op) for o in ops):
             return True
         if s == site or graph.kinds[s] not in (Kind.LINEAR, Kind.BN, Kind.NORM):
@@ -273,8 +325,14 @@ def _smallest(st) -> float:
     return 0.0 if i is None else 2.0 ** (HIST_MIN_EXP + i - 1)  # bin 0: below 2^-26
 
 
-def flushed_regions(graph: SiteGraph, report: Report, regions, scales: dict[str, float],
-                    islands: set[str], acts: dict[str, str]) -> dict[str, str]:
+def flushed_regions(
+    graph: SiteGraph,
+    report: Report,
+    regions,
+    scales: dict[str, float],
+    islands: set[str],
+    acts: dict[str, str],
+) -> dict[str, str]:
     """Sites of regions that feed an island reading small values where they matter (a
     ``log`` after a magnitude) and whose scale pushes some of that island's non-zero
     inputs below FP16's normal range, where they lose their digits or flush (a tensor
@@ -287,7 +345,9 @@ def flushed_regions(graph: SiteGraph, report: Report, regions, scales: dict[str,
                 continue
             for m in (p for p in graph.producers[e] if p in r.sites):
                 if 0 < _smallest(report.sites[m]) / graph.scale(m, scales) < FP16_MIN_NORMAL:
-                    grow.update((s, e) for s in (*r.sites, e) if host_of(graph, report, s, acts) is not None)
+                    grow.update(
+                        (s, e) for s in (*r.sites, e) if host_of(graph, report, s, acts) is not None
+                    )
     return grow
 
 
@@ -322,8 +382,11 @@ def merged_sites(report: Report, groups) -> set[str]:
         for i in group:
             names = [n for n in (getattr(i, "site", ""), getattr(i, "module", i)) if n]
             for n in names:
-                sites |= {s for s, st in report.sites.items()
-                          if s == n or inside(s if st.kind == "module" else st.module, n)}
+                sites |= {
+                    s
+                    for s, st in report.sites.items()
+                    if s == n or inside(s if st.kind == "module" else st.module, n)
+                }
         out |= sites | (_closure(sites, consumers) & _closure(sites, producers))
     return out
 

@@ -38,7 +38,9 @@ def render(plan):
             t.add_row(m.site, "\n".join(m.cut), f"{m.factor:g}")
         yield t
     if plan.underflow_rules:
-        t = Table(title="underflow fixed exactly (the block scaled up by 2^j)", title_justify="left")
+        t = Table(
+            title="underflow fixed exactly (the block scaled up by 2^j)", title_justify="left"
+        )
         for col in ("singular op", "rule", "j", "how"):
             t.add_column(col, overflow="fold")
         for u in plan.underflow_rules:
@@ -52,12 +54,18 @@ def render(plan):
             t.add_row(i.module, f"{i.in_scale:g}", f"{i.out_scale:g}", i.reason)
         yield t
     if plan.widened:
-        t = Table(title="spans kept FP32 end to end (real FP16 failed without it)", title_justify="left")
+        t = Table(
+            title="spans kept FP32 end to end (real FP16 failed without it)", title_justify="left"
+        )
         for col in ("span", "FP32 modules", "hand FP32 onward", "why"):
             t.add_column(col, overflow="fold")
         for w in plan.widened:
-            t.add_row(str(w.span) if w.span >= 0 else "-", "\n".join(m or "(the model)" for m in w.modules),
-                      "\n".join(m or "(the model)" for m in w.fp32_out), w.reason)
+            t.add_row(
+                str(w.span) if w.span >= 0 else "-",
+                "\n".join(m or "(the model)" for m in w.modules),
+                "\n".join(m or "(the model)" for m in w.fp32_out),
+                w.reason,
+            )
         yield t
     if plan.changes:
         yield Text(

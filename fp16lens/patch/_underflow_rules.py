@@ -39,7 +39,9 @@ class Analysis:
     source: fx.Node
     singular: fx.Node
     power: dict[fx.Node, Fraction] = field(default_factory=dict)  # every scaled value (w != 0)
-    consts: list[tuple[fx.Node, int | str, float, Fraction]] = field(default_factory=list)  # numbers
+    consts: list[tuple[fx.Node, int | str, float, Fraction]] = field(
+        default_factory=list
+    )  # numbers
     # joined to a scaled value (node, argument, value, power): scaled with it
     guards: dict[fx.Node, tuple[float, Fraction]] = field(default_factory=dict)  # a positive eps
     # added or a lower clamp bound: keeps its output at or above the value (scaled)
@@ -76,7 +78,9 @@ def _args(node: fx.Node) -> list:
 
 def _is_linear(mod) -> bool:
     """A Linear or a (not transposed) convolution: its weight absorbs a scale of its input."""
-    return isinstance(mod, nn.Linear) or (isinstance(mod, nn.modules.conv._ConvNd) and not mod.transposed)
+    return isinstance(mod, nn.Linear) or (
+        isinstance(mod, nn.modules.conv._ConvNd) and not mod.transposed
+    )
 
 
 def _pads(mod) -> bool:
@@ -126,16 +130,28 @@ def _source(gm: fx.GraphModule, singular: fx.Node) -> fx.Node:
         if n in seen:
             continue
         seen.add(n)
-        if n.op == "placeholder" or (n.op == "call_module" and _is_linear(gm.get_submodule(n.target))):
+        if n.op == "placeholder" or (
+            n.op == "call_module" and _is_linear(gm.get_submodule(n.target))
+        ):
             leaves.add(n)
             continue
-        if n.op == "get_attr":  # a parameter or buffer: at power 0 (a join with it is refused later)
+        if (
+            n.op == "get_attr"
+        ):  # a parameter or buffer: at power 0 (a join with it is refused later)
             continue
         name = _name(n)
-        known = name in alg.SAME or name in alg.POWERS or name in alg.JOINS or name in alg.GUARDS or \
-            name in alg.PRODUCTS or name in ("mul", "div", "pow")
+        known = (
+            name in alg.SAME
+            or name in alg.POWERS
+            or name in alg.JOINS
+            or name in alg.GUARDS
+            or name in alg.PRODUCTS
+            or name in ("mul", "div", "pow")
+        )
         if not known:
-            raise NoRule(f"{n.name} ({name or n.op}) feeds the singular operand and carries no power-of-two scale")
+            raise NoRule(
+                f"{n.name} ({name or n.op}) feeds the singular operand and carries no power-of-two scale"
+            )
         todo += [a for a in n.all_input_nodes if _is_tensor(a)]
     if len(leaves) != 1:
         raise NoRule(f"the singular operand is computed from {len(leaves)} values, not one")
@@ -173,14 +189,20 @@ def _step(gm: fx.GraphModule, node: fx.Node, an: Analysis) -> Fraction:
     if name == "pow":
         e = alg.exponent_of(args[1]) if len(args) > 1 else None
         if e is None or not isinstance(args[0], fx.Node):
-            raise NoRule(f"{node.name}: pow by a tensor or an exponent that is not a small fraction")
+            raise NoRule(
+                f"{node.name}: pow by a tensor or an exponent that is not a small fraction"
+            )
         return w0 * e
     if name in ("clamp", "clamp_min", "clamp_max"):
         for key, at in (("min", 1), ("max", 2)):
             if name == "clamp_max" and key == "min":
                 continue
             pos = 1 if name != "clamp" else at
-            has = node.kwargs.get(key) if key in node.kwargs else (node.args[pos] if len(node.args) > pos else None)
+            has = (
+                node.kwargs.get(key)
+                if key in node.kwargs
+                else (node.args[pos] if len(node.args) > pos else None)
+            )
             if has is None:
                 continue
             if _number(has) is None:
@@ -202,7 +224,9 @@ def _step(gm: fx.GraphModule, node: fx.Node, an: Analysis) -> Fraction:
             raise NoRule(f"{node.name}: a scaled value times a number computed at run time")
         return wa - wb if name == "div" else wa + wb
     if name == "atan2":
-        wa, wb = (pw.get(a, Fraction(0)) if isinstance(a, fx.Node) else Fraction(0) for a in args[:2])
+        wa, wb = (
+            pw.get(a, Fraction(0)) if isinstance(a, fx.Node) else Fraction(0) for a in args[:2]
+        )
         if wa != wb:
             raise NoRule(f"{node.name}: atan2 of operands at different scales")
         return Fraction(0)
@@ -224,7 +248,9 @@ def _step(gm: fx.GraphModule, node: fx.Node, an: Analysis) -> Fraction:
             if name == "add" and v > 0:
                 an.guards[node] = (v, w)
         return w
-    raise NoRule(f"{node.name} ({name or node.op}) reads a scaled value and carries no power-of-two scale")
+    raise NoRule(
+        f"{node.name} ({name or node.op}) reads a scaled value and carries no power-of-two scale"
+    )
 
 
 # ---- choosing j from the report --------------------------------------------------------
@@ -240,13 +266,21 @@ def _site_map(gm: fx.GraphModule, report: Report, owner: str) -> dict[fx.Node, s
             continue
         if any(_is_tensor(a) for a in node.all_input_nodes):
             nodes.append(node)
-    ops = sorted((n for n, st in report.sites.items() if st.kind != "module" and st.module == owner
-                  and alg.op_name(st.op) not in alg.VIEWS), key=lambda n: report.sites[n].order)
+    ops = sorted(
+        (
+            n
+            for n, st in report.sites.items()
+            if st.kind != "module" and st.module == owner and alg.op_name(st.op) not in alg.VIEWS
+        ),
+        key=lambda n: report.sites[n].order,
+    )
     names = [alg.family(_name(n)) for n in nodes]
     seen = [alg.family(alg.op_name(report.sites[n].op)) for n in ops]
     if seen != names:
-        raise NoRule(f"the traced forward of {owner or 'the model'} runs {', '.join(names) or 'no ops'}, "
-                     f"the report {', '.join(seen) or 'none'}: they do not line up")
+        raise NoRule(
+            f"the traced forward of {owner or 'the model'} runs {', '.join(names) or 'no ops'}, "
+            f"the report {', '.join(seen) or 'none'}: they do not line up"
+        )
     return dict(zip(nodes, ops))
 
 
@@ -255,7 +289,9 @@ def _low(report: Report, site: str) -> float:
     return report.sites[site].quantile_low(1e-12)
 
 
-def choose(gm: fx.GraphModule, an: Analysis, report: Report, owner: str, source_site: str | None) -> int:
+def choose(
+    gm: fx.GraphModule, an: Analysis, report: Report, owner: str, source_site: str | None
+) -> int:
     """j: as large as the scaled peaks allow (so the flushed values rise most), lowered until
     every value that must not be 0 lands at or above 2^-20; NoRule where none fits."""
     sites = _site_map(gm, report, owner)
@@ -270,7 +306,9 @@ def choose(gm: fx.GraphModule, an: Analysis, report: Report, owner: str, source_
                 continue
             raise NoRule(f"{node.name}: no statistics in the report for a scaled op")
         demands.append((report.sites[site].absmax, w))
-    demands += [(abs(c), w) for _n, _k, c, w in an.consts if c != 0]  # a scaled constant is stored too
+    demands += [
+        (abs(c), w) for _n, _k, c, w in an.consts if c != 0
+    ]  # a scaled constant is stored too
     step = alg.step_of(an.powers())
     lo, hi = alg.exponent_range(demands)
     j = hi - hi % step
@@ -278,8 +316,10 @@ def choose(gm: fx.GraphModule, an: Analysis, report: Report, owner: str, source_
         if _lifts(an, stats, report, j):
             return j
         j -= step
-    raise NoRule(f"no 2^j keeps the scaled values under 2^{alg.PEAK_EXP} and lifts the flushed ones "
-                 f"above 2^{alg.LIFT_EXP} (j in [{lo}, {hi}])")
+    raise NoRule(
+        f"no 2^j keeps the scaled values under 2^{alg.PEAK_EXP} and lifts the flushed ones "
+        f"above 2^{alg.LIFT_EXP} (j in [{lo}, {hi}])"
+    )
 
 
 def _lifts(an: Analysis, stats: dict, report: Report, j: int) -> bool:
@@ -312,7 +352,9 @@ def _lifts(an: Analysis, stats: dict, report: Report, j: int) -> bool:
     return True
 
 
-def plan_rule(model: nn.Module, report: Report, finding, owner: str, taken: set[str]) -> UnderflowRule:
+def plan_rule(
+    model: nn.Module, report: Report, finding, owner: str, taken: set[str]
+) -> UnderflowRule:
     """The exact rule for one underflow finding in module ``owner`` (``taken``: modules
     other fixes rewrite); NoRule (its message: why not) where none applies."""
     try:
@@ -325,32 +367,53 @@ def plan_rule(model: nn.Module, report: Report, finding, owner: str, taken: set[
     if node is None or not is_singular_name(_name(node) or ""):
         raise NoRule(f"{finding.site} not found in the traced forward of {owner}")
     an = analyse(gm, node)
-    inner = {_qual(owner, n.target) for n, _ in an.absorbed} | {_qual(owner, u.target) for n, _, _ in an.logs
-                                                                 for u in n.users if u.op == "call_module"}
+    inner = {_qual(owner, n.target) for n, _ in an.absorbed} | {
+        _qual(owner, u.target) for n, _, _ in an.logs for u in n.users if u.op == "call_module"
+    }
     if inner & taken:
         raise NoRule(f"{', '.join(sorted(inner & taken))} rewritten by another fix")
     folded, held = _fold(gm, an, report, owner, sites, taken)
     j = choose(gm, an, report, owner, held)
     scaled_ops = sum(1 for a in _args(node)[:2] if isinstance(a, fx.Node) and a in an.power)
     rule = alg.rule_name(_name(node), scaled_ops)
-    where = f"{folded} weights x 2^{j}" if folded else (
-        f"{_qual(owner, an.source.target)} weights x 2^{j}" if an.source.op == "call_module"
-        else f"one multiply x 2^{j} at the block's input {an.source.name}")
+    where = (
+        f"{folded} weights x 2^{j}"
+        if folded
+        else (
+            f"{_qual(owner, an.source.target)} weights x 2^{j}"
+            if an.source.op == "call_module"
+            else f"one multiply x 2^{j} at the block's input {an.source.name}"
+        )
+    )
     if rule == alg.RULE_LOG:
-        ends = "; ".join(f"{n.name} + {alg.log_offset(op, w * j):.6g} taken back by {log_absorber(gm, n)}"
-                         for n, op, w in an.logs if w != 0)
+        ends = "; ".join(
+            f"{n.name} + {alg.log_offset(op, w * j):.6g} taken back by {log_absorber(gm, n)}"
+            for n, op, w in an.logs
+            if w != 0
+        )
     elif rule == alg.RULE_RATIO:
         ends = f"2^{j} cancels in {node.name}"
     else:
-        undo = [*(n.name for n in an.ended if n.op != "call_module" and n not in {m for m, _, _ in an.logs}),
-                *(f"the weight of {n.target}" for n, _ in an.absorbed), *(["one multiply at the output"] if an.out else [])]
+        undo = [
+            *(
+                n.name
+                for n in an.ended
+                if n.op != "call_module" and n not in {m for m, _, _ in an.logs}
+            ),
+            *(f"the weight of {n.target}" for n, _ in an.absorbed),
+            *(["one multiply at the output"] if an.out else []),
+        ]
         ends = f"the power carried by {node.name} undone by {', '.join(undo)}"
     what = "wrong" if _name(node) in SINGULAR_BOTH else "non-finite"
     detail = f"{rule}: {finding.site} ({finding.count} {what} in FP16): {where}; {ends}"
-    return UnderflowRule(finding.site, owner, node.name, rule, j, folded or "", detail, an.source.name)
+    return UnderflowRule(
+        finding.site, owner, node.name, rule, j, folded or "", detail, an.source.name
+    )
 
 
-def _fold(gm, an: Analysis, report: Report, owner: str, sites, taken: set[str]) -> tuple[str | None, str | None]:
+def _fold(
+    gm, an: Analysis, report: Report, owner: str, sites, taken: set[str]
+) -> tuple[str | None, str | None]:
     """(the Linear/Conv outside ``owner`` producing the source, whose weight and bias take
     2^j when the block alone reads it and nothing else rewrites it, or None: the source is
     a layer inside the owner, rewritten with it, or gets one exact multiply; the site whose
@@ -370,15 +433,24 @@ def _fold(gm, an: Analysis, report: Report, owner: str, sites, taken: set[str]) 
             todo += list(u.users)
     prods = {p for r in readers for p in report.producers(r) if not _inside(p, owner)}
     if len(prods) != 1:
-        raise NoRule(f"the block's input {src.name} has {len(prods)} producers in the report, not one")
+        raise NoRule(
+            f"the block's input {src.name} has {len(prods)} producers in the report, not one"
+        )
     p = prods.pop()
     st = report.sites.get(p)
     consumers = [c for q, c in report.edges if q == p]
-    if (st is not None and st.kind == "module" and st.op in ("Linear", "Conv1d", "Conv2d", "Conv3d")
-            and p not in taken and all(_inside(c, owner) for c in consumers)):
+    if (
+        st is not None
+        and st.kind == "module"
+        and st.op in ("Linear", "Conv1d", "Conv2d", "Conv3d")
+        and p not in taken
+        and all(_inside(c, owner) for c in consumers)
+    ):
         return p, p
     if st is not None and st.underflow:
-        raise NoRule(f"{p} hands the block values FP16 already flushes, and no linear layer takes 2^j")
+        raise NoRule(
+            f"{p} hands the block values FP16 already flushes, and no linear layer takes 2^j"
+        )
     return None, p
 
 
@@ -399,7 +471,9 @@ def apply_rule(model: nn.Module, rule: UnderflowRule) -> nn.Module:
     gm = trace_owner(model, rule.owner)
     node = next((n for n in gm.graph.nodes if n.name == rule.node), None)
     if node is None:
-        raise PatchError(f"cannot find {rule.site} ({rule.node}) in the traced forward of {rule.owner}")
+        raise PatchError(
+            f"cannot find {rule.site} ({rule.node}) in the traced forward of {rule.owner}"
+        )
     rewrite(gm, analyse(gm, node), rule.exponent, bool(rule.folded))
     return gm
 
@@ -461,9 +535,19 @@ def _absorb_log(gm: fx.GraphModule, node: fx.Node, offset: float) -> None:
         u = users[0]
         name = _name(u)
         args = _args(u)
-        if name in ("add", "sub") and len(args) > 1 and args[0] is node and _number(args[1]) is not None \
-                and "alpha" not in u.kwargs and len(u.args) > 1:
-            u.args = (u.args[0], args[1] - offset if name == "add" else args[1] + offset, *u.args[2:])
+        if (
+            name in ("add", "sub")
+            and len(args) > 1
+            and args[0] is node
+            and _number(args[1]) is not None
+            and "alpha" not in u.kwargs
+            and len(u.args) > 1
+        ):
+            u.args = (
+                u.args[0],
+                args[1] - offset if name == "add" else args[1] + offset,
+                *u.args[2:],
+            )
             return
         if u.op == "call_module":
             mod = gm.get_submodule(u.target)
@@ -486,7 +570,11 @@ def log_absorber(gm: fx.GraphModule, node: fx.Node) -> str:
         u = users[0]
         if _name(u) in ("add", "sub") and len(u.args) > 1 and _number(u.args[1]) is not None:
             return f"the constant of {u.name}"
-        if u.op == "call_module" and _is_linear(gm.get_submodule(u.target)) and \
-                gm.get_submodule(u.target).bias is not None and not _pads(gm.get_submodule(u.target)):
+        if (
+            u.op == "call_module"
+            and _is_linear(gm.get_submodule(u.target))
+            and gm.get_submodule(u.target).bias is not None
+            and not _pads(gm.get_submodule(u.target))
+        ):
             return f"the bias of {u.target}"
     return "one subtraction after it"

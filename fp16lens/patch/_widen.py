@@ -39,7 +39,9 @@ class Fp32Span(Fp32Island):
         # the dtype the model was cast to (``outside_dtype``), or stays FP32
         args = tuple(self._enter(a, 1.0) for a in args)
         kwargs = {k: self._enter(v, 1.0) for k, v in kwargs.items()}
-        return _leave(self.module(*args, **kwargs), torch.float32 if self.fp32_out else self.outside_dtype, [])
+        return _leave(
+            self.module(*args, **kwargs), torch.float32 if self.fp32_out else self.outside_dtype, []
+        )
 
     def extra_repr(self) -> str:
         return f"fp32_out={self.fp32_out}"
@@ -63,7 +65,9 @@ def outermost(names) -> list[str]:
     return [n for n in names if not any(o != n and _inside(n, o) for o in names)]
 
 
-def span_hosts(report: Report, index: int, model: nn.Module | None = None) -> tuple[list[str], list[str]]:
+def span_hosts(
+    report: Report, index: int, model: nn.Module | None = None
+) -> tuple[list[str], list[str]]:
     """The modules running span ``index``'s sites (outermost only) and those of them that
     hand FP32 onward: no end of the span inside them, or the span reaches the output;
     also a module handing back whose recorded output is beyond FP16."""
@@ -125,15 +129,21 @@ def widen(plan: Plan, model: nn.Module, report: Report, spans, modules) -> Plan:
             continue
         hosts, out = span_hosts(report, i, model)
         s = report.spans[i]
-        plan.widened.append(SpanFp32(
-            i, tuple(hosts), tuple(out),
-            f"span {s.start} -> {s.end or 'output'} kept FP32 end to end (the fix alone did not hold it in FP16)",
-        ))
+        plan.widened.append(
+            SpanFp32(
+                i,
+                tuple(hosts),
+                tuple(out),
+                f"span {s.start} -> {s.end or 'output'} kept FP32 end to end (the fix alone did not hold it in FP16)",
+            )
+        )
     for m in dict.fromkeys(modules):
         if m not in names:
             continue
         reaches = m == "" and any(s.reaches_output for s in report.spans)
-        plan.widened.append(SpanFp32(-1, (m,), (m,) if reaches else (), f"{m or 'the model'} kept FP32 whole"))
+        plan.widened.append(
+            SpanFp32(-1, (m,), (m,) if reaches else (), f"{m or 'the model'} kept FP32 whole")
+        )
     outer = [m for w in plan.widened for m in w.modules]
     covered = [u for u in plan.unresolved if any(_inside(host(report, u.site), o) for o in outer)]
     for u in covered:  # what the planner could not fix runs in FP32 now
@@ -154,7 +164,11 @@ def _flops_inside(model: nn.Module, report: Report, outer: list[str], before: li
             continue
         if not any(_inside(site, o) for o in outer) or any(_inside(site, b) for b in before):
             continue
-        outputs = getattr(mod, "out_channels", None) or getattr(mod, "out_features", None) or mod.weight.shape[0]
+        outputs = (
+            getattr(mod, "out_channels", None)
+            or getattr(mod, "out_features", None)
+            or mod.weight.shape[0]
+        )
         total += 2.0 * st.numel * mod.weight.numel() / max(int(outputs), 1)
     return total
 

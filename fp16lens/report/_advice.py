@@ -130,7 +130,7 @@ def headline(fix: str) -> str:
     """The first clause of a fix (before ": ", "; " or " (k = "), for one-line summaries;
     a plan's words keep their "patch: " and their first step."""
     if fix.startswith(PATCH_SAYS):
-        return PATCH_SAYS + headline(fix[len(PATCH_SAYS):])
+        return PATCH_SAYS + headline(fix[len(PATCH_SAYS) :])
     cuts = [i for i in (fix.find(": "), fix.find("; "), fix.find(" (k = ")) if i > 0]
     return fix[: min(cuts)] if cuts else fix
 
@@ -152,8 +152,10 @@ def words_fix(report: Report, item: Span | Finding) -> str:
     if item.mechanism == Mechanism.INPUT:
         return _input_fix(item)
     if item.mechanism == Mechanism.UNDERFLOW:
-        return item.fix or (f"run the block that feeds {item.site} in FP32 (patch makes it an FP32 "
-                            "island), or keep its eps/clip bound at 1e-7 or more")
+        return item.fix or (
+            f"run the block that feeds {item.site} in FP32 (patch makes it an FP32 "
+            "island), or keep its eps/clip bound at 1e-7 or more"
+        )
     if item.mechanism == Mechanism.NOTE:
         return _note_fix(item)
     return _output_fix(report, item)
@@ -168,18 +170,26 @@ def _note_fix(f: Finding) -> str:
     if f.kind == FindingKind.FP32_UPCAST:
         module = site_module(f.site)
         if not module:
-            return ("none for a .half() model; in an FP16 ONNX/TensorRT graph these ops must stay "
-                    "FP32: move them into a submodule and export(..., fp32_modules=[it])")
-        return (f"none for a .half() model; for an FP16 ONNX/TensorRT graph keep {module} in FP32: "
-                f"export(..., fp32_modules=[{module!r}])")
+            return (
+                "none for a .half() model; in an FP16 ONNX/TensorRT graph these ops must stay "
+                "FP32: move them into a submodule and export(..., fp32_modules=[it])"
+            )
+        return (
+            f"none for a .half() model; for an FP16 ONNX/TensorRT graph keep {module} in FP32: "
+            f"export(..., fp32_modules=[{module!r}])"
+        )
     if f.kind == FindingKind.UNSCANNED:
-        return ("for ground truth inside those bodies run verify(..., backend='onnx-fp16'), or export "
-                "the model with the branch taken (no If/Loop) and scan that file")
+        return (
+            "for ground truth inside those bodies run verify(..., backend='onnx-fp16'), or export "
+            "the model with the branch taken (no If/Loop) and scan that file"
+        )
     if f.kind == FindingKind.INLINED:
         return "none: the report names those branches' nodes '<If>/<branch>/<node>'"
     if f.kind == FindingKind.COMPILE_FALLBACK:
-        return ("none for the report (those batches were watched eagerly); to compile them, keep "
-                "forward free of values read into Python (.item(), `if tensor:`) and of value-made shapes")
+        return (
+            "none for the report (those batches were watched eagerly); to compile them, keep "
+            "forward free of values read into Python (.item(), `if tensor:`) and of value-made shapes"
+        )
     if f.kind in (FindingKind.PARAM_UNDERFLOW, FindingKind.PARAM_SUBNORMAL):
         return (
             f"none: what {param_name(f)} loses in FP16 is below the FP16 precision of the values it "

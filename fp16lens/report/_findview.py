@@ -43,7 +43,10 @@ def findings(report: Report, view: ViewOptions, mechanism: str) -> list[Renderab
 _TITLES = {
     "input": ("Input problems", "in the data, not in the model"),
     "internal": ("Internal risks", "inside an op, invisible at its output"),
-    "underflow": ("Underflow problems", "values FP16 makes 0 reach a log, a divide or an rsqrt: inf/NaN"),
+    "underflow": (
+        "Underflow problems",
+        "values FP16 makes 0 reach a log, a divide or an rsqrt: inf/NaN",
+    ),
     "parameter": ("Parameter problems", "weights and buffers FP16 cannot hold"),
     "output": ("Other output problems", ""),
     "note": ("Notes", "not overflow today, but worth knowing before TensorRT"),

@@ -105,8 +105,15 @@ _JS = """
 
 def _rich_html(renderables: list[RenderableType]) -> str:
     """Renderables as inline-styled HTML (no wrapping: the page wraps them)."""
-    console = Console(record=True, width=_TEXT_WIDTH, file=io.StringIO(), color_system="truecolor",
-                      force_terminal=True, force_jupyter=False, legacy_windows=False)
+    console = Console(
+        record=True,
+        width=_TEXT_WIDTH,
+        file=io.StringIO(),
+        color_system="truecolor",
+        force_terminal=True,
+        force_jupyter=False,
+        legacy_windows=False,
+    )
     for r in renderables:
         console.print(r)
     code = console.export_html(inline_styles=True, code_format="{code}")
@@ -130,25 +137,31 @@ def _section(parts: list[RenderableType], anchor: str) -> str:
     title, note = head.plain.strip(), ""
     if _is_heading(head):
         first = head.spans[0]
-        title = head.plain[first.start:first.end].strip()
-        note = head.plain[first.end:].strip()
+        title = head.plain[first.start : first.end].strip()
+        note = head.plain[first.end :].strip()
     small = f" <small>{html.escape(note)}</small>" if note else ""
-    return (f'<section id="{anchor}"><h2>{html.escape(title)}{small}</h2>\n'
-            f'<div class="rich">{_rich_html(body)}</div></section>')
+    return (
+        f'<section id="{anchor}"><h2>{html.escape(title)}{small}</h2>\n'
+        f'<div class="rich">{_rich_html(body)}</div></section>'
+    )
 
 
 def _sections_of(report: Report, view: ViewOptions) -> list[tuple[str, list[RenderableType]]]:
     """The terminal view's sections but the site tables (the page has its own), in order."""
     out: list[tuple[str, list[RenderableType]]] = []
     if not report.clean:
-        out += [("input", _findview.findings(report, view, "input")),
-                ("underflow", _findview.findings(report, view, "underflow"))]
+        out += [
+            ("input", _findview.findings(report, view, "input")),
+            ("underflow", _findview.findings(report, view, "underflow")),
+        ]
     if not report.clean or report.spans:
         out.append(("spans", _sections.spans(report, view)))
     if not report.clean:
-        out += [("output", _findview.orphan_outputs(report, view)),
-                ("internal", _findview.findings(report, view, "internal")),
-                ("parameter", _findview.findings(report, view, "parameter"))]
+        out += [
+            ("output", _findview.orphan_outputs(report, view)),
+            ("internal", _findview.findings(report, view, "internal")),
+            ("parameter", _findview.findings(report, view, "parameter")),
+        ]
     out.append(("notes", _findview.findings(report, view, "note")))
     return [(anchor, parts) for anchor, parts in out if parts]
 
@@ -172,8 +185,10 @@ def _plot_html(report: Report) -> str:
         return ""
     uri = plot_data_uri(report)
     if uri is None:
-        body = ('<p class="note">The plot needs matplotlib: <code>pip install -e \'.[plot]\'</code> '
-                "in the fp16lens clone, then save the report again.</p>")
+        body = (
+            "<p class=\"note\">The plot needs matplotlib: <code>pip install -e '.[plot]'</code> "
+            "in the fp16lens clone, then save the report again.</p>"
+        )
     else:
         alt = f"log2 |x| of each of the {len(report.sites)} sites along execution order"
         body = f'<figure><img src="{uri}" alt="{html.escape(alt)}"></figure>'
@@ -220,18 +235,27 @@ def _site_rows(report: Report) -> str:
     return "\n".join(rows)
 
 
-_COLUMNS = (("#", "num", ""), ("site", "text", ""), ("op", "text", ""), ("calls", "num", "c-calls"),
-            ("absmax", "num", ""), ("of 65504", "num", "c-share"), ("headroom (bits)", "num", ""),
-            ("2^-14 … 65504 (log2)", "num", ""), ("subnormal", "num", "c-sub"),
-            ("flushed", "num", "c-flush"))
+_COLUMNS = (
+    ("#", "num", ""),
+    ("site", "text", ""),
+    ("op", "text", ""),
+    ("calls", "num", "c-calls"),
+    ("absmax", "num", ""),
+    ("of 65504", "num", "c-share"),
+    ("headroom (bits)", "num", ""),
+    ("2^-14 … 65504 (log2)", "num", ""),
+    ("subnormal", "num", "c-sub"),
+    ("flushed", "num", "c-flush"),
+)
 
 
 def _sites_html(report: Report) -> str:
     if not report.sites:
         return ""
     n = len(report.sites)
-    heads = "".join(f'<th data-type="{t}" class="{cls}">{html.escape(c)}</th>'
-                    for c, t, cls in _COLUMNS)
+    heads = "".join(
+        f'<th data-type="{t}" class="{cls}">{html.escape(c)}</th>' for c, t, cls in _COLUMNS
+    )
     return (
         f'<section id="sites"><h2>All sites ({n})<small>execution order; click a column to '
         "sort; red: beyond 65504, amber: within one doubling of it, a red edge: inside a span"

@@ -160,13 +160,23 @@ class Advice:
     (``fp16lens.patch.Region``, ``Island``, ``Reparam``, ``Unresolved``); ``error`` says why
     the planner could not plan (the fixes are then worded from the report alone)."""
 
-    regions: list[dict[str, Any]] = field(default_factory=list)  # sites, entries, exits, factor, peak, reasons
-    islands: list[dict[str, Any]] = field(default_factory=list)  # module, in_scale, out_scale, reason, site, ...
-    reparametrized: list[dict[str, Any]] = field(default_factory=list)  # module, rule, s_in, s_out, detail
+    regions: list[dict[str, Any]] = field(
+        default_factory=list
+    )  # sites, entries, exits, factor, peak, reasons
+    islands: list[dict[str, Any]] = field(
+        default_factory=list
+    )  # module, in_scale, out_scale, reason, site, ...
+    reparametrized: list[dict[str, Any]] = field(
+        default_factory=list
+    )  # module, rule, s_in, s_out, detail
     unresolved: list[dict[str, Any]] = field(default_factory=list)  # site, reason
-    input_scales: dict[str, float] = field(default_factory=dict)  # input index -> 2^k the caller divides by
+    input_scales: dict[str, float] = field(
+        default_factory=dict
+    )  # input index -> 2^k the caller divides by
     widened: list[dict[str, Any]] = field(default_factory=list)  # spans kept FP32 end to end
-    underflow_rules: list[dict[str, Any]] = field(default_factory=list)  # site, rule, exponent, folded, ...
+    underflow_rules: list[dict[str, Any]] = field(
+        default_factory=list
+    )  # site, rule, exponent, folded, ...
     error: str = ""
 
 
@@ -177,7 +187,9 @@ class Report:
     sites: dict[str, SiteStats] = field(default_factory=dict)  # execution order
     spans: list[Span] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
-    edges: list[tuple[str, str]] = field(default_factory=list)  # site dataflow: (producer, consumer)
+    edges: list[tuple[str, str]] = field(
+        default_factory=list
+    )  # site dataflow: (producer, consumer)
     meta: ReportMeta = field(default_factory=ReportMeta)
     advice: Advice | None = None  # patch's plan for it (None: not planned, e.g. before version 4)
 
@@ -243,7 +255,11 @@ class Report:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Report:
-        if isinstance(data, dict) and "schema_version" not in data and {"clean", "spans"} <= set(data):
+        if (
+            isinstance(data, dict)
+            and "schema_version" not in data
+            and {"clean", "spans"} <= set(data)
+        ):
             raise ReportError(
                 "this is the summary `fp16lens scan --json` prints, not a report; save the report "
                 "itself with `fp16lens scan MODEL --save report.json` (or report.save(path))"
@@ -276,7 +292,9 @@ class Report:
                 f"report is damaged or hand-edited ({type(exc).__name__}: {exc}); "
                 "re-create it with `fp16lens scan`"
             ) from exc
-        return cls(sites=sites, spans=spans, findings=findings, edges=edges, meta=meta, advice=advice)
+        return cls(
+            sites=sites, spans=spans, findings=findings, edges=edges, meta=meta, advice=advice
+        )
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=1, allow_nan=True)
@@ -356,8 +374,19 @@ class Report:
 # ---- validation of a loaded report (a hand-edited file fails here, not later) ----------
 
 _NUMBERS = {
-    SiteStats: ("order", "calls", "absmax", "absmax_batch", "numel", "zeros", "nonfinite",
-                "overflow", "subnormal", "underflow", "saturated"),
+    SiteStats: (
+        "order",
+        "calls",
+        "absmax",
+        "absmax_batch",
+        "numel",
+        "zeros",
+        "nonfinite",
+        "overflow",
+        "subnormal",
+        "underflow",
+        "saturated",
+    ),
     Span: ("peak", "batches", "first_batch"),
     Finding: ("peak", "batch", "count"),
     ReportMeta: ("batches", "threshold"),
@@ -378,7 +407,14 @@ def _advice(data: Any) -> Advice | None:
     if not isinstance(data, dict):
         raise ValueError(f"advice must be a mapping, got {data!r}")
     advice = Advice(**data)
-    for name in ("regions", "islands", "reparametrized", "unresolved", "widened", "underflow_rules"):
+    for name in (
+        "regions",
+        "islands",
+        "reparametrized",
+        "unresolved",
+        "widened",
+        "underflow_rules",
+    ):
         rows = getattr(advice, name)
         if not (isinstance(rows, list) and all(isinstance(r, dict) for r in rows)):
             raise ValueError(f"advice.{name} must be a list of mappings, got {rows!r}")
@@ -409,14 +445,25 @@ def _check_fields(meta, sites: dict, spans: list, findings: list, edges: list) -
     for obj in (meta, *sites.values(), *spans, *findings):
         _check_types(obj)
     for name, row in meta.weights.items():
-        if not (isinstance(row, list) and len(row) == 4 and all(
-                isinstance(v, (int, float)) and not isinstance(v, bool) for v in row)):
+        if not (
+            isinstance(row, list)
+            and len(row) == 4
+            and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in row)
+        ):
             raise ValueError(f"meta.weights[{name!r}] must be 4 numbers, got {row!r}")
     for span in spans:
-        named = [span.start, span.peak_site, *span.sites, *span.ends, *([span.end] if span.end else [])]
+        named = [
+            span.start,
+            span.peak_site,
+            *span.sites,
+            *span.ends,
+            *([span.end] if span.end else []),
+        ]
         unknown = [n for n in named if n not in sites]
         if unknown:
-            raise ValueError(f"span at {span.start!r} names site {unknown[0]!r}, which the report lacks")
+            raise ValueError(
+                f"span at {span.start!r} names site {unknown[0]!r}, which the report lacks"
+            )
     for a, b in edges:
         if a not in sites or b not in sites:
             raise ValueError(f"edge ({a!r}, {b!r}) names a site the report lacks")

@@ -208,15 +208,20 @@ def _site_ticks(ax, report: Report, pos: dict[str, int], most: int) -> None:
                     ticks[ticks.index(near)] = x
         ticks = sorted(set(ticks))
     ax.xaxis.set_major_locator(FixedLocator(ticks))
-    ax.set_xticklabels([_short(names[t]) for t in ticks], rotation=40, ha="right",
-                       rotation_mode="anchor", fontsize=7)
+    ax.set_xticklabels(
+        [_short(names[t]) for t in ticks],
+        rotation=40,
+        ha="right",
+        rotation_mode="anchor",
+        fontsize=7,
+    )
 
 
 def _short(name: str, width: int = 30) -> str:
     if len(name) <= width:
         return name
     head = (width - 1) // 3
-    return name[:head] + "…" + name[len(name) - (width - 1 - head):]
+    return name[:head] + "…" + name[len(name) - (width - 1 - head) :]
 
 
 def _figure(opts: PlotOptions):
@@ -272,8 +277,9 @@ def _decorate(ax, report: Report, pos: dict[str, int], opts: PlotOptions) -> Non
     if n:
         _site_ticks(ax, report, pos, most)
     thinned = "" if n <= most else f", {len(ax.get_xticks())} named"
-    ax.set_xlabel(f"site, in execution order ({n} sites{thinned}); spans labelled at their start",
-                  fontsize=9)
+    ax.set_xlabel(
+        f"site, in execution order ({n} sites{thinned}); spans labelled at their start", fontsize=9
+    )
     ax.set_ylabel("log2 |x|")
     ax.set_title(f"{report.meta.model_class or 'model'}: FP16 range per site", fontsize=11)
     ax.grid(axis="y", alpha=0.3)
@@ -282,7 +288,9 @@ def _decorate(ax, report: Report, pos: dict[str, int], opts: PlotOptions) -> Non
 
 def _save(fig, path: Path) -> None:
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)  # a missing folder is made, as report.save does
+        path.parent.mkdir(
+            parents=True, exist_ok=True
+        )  # a missing folder is made, as report.save does
         fig.savefig(path)
     except (OSError, ValueError) as exc:
         raise ReportError(

@@ -99,8 +99,11 @@ def content_width(report: Report, view: ViewOptions) -> int:
     Paragraphs wrap at any width and do not count."""
     console = _recording_console("txt", MAX_EXPORT_WIDTH)
     widest = max(
-        (Measurement.get(console, console.options, part).maximum
-         for part in parts(report, view) if not isinstance(part, (Text, Padding, Group))),
+        (
+            Measurement.get(console, console.options, part).maximum
+            for part in parts(report, view)
+            if not isinstance(part, (Text, Padding, Group))
+        ),
         default=EXPORT_WIDTH,
     )
     return max(EXPORT_WIDTH, min(MAX_EXPORT_WIDTH, widest))

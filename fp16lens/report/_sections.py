@@ -35,7 +35,9 @@ def _verdict_counts(report: Report) -> str:
         parts.append(_fmt.plural(len(notes), "note"))
     margin = len(report.spans) - len(report.failing_spans())
     if margin:
-        parts.append(f"{_fmt.plural(margin, 'span')} only past the threshold {report.meta.threshold:g}")
+        parts.append(
+            f"{_fmt.plural(margin, 'span')} only past the threshold {report.meta.threshold:g}"
+        )
     return ", ".join(parts)
 
 
@@ -61,8 +63,12 @@ def verdict(report: Report) -> RenderableType:
             f"{name} is FP16-safe: {len(report.sites)} sites in range over {batches}; "
             f"{where} (|x| ≤ {_fmt.value(worst.absmax)})",
             (f"; {_fmt.plural(len(notes), 'note')} below" if notes else ""),
-            (f"; {_fmt.plural(margin, 'span')} past the threshold {report.meta.threshold:g} "
-             "(values FP16 holds), shown below" if margin else ""),
+            (
+                f"; {_fmt.plural(margin, 'span')} past the threshold {report.meta.threshold:g} "
+                "(values FP16 holds), shown below"
+                if margin
+                else ""
+            ),
         )
     share = (
         f"{_fmt.value(worst.absmax)} = {_fmt.share_of_limit(worst.absmax)} of 65504"
@@ -74,9 +80,16 @@ def verdict(report: Report) -> RenderableType:
         indent(Text.assemble(("Next: ", "bold"), next_step(report)), 2),
     ]
     if report.advice is not None and report.advice.error:
-        lines.append(indent(Text(
-            f"fp16lens.patch could not plan this model ({report.advice.error}): the fixes below are "
-            "worded from the report alone", "yellow"), 2))
+        lines.append(
+            indent(
+                Text(
+                    f"fp16lens.patch could not plan this model ({report.advice.error}): the fixes below are "
+                    "worded from the report alone",
+                    "yellow",
+                ),
+                2,
+            )
+        )
     return Group(*lines)
 
 
@@ -128,7 +141,9 @@ def spans(report: Report, view: ViewOptions) -> list[RenderableType]:
         )
     )
     out: list[RenderableType] = [
-        heading(f"Overflow spans ({len(report.spans)})", f"values stored beyond {_fmt.limit(report)}")
+        heading(
+            f"Overflow spans ({len(report.spans)})", f"values stored beyond {_fmt.limit(report)}"
+        )
     ]
     for span in shown:
         i = report.spans.index(span) + 1

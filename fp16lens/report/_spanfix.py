@@ -59,7 +59,9 @@ def _carrier(report: Report, site: str) -> str | None:
 def _gate_scaled(report: Report, span: Span, site: str) -> bool:
     """A product x * g(x) whose gate g is in the span: the scale would reach g (no region)."""
     carrier = _carrier(report, site)
-    return carrier is not None and any(p != carrier and p in span.sites for p in report.producers(site))
+    return carrier is not None and any(
+        p != carrier and p in span.sites for p in report.producers(site)
+    )
 
 
 def _is_island(report: Report, site: str) -> bool:
@@ -134,7 +136,8 @@ def plan_span(report: Report, span: Span) -> SpanPlan:
     opaque = tuple(
         s
         for s in span.sites
-        if (_cls(report, s) == OpClass.BLOCKING and not _is_island(report, s)) or _gate_scaled(report, span, s)
+        if (_cls(report, s) == OpClass.BLOCKING and not _is_island(report, s))
+        or _gate_scaled(report, span, s)
     )
     if opaque:
         return SpanPlan(k, opaque=opaque, problem="a functional op no scale passes")
@@ -167,9 +170,7 @@ def side_inputs(report: Report, span: Span) -> list[tuple[str, str]]:
     """
     members = set(span.sites)
     inner = [
-        s
-        for s in span.sites
-        if s != span.start and s not in span.ends and is_join(_op(report, s))
+        s for s in span.sites if s != span.start and s not in span.ends and is_join(_op(report, s))
     ]
     return [(p, s) for s in inner for p in report.producers(s) if p not in members]
 

@@ -37,7 +37,7 @@ def shorten(name: str, width: int) -> str:
     if len(name) <= width:
         return name
     head = max(1, (width - 1) // 3)
-    return name[:head] + "…" + name[len(name) - (width - 1 - head):]
+    return name[:head] + "…" + name[len(name) - (width - 1 - head) :]
 
 
 # Columns a narrow terminal drops first; the site, its headroom and its bar always stay.
@@ -103,7 +103,9 @@ class Hottest:
         yield self.table(*self.layout(console, options))
 
     def __rich_measure__(self, console, options):
-        return Measurement.get(console, options, self.table(_LAYOUTS[0], [s.name for s in self.sites]))
+        return Measurement.get(
+            console, options, self.table(_LAYOUTS[0], [s.name for s in self.sites])
+        )
 
 
 def hottest(report: Report, top: int) -> list[RenderableType]:

@@ -9,7 +9,11 @@ from fp16lens.report._advice import headline, param_name, suggest_fix
 from fp16lens.report._fmt import value
 from fp16lens.report._model import Finding, Report, Span
 
-_PARAM_RANK = {FindingKind.PARAM_OVERFLOW: 3, FindingKind.PARAM_UNDERFLOW: 5, FindingKind.PARAM_SUBNORMAL: 6}
+_PARAM_RANK = {
+    FindingKind.PARAM_OVERFLOW: 3,
+    FindingKind.PARAM_UNDERFLOW: 5,
+    FindingKind.PARAM_SUBNORMAL: 6,
+}
 
 
 def _rank(item: Span | Finding) -> tuple[int, float]:
@@ -32,13 +36,19 @@ def problems(report: Report) -> list[Span | Finding]:
     """Spans and the findings a span does not already stand for, most important first."""
     starts = {s.start for s in report.spans}
     items: list[Span | Finding] = list(report.spans)
-    items += [f for f in report.findings if not (f.mechanism == Mechanism.OUTPUT and f.site in starts)]
+    items += [
+        f for f in report.findings if not (f.mechanism == Mechanism.OUTPUT and f.site in starts)
+    ]
     return sorted(items, key=_rank)
 
 
 def next_step(report: Report) -> str:
     """The single most important thing to do, or "" for a clean report."""
-    items = [i for i in problems(report) if not (isinstance(i, Finding) and i.mechanism == Mechanism.NOTE)]
+    items = [
+        i
+        for i in problems(report)
+        if not (isinstance(i, Finding) and i.mechanism == Mechanism.NOTE)
+    ]
     if not items:
         return ""
     first = items[0]

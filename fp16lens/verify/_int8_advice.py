@@ -59,11 +59,15 @@ def sensitivities(runner, batch: tuple, reference) -> list[Cost]:
         node = made.get(x)
         producer = (site_of_node(node, runner.model) or node.name) if node is not None else None
         names = [site_of_node(r, runner.model) or r.name for r in readers] or ["the output"]
-        costs.append(Cost(producer, tuple(dict.fromkeys(names)), 1.0 if cosine is None else cosine, y))
+        costs.append(
+            Cost(producer, tuple(dict.fromkeys(names)), 1.0 if cosine is None else cosine, y)
+        )
     return sorted(costs, key=lambda c: c.cosine)
 
 
-def int8_advice(runner, batch: tuple, reference, min_cosine: float, top: int = TOP) -> tuple[str, ...]:
+def int8_advice(
+    runner, batch: tuple, reference, min_cosine: float, top: int = TOP
+) -> tuple[str, ...]:
     """What to try after a failed INT8 check on ``batch`` (``reference``: the FP32 model's
     named outputs on it): when the Q/DQ graph computed as written passes, the loss is
     ONNX Runtime's fused INT8 kernels; else the ``top`` costliest activation quantizers,
@@ -88,7 +92,9 @@ def int8_advice(runner, batch: tuple, reference, min_cosine: float, top: int = T
         "--calibration FILE); weights are already quantized per channel",
     ]
     failing = [c for c in ranked if c.cosine < min_cosine] or ranked[:1]
-    modules = {n for n, _ in runner.model.named_modules() if n} if runner.model is not None else set()
+    modules = (
+        {n for n, _ in runner.model.named_modules() if n} if runner.model is not None else set()
+    )
     names = list(dict.fromkeys(m for c in failing for m in c.layers if m in modules))
     if names:
         lines.append(
@@ -159,7 +165,9 @@ def _switched_session(proto, dequantized: list[str]):
     g = model.graph
     index = {y: k for k, y in enumerate(dequantized)}
     made = {n.output[0]: n for n in g.node if n.op_type == "QuantizeLinear"}
-    g.input.append(helper.make_tensor_value_info(SWITCH, onnx.TensorProto.FLOAT, [len(dequantized)]))
+    g.input.append(
+        helper.make_tensor_value_info(SWITCH, onnx.TensorProto.FLOAT, [len(dequantized)])
+    )
     nodes = []
     for node in g.node:
         nodes.append(node)
@@ -169,10 +177,12 @@ def _switched_session(proto, dequantized: list[str]):
         x, y = made[node.input[0]].input[0], node.output[0]
         node.output[0] = f"{y}__dq"
         g.initializer.append(numpy_helper.from_array(np.array(k, np.int64), f"{y}__k"))
-        nodes += [helper.make_node("Gather", [SWITCH, f"{y}__k"], [f"{y}__on"]),
-                  helper.make_node("Sub", [f"{y}__dq", x], [f"{y}__d"]),
-                  helper.make_node("Mul", [f"{y}__d", f"{y}__on"], [f"{y}__m"]),
-                  helper.make_node("Add", [x, f"{y}__m"], [y])]
+        nodes += [
+            helper.make_node("Gather", [SWITCH, f"{y}__k"], [f"{y}__on"]),
+            helper.make_node("Sub", [f"{y}__dq", x], [f"{y}__d"]),
+            helper.make_node("Mul", [f"{y}__d", f"{y}__on"], [f"{y}__m"]),
+            helper.make_node("Add", [x, f"{y}__m"], [y]),
+        ]
     del g.node[:]
     g.node.extend(nodes)
     return session(model, optimize=False)

@@ -33,8 +33,10 @@ class OnnxReference(nn.Module):
 
     def forward(self, *batch) -> dict[str, torch.Tensor]:
         items = batch[0] if len(batch) == 1 and isinstance(batch[0], Mapping) else batch
-        feed = {n: self._array(n, a) for n, a in feed_items(items, self.input_names, VerifyError,
-                                                            self.name)}
+        feed = {
+            n: self._array(n, a)
+            for n, a in feed_items(items, self.input_names, VerifyError, self.name)
+        }
         outs = self._session.run(self.output_names, feed)
         return {n: torch.from_numpy(np.asarray(o)) for n, o in zip(self.output_names, outs)}
 
@@ -49,8 +51,11 @@ class OnnxReference(nn.Module):
 
 def _elem(ort_type: str):
     """ONNX Runtime's ``tensor(float)`` -> numpy float32 (None for non-float inputs)."""
-    return {"tensor(float)": np.float32, "tensor(float16)": np.float16,
-            "tensor(double)": np.float64}.get(ort_type)
+    return {
+        "tensor(float)": np.float32,
+        "tensor(float16)": np.float16,
+        "tensor(double)": np.float64,
+    }.get(ort_type)
 
 
 def _check_fp32(proto, name: str) -> None:

@@ -36,7 +36,9 @@ class BackendSpec:
 
     def __post_init__(self):
         if not (isinstance(self.name, str) and self.name and self.name != "auto"):
-            raise ValueError(f"a backend name must be a non-empty string other than 'auto', got {self.name!r}")
+            raise ValueError(
+                f"a backend name must be a non-empty string other than 'auto', got {self.name!r}"
+            )
         if self.candidate not in (MODULE, PATH):
             raise ValueError(f"candidate must be {MODULE!r} or {PATH!r}, got {self.candidate!r}")
         if not callable(self.factory):

@@ -41,7 +41,9 @@ def _maxes(extremes: list) -> tuple[list[float], list[int]]:
     """max |v| per event from (min, max) pairs: tensors (one sync) or Python floats; and
     the events whose pair was a tensor (reduced off the CPU without a host sync)."""
     device = [e for e, x in enumerate(extremes) if torch.is_tensor(x[0])]
-    flat = iter(stack_extremes([extremes[e] for e in device]).cpu().tolist()) if device else iter(())
+    flat = (
+        iter(stack_extremes([extremes[e] for e in device]).cpu().tolist()) if device else iter(())
+    )
     out = []
     for e in extremes:
         lo, hi = next(flat) if torch.is_tensor(e[0]) else e
@@ -142,7 +144,9 @@ class Accumulator:
     input_shapes: list[list[list[int]]] = field(default_factory=list)
     input_specs: list[dict] = field(default_factory=list)  # per input: dtype, shape, min, max
     # per site: HIST_BINS binade counts, zeros, non-finite, overflow (float64, on the CPU)
-    table: torch.Tensor = field(default_factory=lambda: torch.zeros(0, SAMPLE_LEN, dtype=torch.float64))
+    table: torch.Tensor = field(
+        default_factory=lambda: torch.zeros(0, SAMPLE_LEN, dtype=torch.float64)
+    )
     # marks the events of a forward that a .half() model computes in FP32, where the
     # recorder did not know them yet (Recorder.half_dtypes_of); called only for a forward
     # with a value out of range, the only place where it changes anything
@@ -181,8 +185,10 @@ class Accumulator:
                     maxes[e] = finite
         oor = [m > self.threshold if bad_input else not m <= self.threshold for m in maxes]
         peaks = self._internal_peaks(fw, bad_input)
-        if self.half_dtypes is not None and (any(p is not None for p in peaks) or any(
-                o and s != INPUT_SITE for o, s in zip(oor, fw.sites))):
+        if self.half_dtypes is not None and (
+            any(p is not None for p in peaks)
+            or any(o and s != INPUT_SITE for o, s in zip(oor, fw.sites))
+        ):
             self.half_dtypes(fw)
         for e in fw.half_fp32:
             if oor[e] and math.isfinite(maxes[e]):
@@ -209,8 +215,9 @@ class Accumulator:
             return
         sids = torch.tensor([fw.sites[e] for e in keep])
         if len(self.sites_info) > self.table.shape[0]:
-            grown = torch.zeros(max(len(self.sites_info), 2 * self.table.shape[0]), SAMPLE_LEN,
-                                dtype=torch.float64)
+            grown = torch.zeros(
+                max(len(self.sites_info), 2 * self.table.shape[0]), SAMPLE_LEN, dtype=torch.float64
+            )
             grown[: self.table.shape[0]] = self.table
             self.table = grown
         self.table.index_add_(0, sids, rows[keep] if len(keep) < len(fw.sites) else rows)
@@ -274,10 +281,14 @@ class Accumulator:
         """Only a conv/linear output that the following BN/ReLU brings back: TensorRT
         fuses them into one kernel, so the out-of-range value is never stored."""
         ops = self.sites_info
-        members_ok = all(ops[fw.sites[m]].op in MATMUL_LIKE or ops[fw.sites[m]].op in
-                         ("Conv1d", "Conv2d", "Conv3d", "Linear") for m in fs.members)
+        members_ok = all(
+            ops[fw.sites[m]].op in MATMUL_LIKE
+            or ops[fw.sites[m]].op in ("Conv1d", "Conv2d", "Conv3d", "Linear")
+            for m in fs.members
+        )
         ends_ok = bool(fs.ends) and all(
-            ops[fw.sites[e]].op in ("batch_norm", "relu", "BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "ReLU")
+            ops[fw.sites[e]].op
+            in ("batch_norm", "relu", "BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "ReLU")
             for e in fs.ends
         )
         return members_ok and ends_ok and not fs.reaches_output
@@ -287,12 +298,15 @@ class Accumulator:
         if not fw.internal:
             return []
         peaks = torch.stack([p.float().cpu() for _, _, p, _ in fw.internal]).tolist()
-        return [p if p > self.threshold or (not bad_input and math.isnan(p)) else None for p in peaks]
+        return [
+            p if p > self.threshold or (not bad_input and math.isnan(p)) else None for p in peaks
+        ]
 
     def _add_internal(self, fw: Forward, peaks: list[float | None]) -> None:
         for i, ((sid, kind, _, ctx), peak) in enumerate(zip(fw.internal, peaks)):
-            if peak is not None and not (fw.half_fp32 and fw.internal_of
-                                         and fw.internal_of[i] in fw.half_fp32):
+            if peak is not None and not (
+                fw.half_fp32 and fw.internal_of and fw.internal_of[i] in fw.half_fp32
+            ):
                 key = (sid, kind)
                 cur = self.internal.get(key)
                 if cur is None or _gt(peak, cur.peak):

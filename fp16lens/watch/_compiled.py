@@ -69,7 +69,8 @@ def signature(batch: Any) -> tuple:
     shape, dtype and device, and every non-tensor value."""
     leaves, spec = tree_flatten(batch)
     key = tuple(
-        ("t", tuple(x.shape), x.dtype, x.device.type, x.device.index) if torch.is_tensor(x)
+        ("t", tuple(x.shape), x.dtype, x.device.type, x.device.index)
+        if torch.is_tensor(x)
         else ("v", type(x).__name__, repr(x))
         for x in leaves
     )
@@ -88,8 +89,12 @@ class Captured:
     counts: tuple[int, int] = (0, 0)  # extremes, samples among the graph's outputs
 
 
-def capture(rec: StaticRecorder, model: torch.nn.Module, batch: Any,
-            call: Callable[[torch.nn.Module, Any], Any]) -> tuple[Captured, Forward | None]:
+def capture(
+    rec: StaticRecorder,
+    model: torch.nn.Module,
+    batch: Any,
+    call: Callable[[torch.nn.Module, Any], Any],
+) -> tuple[Captured, Forward | None]:
     """Trace one watched forward on ``batch`` into a graph; returns the capture and the
     traced forward's own events (real values of this batch), or a capture with ``why``
     set and None when the graph cannot stand for other batches."""
@@ -112,8 +117,12 @@ def capture(rec: StaticRecorder, model: torch.nn.Module, batch: Any,
         finally:
             rec.static, rec.on_forward_end = False, end
         fw = done[-1]
-        return [*(x for pair in fw.extremes for x in pair), *fw.samples, *(p for _, _, p, _ in fw.internal),
-                *(t for c in fw.flush for t in (c.flushed, c.nonfinite))]  # underflow counts
+        return [
+            *(x for pair in fw.extremes for x in pair),
+            *fw.samples,
+            *(p for _, _, p, _ in fw.internal),
+            *(t for c in fw.flush for t in (c.flushed, c.nonfinite)),
+        ]  # underflow counts
 
     try:
         with mha_fast_path_under_make_fx():
@@ -125,16 +134,22 @@ def capture(rec: StaticRecorder, model: torch.nn.Module, batch: Any,
     if rec.reads:
         return Captured(why=_reads_why(rec.reads)), None
     fw = done[-1]
-    template = dataclasses.replace(fw, extremes=[], samples=[], internal=[
-        (site, kind, None, ctx) for site, kind, _, ctx in fw.internal],
-        flush=[dataclasses.replace(c, flushed=0, nonfinite=0) for c in fw.flush])
+    template = dataclasses.replace(
+        fw,
+        extremes=[],
+        samples=[],
+        internal=[(site, kind, None, ctx) for site, kind, _, ctx in fw.internal],
+        flush=[dataclasses.replace(c, flushed=0, nonfinite=0) for c in fw.flush],
+    )
     return Captured(template=template, graph=gm, counts=(len(fw.extremes), len(fw.samples))), fw
 
 
 def _reads_why(reads: list[str]) -> str:
     more = f"; {len(reads) - 1} more such ops" if len(reads) > 1 else ""
-    return (f"the forward depends on tensor values ({reads[0]}{more}), so one captured graph "
-            "cannot stand for every batch")
+    return (
+        f"the forward depends on tensor values ({reads[0]}{more}), so one captured graph "
+        "cannot stand for every batch"
+    )
 
 
 def first_line(exc: BaseException) -> str:
@@ -156,7 +171,9 @@ def compile_graph(cap: Captured, device: torch.device, backend: str = "inductor"
     # torch.compile takes a mode or options, not both: "reduce-overhead" is the option
     # triton.cudagraphs
     options = {"freezing": True, "freezing_discard_parameters": False}  # the user's weights stay
-    options.update({"triton.cudagraphs": True} if device.type == "cuda" else {"layout_optimization": False})
+    options.update(
+        {"triton.cudagraphs": True} if device.type == "cuda" else {"layout_optimization": False}
+    )
     return torch.compile(cap.graph, backend=backend, fullgraph=True, dynamic=False, options=options)
 
 
@@ -176,15 +193,19 @@ def run_compiled(cap: Captured, batch: Any, index: int) -> Forward:
     n_ext, n_smp = cap.counts
     n_ext *= 2  # a (min, max) pair per event
     n_int = len(cap.template.internal)
-    peaks = outs[n_ext + n_smp:n_ext + n_smp + n_int]
-    counts = outs[n_ext + n_smp + n_int:]
+    peaks = outs[n_ext + n_smp : n_ext + n_smp + n_int]
+    counts = outs[n_ext + n_smp + n_int :]
     fw = copy.copy(cap.template)
     fw.index = index
     fw.extremes = list(zip(outs[0:n_ext:2], outs[1:n_ext:2]))
-    fw.samples = list(outs[n_ext:n_ext + n_smp])
-    fw.internal = [(site, kind, p, ctx) for (site, kind, _, ctx), p in zip(cap.template.internal, peaks)]
-    fw.flush = [dataclasses.replace(c, flushed=counts[2 * i], nonfinite=counts[2 * i + 1])
-                for i, c in enumerate(cap.template.flush)]
+    fw.samples = list(outs[n_ext : n_ext + n_smp])
+    fw.internal = [
+        (site, kind, p, ctx) for (site, kind, _, ctx), p in zip(cap.template.internal, peaks)
+    ]
+    fw.flush = [
+        dataclasses.replace(c, flushed=counts[2 * i], nonfinite=counts[2 * i + 1])
+        for i, c in enumerate(cap.template.flush)
+    ]
     for name in ("exact_over", "saturated", "finite_max"):  # filled per batch by the accumulator
         setattr(fw, name, {})
     return fw

@@ -132,14 +132,21 @@ class CompiledScan:
             self.timings.fallbacks.append(why)
 
     def report(self) -> Report:
-        report = build_report(self.acc, self.rec.sites, self.params, self.model, self.options.threshold)
+        report = build_report(
+            self.acc, self.rec.sites, self.params, self.model, self.options.threshold
+        )
         if _distributed.enabled(self.options.distributed):
             report = _distributed.merge_over_ranks(report)
         for why in self.timings.fallbacks:
-            report.findings.append(Finding(
-                site="", mechanism=Mechanism.NOTE, kind=FindingKind.COMPILE_FALLBACK, peak=0.0,
-                detail=f"{FALLBACK}: {why}; those batches were watched eagerly (the reference path)",
-            ))
+            report.findings.append(
+                Finding(
+                    site="",
+                    mechanism=Mechanism.NOTE,
+                    kind=FindingKind.COMPILE_FALLBACK,
+                    peak=0.0,
+                    detail=f"{FALLBACK}: {why}; those batches were watched eagerly (the reference path)",
+                )
+            )
         return advised(self.model, report, self.options.advise)
 
 
@@ -153,9 +160,16 @@ def _device_of(batch: Any, model: torch.nn.Module) -> torch.device:
     return p.device if p is not None else torch.device("cpu")
 
 
-def scan_compiled(model: torch.nn.Module, batches, *, progress: bool = True, description: str = "watching",
-                  options: WatchOptions | None = None, backend: str = "inductor",
-                  **option_values: Any) -> tuple[Report, Timings]:
+def scan_compiled(
+    model: torch.nn.Module,
+    batches,
+    *,
+    progress: bool = True,
+    description: str = "watching",
+    options: WatchOptions | None = None,
+    backend: str = "inductor",
+    **option_values: Any,
+) -> tuple[Report, Timings]:
     """The body of ``scan(..., compile=True)``; returns the report and where the time went.
     ``backend``: torch.compile's backend, or "fx" for the captured graph run as it is."""
     options = one_form(WatchOptions, options, option_values)
@@ -163,7 +177,12 @@ def scan_compiled(model: torch.nn.Module, batches, *, progress: bool = True, des
     _ACTIVE.add(model)
     try:
         with torch.no_grad():
-            run_batches(batches, lambda _, batch: run.step(batch), progress=progress, description=description)
+            run_batches(
+                batches,
+                lambda _, batch: run.step(batch),
+                progress=progress,
+                description=description,
+            )
     except ScanInterrupted as stop:
         stop.report = run.report()
         raise

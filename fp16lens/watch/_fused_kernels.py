@@ -63,8 +63,10 @@ def _attention(s: _Steps, pre: str, b: dict, src: int) -> int:
     if q_in is k_in and k_in is v_in:
         qkv = torch.matmul(q_in, w.t())
     else:
-        qkv = torch.cat([torch.matmul(t, w[i * d:(i + 1) * d].t())
-                         for i, t in enumerate((q_in, k_in, v_in))], dim=-1)
+        qkv = torch.cat(
+            [torch.matmul(t, w[i * d : (i + 1) * d].t()) for i, t in enumerate((q_in, k_in, v_in))],
+            dim=-1,
+        )
     i = s.add(f"{pre}:in_proj", "mm", qkv, src)
     qkv = qkv + bias
     bsz, t = qkv.shape[0], qkv.shape[1]
@@ -102,9 +104,17 @@ def _encoder_layer(b: dict) -> _Steps | None:
     x, i = src, -1
     if first:
         i, x = _norm(s, "norm1", x, b["norm_weight_1"], b["norm_bias_1"], eps, i)
-    mha = {"query": x, "key": x, "value": x, "embed_dim": b["embed_dim"], "num_head": b["num_heads"],
-           "qkv_weight": b["qkv_weight"], "qkv_bias": b["qkv_bias"], "mask": b.get("mask"),
-           "mask_type": b.get("mask_type")}
+    mha = {
+        "query": x,
+        "key": x,
+        "value": x,
+        "embed_dim": b["embed_dim"],
+        "num_head": b["num_heads"],
+        "qkv_weight": b["qkv_weight"],
+        "qkv_bias": b["qkv_bias"],
+        "mask": b.get("mask"),
+        "mask_type": b.get("mask_type"),
+    }
     j, ctx = _attention(s, "self_attn", mha, i)
     a = F.linear(ctx, b["proj_weight"], b["proj_bias"])
     i = s.add("self_attn.out_proj", "Linear", a, j)

@@ -61,4 +61,3 @@ class HalfTrace(TorchDispatchMode):
         if self.all_ops or frame.leaf:
             self.note(self.table.site(frame, info.name), first)
         return out
-

@@ -41,8 +41,9 @@ GUARD_SHARE = 2.0**-10
 _REACH = 3
 
 
-def _reaches_singular(names: set[str], edges: list[tuple[str, str]],
-                      sites: dict[str, SiteStats]) -> str | None:
+def _reaches_singular(
+    names: set[str], edges: list[tuple[str, str]], sites: dict[str, SiteStats]
+) -> str | None:
     """A site with a singular op within ``_REACH`` edges downstream of ``names``."""
     front = set(names)
     for _ in range(_REACH):
@@ -53,8 +54,9 @@ def _reaches_singular(names: set[str], edges: list[tuple[str, str]],
     return None
 
 
-def _flushing(joined: list[SiteStats], edges: list[tuple[str, str]],
-              sites: dict[str, SiteStats]) -> SiteStats | None:
+def _flushing(
+    joined: list[SiteStats], edges: list[tuple[str, str]], sites: dict[str, SiteStats]
+) -> SiteStats | None:
     """The producer feeding ``joined`` (or a joined site itself) with the largest share of
     values below 2^-24, when that share reaches ``GUARD_SHARE``."""
     names = {s.name for s in joined}
@@ -68,19 +70,23 @@ def _joined(module: str, sites: dict[str, SiteStats]) -> list[SiteStats]:
     return [s for s in sites.values() if s.module == module and s.numel > s.zeros]
 
 
-def _input_peak(joined: list[SiteStats], edges: list[tuple[str, str]],
-                sites: dict[str, SiteStats]) -> float | None:
+def _input_peak(
+    joined: list[SiteStats], edges: list[tuple[str, str]], sites: dict[str, SiteStats]
+) -> float | None:
     names = {s.name for s in joined}
     peaks = [sites[p].absmax for p, c in edges if c in names and p in sites]
     return max(peaks) if peaks else None
 
 
-GUARD_FIX = ("keep {start} through {end} in FP32 (fp16lens.patch makes them an FP32 island), or "
-             "use a guard FP16 holds (an eps of at least 6.1e-05)")
+GUARD_FIX = (
+    "keep {start} through {end} in FP32 (fp16lens.patch makes them an FP32 island), or "
+    "use a guard FP16 holds (an eps of at least 6.1e-05)"
+)
 
 
-def _guard(check: ParamCheck, sites: dict[str, SiteStats],
-           edges: list[tuple[str, str]]) -> tuple[str, str] | None:
+def _guard(
+    check: ParamCheck, sites: dict[str, SiteStats], edges: list[tuple[str, str]]
+) -> tuple[str, str] | None:
     """(why, fix) when ``check`` is a vanished guard whose joined values flush and reach a
     singular op; None otherwise."""
     joined = _joined(check.finding.site, sites) if check.guard else []
@@ -96,8 +102,9 @@ def _guard(check: ParamCheck, sites: dict[str, SiteStats],
     )
 
 
-def _verdict(check: ParamCheck, sites: dict[str, SiteStats],
-             edges: list[tuple[str, str]]) -> tuple[bool, str]:
+def _verdict(
+    check: ParamCheck, sites: dict[str, SiteStats], edges: list[tuple[str, str]]
+) -> tuple[bool, str]:
     loss = check.loss
     joined = _joined(check.finding.site, sites)
     if check.additive:
@@ -121,7 +128,9 @@ def _verdict(check: ParamCheck, sites: dict[str, SiteStats],
         site = min(joined, key=lambda s: s.quantile_low(0.5))
         m = site.quantile_low(0.5)
         change = loss.slice * peak_in
-        what = f"a change of ≤ {change:.2g} per value ({loss.slice:.2g} lost × input ≤ {peak_in:.3g})"
+        what = (
+            f"a change of ≤ {change:.2g} per value ({loss.slice:.2g} lost × input ≤ {peak_in:.3g})"
+        )
     step = half_step(m)
     where = f"the values it joins at {site.name} (typical |y| ≈ {m:.2g})"
     if change <= step:
@@ -129,8 +138,9 @@ def _verdict(check: ParamCheck, sites: dict[str, SiteStats],
     return False, f"visible: {what}, above half an FP16 step ({step:.2g}) of {where}"
 
 
-def judge(checks: list[ParamCheck], sites: dict[str, SiteStats],
-          edges: list[tuple[str, str]]) -> list[Finding]:
+def judge(
+    checks: list[ParamCheck], sites: dict[str, SiteStats], edges: list[tuple[str, str]]
+) -> list[Finding]:
     """The findings of ``checks``: a harmless loss becomes a note, with the reason."""
     out = []
     for check in checks:
@@ -139,8 +149,12 @@ def judge(checks: list[ParamCheck], sites: dict[str, SiteStats],
             continue
         guard = _guard(check, sites, edges)
         harmless, why = (False, guard[0]) if guard else _verdict(check, sites, edges)
-        out.append(dataclasses.replace(
-            check.finding, mechanism=Mechanism.NOTE if harmless else Mechanism.PARAMETER,
-            detail=f"{check.finding.detail}; {why}", fix=guard[1] if guard else check.finding.fix,
-        ))
+        out.append(
+            dataclasses.replace(
+                check.finding,
+                mechanism=Mechanism.NOTE if harmless else Mechanism.PARAMETER,
+                detail=f"{check.finding.detail}; {why}",
+                fix=guard[1] if guard else check.finding.fix,
+            )
+        )
     return out

@@ -26,8 +26,13 @@ def _entry(name: str, v: Any) -> dict | None:
                 if w.is_floating_point():
                     w = torch.nan_to_num(w.float(), posinf=3.4e38, neginf=-3.4e38)
                 lo, hi = (float(e) for e in torch.aminmax(w))  # one pass, one host sync
-        return {"name": name, "dtype": str(v.dtype).removeprefix("torch."), "shape": list(v.shape),
-                "min": lo, "max": hi}
+        return {
+            "name": name,
+            "dtype": str(v.dtype).removeprefix("torch."),
+            "shape": list(v.shape),
+            "min": lo,
+            "max": hi,
+        }
     if isinstance(v, _SCALARS):
         return {"name": name, "dtype": "python", "shape": [], "min": 0.0, "max": 0.0, "value": v}
     return {"name": name, "dtype": "object", "shape": [], "min": 0.0, "max": 0.0}

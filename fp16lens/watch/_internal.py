@@ -45,7 +45,11 @@ def _reduced_dims(x: torch.Tensor, dim) -> tuple[int, ...]:
 
 def check_layer_norm(x: torch.Tensor, shape) -> tuple:
     """A LayerNorm over the last ``len(shape)`` dims of ``x``, decomposed: (x-mean)^2."""
-    return FindingKind.NORM_VARIANCE, _dev_sq(x, tuple(range(-len(shape), 0))), {"norm": "LayerNorm", "opset": 17}
+    return (
+        FindingKind.NORM_VARIANCE,
+        _dev_sq(x, tuple(range(-len(shape), 0))),
+        {"norm": "LayerNorm", "opset": 17},
+    )
 
 
 def _layer_norm(b, out):
@@ -63,7 +67,11 @@ def _batch_norm(b, out):
         return None  # eval batch norm uses running statistics: a single affine op
     x = b["input"]
     dims = (0, *range(2, x.dim()))
-    return FindingKind.NORM_VARIANCE, _dev_sq(x, dims), {"norm": "InstanceNorm/BatchNorm (batch statistics)", "opset": None}
+    return (
+        FindingKind.NORM_VARIANCE,
+        _dev_sq(x, dims),
+        {"norm": "InstanceNorm/BatchNorm (batch statistics)", "opset": None},
+    )
 
 
 def _rms_norm(b, out):
@@ -122,7 +130,7 @@ def scores_absmax(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tenso
     rows = max(1, _SCORES_CHUNK // per_row)
     peak = torch.zeros((), dtype=torch.float32, device=q.device)
     for i in range(0, q.shape[-2], rows):
-        peak = torch.maximum(peak, absmax(torch.matmul(q[..., i:i + rows, :], kt)).float())
+        peak = torch.maximum(peak, absmax(torch.matmul(q[..., i : i + rows, :], kt)).float())
     return peak * scale
 
 
@@ -130,7 +138,11 @@ def _attention(b, out):
     q, k = b["query"], b["key"]
     scale = b.get("scale")
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    return FindingKind.ATTENTION_SCORES, scores_absmax(q, k, scale), {"op": "scaled dot-product attention"}
+    return (
+        FindingKind.ATTENTION_SCORES,
+        scores_absmax(q, k, scale),
+        {"op": "scaled dot-product attention"},
+    )
 
 
 CHECKS = {
@@ -200,8 +212,9 @@ def _cannot_exceed(name: str, b, absmax_of, threshold: float) -> bool:
     return False
 
 
-def check(name: str, func, args, kwargs, out: torch.Tensor, absmax_of=None,
-          threshold: float = math.inf):
+def check(
+    name: str, func, args, kwargs, out: torch.Tensor, absmax_of=None, threshold: float = math.inf
+):
     """Run the internal check for op ``name``, if it has one. ``absmax_of(t)`` gives a
     tensor's known (min, max) or None: when they prove no overflow, nothing is computed."""
     fn = CHECKS.get(name)

@@ -96,9 +96,13 @@ class Lens:
         if exc is not None:
             if rec.last_site and hasattr(exc, "add_note"):
                 inside = f" (it raised inside {rec.raised_in!r})" if rec.raised_in else ""
-                exc.add_note(f"fp16lens.watch: the last site that ran was {rec.last_site!r}{inside}")
+                exc.add_note(
+                    f"fp16lens.watch: the last site that ran was {rec.last_site!r}{inside}"
+                )
             return False
-        report = build_report(self._acc, rec.sites, self._params, self.model, self.options.threshold)
+        report = build_report(
+            self._acc, rec.sites, self._params, self.model, self.options.threshold
+        )
         if _distributed.enabled(self.options.distributed):
             report = _distributed.merge_over_ranks(report)
         self._report = advised(self.model, report, self.options.advise)
@@ -108,14 +112,26 @@ class Lens:
     def report(self) -> Report:
         if self._report is None:
             if self._recorder is not None and self._acc is not None:
-                return build_report(self._acc, self._recorder.sites, self._params, self.model,
-                                    self.options.threshold)
-            raise WatchError("no report yet: use `with fp16lens.watch(model) as lens:` and run the model inside")
+                return build_report(
+                    self._acc,
+                    self._recorder.sites,
+                    self._params,
+                    self.model,
+                    self.options.threshold,
+                )
+            raise WatchError(
+                "no report yet: use `with fp16lens.watch(model) as lens:` and run the model inside"
+            )
         return self._report
 
 
-def watch(model: torch.nn.Module, threshold: float | None = None, *,
-          options: WatchOptions | None = None, **option_values: Any) -> Lens:
+def watch(
+    model: torch.nn.Module,
+    threshold: float | None = None,
+    *,
+    options: WatchOptions | None = None,
+    **option_values: Any,
+) -> Lens:
     """Record how close every module and functional op of ``model`` comes to FP16 limits.
 
     >>> with fp16lens.watch(model) as lens:

@@ -30,7 +30,9 @@ class ScanInterrupted(KeyboardInterrupt):
     raises), attached by the front end that was scanning."""
 
     def __init__(self, done: int, total: int | None):
-        super().__init__(f"interrupted after {done} of {total if total is not None else '?'} batches")
+        super().__init__(
+            f"interrupted after {done} of {total if total is not None else '?'} batches"
+        )
         self.done, self.total = done, total
         self.report: Report | None = None
 
@@ -45,15 +47,26 @@ def check_batches(batches: Any, how: str = HOW) -> None:
             f"which it would iterate over its first (batch) axis; {how}"
         )
     if isinstance(batches, Mapping):
-        raise WatchError(f"scan() got a dict: one batch of keyword inputs is scan(model, [d]); {how}")
+        raise WatchError(
+            f"scan() got a dict: one batch of keyword inputs is scan(model, [d]); {how}"
+        )
     if not isinstance(batches, Iterable):
-        raise WatchError(f"scan() needs an iterable of batches, got {type(batches).__name__}; {how}")
+        raise WatchError(
+            f"scan() needs an iterable of batches, got {type(batches).__name__}; {how}"
+        )
     if hasattr(batches, "__len__") and len(batches) == 0:
         raise WatchError(f"scan() got no batch (an empty {type(batches).__name__}); {how}")
 
 
-def run_batches(batches: Iterable[Any], step: Callable[[int, Any], None], *, progress: bool = True,
-                description: str = "watching", how: str = HOW, console=None) -> int:
+def run_batches(
+    batches: Iterable[Any],
+    step: Callable[[int, Any], None],
+    *,
+    progress: bool = True,
+    description: str = "watching",
+    how: str = HOW,
+    console=None,
+) -> int:
     """``step(i, batch)`` for every batch, under one progress bar (shown from two batches
     on); returns how many ran. An empty iterable is a WatchError; Ctrl-C a ScanInterrupted."""
     from fp16lens._core.progress import progress_bar
@@ -84,14 +97,18 @@ def call_batch(model, batch: Any) -> None:
         mismatch = dtype_mismatch(model, batch)
         if mismatch is None:
             raise
-        raise WatchError(f"the model failed on its input ({mismatch}): {str(exc).splitlines()[0]}") from exc
+        raise WatchError(
+            f"the model failed on its input ({mismatch}): {str(exc).splitlines()[0]}"
+        ) from exc
 
 
 def dtype_mismatch(model, batch: Any) -> str | None:
     """A sentence naming the first float input whose dtype is not the model's, with the cast."""
     want = model_float_dtype(model)
-    items = batch.items() if isinstance(batch, dict) else enumerate(
-        batch if isinstance(batch, (tuple, list)) else (batch,)
+    items = (
+        batch.items()
+        if isinstance(batch, dict)
+        else enumerate(batch if isinstance(batch, (tuple, list)) else (batch,))
     )
     for key, t in items:
         if want is not None and torch.is_tensor(t) and t.is_floating_point() and t.dtype != want:

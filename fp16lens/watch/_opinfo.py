@@ -28,9 +28,13 @@ class OpInfo:
 
         name = op_name(func)
         return cls(
-            name=name, factory=name in FACTORY, passthrough=name in PASSTHROUGH,
-            preserving=name in VALUE_PRESERVING, monotone=name in MONOTONE,
-            mutable=bool(func._schema.is_mutable), internal=name in CHECKS,
+            name=name,
+            factory=name in FACTORY,
+            passthrough=name in PASSTHROUGH,
+            preserving=name in VALUE_PRESERVING,
+            monotone=name in MONOTONE,
+            mutable=bool(func._schema.is_mutable),
+            internal=name in CHECKS,
             fused=name in FUSED,
             single_source=name in PASSTHROUGH and name != "copy",
         )

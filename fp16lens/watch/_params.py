@@ -22,6 +22,8 @@ from fp16lens.watch._options import WatchOptions
 # Batch-norm statistics are folded into the conv in FP32 before deployment, and tiny values
 # vanish next to eps anyway: flushing them is harmless (their overflow is not, see above).
 _FOLDED_STATS = frozenset({"running_mean", "running_var"})
+
+
 @dataclass(frozen=True)
 class ParamCheck:
     """One finding about a parameter/buffer, with what its FP16 loss is for ``judge``."""
@@ -44,8 +46,12 @@ def _overflow(name: str, t: torch.Tensor, a: torch.Tensor, threshold: float) -> 
     module, tensor = _owner(name)
     over = int((a > threshold).sum()) + int(a.isnan().sum())
     return Finding(
-        site=module, mechanism=Mechanism.PARAMETER, kind=FindingKind.PARAM_OVERFLOW, peak=peak,
-        tensor=tensor, count=over,
+        site=module,
+        mechanism=Mechanism.PARAMETER,
+        kind=FindingKind.PARAM_OVERFLOW,
+        peak=peak,
+        tensor=tensor,
+        count=over,
         detail=(
             f"{name}: {over} of {t.numel()} values beyond FP16 "
             f"(max {peak:.3g} > {threshold:g}); .half() makes them inf"
@@ -70,18 +76,29 @@ def _small(name: str, af: torch.Tensor, options: WatchOptions) -> Finding | None
     under_mass = float(torch.where(tiny, af, 0).sum()) / total
     smallest = float(torch.where(af > 0, af, torch.inf).min())
     if under and under_mass >= options.param_underflow_share:
-        kind, count, what = FindingKind.PARAM_UNDERFLOW, under, (
-            f"are below 2^-24 and become 0 in FP16 ({under_mass:.0%} of the tensor's magnitude)"
+        kind, count, what = (
+            FindingKind.PARAM_UNDERFLOW,
+            under,
+            (f"are below 2^-24 and become 0 in FP16 ({under_mass:.0%} of the tensor's magnitude)"),
         )
     elif sub and sub_mass >= options.param_subnormal_share:
-        kind, count, what = FindingKind.PARAM_SUBNORMAL, sub, (
-            f"are subnormal in FP16 (< 2^-14, {sub_mass:.0%} of the tensor's magnitude) and "
-            "lose precision"
+        kind, count, what = (
+            FindingKind.PARAM_SUBNORMAL,
+            sub,
+            (
+                f"are subnormal in FP16 (< 2^-14, {sub_mass:.0%} of the tensor's magnitude) and "
+                "lose precision"
+            ),
         )
     else:
         return None
     return Finding(
-        site=module, mechanism=Mechanism.PARAMETER, kind=kind, peak=smallest, tensor=tensor, count=count,
+        site=module,
+        mechanism=Mechanism.PARAMETER,
+        kind=kind,
+        peak=smallest,
+        tensor=tensor,
+        count=count,
         detail=f"{name}: {count} of {nz} non-zero values {what}",
     )
 
@@ -152,7 +169,9 @@ def _negligible(numel: int, l1: float, options: WatchOptions) -> bool:
     """Whether the values below 2^-14 cannot reach either share of the magnitude (or the
     tensor is all zeros, which ``_small`` passes by too)."""
     share = min(options.param_subnormal_share, options.param_underflow_share)
-    return l1 == 0 or (l1 > 0 and math.isfinite(l1) and numel * FP16_MIN_NORMAL / l1 * _MARGIN < share)
+    return l1 == 0 or (
+        l1 > 0 and math.isfinite(l1) and numel * FP16_MIN_NORMAL / l1 * _MARGIN < share
+    )
 
 
 @torch.no_grad()

@@ -84,8 +84,11 @@ def _scalar_args(args, kwargs) -> bool:
     """Every argument after the first is a number (or None): the op is then an
     elementwise function of its first argument alone."""
     for a in args[1:]:
-        if not (a is None or isinstance(a, (int, float)) or (
-                isinstance(a, torch.Tensor) and a.dim() == 0 and a.device.type == "cpu")):
+        if not (
+            a is None
+            or isinstance(a, (int, float))
+            or (isinstance(a, torch.Tensor) and a.dim() == 0 and a.device.type == "cpu")
+        ):
             return False
     return all(v is None or isinstance(v, (int, float)) for v in kwargs.values())
 
@@ -124,9 +127,11 @@ class Recorder(TorchDispatchMode):
         # derived from earlier values), so what runs is the same for every batch
         self.static = False
         # where FP16 holds a 0 that FP32 does not, for this forward (watch/_underflow.py)
-        self.shadow = ZeroShadow(lambda t: (self._lookup(t) or (None, ()))[1],
-                                 lambda: self.forward.fp32 if self.forward is not None else (),
-                                 lambda: self.static)
+        self.shadow = ZeroShadow(
+            lambda t: (self._lookup(t) or (None, ()))[1],
+            lambda: self.forward.fp32 if self.forward is not None else (),
+            lambda: self.static,
+        )
 
     # ---- module boundaries (the tracker's callbacks) -------------------------------
     def _enter(self, frame: Frame, args, kwargs) -> None:
@@ -153,7 +158,12 @@ class Recorder(TorchDispatchMode):
             self.raised_in = frame.name
         if self.paused is not None and self.paused[0] is frame:
             # still paused: the stats ops below are not the model's
-            if not raised and isinstance(output, torch.Tensor) and output.is_floating_point() and output.numel():
+            if (
+                not raised
+                and isinstance(output, torch.Tensor)
+                and output.is_floating_point()
+                and output.numel()
+            ):
                 site = self.table.site(frame, "")
                 self.last_site = self.sites[site].name
                 previous = threads.narrow(output.numel()) if output.is_cpu else 0
@@ -164,7 +174,12 @@ class Recorder(TorchDispatchMode):
                 self._mark_fp32(site, eid, frame.fp32)
             self._resume()
         inside = bool(self.stack) and self.stack[-1].fp32  # an island within an island: stays FP32
-        if frame.island and not raised and not inside and not getattr(frame.module, "fp32_out", False):
+        if (
+            frame.island
+            and not raised
+            and not inside
+            and not getattr(frame.module, "fp32_out", False)
+        ):
             self._hand_off(output)
         if not self.stack:
             self._end_forward(output)
@@ -299,7 +314,12 @@ class Recorder(TorchDispatchMode):
             else:
                 eids.append(self._add_event(site, ins, st.value))
             fp32 = st.value is not None and self._mark_fp32(site, eids[-1], self.stack[-1].fp32)
-            if st.internal is not None and self.options.internal and not fp32 and not self.stack[-1].fp32:
+            if (
+                st.internal is not None
+                and self.options.internal
+                and not fp32
+                and not self.stack[-1].fp32
+            ):
                 self.forward.internal.append((site, *st.internal))
                 self.forward.internal_of.append(eids[-1] if st.value is not None else -1)
         return out
@@ -309,8 +329,9 @@ class Recorder(TorchDispatchMode):
         ent = self.known.get(id(t))
         return ent if ent is not None and ent[0]() is t else None
 
-    def _remember(self, t: torch.Tensor, prods: tuple[int, ...], lo=None, hi=None,
-                  bump: int = 0) -> None:
+    def _remember(
+        self, t: torch.Tensor, prods: tuple[int, ...], lo=None, hi=None, bump: int = 0
+    ) -> None:
         # exact extremes are kept only on the CPU (a sync is free there) and while the
         # tensor is unmodified: its version counter tells (an in-place op's bump lands
         # after this mode returns, hence ``bump``); inference tensors have no counter
@@ -346,8 +367,14 @@ class Recorder(TorchDispatchMode):
             return tuple(found)
         return tuple(sorted(set(found)))
 
-    def _add_event(self, site: int, inputs: tuple[int, ...], t: torch.Tensor,
-                   known: tuple[float, float] | None = None, inplace: bool = False) -> int:
+    def _add_event(
+        self,
+        site: int,
+        inputs: tuple[int, ...],
+        t: torch.Tensor,
+        known: tuple[float, float] | None = None,
+        inplace: bool = False,
+    ) -> int:
         fw = self.forward
         eid = len(fw.sites)
         out = t  # the tensor the model sees: the one remembered
@@ -396,7 +423,12 @@ class Recorder(TorchDispatchMode):
         input's (min, max) gives the output's, since rounding is monotone too. Saves a
         pass over the largest tensors; only when the input is a recorded, unmodified
         tensor on the CPU."""
-        if not info.monotone or numel < _DERIVE_MIN or not args or not isinstance(args[0], torch.Tensor):
+        if (
+            not info.monotone
+            or numel < _DERIVE_MIN
+            or not args
+            or not isinstance(args[0], torch.Tensor)
+        ):
             return None
         x = args[0]
         rng = self._known_range(x)
@@ -412,7 +444,9 @@ class Recorder(TorchDispatchMode):
         a, b = r
         return (a, b) if not b < a else (b, a)
 
-    def _pass_through(self, info: OpInfo, x: torch.Tensor, out: torch.Tensor, func=None, args=(), kwargs=None):
+    def _pass_through(
+        self, info: OpInfo, x: torch.Tensor, out: torch.Tensor, func=None, args=(), kwargs=None
+    ):
         """A view or copy of its first argument (the common case, kept short): the output
         inherits the producers, and the extremes when the values are unchanged."""
         if not out.is_floating_point():
@@ -437,7 +471,12 @@ class Recorder(TorchDispatchMode):
             info = self.ops[func] = OpInfo.of(func)
         if info.factory:
             return out
-        if info.single_source and isinstance(out, torch.Tensor) and args and isinstance(args[0], torch.Tensor):
+        if (
+            info.single_source
+            and isinstance(out, torch.Tensor)
+            and args
+            and isinstance(args[0], torch.Tensor)
+        ):
             return self._pass_through(info, args[0], out, func, args, kwargs)
         kwargs = kwargs or {}
         if isinstance(out, torch.Tensor):
@@ -455,8 +494,11 @@ class Recorder(TorchDispatchMode):
             or first.numel() == 0
             or (not self.options.ops and not self.stack[-1].leaf)
         ):
-            rng = (self._known_range(args[0])
-                   if info.preserving and args and isinstance(args[0], torch.Tensor) else None)
+            rng = (
+                self._known_range(args[0])
+                if info.preserving and args and isinstance(args[0], torch.Tensor)
+                else None
+            )
             for t in outs:
                 self._remember(t, prods, *(rng or (None, None)), int(info.mutable))
             if self.shadow.masks and info.passthrough and isinstance(out, torch.Tensor):
@@ -469,7 +511,9 @@ class Recorder(TorchDispatchMode):
             threads.restore(previous)
         return out
 
-    def _record(self, func, info: OpInfo, args, kwargs, first: torch.Tensor, prods: tuple[int, ...]) -> None:
+    def _record(
+        self, func, info: OpInfo, args, kwargs, first: torch.Tensor, prods: tuple[int, ...]
+    ) -> None:
         """The op's event (statistics of its first output) and its internal check."""
         if info.fused:  # the kernel's inner steps become events: its output is the last
             site, prods = self._record_fused(info.name, func, args, kwargs, prods)
@@ -480,10 +524,13 @@ class Recorder(TorchDispatchMode):
         eid = self._add_event(site, prods, first, known, inplace=info.mutable)
         fp32 = self._mark_fp32(site, eid, self.stack[-1].fp32)
         if info.name in _FLUSH_OPS:
-            self.shadow.op(info.name, args, kwargs, first, site, eid, fp32, int(info.mutable), prods)
+            self.shadow.op(
+                info.name, args, kwargs, first, site, eid, fp32, int(info.mutable), prods
+            )
         if info.internal and self.options.internal and not fp32:
-            found = _internal.check(info.name, func, args, kwargs, first, self._known_range,
-                                    self.options.threshold)
+            found = _internal.check(
+                info.name, func, args, kwargs, first, self._known_range, self.options.threshold
+            )
             if found is not None:
                 self.forward.internal.append((site, *found))
                 self.forward.internal_of.append(eid)

@@ -19,8 +19,15 @@ from fp16lens.watch._lens import watch
 from fp16lens.watch._loop import ScanInterrupted, call_batch, check_batches, run_batches
 
 
-def scan(model: torch.nn.Module, batches: Iterable[Any], *, progress: bool = True,
-         description: str = "watching", compile: bool = False, **watch_options: Any) -> Report:
+def scan(
+    model: torch.nn.Module,
+    batches: Iterable[Any],
+    *,
+    progress: bool = True,
+    description: str = "watching",
+    compile: bool = False,
+    **watch_options: Any,
+) -> Report:
     """Run ``model`` on every batch under watch() (and torch.no_grad) and return the report.
 
     ``batches`` is an iterable of batches (a list, a DataLoader): ``[x]`` for one batch of
@@ -40,18 +47,29 @@ def scan(model: torch.nn.Module, batches: Iterable[Any], *, progress: bool = Tru
 
     if is_onnx(model):
         if compile:
-            raise WatchError("compile=True applies to torch modules; an ONNX model runs in ONNX Runtime "
-                             "(leave compile out)")
-        return scan_onnx(model, batches, progress=progress, description=description, **watch_options)
+            raise WatchError(
+                "compile=True applies to torch modules; an ONNX model runs in ONNX Runtime "
+                "(leave compile out)"
+            )
+        return scan_onnx(
+            model, batches, progress=progress, description=description, **watch_options
+        )
     check_batches(batches)
     if compile:
         from fp16lens.watch._compiled_scan import scan_compiled
 
-        return scan_compiled(model, batches, progress=progress, description=description, **watch_options)[0]
+        return scan_compiled(
+            model, batches, progress=progress, description=description, **watch_options
+        )[0]
     lens = watch(model, **watch_options)
     try:
         with lens, torch.no_grad():
-            run_batches(batches, lambda _, batch: call_batch(model, batch), progress=progress, description=description)
+            run_batches(
+                batches,
+                lambda _, batch: call_batch(model, batch),
+                progress=progress,
+                description=description,
+            )
     except ScanInterrupted as stop:
         stop.report = lens.report  # what ran, the batch cut short included
         raise

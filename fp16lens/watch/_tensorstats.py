@@ -96,7 +96,9 @@ def reduce_samples(samples: list[torch.Tensor], threshold: float) -> torch.Tenso
     idx = _BINS.to(s.device).index_select(0, key)
     lengths = [x.numel() for x in samples]
     if len(set(lengths)) == 1:  # equal samples: the row offset is a reshape away
-        idx = idx.view(n, lengths[0]).add_(torch.arange(0, n * width, width, device=s.device).view(n, 1))
+        idx = idx.view(n, lengths[0]).add_(
+            torch.arange(0, n * width, width, device=s.device).view(n, 1)
+        )
     else:
         marks = torch.zeros(s.numel(), dtype=torch.int64, device=s.device)
         starts = torch.tensor(lengths[:-1], device=s.device).cumsum_(0)
@@ -107,8 +109,9 @@ def reduce_samples(samples: list[torch.Tensor], threshold: float) -> torch.Tenso
     top = min(max(math.frexp(threshold)[1] - HIST_MIN_EXP, 0), HIST_BINS - 1)
     if bool(counts[:, top:HIST_BINS].any()) or bool(counts[:, S_NONFINITE].any()):
         over = bits.view(torch.float32) > threshold
-        rows = torch.repeat_interleave(torch.arange(n, device=s.device),
-                                       torch.tensor(lengths, device=s.device))
+        rows = torch.repeat_interleave(
+            torch.arange(n, device=s.device), torch.tensor(lengths, device=s.device)
+        )
         extra = torch.bincount(rows[over], minlength=n)
     else:
         extra = torch.zeros_like(counts[:, 0])

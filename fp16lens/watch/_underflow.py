@@ -52,7 +52,12 @@ def _number(a) -> float | None:
         return None
     if isinstance(a, (int, float)):
         return float(a)
-    if isinstance(a, torch.Tensor) and a.numel() == 1 and a.device.type == "cpu" and a.is_floating_point():
+    if (
+        isinstance(a, torch.Tensor)
+        and a.numel() == 1
+        and a.device.type == "cpu"
+        and a.is_floating_point()
+    ):
         return float(a)
     return None
 
@@ -111,7 +116,9 @@ class ZeroShadow:
             version = -1
         key = id(t)
         masks = self.masks
-        ref = weakref.ref(t, lambda _r, k=key, m=masks: m.pop(k, None) if m.get(k, (None,))[0] is _r else None)
+        ref = weakref.ref(
+            t, lambda _r, k=key, m=masks: m.pop(k, None) if m.get(k, (None,))[0] is _r else None
+        )
         masks[key] = (ref, mask, version)
 
     def _stored16(self, t: torch.Tensor, prods=None) -> bool:
@@ -149,12 +156,24 @@ class ZeroShadow:
             mo = func(m, *args[1:], **kwargs)
         except Exception:  # an op a bool mask does not take: the direct check stands
             return
-        if isinstance(mo, torch.Tensor) and mo.dtype == torch.bool and mo.shape == out.shape:  # not a
+        if (
+            isinstance(mo, torch.Tensor) and mo.dtype == torch.bool and mo.shape == out.shape
+        ):  # not a
             # dtype conversion (.half() of a mask is no mask)
             self._keep(out, mo, bump)
 
-    def op(self, name: str, args, kwargs, out: torch.Tensor, site: int, eid: int,
-           fp32: bool, bump: int, prods: tuple[int, ...]) -> None:
+    def op(
+        self,
+        name: str,
+        args,
+        kwargs,
+        out: torch.Tensor,
+        site: int,
+        eid: int,
+        fp32: bool,
+        bump: int,
+        prods: tuple[int, ...],
+    ) -> None:
         """One recorded op (``prods``: its producers, read before it ran; ``bump``: 1 when
         in place): propagate the shadow, note a vanished constant, and count the zeros
         reaching a singular op."""
@@ -170,15 +189,25 @@ class ZeroShadow:
             z = self._reduced(name, x, args, kwargs)
         elif name in ZERO_JOINING:
             other = args[1] if len(args) > 1 else kwargs.get("other")
-            if self._mask(x) is not None or (isinstance(other, torch.Tensor) and self._mask(other) is not None):
+            if self._mask(x) is not None or (
+                isinstance(other, torch.Tensor) and self._mask(other) is not None
+            ):
                 zo = self.zeros(other)
-                z = self.zeros(x) & zo if isinstance(zo, torch.Tensor) else (self.zeros(x) if zo else None)
+                z = (
+                    self.zeros(x) & zo
+                    if isinstance(zo, torch.Tensor)
+                    else (self.zeros(x) if zo else None)
+                )
         elif name in ("clamp", "clamp_min"):
             lo = args[1] if len(args) > 1 else kwargs.get("min")
             v = _number(lo) if lo is not None else None
-            if self._mask(x) is not None and (lo is None or (v is not None and (v <= 0 or flushes(v)))):
+            if self._mask(x) is not None and (
+                lo is None or (v is not None and (v <= 0 or flushes(v)))
+            ):
                 z = self._mask(x)
-        elif name in ZERO_KEEPING and not (name == "pow" and len(args) > 1 and singular_pow(args[1])):
+        elif name in ZERO_KEEPING and not (
+            name == "pow" and len(args) > 1 and singular_pow(args[1])
+        ):
             lifts = name == "sqrt" or (name == "pow" and _lifts(args))
             m = self._mask(x)
             if m is not None or lifts:
@@ -250,10 +279,11 @@ class ZeroShadow:
         operand = inplace if inplace is not None and k == 0 else self.producers(a)
         self.candidates.append(Candidate(site, name, tuple(operand), flushed, nonfinite, a.numel()))
 
-
     def _both(self, name: str, args, out: torch.Tensor, site: int) -> None:
         """atan2(y, x): wrong where FP16 makes both operands 0 and FP32 does not."""
-        if len(args) < 2 or not all(isinstance(a, torch.Tensor) and a.is_floating_point() for a in args[:2]):
+        if len(args) < 2 or not all(
+            isinstance(a, torch.Tensor) and a.is_floating_point() for a in args[:2]
+        ):
             return
         y, x = args[0], args[1]
         zy, zx = self.zeros(y), self.zeros(x)
@@ -269,7 +299,9 @@ class ZeroShadow:
             if not nonfinite:
                 return
         operand = (*self.producers(y), *self.producers(x))
-        self.candidates.append(Candidate(site, name, tuple(operand), flushed, nonfinite, out.numel()))
+        self.candidates.append(
+            Candidate(site, name, tuple(operand), flushed, nonfinite, out.numel())
+        )
 
 
 def _operand(name: str, out: torch.Tensor, args) -> torch.Tensor | None:
@@ -297,6 +329,7 @@ def _lifts(args) -> bool:
 
 # ---- after the forward: the accumulator's side -----------------------------------------------
 
+
 @dataclass
 class UnderflowAcc:
     """One singular site over all batches."""
@@ -310,8 +343,15 @@ class UnderflowAcc:
     consts: dict[str, int] = field(default_factory=dict)
 
 
-def _origin(operand: tuple[int, ...], inputs, sites, share: list[float], consts: dict[int, str],
-            input_site: int, flushed: float) -> tuple[int | None, list[str]]:
+def _origin(
+    operand: tuple[int, ...],
+    inputs,
+    sites,
+    share: list[float],
+    consts: dict[int, str],
+    input_site: int,
+    flushed: float,
+) -> tuple[int | None, list[str]]:
     """The farthest event upstream of ``operand`` in a chain of events whose values fall
     below 2^-24 (the site where the values flushed), and the vanished constants met.
     ``share``: per event, the sampled share of its non-zero values below 2^-24; a chain
@@ -341,16 +381,26 @@ def _origin(operand: tuple[int, ...], inputs, sites, share: list[float], consts:
         for p in (origin, *inputs[origin]):
             if p in consts and consts[p] not in found:
                 found.append(consts[p])
-        ups = [p for p in inputs[origin] if share[p] >= 0.5 * share[origin] and share[p] > 0
-               and sites[p] != input_site]
+        ups = [
+            p
+            for p in inputs[origin]
+            if share[p] >= 0.5 * share[origin] and share[p] > 0 and sites[p] != input_site
+        ]
         if not ups:
             break
         origin = max(ups)  # the latest producer: the one this value was computed from
     return origin, found
 
 
-def add_forward(acc: dict[int, UnderflowAcc], candidates: list[Candidate], consts: dict[int, str],
-                fw, rows: torch.Tensor, input_site: int, half_dtypes=None) -> None:
+def add_forward(
+    acc: dict[int, UnderflowAcc],
+    candidates: list[Candidate],
+    consts: dict[int, str],
+    fw,
+    rows: torch.Tensor,
+    input_site: int,
+    half_dtypes=None,
+) -> None:
     """Fold one forward's candidates into ``acc`` (one host sync for all of them).
     ``half_dtypes(fw)`` marks the events a .half() model computes in FP32 (its own
     upcasts), learnt once from a meta FP16 run: zeros whose values and operand a .half()
@@ -362,8 +412,12 @@ def add_forward(acc: dict[int, UnderflowAcc], candidates: list[Candidate], const
     if tensors:
         vals = torch.stack([torch.stack([c.flushed, c.nonfinite]) for c in tensors]).cpu().tolist()
         counts = {id(c): (int(f), int(n)) for c, (f, n) in zip(tensors, vals)}
-    candidates = [dataclasses.replace(c, flushed=counts[id(c)][0], nonfinite=counts[id(c)][1])
-                  if id(c) in counts else c for c in candidates]
+    candidates = [
+        dataclasses.replace(c, flushed=counts[id(c)][0], nonfinite=counts[id(c)][1])
+        if id(c) in counts
+        else c
+        for c in candidates
+    ]
     live = [c for c in candidates if c.nonfinite]
     if not live:
         return
@@ -372,10 +426,16 @@ def add_forward(acc: dict[int, UnderflowAcc], candidates: list[Candidate], const
     if half_dtypes is not None:
         half_dtypes(fw)
     for c in live:
-        origin, found = _origin(c.operand, fw.inputs, fw.sites, share, consts, input_site,
-                                c.flushed / max(c.numel, 1))
+        origin, found = _origin(
+            c.operand, fw.inputs, fw.sites, share, consts, input_site, c.flushed / max(c.numel, 1)
+        )
         upcast = fw.half_fp32
-        if upcast and c.operand and all(p in upcast for p in c.operand) and (origin is None or origin in upcast):
+        if (
+            upcast
+            and c.operand
+            and all(p in upcast for p in c.operand)
+            and (origin is None or origin in upcast)
+        ):
             continue
         a = acc.setdefault(c.site, UnderflowAcc(op=c.op))
         a.flushed += c.flushed
@@ -398,11 +458,17 @@ def findings(acc: dict[int, UnderflowAcc], infos) -> list[Finding]:
         origin = infos[max(a.origins, key=a.origins.get)].name if a.origins else ""
         const = max(a.consts, key=a.consts.get) if a.consts else ""
         share = a.flushed / a.numel if a.numel else 0.0
-        out.append(Finding(
-            site=site, mechanism=Mechanism.UNDERFLOW, kind=FindingKind.FLUSH_SINGULAR,
-            peak=share if math.isfinite(share) else 1.0, batch=a.batch,
-            tensor=origin or const, count=a.nonfinite,
-            detail=describe(a.op, site, origin, const, share, a.nonfinite),
-            fix=advice(a.op, origin, const),
-        ))
+        out.append(
+            Finding(
+                site=site,
+                mechanism=Mechanism.UNDERFLOW,
+                kind=FindingKind.FLUSH_SINGULAR,
+                peak=share if math.isfinite(share) else 1.0,
+                batch=a.batch,
+                tensor=origin or const,
+                count=a.nonfinite,
+                detail=describe(a.op, site, origin, const, share, a.nonfinite),
+                fix=advice(a.op, origin, const),
+            )
+        )
     return out

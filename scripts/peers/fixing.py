@@ -19,8 +19,13 @@ from peers import models_big, tools
 from peers.flops import fp16_share, fp32_nodes
 
 QUICK_MODELS = ("seed_case", "gelu_span", "bn_huge_var", "layernorm_variance")
-FULL_MODELS = (*QUICK_MODELS, "resnet50 (planted)", "bert-base (planted)", "vit (residual stream)",
-               *models_big.ONNX_CASES)
+FULL_MODELS = (
+    *QUICK_MODELS,
+    "resnet50 (planted)",
+    "bert-base (planted)",
+    "vit (residual stream)",
+    *models_big.ONNX_CASES,
+)
 TUNED_GRID = {True: (8192.0,), False: (2048.0, 8192.0, 32768.0)}
 """data_max values tried for AutoCast's tuned row (quick / full): the largest that passes."""
 

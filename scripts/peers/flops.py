@@ -96,7 +96,11 @@ def fp16_share(proto, input_shapes=None, reference=None) -> float:
     ``reference``: the FP32 graph ``proto`` was converted from; a heavy node's FLOPs come
     from its namesake there (a converter's Casts before a Resize's scales leave shape
     inference without the shapes after it)."""
-    rows = heavy_nodes(proto, input_shapes) if reference is None else _by_reference(proto, reference, input_shapes)
+    rows = (
+        heavy_nodes(proto, input_shapes)
+        if reference is None
+        else _by_reference(proto, reference, input_shapes)
+    )
     total = sum(r.flops for r in rows)
     return sum(r.flops for r in rows if r.fp16) / total if total else 0.0
 
@@ -108,9 +112,13 @@ def _by_reference(proto, reference, input_shapes) -> list[NodeFlops]:
     for node in proto.graph.node:
         if node.op_type in HEAVY:
             if node.name not in flops:
-                raise ValueError(f"{node.op_type} {node.name!r} is not in the FP32 graph it came from")
+                raise ValueError(
+                    f"{node.op_type} {node.name!r} is not in the FP32 graph it came from"
+                )
             floats = [types.get(i) for i in node.input[:2] if i]
-            rows.append(NodeFlops(node.name, node.op_type, flops[node.name], all(t == F16 for t in floats)))
+            rows.append(
+                NodeFlops(node.name, node.op_type, flops[node.name], all(t == F16 for t in floats))
+            )
     return rows
 
 

@@ -17,8 +17,11 @@ def build(name: str) -> tuple[torch.nn.Module, tuple]:
     """``(model, inputs)`` for a Fixing-table model name."""
     if name in models.WATCH_CASES:
         return models.WATCH_CASES[name]()
-    builders = {"resnet50 (planted)": _resnet50, "bert-base (planted)": _bert_base,
-                "vit (residual stream)": _vit}
+    builders = {
+        "resnet50 (planted)": _resnet50,
+        "bert-base (planted)": _bert_base,
+        "vit (residual stream)": _vit,
+    }
     if name not in builders:
         raise KeyError(f"unknown model {name!r}; use one of {[*models.WATCH_CASES, *builders]}")
     model, inputs = builders[name]()
@@ -55,8 +58,9 @@ def _vit():
     from torchvision.models import VisionTransformer
 
     torch.manual_seed(0)  # ViT-Tiny widths (192, 3 heads), 4 pre-LN blocks, 64x64 images
-    model = VisionTransformer(image_size=64, patch_size=16, num_layers=4, num_heads=3,
-                              hidden_dim=192, mlp_dim=768)
+    model = VisionTransformer(
+        image_size=64, patch_size=16, num_layers=4, num_heads=3, hidden_dim=192, mlp_dim=768
+    )
     torch.nn.init.normal_(model.heads.head.weight, std=0.02)  # torchvision starts it at zero
     return model.eval(), (torch.randn(1, 3, 64, 64),)
 

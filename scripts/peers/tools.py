@@ -71,7 +71,9 @@ def _fp16lens_onnx_fix(case: Case) -> Fix:
     fp16lens.patch(case.model, case.report, out=fixed)
     plan = fp16lens.plan(case.model, case.report)
     art = fp16lens.export(str(fixed), None, case.out("fp16lens"), precision="fp16")
-    return Fix(art.path, f"{len(plan.regions)} rescaled region(s), {len(art.fp32_nodes)} FP32 node(s)")
+    return Fix(
+        art.path, f"{len(plan.regions)} rescaled region(s), {len(art.fp32_nodes)} FP32 node(s)"
+    )
 
 
 def all_fp16(case: Case) -> Fix:
@@ -116,7 +118,11 @@ def autocast(case: Case, data_max: float) -> Fix:
 
 
 def _tensors(inputs: tuple) -> list:
-    return [t.detach() if torch.is_tensor(t) else t for t in inputs if torch.is_tensor(t) or isinstance(t, np.ndarray)]
+    return [
+        t.detach() if torch.is_tensor(t) else t
+        for t in inputs
+        if torch.is_tensor(t) or isinstance(t, np.ndarray)
+    ]
 
 
 def _save(proto, path: Path, note: str) -> Fix:

@@ -28,8 +28,17 @@ def test_scan_compile_matches_eager_scan(capsys, monkeypatch):
         return cap.graph
 
     monkeypatch.setattr(_compiled_scan, "compile_graph", as_captured)
-    argv = ("models:gelu_span", "--input", "2x16", "--batches", "4", "--range", "1,3",
-            "--fail-on", "overflow")
+    argv = (
+        "models:gelu_span",
+        "--input",
+        "2x16",
+        "--batches",
+        "4",
+        "--range",
+        "1,3",
+        "--fail-on",
+        "overflow",
+    )
     code, eager = _scan_json(capsys, *argv)
     assert compiled == []
     code_c, data = _scan_json(capsys, *argv, "--compile")

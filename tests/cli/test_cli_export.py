@@ -67,8 +67,16 @@ def test_export_int8_target_fails_loudly_when_missed(capsys, tmp_path):
     """--target 1.0 keeps everything out of INT8, beyond the 10% of FLOPs allowed: exit 2,
     one line naming what was reached; --target 0.99 passes and says what it kept."""
     torch.save([torch.rand(1, 3, 16, 16) for _ in range(3)], tmp_path / "calib.pt")
-    base = ["export", "models:clean", "--precision", "int8", "--exporter", "torchscript",
-            "--calibration", str(tmp_path / "calib.pt")]
+    base = [
+        "export",
+        "models:clean",
+        "--precision",
+        "int8",
+        "--exporter",
+        "torchscript",
+        "--calibration",
+        str(tmp_path / "calib.pt"),
+    ]
     assert main([*base, "-o", str(tmp_path / "no.onnx"), "--target", "1.0"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("fp16lens: error: INT8 misses its target") and "Traceback" not in err

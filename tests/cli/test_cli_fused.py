@@ -10,7 +10,7 @@ import torch
 
 from fp16lens.cli import main
 
-REPRO = '''
+REPRO = """
 import torch
 from torch import nn
 
@@ -19,7 +19,7 @@ def build():
     torch.manual_seed(0)
     m = nn.TransformerEncoderLayer(64, 4, 128, batch_first=True, dropout=0.0).eval()
     return m, (torch.randn(2, 16, 64) * 3000,)
-'''
+"""
 
 
 def test_scan_fails_the_gate_at_the_attention_scores(capsys, tmp_path):

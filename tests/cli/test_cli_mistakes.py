@@ -187,7 +187,10 @@ def unwritable(tmp_path: Path, name: str) -> list[Path]:
 
 def test_check_writable_probes_and_leaves_nothing(tmp_path):
     before = listing(tmp_path)
-    assert check_writable(tmp_path / "new" / "deeper" / "m.onnx") == tmp_path / "new" / "deeper" / "m.onnx"
+    assert (
+        check_writable(tmp_path / "new" / "deeper" / "m.onnx")
+        == tmp_path / "new" / "deeper" / "m.onnx"
+    )
     assert check_writable(tmp_path / "out_dir", folder=True)
     assert listing(tmp_path) == before  # no probe file, no folder made
     with pytest.raises(OutputPathError) as info:
@@ -280,14 +283,17 @@ def test_an_output_span_is_an_island_that_keeps_fp32_and_the_file_exports(capsys
     assert got.dtype == torch.float32 and torch.isfinite(got).all()
     pytest.importorskip("onnxruntime")
     onnx_path = tmp_path / "p.onnx"
-    code, _, err = run(capsys, "export", str(patched), "-o", str(onnx_path), "--input", "2x8",
-                       "--range", "0.5,1.5")
+    code, _, err = run(
+        capsys, "export", str(patched), "-o", str(onnx_path), "--input", "2x8", "--range", "0.5,1.5"
+    )
     assert code == 0, err
     code, out, err = run(capsys, "verify", spec, str(onnx_path), "--json")
     assert code == 0 and json.loads(out)["backend"] == "onnx-fp16", out + err
 
 
-def test_patch_of_a_functional_op_in_an_untraceable_forward_names_what_to_do(capsys, tmp_path, tiny):
+def test_patch_of_a_functional_op_in_an_untraceable_forward_names_what_to_do(
+    capsys, tmp_path, tiny
+):
     """The multiply of hardswish in the model's own forward, which torch.fx cannot trace (a
     branch on a value): no island can hold it, and patch says what the user can do."""
     report, patched = tmp_path / "r.json", tmp_path / "p.pt"
@@ -299,8 +305,12 @@ def test_patch_of_a_functional_op_in_an_untraceable_forward_names_what_to_do(cap
     assert code == 1 and "NOT FIXED" in out and "--fp32-modules" not in out
     assert "move that op into its own nn.Module" in " ".join(out.split())
     # a .pt2 cannot hold this forward: said in one line, with the format that can
-    code, _, err = run(capsys, "patch", spec, "--report", str(report), "-o", str(tmp_path / "p.pt2"))
-    assert code == 2 and "save it as TorchScript instead (-o p.pt)" in err and "Traceback" not in err
+    code, _, err = run(
+        capsys, "patch", spec, "--report", str(report), "-o", str(tmp_path / "p.pt2")
+    )
+    assert (
+        code == 2 and "save it as TorchScript instead (-o p.pt)" in err and "Traceback" not in err
+    )
 
 
 # ---- 5. scan(m, x) and scan(m, []) ------------------------------------------------------
@@ -330,8 +340,17 @@ def test_verify_picks_onnx_int8_for_a_qdq_file(capsys, tmp_path):
     pytest.importorskip("onnxruntime")
     int8, fp16 = tmp_path / "m8.onnx", tmp_path / "m16.onnx"
     for path, precision in ((int8, "int8"), (fp16, "fp16")):
-        code, _, err = run(capsys, "export", "models:clean", "-o", str(path), "--precision",
-                           precision, "--exporter", "torchscript")
+        code, _, err = run(
+            capsys,
+            "export",
+            "models:clean",
+            "-o",
+            str(path),
+            "--precision",
+            precision,
+            "--exporter",
+            "torchscript",
+        )
         assert code == 0, err
     code, out, _ = run(capsys, "verify", "models:clean", str(int8), "--json")
     data = json.loads(out)
@@ -368,7 +387,7 @@ def test_piped_output_keeps_the_headroom_column(capsys, tmp_path, tiny):
     report_path = tmp_path / "r.json"
     code, out, _ = run(capsys, "scan", spec, "--save", str(report_path), "--no-progress")
     assert code == 0
-    hottest = out[out.index("Hottest sites"):].splitlines()
+    hottest = out[out.index("Hottest sites") :].splitlines()
     assert "headroom" in hottest[1] and "2^-14" in hottest[1]
     rows = [r for r in hottest if r.startswith("backbone_feature_pyramid_lateral_block.")]
     assert len(rows) == 3 and all("bits" in r for r in rows), hottest
@@ -379,7 +398,7 @@ def test_piped_output_keeps_the_headroom_column(capsys, tmp_path, tiny):
     narrow = Console(file=io.StringIO(), width=80, record=True)
     print_report(Report.load(report_path), console=narrow)
     text = narrow.export_text()
-    table = text[text.index("Hottest sites"):].splitlines()
+    table = text[text.index("Hottest sites") :].splitlines()
     assert sum("bits" in r for r in table) >= 3 and all(len(r.rstrip()) <= 80 for r in table)
 
 

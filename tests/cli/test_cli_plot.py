@@ -13,8 +13,19 @@ from fp16lens.cli import main
 def test_scan_saves_the_plot_beside_the_report(capsys, tmp_path):
     image = pytest.importorskip("matplotlib.image")
     png, pdf, page = tmp_path / "r.png", tmp_path / "plots" / "r.pdf", tmp_path / "r.html"
-    code = main(["scan", "models:functional_mul", "--save", str(png), "--save", str(pdf),
-                 "--save", str(page), "--json"])
+    code = main(
+        [
+            "scan",
+            "models:functional_mul",
+            "--save",
+            str(png),
+            "--save",
+            str(pdf),
+            "--save",
+            str(page),
+            "--json",
+        ]
+    )
     capsys.readouterr()
     assert code == 0
     pixels = image.imread(png)

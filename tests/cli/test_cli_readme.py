@@ -18,7 +18,7 @@ README = Path(__file__).parents[2] / "README.md"
 
 def terminal_commands() -> list[tuple[list[str], int]]:
     text = README.read_text(encoding="utf-8")
-    section = text[text.index("## From a terminal"):]
+    section = text[text.index("## From a terminal") :]
     block = re.search(r"```bash\n(.*?)```", section, re.S).group(1)
     out = []
     for line in block.splitlines():
@@ -39,8 +39,14 @@ def test_the_readme_terminal_section_runs_as_written(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])}
     for argv, expected in terminal_commands():
         assert argv[0] == "fp16lens"
-        done = subprocess.run([sys.executable, "-m", "fp16lens", *argv[1:]], cwd=tmp_path, env=env,
-                              capture_output=True, text=True, timeout=600)
+        done = subprocess.run(
+            [sys.executable, "-m", "fp16lens", *argv[1:]],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert done.returncode == expected, f"{shlex.join(argv)}\n{done.stdout}\n{done.stderr}"
         assert "Traceback" not in done.stderr, done.stderr
     assert (tmp_path / "report.html").is_file() and (tmp_path / "model.onnx").is_file()

@@ -40,6 +40,7 @@ CASES = _island_cases()
 def _half_args(inputs):
     return tuple(a.half() if a.is_floating_point() else a for a in inputs)
 
+
 pytestmark = pytest.mark.skipif(
     TORCH_VERSION < (2, 5), reason="exporting a patched model with FP32 islands needs torch >= 2.5"
 )
@@ -101,10 +102,20 @@ def test_terminal_journey_scan_patch_export_verify(name, suffix, capsys, tmp_pat
     assert torch.isfinite(got).all() and relative_error(want, got.float()) <= 3e-3
     code, out = _cli(capsys, "verify", spec, str(saved), "--backend", "torch-fp16")
     assert code == 0, out
-    code, out = _cli(capsys, "export", str(saved), "-o", str(onnx_file), "--precision", "fp16",
-                     "--input", str(batch), "--json")
+    code, out = _cli(
+        capsys,
+        "export",
+        str(saved),
+        "-o",
+        str(onnx_file),
+        "--precision",
+        "fp16",
+        "--input",
+        str(batch),
+        "--json",
+    )
     assert code == 0, out
-    summary = json.loads(out[out.index("{"):])
+    summary = json.loads(out[out.index("{") :])
     assert summary["fp32_nodes"], summary  # the islands, taken from the file's metadata
     code, out = _cli(capsys, "verify", spec, str(onnx_file), "--backend", "onnx-fp16")
     assert code == 0, out
@@ -113,11 +124,13 @@ def test_terminal_journey_scan_patch_export_verify(name, suffix, capsys, tmp_pat
         bare = tmp_path / "bare.pt2"
         program = torch.export.load(str(saved))
         torch.export.save(program, str(bare))  # no fp16lens metadata
-        code, out = _cli(capsys, "export", str(bare), "-o", str(tmp_path / "bare.onnx"),
-                         "--precision", "fp16")
+        code, out = _cli(
+            capsys, "export", str(bare), "-o", str(tmp_path / "bare.onnx"), "--precision", "fp16"
+        )
         if code == 0:
-            code, out = _cli(capsys, "verify", spec, str(tmp_path / "bare.onnx"),
-                             "--backend", "onnx-fp16")
+            code, out = _cli(
+                capsys, "verify", spec, str(tmp_path / "bare.onnx"), "--backend", "onnx-fp16"
+            )
             assert code != 0, out
 
 
@@ -131,11 +144,13 @@ def test_torch_emulated_refuses_a_torchscript_candidate_in_one_line(capsys, tmp_
     from fp16lens.cli._save import save_model
 
     save_model(patch(model, lens.report), inputs, saved)
-    code, out = _cli(capsys, "verify", "models:gelu_span", str(saved), "--backend", "torch-emulated")
+    code, out = _cli(
+        capsys, "verify", "models:gelu_span", str(saved), "--backend", "torch-emulated"
+    )
     assert code == 2 and "torch-fp16" in out and "Traceback" not in out
 
 
-HF_MODEL = '''
+HF_MODEL = """
 import torch
 
 
@@ -149,7 +164,7 @@ def build():
     with torch.no_grad():
         m.embeddings.word_embeddings.weight.mul_(2e5)  # a table of values near 1e4
     return m, (torch.randint(0, 100, (2, 12)),)
-'''
+"""
 
 
 def test_transformers_model_output_program_exports_and_verifies(capsys, tmp_path):
@@ -173,7 +188,9 @@ def test_transformers_model_output_program_exports_and_verifies(capsys, tmp_path
     assert _cli(capsys, "patch", spec, "--report", str(report), "-o", str(script))[0] in (0, 1)
     ids = tmp_path / "ids.pt"
     torch.save((torch.randint(0, 100, (2, 12)),), ids)
-    code, out = _cli(capsys, "export", str(script), "-o", str(tmp_path / "s.onnx"), "--input", str(ids))
+    code, out = _cli(
+        capsys, "export", str(script), "-o", str(tmp_path / "s.onnx"), "--input", str(ids)
+    )
     assert code == 2 and "torch.export program" in out and "Traceback" not in out
     # dynamic axes: exported and checked on other sizes, or refused when an exporter fixed them
     dyn = tmp_path / "dyn.onnx"
@@ -191,8 +208,10 @@ def test_transformers_model_output_program_exports_and_verifies(capsys, tmp_path
         assert code == 2 and "does not take other batch and sequence sizes" in out, out
     else:
         session = ort.InferenceSession(str(dyn), providers=["CPUExecutionProvider"])
-        (first, *_), = [session.get_inputs()]
-        assert session.run(None, {first.name: torch.randint(0, 100, (3, 7)).numpy()})[0].shape[:2] == (3, 7)
+        ((first, *_),) = [session.get_inputs()]
+        assert session.run(None, {first.name: torch.randint(0, 100, (3, 7)).numpy()})[0].shape[
+            :2
+        ] == (3, 7)
 
 
 FAMILIES = '''
@@ -237,8 +256,14 @@ def test_the_journey_as_a_user_runs_it(spec, tmp_path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), tests])}
 
     def fp16lens_cli(*argv):
-        done = subprocess.run([sys.executable, "-m", "fp16lens", *argv], cwd=tmp_path, env=env,
-                              capture_output=True, text=True, timeout=600)
+        done = subprocess.run(
+            [sys.executable, "-m", "fp16lens", *argv],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert "Traceback" not in done.stderr, done.stderr
         return done.returncode, done.stdout + done.stderr
 
@@ -257,8 +282,14 @@ with torch.no_grad():
 cos = torch.nn.functional.cosine_similarity(after.double().flatten(), want.double().flatten(), dim=0)
 print(bool(torch.isfinite(before).all()), bool(torch.isfinite(after).all()), float(cos))
 """
-    done = subprocess.run([sys.executable, "-c", truth], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-c", truth],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     before, after, cos = done.stdout.split()
     assert before == "False" and after == "True" and float(cos) >= 0.999, done.stdout + done.stderr
     code, out = fp16lens_cli("export", "p.pt2", "-o", "m.onnx", "--precision", "fp16")

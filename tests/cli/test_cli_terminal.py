@@ -76,7 +76,9 @@ def files(tmp_path_factory) -> Path:
     (folder / "models.py").write_text(MODELS)
     pkg = folder / "project"
     pkg.mkdir()
-    (pkg / "blocks.py").write_text("from torch import nn\n\ndef stem():\n    return nn.Linear(4, 2)\n")
+    (pkg / "blocks.py").write_text(
+        "from torch import nn\n\ndef stem():\n    return nn.Linear(4, 2)\n"
+    )
     (pkg / "net.py").write_text(
         textwrap.dedent(
             """
@@ -104,18 +106,32 @@ def one_line(capsys, argv: list[str], *needles: str) -> str:
 
 
 def test_input_shape_the_model_refuses(capsys, files):
-    one_line(capsys, ["scan", f"{files}/models.py:cnn", "--input", "1x4x8x8", "--no-progress"],
-             "refused its input", "1x4x8x8 float32", "3 channels", "--input")
+    one_line(
+        capsys,
+        ["scan", f"{files}/models.py:cnn", "--input", "1x4x8x8", "--no-progress"],
+        "refused its input",
+        "1x4x8x8 float32",
+        "3 channels",
+        "--input",
+    )
 
 
 def test_integer_input_for_a_cnn(capsys, files):
-    one_line(capsys, ["scan", f"{files}/models.py:cnn", "--input", "1x3x8x8", "--dtype", "int64"],
-             "1x3x8x8 int64", "--dtype")
+    one_line(
+        capsys,
+        ["scan", f"{files}/models.py:cnn", "--input", "1x3x8x8", "--dtype", "int64"],
+        "1x3x8x8 int64",
+        "--dtype",
+    )
 
 
 def test_npz_with_two_arrays_for_a_one_input_model(capsys, files):
-    one_line(capsys, ["scan", f"{files}/models.py:cnn", "--input", str(files / "two.npz")],
-             "2 inputs", "positional")
+    one_line(
+        capsys,
+        ["scan", f"{files}/models.py:cnn", "--input", str(files / "two.npz")],
+        "2 inputs",
+        "positional",
+    )
 
 
 def test_float_ids_for_an_embedding(capsys, files):
@@ -124,15 +140,38 @@ def test_float_ids_for_an_embedding(capsys, files):
 
 def test_integer_range_is_half_open_so_a_vocabulary_bound_works(capsys, files):
     """--range 0,100 for a vocabulary of 100 ids: every id valid (it was an IndexError)."""
-    code = main(["scan", f"{files}/models.py:ids", "--input", "64x50", "--dtype", "int64",
-                 "--range", "0,100", "--no-progress"])
+    code = main(
+        [
+            "scan",
+            f"{files}/models.py:ids",
+            "--input",
+            "64x50",
+            "--dtype",
+            "int64",
+            "--range",
+            "0,100",
+            "--no-progress",
+        ]
+    )
     assert code == 0, capsys.readouterr().err
     from fp16lens.cli._inputs import InputSpec
 
     (ids,) = InputSpec(((4096,),), (torch.int64,), 0, 100).make()[0]
     assert int(ids.min()) == 0 and int(ids.max()) == 99
-    one_line(capsys, ["scan", f"{files}/models.py:ids", "--input", "1x5", "--dtype", "int64",
-                      "--range", "0.2,0.7"], "holds no integer")
+    one_line(
+        capsys,
+        [
+            "scan",
+            f"{files}/models.py:ids",
+            "--input",
+            "1x5",
+            "--dtype",
+            "int64",
+            "--range",
+            "0.2,0.7",
+        ],
+        "holds no integer",
+    )
 
 
 @pytest.mark.parametrize(
@@ -186,8 +225,19 @@ def test_a_bug_of_fp16lens_keeps_its_traceback(files, monkeypatch):
 
 def test_ctrl_c_saves_the_report_of_the_batches_done(capsys, files, tmp_path):
     saved = tmp_path / "partial.json"
-    code = main(["scan", f"{files}/models.py:interrupts", "--input", "2x4", "--batches", "5",
-                 "--save", str(saved), "--no-progress"])
+    code = main(
+        [
+            "scan",
+            f"{files}/models.py:interrupts",
+            "--input",
+            "2x4",
+            "--batches",
+            "5",
+            "--save",
+            str(saved),
+            "--no-progress",
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 130
     assert "interrupted during batch 3 of 5 (2 ran whole)" in err and str(saved) in err
@@ -197,12 +247,30 @@ def test_ctrl_c_saves_the_report_of_the_batches_done(capsys, files, tmp_path):
 
 
 def test_ctrl_c_without_save_exits_130_in_one_line(capsys, files, tmp_path):
-    code = main(["scan", f"{files}/models.py:interrupts", "--input", "2x4", "--batches", "2",
-                 "--no-progress"])
+    code = main(
+        [
+            "scan",
+            f"{files}/models.py:interrupts",
+            "--input",
+            "2x4",
+            "--batches",
+            "2",
+            "--no-progress",
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 0, err  # two calls: no Ctrl-C
-    code = main(["scan", f"{files}/models.py:interrupts", "--input", "2x4", "--batches", "5",
-                 "--no-progress"])
+    code = main(
+        [
+            "scan",
+            f"{files}/models.py:interrupts",
+            "--input",
+            "2x4",
+            "--batches",
+            "5",
+            "--no-progress",
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 130 and err.strip().splitlines() == [
         "fp16lens: interrupted during batch 3 of 5 (2 ran whole); nothing saved (add --save PATH "
@@ -210,7 +278,7 @@ def test_ctrl_c_without_save_exits_130_in_one_line(capsys, files, tmp_path):
     ]
 
 
-SLOW = '''
+SLOW = """
 import os, time
 import torch
 from torch import nn
@@ -233,7 +301,7 @@ class Slow(nn.Module):
 def build():
     torch.manual_seed(0)
     return Slow().eval()
-'''
+"""
 
 
 def test_sigint_during_a_scan_saves_a_partial_report(tmp_path):
@@ -246,9 +314,23 @@ def test_sigint_during_a_scan_saves_a_partial_report(tmp_path):
     (tmp_path / "slow.py").write_text(SLOW)
     mark, saved = tmp_path / "started", tmp_path / "partial.json"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "fp16lens", "scan", f"{tmp_path}/slow.py:build", "--input", "2x4",
-         "--batches", "300", "--save", str(saved), "--no-progress"],
-        env={**os.environ, "MARK": str(mark)}, stderr=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "fp16lens",
+            "scan",
+            f"{tmp_path}/slow.py:build",
+            "--input",
+            "2x4",
+            "--batches",
+            "300",
+            "--save",
+            str(saved),
+            "--no-progress",
+        ],
+        env={**os.environ, "MARK": str(mark)},
+        stderr=subprocess.PIPE,
+        text=True,
     )
     deadline = time.monotonic() + 120
     while not mark.exists() and proc.poll() is None and time.monotonic() < deadline:
@@ -263,8 +345,19 @@ def test_sigint_during_a_scan_saves_a_partial_report(tmp_path):
 
 def test_save_is_repeatable_and_a_json_summary_is_not_taken_for_a_report(capsys, files, tmp_path):
     a, b = tmp_path / "a.json", tmp_path / "b.html"
-    code = main(["scan", f"{files}/models.py:cnn", "--input", "1x3x8x8", "--save", str(a),
-                 "--save", str(b), "--json"])
+    code = main(
+        [
+            "scan",
+            f"{files}/models.py:cnn",
+            "--input",
+            "1x3x8x8",
+            "--save",
+            str(a),
+            "--save",
+            str(b),
+            "--json",
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 0 and a.is_file() and b.is_file() and "<html" in b.read_text().lower()
     summary = tmp_path / "summary.json"
@@ -289,8 +382,14 @@ def test_a_file_that_is_not_a_pt2_says_so_in_one_line(capfd, tmp_path):
 @pytest.mark.parametrize("command", ["scan", "verify"])
 def test_verbose_flag_shows_the_traceback(files, command):
     model = f"{files}/models.py:cnn"
-    argv = [command, model, *([model] if command == "verify" else []), "--input", "1x4x8x8",
-            "--verbose"]
+    argv = [
+        command,
+        model,
+        *([model] if command == "verify" else []),
+        "--input",
+        "1x4x8x8",
+        "--verbose",
+    ]
     with pytest.raises(RuntimeError, match="3 channels"):
         main(argv)
 
@@ -309,15 +408,21 @@ def test_verify_against_the_onnx_file_of_another_model(capsys, files, tmp_path):
     onnx_path = tmp_path / "lin.onnx"
     assert main(["export", f"{tmp_path}/lin.py:build", "--input", "2x4", "-o", str(onnx_path)]) == 0
     capsys.readouterr()
-    one_line(capsys, ["verify", f"{files}/models.py:cnn", str(onnx_path), "--input", "1x3x8x8"],
-             "ONNX file refused the inputs", "Invalid rank", "exported from this model")
+    one_line(
+        capsys,
+        ["verify", f"{files}/models.py:cnn", str(onnx_path), "--input", "1x3x8x8"],
+        "ONNX file refused the inputs",
+        "Invalid rank",
+        "exported from this model",
+    )
 
 
 def test_a_threshold_never_lets_real_fp16_overflow_pass(capsys, tmp_path):
     """--threshold 1e9 would have passed a model whose real FP16 is inf; a margin below
     65504 is named as the limit of the spans."""
-    (tmp_path / "big.py").write_text(textwrap.dedent(
-        """
+    (tmp_path / "big.py").write_text(
+        textwrap.dedent(
+            """
         import torch
 
         def build():
@@ -326,7 +431,9 @@ def test_a_threshold_never_lets_real_fp16_overflow_pass(capsys, tmp_path):
             with torch.no_grad():
                 fc.weight.fill_(2.0e4)
             return torch.nn.Sequential(fc, torch.nn.ReLU()).eval()
-        """))
+        """
+        )
+    )
     model = f"{tmp_path}/big.py:build"
     import copy
     import importlib.util
@@ -337,20 +444,50 @@ def test_a_threshold_never_lets_real_fp16_overflow_pass(capsys, tmp_path):
     m = mod.build()
     x = torch.rand(1, 4) + 1.0
     assert torch.isinf(copy.deepcopy(m).half()(x.half())).any()  # ground truth: real FP16
-    one_line(capsys, ["scan", model, "--input", "1x4", "--threshold", "1e9", "--fail-on", "any"],
-             "(0, 65504]")
-    code = main(["scan", model, "--input", "1x4", "--range", "1,2", "--threshold", "32768",
-                 "--fail-on", "any"])
+    one_line(
+        capsys,
+        ["scan", model, "--input", "1x4", "--threshold", "1e9", "--fail-on", "any"],
+        "(0, 65504]",
+    )
+    code = main(
+        [
+            "scan",
+            model,
+            "--input",
+            "1x4",
+            "--range",
+            "1,2",
+            "--threshold",
+            "32768",
+            "--fail-on",
+            "any",
+        ]
+    )
     out = " ".join(capsys.readouterr().out.split())
     assert code == 1 and "±32768 (the threshold, a margin below FP16's 65504)" in out
     # values FP16 holds are highlighted by a lower threshold, never counted as overflow
-    code = main(["scan", model, "--input", "1x4", "--range", "0.25,0.5", "--threshold", "16384",
-                 "--fail-on", "any"])
+    code = main(
+        [
+            "scan",
+            model,
+            "--input",
+            "1x4",
+            "--range",
+            "0.25,0.5",
+            "--threshold",
+            "16384",
+            "--fail-on",
+            "any",
+        ]
+    )
     out = " ".join(capsys.readouterr().out.split())
     assert code == 0 and "FP16-safe" in out and "past the threshold 16384" in out
     m.eval()
     x = torch.rand(1, 4) * 0.25 + 0.25
-    assert 16384 < float(m(x).abs().max()) < 65504 and torch.isfinite(copy.deepcopy(m).half()(x.half())).all()
+    assert (
+        16384 < float(m(x).abs().max()) < 65504
+        and torch.isfinite(copy.deepcopy(m).half()(x.half())).all()
+    )
 
 
 def test_output_paths_follow_one_rule(capsys, files, tmp_path):
@@ -361,8 +498,11 @@ def test_output_paths_follow_one_rule(capsys, files, tmp_path):
     assert Report.load(deep).sites
     capsys.readouterr()
     out = tmp_path / "model.pt"
-    one_line(capsys, ["export", f"{files}/models.py:cnn", "--input", "1x3x8x8", "-o", str(out)],
-             ".onnx suffix")
+    one_line(
+        capsys,
+        ["export", f"{files}/models.py:cnn", "--input", "1x3x8x8", "-o", str(out)],
+        ".onnx suffix",
+    )
     assert not out.exists()
 
 
@@ -392,11 +532,24 @@ def test_export_io_dtype_from_the_terminal(capsys, files, tmp_path):
     out = {}
     for io in ("fp32", "fp16"):
         path = tmp_path / f"{io}.onnx"
-        code = main(["export", f"{files}/models.py:cnn", "--input", "1x3x8x8", "-o", str(path),
-                     "--io-dtype", io])
+        code = main(
+            [
+                "export",
+                f"{files}/models.py:cnn",
+                "--input",
+                "1x3x8x8",
+                "-o",
+                str(path),
+                "--io-dtype",
+                io,
+            ]
+        )
         assert code == 0, capsys.readouterr().err
         graph = onnx.load(str(path)).graph
-        out[io] = {graph.input[0].type.tensor_type.elem_type, graph.output[0].type.tensor_type.elem_type}
+        out[io] = {
+            graph.input[0].type.tensor_type.elem_type,
+            graph.output[0].type.tensor_type.elem_type,
+        }
     assert out == {"fp32": {onnx.TensorProto.FLOAT}, "fp16": {onnx.TensorProto.FLOAT16}}
 
 
@@ -404,8 +557,18 @@ def test_export_names_inputs_and_outputs_and_takes_dynamic_axes(capsys, files, t
     onnx = pytest.importorskip("onnx")
     ort = pytest.importorskip("onnxruntime")
     path = tmp_path / "d.onnx"
-    code = main(["export", f"{files}/models.py:cnn", "--input", "2x3x8x8", "-o", str(path),
-                 "--dynamic", "batch"])
+    code = main(
+        [
+            "export",
+            f"{files}/models.py:cnn",
+            "--input",
+            "2x3x8x8",
+            "-o",
+            str(path),
+            "--dynamic",
+            "batch",
+        ]
+    )
     assert code == 0, capsys.readouterr().err
     graph = onnx.load(str(path)).graph
 
@@ -413,7 +576,9 @@ def test_export_names_inputs_and_outputs_and_takes_dynamic_axes(capsys, files, t
         return [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim]
 
     assert [(v.name, dims(v)) for v in (*graph.input, *graph.output)] == [
-        ("input", ["batch", 3, 8, 8]), ("output", ["batch", 4, 6, 6])]
+        ("input", ["batch", 3, 8, 8]),
+        ("output", ["batch", 4, 6, 6]),
+    ]
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     x = np.random.default_rng(0).random((5, 3, 8, 8), dtype=np.float32)
     (got,) = session.run(None, {"input": x})
@@ -425,8 +590,20 @@ def test_export_names_inputs_and_outputs_and_takes_dynamic_axes(capsys, files, t
     with torch.no_grad():
         want = mod.cnn()(torch.from_numpy(x)).numpy()
     assert got.shape == (5, 4, 6, 6) and np.abs(got - want).max() <= 2e-2 * np.abs(want).max()
-    one_line(capsys, ["export", f"{files}/models.py:cnn", "--input", "2x3x8x8", "-o", str(path),
-                      "--dynamic", "time"], "batch, sequence")
+    one_line(
+        capsys,
+        [
+            "export",
+            f"{files}/models.py:cnn",
+            "--input",
+            "2x3x8x8",
+            "-o",
+            str(path),
+            "--dynamic",
+            "time",
+        ],
+        "batch, sequence",
+    )
 
 
 def test_meta_and_lazy_models_are_named_in_python_too(tmp_path):
@@ -447,8 +624,21 @@ def test_meta_and_lazy_models_are_named_in_python_too(tmp_path):
 def test_an_onnx_npz_whose_names_are_not_the_graphs_matches_by_position(capsys, files, tmp_path):
     pytest.importorskip("onnxruntime")
     onnx_file = tmp_path / "cnn.onnx"
-    assert main(["export", f"{files}/models.py:cnn", "--input", "1x3x8x8", "-o", str(onnx_file),
-                 "--precision", "fp32"]) == 0
+    assert (
+        main(
+            [
+                "export",
+                f"{files}/models.py:cnn",
+                "--input",
+                "1x3x8x8",
+                "-o",
+                str(onnx_file),
+                "--precision",
+                "fp32",
+            ]
+        )
+        == 0
+    )
     np.savez(tmp_path / "named.npz", images=np.ones((1, 3, 8, 8), "f4"))  # the graph says "input"
     capsys.readouterr()
     code = main(["scan", str(onnx_file), "--input", str(tmp_path / "named.npz"), "--no-progress"])

@@ -34,7 +34,10 @@ def test_log_offset_and_rule_names():
     assert alg.log_offset("log2", Fraction(10)) == 10.0
     assert math.isclose(alg.log_offset("log10", Fraction(10)), 10 * math.log10(2))
     assert alg.rule_name("log_", 1) == alg.RULE_LOG
-    assert alg.rule_name("truediv", 2) == alg.RULE_RATIO and alg.rule_name("atan2", 2) == alg.RULE_RATIO
+    assert (
+        alg.rule_name("truediv", 2) == alg.RULE_RATIO
+        and alg.rule_name("atan2", 2) == alg.RULE_RATIO
+    )
     assert alg.rule_name("div", 1) == alg.RULE_POWER and alg.rule_name("rsqrt", 1) == alg.RULE_POWER
 
 

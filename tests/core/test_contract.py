@@ -32,8 +32,16 @@ def _imports(path: Path):
 
 
 def test_each_stage_error_lives_in_core_and_is_the_public_one():
-    for name in ("WatchError", "ReportError", "PatchError", "ExportError", "VerifyError",
-                 "OutputPathError", "StaleReportError", "MissingDependencyError"):
+    for name in (
+        "WatchError",
+        "ReportError",
+        "PatchError",
+        "ExportError",
+        "VerifyError",
+        "OutputPathError",
+        "StaleReportError",
+        "MissingDependencyError",
+    ):
         assert issubclass(getattr(_core, name), _core.Fp16LensError), name
     assert fp16lens.export.ExportError is _core.ExportError
     assert issubclass(_core.OutputPathError, OSError)
@@ -50,11 +58,16 @@ def test_verify_names_a_candidate_with_other_output_shapes():
 
 def test_version_has_one_static_home():
     tree = ast.parse((PACKAGE / "_core" / "version.py").read_text())
-    values = [ast.literal_eval(n.value) for n in tree.body
-              if isinstance(n, ast.Assign) and n.targets[0].id == "__version__"]
+    values = [
+        ast.literal_eval(n.value)
+        for n in tree.body
+        if isinstance(n, ast.Assign) and n.targets[0].id == "__version__"
+    ]
     assert values == [fp16lens.__version__]
     assert '"' not in "".join(
-        line for line in (PACKAGE / "__init__.py").read_text().splitlines() if "__version__ =" in line
+        line
+        for line in (PACKAGE / "__init__.py").read_text().splitlines()
+        if "__version__ =" in line
     )
 
 
@@ -66,8 +79,13 @@ def test_stages_import_each_other_by_public_names_only():
             parts = module.split(".")
             if module == "fp16lens" and rel != "__init__.py":
                 found.add((rel, module))  # an upward import of the package root
-            elif (len(parts) > 2 and parts[0] == "fp16lens" and parts[1] in STAGES
-                  and parts[1] != rel.split("/")[0] and parts[2].startswith("_")):
+            elif (
+                len(parts) > 2
+                and parts[0] == "fp16lens"
+                and parts[1] in STAGES
+                and parts[1] != rel.split("/")[0]
+                and parts[2].startswith("_")
+            ):
                 found.add((rel, module))
     assert found <= KNOWN_PRIVATE, sorted(found - KNOWN_PRIVATE)
 
@@ -95,7 +113,17 @@ def _all_imports(path: Path):
 def test_stages_import_only_earlier_layers():
     """No stage imports a stage of its own layer or a later one (the table in DESIGN.md)."""
     layers = _layers()
-    assert {"_core", "report", "_trace", "watch", "patch", "export", "verify", "cli", "demo"} <= set(layers)
+    assert {
+        "_core",
+        "report",
+        "_trace",
+        "watch",
+        "patch",
+        "export",
+        "verify",
+        "cli",
+        "demo",
+    } <= set(layers)
     top = [p.name for p in PACKAGE.iterdir() if (p.is_dir() and (p / "__init__.py").exists())]
     assert set(top) <= set(layers), set(top) - set(layers)  # every package has its layer
     wrong = []

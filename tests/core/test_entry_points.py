@@ -113,16 +113,30 @@ def page_python(page: Path) -> str | None:
     if not blocks:
         return None
     return PRELUDE + "\n".join(
-        f"\n# --- {page.name} python block {i}\n" + "\n".join(
-            line for line in block.splitlines() if line.strip() != "import fp16lens")
-        for i, block in enumerate(blocks, 1))
+        f"\n# --- {page.name} python block {i}\n"
+        + "\n".join(line for line in block.splitlines() if line.strip() != "import fp16lens")
+        for i, block in enumerate(blocks, 1)
+    )
 
 
 def _mypy(paths: list[Path], cache: Path) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "mypy", "--config-file", str(ROOT / "setup.cfg"),
-         "--cache-dir", str(cache), "--no-error-summary", *map(str, paths)],
-        capture_output=True, text=True, cwd=ROOT, timeout=300)
+        [
+            sys.executable,
+            "-m",
+            "mypy",
+            "--config-file",
+            str(ROOT / "setup.cfg"),
+            "--cache-dir",
+            str(cache),
+            "--no-error-summary",
+            *map(str, paths),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
 
 
 def test_readme_and_docs_python_pass_mypy(tmp_path):
@@ -142,15 +156,18 @@ def test_mypy_sees_the_entry_points_signatures(tmp_path):
     """The check can fail: a wrong call of each entry point is an error mypy reports."""
     pytest.importorskip("mypy", reason="pip install -e '.[test]' (or mypy==1.18.2)")
     bad = tmp_path / "bad.py"
-    bad.write_text(PRELUDE + (
-        "fp16lens.patch(model)\n"
-        "fp16lens.export(model, (x,))\n"
-        "fp16lens.verify(model)\n"
-        "fp16lens.watch(model, threshold='high')\n"
-        "fp16lens.patch.plan(model, 3)\n"
-        "fp16lens.watch.WatchOptions(threshold='high')\n"
-        "n: int = fp16lens.verify(model, model, batches)\n"
-    ))
+    bad.write_text(
+        PRELUDE
+        + (
+            "fp16lens.patch(model)\n"
+            "fp16lens.export(model, (x,))\n"
+            "fp16lens.verify(model)\n"
+            "fp16lens.watch(model, threshold='high')\n"
+            "fp16lens.patch.plan(model, 3)\n"
+            "fp16lens.watch.WatchOptions(threshold='high')\n"
+            "n: int = fp16lens.verify(model, model, batches)\n"
+        )
+    )
     done = _mypy([bad], tmp_path / "cache")
     lines = {int(m.group(1)) for m in re.finditer(r"bad\.py:(\d+): error", done.stdout)}
     first = PRELUDE.count("\n") + 1

@@ -14,9 +14,13 @@ import pytest
 from fp16lens._core import MissingDependencyError, import_optional
 
 ROOT = Path(__file__).parents[2]
-TEXTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")),
-         *sorted((ROOT / "fp16lens").rglob("*.py")), *sorted((ROOT / "notebooks").glob("*.ipynb")),
-         ROOT / "scripts" / "make_notebooks.py"]
+TEXTS = [
+    ROOT / "README.md",
+    *sorted((ROOT / "docs").glob("*.md")),
+    *sorted((ROOT / "fp16lens").rglob("*.py")),
+    *sorted((ROOT / "notebooks").glob("*.ipynb")),
+    ROOT / "scripts" / "make_notebooks.py",
+]
 
 
 def _extras() -> set[str]:
@@ -26,15 +30,22 @@ def _extras() -> set[str]:
 
 
 def test_no_install_line_asks_an_index_for_fp16lens():
-    bad = [f"{p.relative_to(ROOT)}: {m.group(0)}" for p in TEXTS
-           for m in re.finditer(r"pip install\s+'?fp16lens\[", p.read_text(encoding="utf-8"))]
+    bad = [
+        f"{p.relative_to(ROOT)}: {m.group(0)}"
+        for p in TEXTS
+        for m in re.finditer(r"pip install\s+'?fp16lens\[", p.read_text(encoding="utf-8"))
+    ]
     assert not bad, bad
 
 
 def test_every_named_extra_exists():
-    named = {(p.name, extra) for p in TEXTS
-             for group in re.findall(r"pip install -e\s+'\.\[([\w,]+)\]'", p.read_text(encoding="utf-8"))
-             for extra in group.split(",") if extra != "extra"}  # a docstring's placeholder
+    named = {
+        (p.name, extra)
+        for p in TEXTS
+        for group in re.findall(r"pip install -e\s+'\.\[([\w,]+)\]'", p.read_text(encoding="utf-8"))
+        for extra in group.split(",")
+        if extra != "extra"
+    }  # a docstring's placeholder
     assert named and {extra for _, extra in named} <= _extras(), named
 
 

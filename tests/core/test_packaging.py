@@ -50,7 +50,9 @@ def test_missing_dependency_names_the_extra():
     assert isinstance(info.value, ImportError) and info.value.extra == "onnx"
 
 
-@pytest.mark.parametrize("argv", [[sys.executable, "-m", "fp16lens", "--help"], ["fp16lens", "--help"]])
+@pytest.mark.parametrize(
+    "argv", [[sys.executable, "-m", "fp16lens", "--help"], ["fp16lens", "--help"]]
+)
 def test_help_works(argv):
     if argv[0] == "fp16lens":
         exe = shutil.which("fp16lens") or os.path.join(os.path.dirname(sys.executable), "fp16lens")

@@ -106,26 +106,35 @@ def test_islands_recorded_by_patch_keep_a_span_fp32_and_fix_it(gelu_file, tmp_pa
     plain = export(path, None, tmp_path / "plain16.onnx")
     failed = fp16lens.verify(path, plain.path, inputs)
     assert not failed and failed.nonfinite  # the faithful FP16 graph overflows too
-    patched = with_metadata(path, tmp_path / "patched.onnx", "fp16lens.fp32_nodes",
-                            json.dumps(list(span.sites)))
+    patched = with_metadata(
+        path, tmp_path / "patched.onnx", "fp16lens.fp32_nodes", json.dumps(list(span.sites))
+    )
     art = export(patched, None, tmp_path / "fixed16.onnx")
     assert set(span.sites) <= set(art.fp32_nodes)
     types = elem_types(art.path)
     proto = onnx.load(str(art.path))
     for node in proto.graph.node:
         if node.name in span.sites:  # computes in FP32, fed and read through Casts
-            assert all(types[t] == F32 for t in [*node.input, *node.output] if types.get(t) in (F32, F16))
+            assert all(
+                types[t] == F32 for t in [*node.input, *node.output] if types.get(t) in (F32, F16)
+            )
     assert fp16lens.verify(path, art.path, inputs, tolerance=0.9999)
     # the same islands named by the caller give the same graph
     same = export(path, None, tmp_path / "named16.onnx", fp32_nodes=list(span.sites))
     assert same.fp32_nodes == art.fp32_nodes
     assert [n.op_type for n in onnx.load(str(same.path)).graph.node] == [
-        n.op_type for n in proto.graph.node]
+        n.op_type for n in proto.graph.node
+    ]
 
 
 def _const(name: str, array) -> onnx.NodeProto:
-    return helper.make_node("Constant", [], [name], name=f"{name}_node",
-                            value=numpy_helper.from_array(np.asarray(array), name))
+    return helper.make_node(
+        "Constant",
+        [],
+        [name],
+        name=f"{name}_node",
+        value=numpy_helper.from_array(np.asarray(array), name),
+    )
 
 
 def shape_ops_graph(path) -> str:
@@ -139,7 +148,8 @@ def shape_ops_graph(path) -> str:
         h.make_node("Shape", ["up"], ["shape"], name="shape"),
         h.make_node("ConstantOfShape", ["shape"], ["zeros"], name="zeros"),
         h.make_node("Add", ["up", "zeros"], ["a"], name="add0"),
-        _const("start", np.array(0.5, np.float32)), _const("limit", np.array(8.5, np.float32)),
+        _const("start", np.array(0.5, np.float32)),
+        _const("limit", np.array(8.5, np.float32)),
         _const("delta", np.array(1.0, np.float32)),
         h.make_node("Range", ["start", "limit", "delta"], ["ramp"], name="range"),
         h.make_node("Add", ["a", "ramp"], ["b"], name="add1"),
@@ -147,8 +157,12 @@ def shape_ops_graph(path) -> str:
         h.make_node("ReduceSum", ["shape_f"], ["n"], keepdims=0, name="count"),
         h.make_node("Div", ["b", "n"], ["y"], name="div"),
     ]
-    graph = h.make_graph(nodes, "shape_ops", [h.make_tensor_value_info("x", F32, [1, 2, 4, 4])],
-                         [h.make_tensor_value_info("y", F32, [1, 2, 8, 8])])
+    graph = h.make_graph(
+        nodes,
+        "shape_ops",
+        [h.make_tensor_value_info("x", F32, [1, 2, 4, 4])],
+        [h.make_tensor_value_info("y", F32, [1, 2, 8, 8])],
+    )
     model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
     onnx.checker.check_model(model, full_check=True)
     onnx.save(model, str(path))
@@ -164,7 +178,11 @@ def test_shape_scale_and_range_constants_keep_fp32_and_constantofshape_gets_an_f
     assert any("Range" in w and "no float16 form" in w for w in art.warnings)
     for name in ("scales_node", "start_node", "limit_node", "delta_node"):  # read as FP32 only
         assert nodes[name].attribute[0].t.data_type == F32
-    assert nodes["resize"].input[2] == "scales" and nodes["range"].input[:] == ["start", "limit", "delta"]
+    assert nodes["resize"].input[2] == "scales" and nodes["range"].input[:] == [
+        "start",
+        "limit",
+        "delta",
+    ]
     (value,) = [a for a in nodes["zeros"].attribute if a.name == "value"]
     assert value.t.data_type == F16  # the default float32 zero, spelled out in FP16
     types = elem_types(art.path)
@@ -199,8 +217,9 @@ def test_int8_file_is_calibrated_qdq_and_keeps_islands_in_float(clean_file, tmp_
     convs = [n.name for n in onnx.load(path).graph.node if n.op_type == "Conv"]
     name = onnx.load(path).graph.input[0].name
     calib = [{name: inputs[0].numpy()}, (torch.rand(1, 3, 16, 16),)]
-    art = export(path, None, tmp_path / "c8.onnx", precision="int8", calibration=calib,
-                 fp32_nodes=[convs[0]])
+    art = export(
+        path, None, tmp_path / "c8.onnx", precision="int8", calibration=calib, fp32_nodes=[convs[0]]
+    )
     proto = onnx.load(str(art.path))
     onnx.checker.check_model(proto, full_check=True)
     made = {o: n.op_type for n in proto.graph.node for o in n.output}
@@ -320,8 +339,13 @@ def test_int8_of_an_opset12_file_with_weights_in_constant_nodes_is_per_channel(t
     batches = [(torch.rand(1, 3, 16, 16),) for _ in range(4)]
     art = export(str(path), None, tmp_path / "c8.onnx", precision="int8", calibration=batches)
     out = onnx.load(str(art.path))
-    assert art.opset == 13 and not [n for n in out.graph.node if n.op_type == "Constant"
-                                    and n.attribute[0].t.data_type == F32 and len(n.attribute[0].t.dims) > 1]
+    assert art.opset == 13 and not [
+        n
+        for n in out.graph.node
+        if n.op_type == "Constant"
+        and n.attribute[0].t.data_type == F32
+        and len(n.attribute[0].t.dims) > 1
+    ]
     made = {o: n for n in out.graph.node for o in n.output}
     inits = {i.name: numpy_helper.to_array(i) for i in out.graph.initializer}
     convs = [n for n in out.graph.node if n.op_type == "Conv"]
@@ -340,20 +364,36 @@ def test_a_control_flow_body_stays_fp32_and_reads_outer_tensors_through_casts(tm
     the If runs as written, in FP32, its branches reading that tensor through one Cast."""
     h = helper
     c = numpy_helper.from_array(np.array([3.0], np.float32), "c")
-    then = h.make_graph([h.make_node("Add", ["m", "c"], ["t"], name="then_add")], "then", [],
-                        [h.make_tensor_value_info("t", F32, [2, 4])])
-    other = h.make_graph([h.make_node("Sub", ["m", "c"], ["e"], name="else_sub")], "else", [],
-                         [h.make_tensor_value_info("e", F32, [2, 4])])
+    then = h.make_graph(
+        [h.make_node("Add", ["m", "c"], ["t"], name="then_add")],
+        "then",
+        [],
+        [h.make_tensor_value_info("t", F32, [2, 4])],
+    )
+    other = h.make_graph(
+        [h.make_node("Sub", ["m", "c"], ["e"], name="else_sub")],
+        "else",
+        [],
+        [h.make_tensor_value_info("e", F32, [2, 4])],
+    )
     nodes = [
         h.make_node("Mul", ["x", "two"], ["m"], name="double"),
         h.make_node("ReduceSum", ["x"], ["s"], keepdims=0, name="sum"),
         h.make_node("Greater", ["s", "zero"], ["positive"], name="test"),
         h.make_node("If", ["positive"], ["y"], then_branch=then, else_branch=other, name="branch"),
     ]
-    consts = [numpy_helper.from_array(np.array(2.0, np.float32), "two"),
-              numpy_helper.from_array(np.array(0.0, np.float32), "zero"), c]
-    graph = h.make_graph(nodes, "branchy", [h.make_tensor_value_info("x", F32, [2, 4])],
-                         [h.make_tensor_value_info("y", F32, [2, 4])], initializer=consts)
+    consts = [
+        numpy_helper.from_array(np.array(2.0, np.float32), "two"),
+        numpy_helper.from_array(np.array(0.0, np.float32), "zero"),
+        c,
+    ]
+    graph = h.make_graph(
+        nodes,
+        "branchy",
+        [h.make_tensor_value_info("x", F32, [2, 4])],
+        [h.make_tensor_value_info("y", F32, [2, 4])],
+        initializer=consts,
+    )
     path = tmp_path / "if.onnx"
     onnx.save(h.make_model(graph, opset_imports=[h.make_opsetid("", 17)]), str(path))
     art = export(str(path), None, tmp_path / "if16.onnx")

@@ -31,8 +31,10 @@ def test_scattered_subnormal_weights_are_harmless_a_flushed_channel_is_not():
 
 
 def test_summary_says_harmless_or_names_where_it_matters():
-    ok = [("a.weight", 288, range_issues(_conv_weight(False)), False),
-          ("a.bias", 8, range_issues(np.full(8, 1e-8, np.float32)), True)]
+    ok = [
+        ("a.weight", 288, range_issues(_conv_weight(False)), False),
+        ("a.bias", 8, range_issues(np.full(8, 1e-8, np.float32)), True),
+    ]
     text = subnormal_summary(ok)
     assert text.startswith("2 weight(s) hold 40 value(s) that are subnormal") and "harmless" in text
     assert "may change the output" not in text

@@ -69,7 +69,9 @@ def test_int8_output_matches_fp32_on_the_calibration_distribution(int8, ox):
     # not used: on AVX2 without VNNI they saturate (VPMADDUBSW), an ORT CPU artefact.
     level = ox.ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
     tests = [b for (b,) in _batches(x.shape, 16, seed=12)]
-    got = np.concatenate([ox.run(art.path, {"x": t.numpy()}, level=level)["output"] for t in tests])  # named by export
+    got = np.concatenate(
+        [ox.run(art.path, {"x": t.numpy()}, level=level)["output"] for t in tests]
+    )  # named by export
     with torch.no_grad():
         want = torch.cat([model(t) for t in tests]).numpy()
     cosine = float((got * want).sum() / np.linalg.norm(got) / np.linalg.norm(want))

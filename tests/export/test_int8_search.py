@@ -128,13 +128,18 @@ def test_fallback_keeps_the_fewest_and_names_them(detector, det_search):
     producer = {o: n for n in ours.graph.node for o in n.output}
     for node in ours.graph.node:
         if node.name in names and node.op_type != "Add":
-            assert producer.get(node.input[0]) is None or producer[node.input[0]].op_type != "DequantizeLinear"
+            assert (
+                producer.get(node.input[0]) is None
+                or producer[node.input[0]].op_type != "DequantizeLinear"
+            )
     index = {u.node: i for i, u in enumerate(plan.units)}
     for name in names:  # minimal: each one back in INT8 misses the target
         on = list(plan.on)
         on[index[name]] = True
         trial = dataclasses.replace(plan, on=on)
-        assert iou(refs, int8_zoo.run_outputs(write_qdq(proto, trial), cal)) < target.threshold, name
+        assert iou(refs, int8_zoo.run_outputs(write_qdq(proto, trial), cal)) < target.threshold, (
+            name
+        )
     assert all(name in plan.summary() for name in names)
 
 

@@ -29,13 +29,37 @@ import models
 BUILDERS = {
     name: getattr(models, name)
     for name in (
-        "seed_case", "functional_mul", "layernorm_variance", "avgpool_sum", "bn_huge_var",
-        "gelu_span", "rmsnorm_square", "relu_span", "gated_sum",
-        "layernorm_on_input", "block_mul", "attention_span", "masked_softmax",
-        "squeeze_excite", "mobilenet_v3_shaped", "shared_weight", "huge_weight_head", "act_span",
-        "hardswish_stem", "exp_log", "stft_log", "embedding_output", "lstm_raw_input",
-        "raw_conv_input", "silu_pair", "sdpa_attention", "rms_norm_head", "magnitude",
-        "layer_scale_readout", "clean", "multi_output",
+        "seed_case",
+        "functional_mul",
+        "layernorm_variance",
+        "avgpool_sum",
+        "bn_huge_var",
+        "gelu_span",
+        "rmsnorm_square",
+        "relu_span",
+        "gated_sum",
+        "layernorm_on_input",
+        "block_mul",
+        "attention_span",
+        "masked_softmax",
+        "squeeze_excite",
+        "mobilenet_v3_shaped",
+        "shared_weight",
+        "huge_weight_head",
+        "act_span",
+        "hardswish_stem",
+        "exp_log",
+        "stft_log",
+        "embedding_output",
+        "lstm_raw_input",
+        "raw_conv_input",
+        "silu_pair",
+        "sdpa_attention",
+        "rms_norm_head",
+        "magnitude",
+        "layer_scale_readout",
+        "clean",
+        "multi_output",
     )
 }
 CLEAN = {"clean", "multi_output", "masked_softmax"}  # notes only
@@ -86,7 +110,9 @@ def test_the_advice_is_the_plan_patch_applies(name):
         assert u.reason in words, (u, words)
 
 
-@pytest.mark.parametrize("name", ["seed_case", "embedding_output", "lstm_raw_input", "attention_span"])
+@pytest.mark.parametrize(
+    "name", ["seed_case", "embedding_output", "lstm_raw_input", "attention_span"]
+)
 def test_the_plan_travels_in_the_json_and_renders_without_the_model(name, tmp_path):
     _, _, report = _watched(name)
     back = Report.load(report.save(tmp_path / "r.json"))
@@ -96,7 +122,11 @@ def test_the_plan_travels_in_the_json_and_renders_without_the_model(name, tmp_pa
     back.print(console=console)
     text = console.export_text()
     assert "Next: patch: " in text
-    first = (back.spans[0].fix if back.spans else next(f.fix for f in back.findings if f.mechanism != "note"))
+    first = (
+        back.spans[0].fix
+        if back.spans
+        else next(f.fix for f in back.findings if f.mechanism != "note")
+    )
     assert first.split(";")[0] in " ".join(text.split())
 
 
@@ -154,8 +184,14 @@ def test_an_onnx_scan_advises_what_the_onnx_patch_writes(graph, tmp_path):
         path = str(tmp_path / "m.onnx")
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            torch.onnx.export(model, (x,), path, opset_version=17, dynamo=False,
-                              training=torch.onnx.TrainingMode.PRESERVE)
+            torch.onnx.export(
+                model,
+                (x,),
+                path,
+                opset_version=17,
+                dynamo=False,
+                training=torch.onnx.TrainingMode.PRESERVE,
+            )
         feed = x
     else:
         path = str(tmp_path / "m.onnx")
@@ -174,7 +210,9 @@ def test_an_onnx_scan_advises_what_the_onnx_patch_writes(graph, tmp_path):
         assert f.fix.startswith("patch: FP32 island"), f.fix
 
 
-@pytest.mark.parametrize("name", ["log10-clamp", "pow-negative", "clip-in-place-div", "log-square-eps"])
+@pytest.mark.parametrize(
+    "name", ["log10-clamp", "pow-negative", "clip-in-place-div", "log-square-eps"]
+)
 def test_underflow_advice_names_the_rule_patch_uses(name):
     """An underflow finding advises the exact rule patch applies (or the island it makes)."""
     import underflow_models as um
@@ -190,7 +228,9 @@ def test_underflow_advice_names_the_rule_patch_uses(name):
     (f,) = report.findings_by(Mechanism.UNDERFLOW)
     rules = [u for u in plan.underflow_rules if u.site == f.site]
     if rules:
-        assert f.fix.startswith(f"patch: exact rule {rules[0].rule}: the block scaled up by 2^{rules[0].exponent}")
+        assert f.fix.startswith(
+            f"patch: exact rule {rules[0].rule}: the block scaled up by 2^{rules[0].exponent}"
+        )
         assert not plan.islands
     else:
         assert f.fix.startswith("patch: FP32 island") and plan.islands

@@ -90,7 +90,10 @@ def test_the_island_is_the_activation_alone(act, functional, mlp):
     assert island.site == (f":{act}" if functional else "")
     assert island.in_scale > 1 and island.out_scale > 1
     entries = {r.entries for r in the_plan.regions}
-    assert entries == {("first",) if mlp else ("first.1",), ("act" if not functional else f":{act}",)}
+    assert entries == {
+        ("first",) if mlp else ("first.1",),
+        ("act" if not functional else f":{act}",),
+    }
     assert not the_plan.unresolved and not the_plan.multiplies
     assert the_plan.fp16_flop_share == 1.0 and the_plan.total_flops > 0
 
@@ -137,7 +140,10 @@ def test_the_plan_counts_islands_and_the_fp16_flop_share():
     assert (the_plan.fp16_flops, the_plan.total_flops) == (2 * 32 * 8, 2 * 32 * 8 + 2 * 16 * 8)
     console = Console(width=120, record=True, color_system=None)
     console.print(the_plan)
-    assert "1 FP32 island(s); FP16 FLOP share (conv/linear FLOPs left in FP16 / all): 66.67%" in console.export_text()
+    assert (
+        "1 FP32 island(s); FP16 FLOP share (conv/linear FLOPs left in FP16 / all): 66.67%"
+        in console.export_text()
+    )
     assert the_plan.to_dict()["fp16_flop_share"] == pytest.approx(2 / 3)
 
 
@@ -154,10 +160,19 @@ def test_a_functional_island_exports_with_only_its_nodes_in_fp32(tmp_path):
     patched = patch(model, watch_report(model, inputs))
     art = export(patched, inputs, tmp_path / "silu.onnx", precision="fp16")
     graph = onnx.shape_inference.infer_shapes(onnx.load(str(art.path)), strict_mode=True).graph
-    types_ = {v.name: v.type.tensor_type.elem_type for v in [*graph.input, *graph.output, *graph.value_info]}
-    fp32 = {n.name for n in graph.node if n.op_type != "Cast" and types_.get(n.output[0]) == onnx.TensorProto.FLOAT}
+    types_ = {
+        v.name: v.type.tensor_type.elem_type
+        for v in [*graph.input, *graph.output, *graph.value_info]
+    }
+    fp32 = {
+        n.name
+        for n in graph.node
+        if n.op_type != "Cast" and types_.get(n.output[0]) == onnx.TensorProto.FLOAT
+    }
     ops = {n.name: n.op_type for n in graph.node}
-    assert fp32 and fp32 == {n for n in art.fp32_nodes if ops[n] != "Cast"}  # torch 2.4 lists the Casts
+    assert fp32 and fp32 == {
+        n for n in art.fp32_nodes if ops[n] != "Cast"
+    }  # torch 2.4 lists the Casts
     assert all(art.node_map[n].startswith("0.silu_fp32") for n in fp32)
     result = verify(model, art.path, inputs, backend="onnx-fp16")
     assert result and result.cosine >= 0.999
@@ -173,7 +188,11 @@ def test_a_functional_activation_of_a_graph_module_is_found_by_its_node(kind):
     if TORCH_VERSION < (2, 5):
         pytest.skip("patching fx/torch.export graphs is tested from torch 2.5 on")
     model, inputs = act_span("silu", functional=True, mlp=True)
-    graph = fx.symbolic_trace(model) if kind == "symbolic_trace" else torch.export.export(model, inputs).module()
+    graph = (
+        fx.symbolic_trace(model)
+        if kind == "symbolic_trace"
+        else torch.export.export(model, inputs).module()
+    )
     the_plan, _ = assert_fixed(graph, inputs)
     [island] = the_plan.islands
     assert island.site.startswith(":silu") and island.module.startswith("silu")

@@ -26,7 +26,9 @@ def _patched_bn(after_relu: bool = False):
     with fp16lens.watch(model) as lens:
         model(*inputs)
     patched = fp16lens.patch(model, lens.report)
-    assert [r.rule for r in patched._fp16lens_plan.reparametrized if r.module == "bn"] == ["bn-affine"]
+    assert [r.rule for r in patched._fp16lens_plan.reparametrized if r.module == "bn"] == [
+        "bn-affine"
+    ]
     return model, patched, inputs
 
 
@@ -42,8 +44,9 @@ def _bn_eps_zero(bn, x):
     """What the old form computes: (x - 0) / sqrt(1 + 0) * w + b. Through the batch_norm
     kernel where this release still accepts eps = 0, else the affine map it reduces to."""
     try:
-        return F.batch_norm(x, bn.running_mean, torch.ones_like(bn.running_var), bn.weight,
-                            bn.bias, False, 0.0, 0.0)
+        return F.batch_norm(
+            x, bn.running_mean, torch.ones_like(bn.running_var), bn.weight, bn.bias, False, 0.0, 0.0
+        )
     except (ValueError, RuntimeError):  # torch 2.10/2.11: eps must be positive
         shape = (1, -1) + (1,) * (x.dim() - 2)
         return x * bn.weight.view(shape) + bn.bias.view(shape)

@@ -42,7 +42,10 @@ def test_hf_rms_norms_are_invariant_exits(kind):
     rewritten = {r.module: r for r in the_plan.reparametrized}
     assert rewritten["norm"].rule == "norm" and rewritten["norm"].s_out == 1
     p = rewritten["norm"].s_in
-    assert model.norm.variance_epsilon / (p * p) == patch(model, _report(model, inputs)).norm.variance_epsilon
+    assert (
+        model.norm.variance_epsilon / (p * p)
+        == patch(model, _report(model, inputs)).norm.variance_epsilon
+    )
 
 
 def test_recognized_by_what_they_compute_not_by_name():
@@ -63,7 +66,9 @@ def test_recognized_by_what_they_compute_not_by_name():
             self.register_buffer("scale", self.weight * (self.running_var + self.eps).rsqrt())
 
         def forward(self, x):
-            return x * self.scale.view(1, -1, 1, 1) + (self.bias - self.running_mean * self.scale).view(1, -1, 1, 1)
+            return x * self.scale.view(1, -1, 1, 1) + (
+                self.bias - self.running_mean * self.scale
+            ).view(1, -1, 1, 1)
 
     class NotInvariant(T5LayerNorm):  # adds a constant after the norm: no eps makes it invariant
         def forward(self, x):

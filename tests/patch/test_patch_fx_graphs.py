@@ -92,7 +92,11 @@ def test_graph_functional_ops_are_named_by_their_fx_node(kind):
     assert {s[1:].partition("#")[0] for s in functional} <= nodes
     assert len(set(report.sites)) == len(report.sites)
     assert "<locals>" not in report.meta.model_class
-    want = "GraphModule (traced ShapeArgsNet)" if kind == "symbolic_trace" else "GraphModule (torch.export)"
+    want = (
+        "GraphModule (traced ShapeArgsNet)"
+        if kind == "symbolic_trace"
+        else "GraphModule (torch.export)"
+    )
     assert report.meta.model_class == want
     with fp16lens.watch(g) as lens, torch.no_grad():  # names are stable across watches
         g(*inputs)
@@ -187,7 +191,9 @@ def test_ppocr_detector_verdict_matches_real_fp16_and_patch_fixes_it(ppocr, pixe
     assert torch.equal(out, want)
     half_model = copy.deepcopy(ppocr).half()
     inf_buffers = {
-        name.rpartition(".")[0] for name, b in half_model.named_buffers() if not torch.isfinite(b).all()
+        name.rpartition(".")[0]
+        for name, b in half_model.named_buffers()
+        if not torch.isfinite(b).all()
     }
     found = {f.site for f in report.findings if f.mechanism == "parameter"}
     assert inf_buffers and found == inf_buffers  # the BN running_var that .half() makes inf
@@ -199,8 +205,10 @@ def test_ppocr_detector_verdict_matches_real_fp16_and_patch_fixes_it(ppocr, pixe
     after = _half(patched, (x,))
     assert not any(not torch.isfinite(b).all() for b in copy.deepcopy(patched).half().buffers())
     err_before, err_after = ((h - want).abs().mean().item() for h in (before, after))
-    print(f"{pixels}: mean |FP16 - FP32| {err_before:.3g} -> {err_after:.3g} after patch, "
-          f"text-mask (p > 0.3) disagreement {_disagree(before, want):.3g} -> {_disagree(after, want):.3g}")
+    print(
+        f"{pixels}: mean |FP16 - FP32| {err_before:.3g} -> {err_after:.3g} after patch, "
+        f"text-mask (p > 0.3) disagreement {_disagree(before, want):.3g} -> {_disagree(after, want):.3g}"
+    )
     assert err_after <= err_before and err_after < 1e-2
     assert _disagree(after, want) <= _disagree(before, want) and _disagree(after, want) < 0.01
 

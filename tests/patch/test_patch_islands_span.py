@@ -120,7 +120,9 @@ def test_islands_next_to_each_other_pass_fp32_between_them():
     assert set(islands) == {"exp", "log"} and islands["exp"].fp32_out and islands["log"].fp32_in
     assert patched.exp.fp32_out and patched.log.fp32_in  # what the modules do
     _proven(model, patched, inputs)
-    assert fp16lens.verify(model, patched, [inputs], backend="torch-emulated")  # its emulation agrees
+    assert fp16lens.verify(
+        model, patched, [inputs], backend="torch-emulated"
+    )  # its emulation agrees
 
 
 def test_stft_magnitude_of_raw_int16_samples_stays_fp32_up_to_the_log():
@@ -143,7 +145,11 @@ def _onnx_half(proto, feed: dict, fp32_nodes: set[str]):
 
     m = copy.deepcopy(proto)
     inferred = onnx.shape_inference.infer_shapes(m).graph
-    floats = {v.name for v in (*inferred.value_info, *inferred.output) if v.type.tensor_type.elem_type == 1}
+    floats = {
+        v.name
+        for v in (*inferred.value_info, *inferred.output)
+        if v.type.tensor_type.elem_type == 1
+    }
     nodes = []
     for node in m.graph.node:
         nodes.append(node)
@@ -158,7 +164,9 @@ def _onnx_half(proto, feed: dict, fp32_nodes: set[str]):
     m.graph.node.extend(nodes)
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    return ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, feed)[0]
+    return ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(
+        None, feed
+    )[0]
 
 
 def test_onnx_spectrogram_region_between_islands_does_not_flush_before_the_log():
@@ -275,7 +283,9 @@ def test_an_input_no_layer_can_hold_the_factor_is_said_unresolved():
     the_plan = get_plan(patch(model, _report(model, inputs)))
     assert not the_plan.input_scales
     assert [u.site for u in the_plan.unresolved] == ["input[0]"]
-    assert ":mul" in the_plan.unresolved[0].reason and "divide it by" in the_plan.unresolved[0].reason
+    assert (
+        ":mul" in the_plan.unresolved[0].reason and "divide it by" in the_plan.unresolved[0].reason
+    )
 
 
 def _ppocr_det_torch():
@@ -320,6 +330,8 @@ def test_real_text_detector_on_raw_pixels_is_finite_in_fp16_and_watch_agrees():
         assert relative_error(want, patched(*inputs)) <= FP32_TOL
     half = _half(patched, inputs).float()
     assert torch.isfinite(half).all()
-    cos = torch.nn.functional.cosine_similarity(want.flatten().double(), half.flatten().double(), dim=0)
+    cos = torch.nn.functional.cosine_similarity(
+        want.flatten().double(), half.flatten().double(), dim=0
+    )
     assert cos > 0.999
     assert _report(patched, inputs).clean

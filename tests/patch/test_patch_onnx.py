@@ -63,6 +63,7 @@ def _rules(plan, name=lambda s: s) -> set:
 
 # ---- a decomposed and a fused LayerNorm: the same fix as the PyTorch path ---------------
 
+
 @pytest.mark.parametrize("opset", [17, 11])
 def test_layernorm_variance_same_fix_as_pytorch(opset, tmp_path):
     model, (x,) = models.layernorm_variance()
@@ -72,8 +73,11 @@ def test_layernorm_variance_same_fix_as_pytorch(opset, tmp_path):
     plan = fp16lens.plan(path, report)
     norm = "/norm/LayerNormalization" if opset == 17 else "/norm/Pow"  # the scan's site
     names = {"/proj/MatMul": "proj", norm: "norm"}
-    assert _rules(plan, names.get) == _rules(want) == {("proj", "linear", 1.0, 32.0),
-                                                      ("norm", "norm", 32.0, 1.0)}
+    assert (
+        _rules(plan, names.get)
+        == _rules(want)
+        == {("proj", "linear", 1.0, 32.0), ("norm", "norm", 32.0, 1.0)}
+    )
     assert [r.factor for r in plan.regions] == [r.factor for r in want.regions] == [32.0]
     original = onnx.load(path)
     fixed = fp16lens.patch(path, report)
@@ -92,8 +96,10 @@ def test_layernorm_variance_same_fix_as_pytorch(opset, tmp_path):
         (got,) = [inits[i] for i in nodes["/norm/Add"].input if i in inits]  # was a Constant
         assert float(got) == pytest.approx(1e-5 / 1024, rel=1e-6)
         ref = _run(original, x)[0]
-        before, after = onnx_fp16_run(original, {"onnx::MatMul_0": x.numpy()})[0], \
-            onnx_fp16_run(fixed, {"onnx::MatMul_0": x.numpy()})[0]
+        before, after = (
+            onnx_fp16_run(original, {"onnx::MatMul_0": x.numpy()})[0],
+            onnx_fp16_run(fixed, {"onnx::MatMul_0": x.numpy()})[0],
+        )
         assert _rel(ref, before) > 0.5  # (x-mean)^2 -> inf: the norm's output is 0
         assert _rel(ref, after) < 1e-2 and np.isfinite(after).all()
 
@@ -123,6 +129,7 @@ def test_shared_initializers_copied_for_the_rescaled_user_only(tmp_path):
 
 # ---- the seed case: BN overflow through a residual add into a neck BN with var 1.4e9 ----
 
+
 @functools.cache
 def _seed_names() -> frozenset[str]:
     return frozenset(n for n, _ in models.TextDetector().named_modules())
@@ -138,17 +145,26 @@ def _module(site: str) -> str:
 def test_seed_case_same_fix_as_pytorch_and_real_fp16_finite(opset, tmp_path):
     model, (x,) = models.seed_case()
     want = fp16lens.plan(model, fp16lens.scan(model, [x], progress=False))
-    path = _export(model, x, tmp_path / "seed.onnx", opset, training=torch.onnx.TrainingMode.PRESERVE)
+    path = _export(
+        model, x, tmp_path / "seed.onnx", opset, training=torch.onnx.TrainingMode.PRESERVE
+    )
     report = fp16lens.scan(path, [x], progress=False)
     plan = fp16lens.plan(path, report)
     got = _rules(plan, _module)
     # PyTorch's BasicBlock calls one ReLU module twice, so its region also takes in bn1 and
     # conv2 of both blocks (one module, one scale); the graph has two Relu nodes
-    reused = {(m, rule, s_in, s_out) for m, rule, s_in, s_out in _rules(want)
-              if m.rsplit(".", 1)[-1] in ("bn1", "conv2")}
+    reused = {
+        (m, rule, s_in, s_out)
+        for m, rule, s_in, s_out in _rules(want)
+        if m.rsplit(".", 1)[-1] in ("bn1", "conv2")
+    }
     assert got == _rules(want) - reused and len(got) == 6
     assert ("neck.reduce_c5.1", "bn-affine", 16.0, 1.0) in got
-    assert sorted(r.factor for r in plan.regions) == sorted(r.factor for r in want.regions) == [16.0, 32.0]
+    assert (
+        sorted(r.factor for r in plan.regions)
+        == sorted(r.factor for r in want.regions)
+        == [16.0, 32.0]
+    )
     assert not plan.islands and not plan.unresolved
     original = onnx.load(path)
     fixed = fp16lens.patch(path, report)
@@ -158,7 +174,8 @@ def test_seed_case_same_fix_as_pytorch_and_real_fp16_finite(opset, tmp_path):
     inits = {t.name: onnx.numpy_helper.to_array(t) for t in fixed.graph.initializer}
     for t in original.graph.initializer:
         assert np.array_equal(inits[t.name], onnx.numpy_helper.to_array(t)) or any(
-            _module(n.name) in {r[0] for r in got} for n in original.graph.node if t.name in n.input)
+            _module(n.name) in {r[0] for r in got} for n in original.graph.node if t.name in n.input
+        )
     feed = {original.graph.input[0].name: x.numpy()}
     ref = _run(original, x)[0]
     before, after = onnx_fp16_run(original, feed)[0], onnx_fp16_run(fixed, feed)[0]
@@ -176,9 +193,13 @@ def test_join_operand_gets_one_exact_mul_without_extending(tmp_path):
     (mul,) = plan.multiplies  # the residual operand from layer4.0, as on the PyTorch path
     (torch_mul,) = want.multiplies
     assert (_module(mul.site), [_module(c).replace("relu_1", "relu") for c in mul.cut]) == (
-        "backbone.layer4.1", list(torch_mul.cut))
+        "backbone.layer4.1",
+        list(torch_mul.cut),
+    )
     (node,) = [n for n in fixed.graph.node if n.op_type == "Mul"]
-    (factor,) = [onnx.numpy_helper.to_array(t) for t in fixed.graph.initializer if t.name == node.input[1]]
+    (factor,) = [
+        onnx.numpy_helper.to_array(t) for t in fixed.graph.initializer if t.name == node.input[1]
+    ]
     assert float(factor) == mul.factor and np.log2(mul.factor) == round(np.log2(mul.factor))
     original = onnx.load(path)
     _checked(fixed, original, x)
@@ -197,7 +218,10 @@ def test_fp32_island_named_in_metadata(tmp_path):
     kept = fp32_nodes(fixed)
     assert json.loads(dict((p.key, p.value) for p in fixed.metadata_props)[FP32_NODES_KEY]) == kept
     (pre,) = [n for n in fixed.graph.node if n.name in kept and n.op_type == "Mul"]
-    assert kept == ["/act/Erf", pre.name] and pre.output[0] in {n.name: n for n in fixed.graph.node}["/act/Erf"].input
+    assert (
+        kept == ["/act/Erf", pre.name]
+        and pre.output[0] in {n.name: n for n in fixed.graph.node}["/act/Erf"].input
+    )
     original = onnx.load(path)
     _checked(fixed, original, x)
     feed = {original.graph.input[0].name: x.numpy()}
@@ -206,7 +230,10 @@ def test_fp32_island_named_in_metadata(tmp_path):
     after = onnx_fp16_run(fixed, feed, kept)[0]
     assert np.isfinite(after).all() and _rel(ref, after) < 1e-2
     again = fp16lens.scan(fixed, [x], progress=False)  # the patched graph scans clean
-    assert again.clean and fp16lens.patch(fixed, again).SerializeToString() == fixed.SerializeToString()
+    assert (
+        again.clean
+        and fp16lens.patch(fixed, again).SerializeToString() == fixed.SerializeToString()
+    )
 
 
 def test_clean_model_empty_plan_and_unchanged_graph(tmp_path):
@@ -247,6 +274,7 @@ def test_stale_report_refused(tmp_path):
 
 # ---- a published model: PP-OCRv4's detector with a BN of running_var 9.8e7 --------------
 
+
 @pytest.mark.parametrize("normalized", [True, False], ids=["normalized", "raw-0-255"])
 def test_ppocr_det_patched_finds_the_word_in_real_fp16(normalized):
     import zoo_real
@@ -261,12 +289,16 @@ def test_ppocr_det_patched_finds_the_word_in_real_fp16(normalized):
     assert report.sites[bn.module].op == "BatchNormalization"
     assert not plan.unresolved  # SE products x * gate(x) carry x's scale
     # raw pixels: hardswish's Clip(x + 3) sees x / 16 and runs as an FP32 island (Muls by 16)
-    assert [(i.module, i.in_scale) for i in plan.islands] == ([] if normalized else [("p2o.Clip.2", 16.0)])
+    assert [(i.module, i.in_scale) for i in plan.islands] == (
+        [] if normalized else [("p2o.Clip.2", 16.0)]
+    )
     original = onnx.load(path)
     fixed = fp16lens.patch(path, report, batches=[{"x": x}])  # proven in FP16 on the page
     onnx.checker.check_model(fixed, full_check=True)
     kept = fp32_nodes(fixed)
-    assert len(kept) == (0 if normalized else 2) and all(n.name for n in fixed.graph.node if n.name in kept)
+    assert len(kept) == (0 if normalized else 2) and all(
+        n.name for n in fixed.graph.node if n.name in kept
+    )
     ref = _run(original, x)[0]
     assert _rel(ref, _run(fixed, x)[0]) < 1e-4  # the affine form rounds once in FP32
     text = ref > 0.3
@@ -288,8 +320,25 @@ def test_cli_patches_an_onnx_file(tmp_path, capsys):
     assert "patched model saved to" in printed and "/norm/Pow" in printed
     _checked(onnx.load(str(out)), onnx.load(path), x)
     np.savez(tmp_path / "in.npz", **{onnx.load(path).graph.input[0].name: x.numpy()})
-    assert main(["patch", path, "--report", str(tmp_path / "r.json"), "-o", str(out), "--json",
-                 "--input", str(tmp_path / "in.npz")]) == 0
+    assert (
+        main(
+            [
+                "patch",
+                path,
+                "--report",
+                str(tmp_path / "r.json"),
+                "-o",
+                str(out),
+                "--json",
+                "--input",
+                str(tmp_path / "in.npz"),
+            ]
+        )
+        == 0
+    )
     assert json.loads(capsys.readouterr().out)["fixed"] is True
-    assert main(["patch", path, "--report", str(tmp_path / "r.json"), "-o", str(tmp_path / "p.pt")]) == 2
+    assert (
+        main(["patch", path, "--report", str(tmp_path / "r.json"), "-o", str(tmp_path / "p.pt")])
+        == 2
+    )
     assert "saved as ONNX" in capsys.readouterr().err

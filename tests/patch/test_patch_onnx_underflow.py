@@ -56,8 +56,11 @@ SMALL = [  # (graph, input, its FP32 islands)
     (sqrt_div, quiet, ["square", "add_eps", "sqrt", "div"]),
     (reciprocal, quiet, ["square", "add_eps", "recip"]),
     (pow_neg, quiet, ["square", "add_eps", "rsqrt"]),
-    (softmax_by_hand, lambda: np.random.default_rng(1).uniform(-40, -20, (4, 16)).astype(np.float32),
-     ["exp", "sum", "div"]),
+    (
+        softmax_by_hand,
+        lambda: np.random.default_rng(1).uniform(-40, -20, (4, 16)).astype(np.float32),
+        ["exp", "sum", "div"],
+    ),
 ]
 
 
@@ -75,7 +78,9 @@ def test_small_graphs_patched_into_an_island_are_finite_in_fp16(build, make_x, i
     inputs = {i.name: i.type for i in ort.InferenceSession(str(typed)).get_inputs()}
     out = _run(typed, {"x": x.astype(np.float16) if "float16" in inputs["x"] else x})["y"]
     assert np.isfinite(out).all()
-    np.testing.assert_allclose(out.astype(np.float32), ref, rtol=2e-3, atol=2e-3 * np.abs(ref).max())
+    np.testing.assert_allclose(
+        out.astype(np.float32), ref, rtol=2e-3, atol=2e-3 * np.abs(ref).max()
+    )
 
 
 @pytest.fixture(scope="module")

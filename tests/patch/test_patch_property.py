@@ -24,7 +24,9 @@ def _report(model, inputs):
     return lens.report
 
 
-@settings(max_examples=25, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=25, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow]
+)
 @given(
     spec=st.lists(BLOCKS, min_size=2, max_size=7),
     seed=st.integers(0, 2**16),

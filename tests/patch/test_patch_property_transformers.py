@@ -20,7 +20,9 @@ from plant import cosine, run_half, watch_report
 
 
 @pytest.mark.slow
-@settings(max_examples=20, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=20, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow]
+)
 @given(
     seed=st.integers(0, 2**16),
     layers=st.integers(1, 3),
@@ -30,7 +32,9 @@ from plant import cosine, run_half, watch_report
     plant_at=st.integers(0, 5),
     peak=st.sampled_from([2.0e5, 3.0e6, 4.0e7]),
 )
-def test_a_planted_stream_is_rescaled_exactly_without_islands(seed, layers, pre_ln, attention, tokens, plant_at, peak):
+def test_a_planted_stream_is_rescaled_exactly_without_islands(
+    seed, layers, pre_ln, attention, tokens, plant_at, peak
+):
     model, inputs = stream_net(seed, layers, pre_ln, attention, tokens, plant_at, peak)
     report = watch_report(model, inputs)
     assert report.spans

@@ -25,11 +25,17 @@ from fp16lens.patch import PatchWarning, get_plan
 
 def _half(model, *inputs):
     with torch.no_grad():
-        return copy.deepcopy(model).half()(*[t.half() if t.is_floating_point() else t for t in inputs])
+        return copy.deepcopy(model).half()(
+            *[t.half() if t.is_floating_point() else t for t in inputs]
+        )
 
 
 def _cos(a, b) -> float:
-    return float(nn.functional.cosine_similarity(a.detach().double().flatten(), b.detach().double().flatten(), dim=0))
+    return float(
+        nn.functional.cosine_similarity(
+            a.detach().double().flatten(), b.detach().double().flatten(), dim=0
+        )
+    )
 
 
 # ---- models -----------------------------------------------------------------------------
@@ -140,7 +146,11 @@ def _island_stops_at_the_mul(monkeypatch):
     reach = _planner.widen
 
     def out_of_range_only(graph, report, root, fp32, acts):
-        return {s for s in reach(graph, report, root, fp32, acts) if not report.sites[s].absmax <= FP16_MAX}
+        return {
+            s
+            for s in reach(graph, report, root, fp32, acts)
+            if not report.sites[s].absmax <= FP16_MAX
+        }
 
     monkeypatch.setattr(_planner, "widen", out_of_range_only)
 
@@ -150,7 +160,9 @@ def test_unresolved_warns_naming_the_site_and_strict_raises():
     model, x = _untraceable()
     report = fp16lens.scan(model, [x], progress=False)
     assert not torch.isfinite(_half(model, x)).all()
-    with pytest.warns(PatchWarning, match=r"unresolved[\s\S]*:mul: span conv -> [\s\S]*strict=True"):
+    with pytest.warns(
+        PatchWarning, match=r"unresolved[\s\S]*:mul: span conv -> [\s\S]*strict=True"
+    ):
         patched = fp16lens.patch(model, report)
     unresolved = get_plan(patched).unresolved
     assert ":mul" in [u.site for u in unresolved]
@@ -176,7 +188,9 @@ def test_output_span_is_the_planners_fp32_island_proven_and_handing_fp32_out():
     out = _half(patched, ids)
     assert out.dtype == torch.float32 and torch.isfinite(out).all()
     assert _cos(out, model(ids)) > 0.9999
-    fp16lens.patch(model, report, batches=[{"input_ids": ids}], strict=True)  # proven: strict passes
+    fp16lens.patch(
+        model, report, batches=[{"input_ids": ids}], strict=True
+    )  # proven: strict passes
 
 
 # ---- the planner's islands reach far enough; the proof widens what stops too early ------------
@@ -204,7 +218,9 @@ def test_batches_widen_an_island_that_stops_too_early_until_real_fp16_is_finite(
     model, x = _hardswish()
     report = fp16lens.scan(model, [x], progress=False)
     _island_stops_at_the_mul(monkeypatch)
-    assert [i.module for i in fp16lens.plan(model, report).islands] == ["mul"]  # the island on the mul only
+    assert [i.module for i in fp16lens.plan(model, report).islands] == [
+        "mul"
+    ]  # the island on the mul only
     # without widening (max_rounds=0) the proof finds the island hands 7.9e4-like values back in FP16
     with pytest.warns(PatchWarning, match="fp16-proof: real FP16 still fails"):
         first = fp16lens.patch(model, report, batches=[x], max_rounds=0)
@@ -214,7 +230,12 @@ def test_batches_widen_an_island_that_stops_too_early_until_real_fp16_is_finite(
         patched = fp16lens.patch(model, report, batches=[x])
     plan = get_plan(patched)
     assert [(w.modules, w.fp32_out) for w in plan.widened] == [(("mul", "div"), ("mul",))]
-    assert plan.proven and plan.proof[0].finite and plan.proof[0].cosine >= 0.999 and not plan.unresolved
+    assert (
+        plan.proven
+        and plan.proof[0].finite
+        and plan.proof[0].cosine >= 0.999
+        and not plan.unresolved
+    )
     out = _half(patched, x)
     assert torch.isfinite(out).all() and _cos(out, model(x)) >= 0.999
     with torch.no_grad():
@@ -223,7 +244,9 @@ def test_batches_widen_an_island_that_stops_too_early_until_real_fp16_is_finite(
     assert "spans kept FP32 end to end" in _rendered(plan)
 
 
-def test_without_batches_the_statistics_widen_the_island_and_a_warning_says_fp16_did_not_run(monkeypatch):
+def test_without_batches_the_statistics_widen_the_island_and_a_warning_says_fp16_did_not_run(
+    monkeypatch,
+):
     model, x = _hardswish()
     report = fp16lens.scan(model, [x], progress=False)
     _island_stops_at_the_mul(monkeypatch)
@@ -231,7 +254,9 @@ def test_without_batches_the_statistics_widen_the_island_and_a_warning_says_fp16
         patched = fp16lens.patch(model, report)
     plan = get_plan(patched)
     assert not plan.proven and not plan.fp16_checked and plan.fp32_checked
-    assert [w.modules for w in plan.widened] == [("mul", "div")]  # the island's recorded output is 1.9e5
+    assert [w.modules for w in plan.widened] == [
+        ("mul", "div")
+    ]  # the island's recorded output is 1.9e5
     assert any("FP16 check did not run" in n for n in plan.notes)
     out = _half(patched, x)
     assert torch.isfinite(out).all() and _cos(out, model(x)) >= 0.999
@@ -250,7 +275,11 @@ def test_token_id_model_fp32_check_runs_on_recorded_ids():
     model, ids = _tokens()
     report = fp16lens.scan(model, [{"input_ids": ids}], progress=False)
     (spec,) = report.meta.inputs
-    assert spec["name"] == "input_ids" and spec["dtype"] == "int64" and 0 <= spec["min"] <= spec["max"] < 50
+    assert (
+        spec["name"] == "input_ids"
+        and spec["dtype"] == "int64"
+        and 0 <= spec["min"] <= spec["max"] < 50
+    )
     loaded = fp16lens.Report.from_dict(json.loads(report.to_json()))
     assert loaded.meta.inputs == report.meta.inputs
     with warnings.catch_warnings(record=True) as caught:
@@ -287,14 +316,22 @@ def test_tiny_bert_fp32_check_runs_on_token_ids():
 
     need_torchvision()  # transformers imports torchvision where it is installed
     transformers = pytest.importorskip("transformers")
-    config = transformers.BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                                     intermediate_size=64, max_position_embeddings=32)
+    config = transformers.BertConfig(
+        vocab_size=64,
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=32,
+    )
     torch.manual_seed(0)
     model = transformers.BertModel(config).eval()
     with torch.no_grad():
         model.embeddings.word_embeddings.weight.mul_(2e5)  # a table beyond FP16: something to patch
     ids = torch.randint(0, 64, (1, 8))
-    report = fp16lens.scan(model, [{"input_ids": ids, "attention_mask": torch.ones_like(ids)}], progress=False)
+    report = fp16lens.scan(
+        model, [{"input_ids": ids, "attention_mask": torch.ones_like(ids)}], progress=False
+    )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         patched = fp16lens.patch(model, report)
@@ -394,12 +431,21 @@ def test_cli_patch_with_input_proves_the_patched_model(tmp_path, capsys, monkeyp
     model, x = _hardswish()
     source = "\n\n".join(inspect.getsource(c) for c in (_Mul, _Add, _Div, Hardswish))
     (tmp_path / "prove_model.py").write_text(
-        "import torch\nfrom torch import nn\n\n" + source
-        + "\n\ndef build():\n    torch.manual_seed(0)\n    return Hardswish().eval()\n")
+        "import torch\nfrom torch import nn\n\n"
+        + source
+        + "\n\ndef build():\n    torch.manual_seed(0)\n    return Hardswish().eval()\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     torch.save([x], tmp_path / "in.pt")
     fp16lens.scan(model, [x], progress=False).save(tmp_path / "r.json")
-    args = ["patch", "prove_model:build", "--report", str(tmp_path / "r.json"), "-o", str(tmp_path / "p.pt2")]
+    args = [
+        "patch",
+        "prove_model:build",
+        "--report",
+        str(tmp_path / "r.json"),
+        "-o",
+        str(tmp_path / "p.pt2"),
+    ]
     assert main([*args, "--input", str(tmp_path / "in.pt"), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["proven"] is True and not out["plan"]["widened"] and not out["plan"]["unresolved"]
@@ -438,7 +484,9 @@ def test_root_ops_become_the_planners_fx_island_proven_without_widening():
         patched = fp16lens.patch(model, report, batches=[x])
     plan = get_plan(patched)
     assert plan.proven and not plan.widened and not plan.unresolved
-    assert any(i.nodes for i in plan.islands) and plan.fp16_flop_share > 0  # the out conv stays FP16
+    assert (
+        any(i.nodes for i in plan.islands) and plan.fp16_flop_share > 0
+    )  # the out conv stays FP16
     out = _half(patched, x)
     assert torch.isfinite(out).all() and _cos(out, model(x)) >= 0.999
 
@@ -450,7 +498,9 @@ def test_the_last_resort_keeps_the_whole_model_fp32_and_says_so():
     with pytest.warns(PatchWarning, match="whole model was kept FP32"):
         patched = fp16lens.patch(model, report, batches=[x])
     plan = get_plan(patched)
-    assert plan.proven and any("" in w.modules for w in plan.widened) and plan.fp16_flop_share == 0.0
+    assert (
+        plan.proven and any("" in w.modules for w in plan.widened) and plan.fp16_flop_share == 0.0
+    )
     out = _half(patched, x)
     assert torch.isfinite(out).all() and _cos(out, model(x)) >= 0.999
 
@@ -468,7 +518,8 @@ def test_ppocr_through_onnx2torch_on_a_raw_sentence_the_planners_islands_reach_t
     import zoo_real
 
     spec = importlib.util.spec_from_file_location(
-        "_fx_graphs", pathlib.Path(__file__).with_name("test_patch_fx_graphs.py"))
+        "_fx_graphs", pathlib.Path(__file__).with_name("test_patch_fx_graphs.py")
+    )
     fx_graphs = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(fx_graphs)
     try:
@@ -491,4 +542,6 @@ def test_ppocr_through_onnx2torch_on_a_raw_sentence_the_planners_islands_reach_t
     assert islands["p2o/Mul/8"].fp32_out and islands["p2o/Div/1"].fp32_in
     out = _half(patched, x).float()
     assert torch.isfinite(out).all() and _cos(out, want) >= 0.999
-    assert ((out > 0.3) != (want > 0.3)).float().mean() < 0.005 and (want > 0.3).float().mean() > 0.1
+    assert ((out > 0.3) != (want > 0.3)).float().mean() < 0.005 and (
+        want > 0.3
+    ).float().mean() > 0.1

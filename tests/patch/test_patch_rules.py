@@ -80,8 +80,9 @@ def test_bn_affine_float64_algebra(s_in, s_out):
     torch.testing.assert_close(got, bn(x) / s_out, rtol=1e-12, atol=1e-12)
     # stored in a BatchNorm with mean 0, var 0.5, eps 0.5 (patch's form) it computes the same
     var = torch.full((6,), BN_AFFINE_VAR, dtype=torch.float64)
-    stored = F.batch_norm(x / s_in, torch.zeros(6).double(), var, scale, shift, False, 0.0,
-                          BN_AFFINE_EPS)
+    stored = F.batch_norm(
+        x / s_in, torch.zeros(6).double(), var, scale, shift, False, 0.0, BN_AFFINE_EPS
+    )
     torch.testing.assert_close(stored, bn(x) / s_out, rtol=1e-12, atol=1e-12)
 
 

@@ -51,11 +51,19 @@ def test_report_advice_agrees_with_patch_on_the_product():
     report = watch_report(model, inputs)
     graph = build_graph(model, report)
     assert graph.carries == {"se:mul": "act"}
-    assert report_class(report, "se:mul") == KIND_CLASS[graph.kinds["se:mul"]] == OpClass.HOMOGENEOUS
+    assert (
+        report_class(report, "se:mul") == KIND_CLASS[graph.kinds["se:mul"]] == OpClass.HOMOGENEOUS
+    )
 
 
 def test_product_carrier_is_the_operand_the_other_is_computed_from():
-    producers = {"mul": ["gate", "x"], "gate": ["fc2"], "fc2": ["fc1"], "fc1": ["pool"], "pool": ["x"]}
+    producers = {
+        "mul": ["gate", "x"],
+        "gate": ["fc2"],
+        "fc2": ["fc1"],
+        "fc1": ["pool"],
+        "pool": ["x"],
+    }
     assert product_carrier("mul", producers) == "x"
     assert product_carrier("mul", {"mul": ["a", "b"], "a": ["in"], "b": ["in"]}) is None  # siblings
     assert product_carrier("mul", {"mul": ["a"], "a": ["in"]}) is None  # x * x or x * constant

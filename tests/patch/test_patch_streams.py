@@ -47,8 +47,11 @@ def test_torchvision_vit_stream_from_class_token_to_final_norm():
     the_plan, _ = _exact(model, inputs)
     region, by = _one_stream(the_plan)
     p = region.factor
-    assert set(region.entries) >= {"conv_proj", "encoder.layers.encoder_layer_0.mlp.3",
-                                   "encoder.layers.encoder_layer_1.self_attention.out_proj"}
+    assert set(region.entries) >= {
+        "conv_proj",
+        "encoder.layers.encoder_layer_0.mlp.3",
+        "encoder.layers.encoder_layer_1.self_attention.out_proj",
+    }
     assert "encoder.ln" in region.exits and "encoder.layers.encoder_layer_0.ln_1" in region.exits
     # the parameters joining the stream take its scale in place (no run-time op)
     assert (by["class_token"].rule, by["class_token"].s_out) == ("parameter", p)
@@ -67,7 +70,11 @@ def test_torchvision_swin_functional_projection_and_patch_merging_carry_the_stre
     region, by = _one_stream(the_plan)
     assert "features.1.1.attn:addmm#2" in region.entries and "features.2:cat" in region.sites
     assert "features.2.norm" in region.exits
-    assert by["features.1.1.attn.proj.weight"].s_out == by["features.1.1.attn.proj.bias"].s_out == region.factor
+    assert (
+        by["features.1.1.attn.proj.weight"].s_out
+        == by["features.1.1.attn.proj.bias"].s_out
+        == region.factor
+    )
     assert "features.1.1.attn.qkv.weight" not in by  # the attention itself is unscaled
 
 
@@ -84,7 +91,9 @@ def test_gpt2_conv1d_projections_and_embeddings_absorb_the_stream_scale():
     model, inputs = hf_tiny("gpt2", plant="model.h.0.mlp.c_proj")
     the_plan, _ = _exact(model, inputs)
     region, by = _one_stream(the_plan)
-    assert {"model.wte", "model.wpe", "model.h.0.attn.c_proj", "model.h.1.mlp.c_proj"} <= set(region.entries)
+    assert {"model.wte", "model.wpe", "model.h.0.attn.c_proj", "model.h.1.mlp.c_proj"} <= set(
+        region.entries
+    )
     assert by["model.wte"].s_out == region.factor and by["model.h.0.attn.c_proj"].rule == "linear"
     assert not any(m.endswith("c_attn") or m.endswith("c_fc") for m in by)  # fed by LN outputs
 
@@ -167,7 +176,11 @@ class _XW(nn.Module):
 
     def __init__(self, power: int = 1):
         super().__init__()
-        self.power, self.weight, self.bias = power, nn.Parameter(torch.randn(8, 6)), nn.Parameter(torch.randn(6))
+        self.power, self.weight, self.bias = (
+            power,
+            nn.Parameter(torch.randn(8, 6)),
+            nn.Parameter(torch.randn(6)),
+        )
 
     def forward(self, x):
         return (x @ self.weight + self.bias) ** self.power
@@ -179,7 +192,9 @@ def test_probes_find_weights_by_what_modules_compute():
     assert input_linear_weight(mha, x) == ("in_proj_weight", None)  # q, k, v read x through it
     assert output_linear_child(mha, x) == ("out_proj.weight", "out_proj.bias")
     assert output_linear_child(nn.Sequential(nn.Linear(8, 8), nn.GELU()), x) is None
-    assert input_linear_weight(nn.Sequential(nn.LayerNorm(8), nn.Linear(8, 8)), x) is None  # the norm: invariant
+    assert (
+        input_linear_weight(nn.Sequential(nn.LayerNorm(8), nn.Linear(8, 8)), x) is None
+    )  # the norm: invariant
     assert fused_kind(_XW()) == Kind.LINEAR and fused_kind(_XW(power=2)) is None
 
 
@@ -205,4 +220,6 @@ def test_a_product_with_a_number_passes_the_scale_a_square_does_not():
     square = ScaledProducts(square=True).eval()
     square.load_state_dict(model.state_dict())
     graph_plan = fp16lens.plan(square, watch_report(square, (x,)))
-    assert not any(":mul#2" in r.sites for r in graph_plan.regions)  # x * x: degree 2, never in a region
+    assert not any(
+        ":mul#2" in r.sites for r in graph_plan.regions
+    )  # x * x: degree 2, never in a region

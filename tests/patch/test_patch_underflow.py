@@ -24,7 +24,11 @@ def _report(model, x):
 
 # blocks whose recorded values let an exact rule of the algebra fix them (the scale lifts the
 # flushed values and keeps the peaks in FP16); the others become the FP32 island
-EXACT = {"log10-clamp": "underflow-log", "pow-negative": "underflow-power", "clip-in-place-div": "underflow-ratio"}
+EXACT = {
+    "log10-clamp": "underflow-log",
+    "pow-negative": "underflow-power",
+    "clip-in-place-div": "underflow-ratio",
+}
 
 
 @pytest.mark.parametrize("name", um.FAILING)
@@ -55,6 +59,7 @@ def test_island_makes_real_fp16_finite(name):
 
 def test_block_in_the_models_own_forward_is_unresolved():
     """No submodule holds the block: the model itself cannot be an island; the plan says so."""
+
     class Flat(torch.nn.Module):
         def forward(self, x):
             return torch.log(x * x + 1e-10)

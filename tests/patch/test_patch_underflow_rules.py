@@ -72,22 +72,57 @@ class ReluNet(nn.Module):
 
 CASES = {  # name -> (block, quiet scale, loud scale, rule, where the scale ends)
     "log-then-linear": (LogLinear, 1e-4, 1.0, "underflow-log", "the bias of proj"),
-    "log-then-add": (lambda: um.Fn(lambda x: torch.log(x * x + 1e-8) + 5.0), 1e-4, 1.0, "underflow-log",
-                     "the constant of add"),
-    "log2-alone": (lambda: um.Fn(lambda x: torch.log2(x * x + 1e-8)), 1e-4, 1.0, "underflow-log",
-                   "one subtraction"),
-    "log10-eps-first-clamped": (lambda: um.Fn(lambda x: torch.log10(torch.clamp(1e-8 + x * x, min=1e-8))),
-                                1e-4, 1.0, "underflow-log", "one subtraction"),
-    "log-of-a-band-sum": (lambda: um.Fn(lambda x: torch.log(x.reshape(6, 4, 4).pow(2).sum(-1) + 1e-8)), 1e-4, 1.0,
-                          "underflow-log", "one subtraction"),  # through a view, pow(2), a sum
+    "log-then-add": (
+        lambda: um.Fn(lambda x: torch.log(x * x + 1e-8) + 5.0),
+        1e-4,
+        1.0,
+        "underflow-log",
+        "the constant of add",
+    ),
+    "log2-alone": (
+        lambda: um.Fn(lambda x: torch.log2(x * x + 1e-8)),
+        1e-4,
+        1.0,
+        "underflow-log",
+        "one subtraction",
+    ),
+    "log10-eps-first-clamped": (
+        lambda: um.Fn(lambda x: torch.log10(torch.clamp(1e-8 + x * x, min=1e-8))),
+        1e-4,
+        1.0,
+        "underflow-log",
+        "one subtraction",
+    ),
+    "log-of-a-band-sum": (
+        lambda: um.Fn(lambda x: torch.log(x.reshape(6, 4, 4).pow(2).sum(-1) + 1e-8)),
+        1e-4,
+        1.0,
+        "underflow-log",
+        "one subtraction",
+    ),  # through a view, pow(2), a sum
     "log-mel-by-matmul": (MelLog, 3e-5, 1.0, "underflow-log", "one subtraction"),
-    "energy-ratio": (lambda: um.Fn(lambda x: (x * x) / ((x * x).sum(-1, keepdim=True) + 1e-9)), 2e-5, 0.3,
-                     "underflow-ratio", "cancels"),
-    "rms-by-hand": (lambda: um.Fn(lambda x: x * torch.rsqrt((x * x).mean(-1, keepdim=True) + 1e-10)), 1e-4, 0.3,
-                    "underflow-power", "undone by mul"),
+    "energy-ratio": (
+        lambda: um.Fn(lambda x: (x * x) / ((x * x).sum(-1, keepdim=True) + 1e-9)),
+        2e-5,
+        0.3,
+        "underflow-ratio",
+        "cancels",
+    ),
+    "rms-by-hand": (
+        lambda: um.Fn(lambda x: x * torch.rsqrt((x * x).mean(-1, keepdim=True) + 1e-10)),
+        1e-4,
+        0.3,
+        "underflow-power",
+        "undone by mul",
+    ),
     "pow-then-linear": (PowLinear, 1e-4, 1.0, "underflow-power", "the weight of proj"),
-    "atan2-with-eps": (lambda: um.Fn(lambda x: torch.atan2(x * x + 1e-8, x.flip(-1) * x.flip(-1) + 1e-8)),
-                       1e-4, 1.0, "underflow-ratio", "cancels in atan2"),
+    "atan2-with-eps": (
+        lambda: um.Fn(lambda x: torch.atan2(x * x + 1e-8, x.flip(-1) * x.flip(-1) + 1e-8)),
+        1e-4,
+        1.0,
+        "underflow-ratio",
+        "cancels in atan2",
+    ),
 }
 
 
@@ -112,7 +147,9 @@ def _check_exact(model, x, rule, where, folded="front"):
     with torch.no_grad():
         ref = model(x)
         before = copy.deepcopy(model).half()(x.half()).float()
-    assert not before.isfinite().all() or _cosine(before, ref) < 0.99  # real FP16 breaks (atan2: 0, not inf)
+    assert (
+        not before.isfinite().all() or _cosine(before, ref) < 0.99
+    )  # real FP16 breaks (atan2: 0, not inf)
     report = _report(model, x)
     assert report.findings_by(Mechanism.UNDERFLOW)
     patched = patch(model, report, batches=[x])
@@ -146,9 +183,18 @@ def test_log_rule_folds_the_scale_into_the_front_layer():
     (u,) = get_plan(patched).underflow_rules
     j = u.exponent
     torch.testing.assert_close(patched.front.weight, model.front.weight * 2.0**j, rtol=0, atol=0)
-    shift = model.block.proj.weight.double().sum(1) * 2 * j * torch.log(torch.tensor(2.0, dtype=torch.float64))
-    torch.testing.assert_close(patched.block.proj.bias.double(), model.block.proj.bias.double() - shift,
-                               rtol=1e-6, atol=1e-6)
+    shift = (
+        model.block.proj.weight.double().sum(1)
+        * 2
+        * j
+        * torch.log(torch.tensor(2.0, dtype=torch.float64))
+    )
+    torch.testing.assert_close(
+        patched.block.proj.bias.double(),
+        model.block.proj.bias.double() - shift,
+        rtol=1e-6,
+        atol=1e-6,
+    )
     code = patched.block.code
     assert "sub" not in code and "2 **" not in code and "mul(" not in code.replace("mul = ", "")
 
@@ -164,7 +210,9 @@ def test_rule_without_a_layer_to_fold_multiplies_the_block_input():
 def _clamped():
     """log(clamp(x², 1e-8, 1e3)): the upper bound x 2^(2j) must stay in FP16 too (it is
     stored), which caps j at 2, too small to lift 1e-8 (the island)."""
-    return um.Net(um.Fn(lambda x: torch.log(torch.clamp(x * x, 1e-8, 1e3)))).eval(), um.quiet_rows(1e-4)
+    return um.Net(um.Fn(lambda x: torch.log(torch.clamp(x * x, 1e-8, 1e3)))).eval(), um.quiet_rows(
+        1e-4
+    )
 
 
 @pytest.mark.parametrize("name", ["softmax-by-hand", "log-square-eps", "clamp-max"])
@@ -180,7 +228,9 @@ def test_no_rule_keeps_the_island(name):
     the_plan = get_plan(patched)
     assert not the_plan.underflow_rules and [i.module for i in the_plan.islands] == ["block"]
     why = {"softmax-by-hand": "exp", "log-square-eps": "no 2^j", "clamp-max": "no 2^j"}[name]
-    assert any(n.startswith("no exact underflow rule in block") and why in n for n in the_plan.notes)
+    assert any(
+        n.startswith("no exact underflow rule in block") and why in n for n in the_plan.notes
+    )
     assert "no exact rule" in the_plan.islands[0].reason and the_plan.proven
     with torch.no_grad():
         assert copy.deepcopy(patched).half()(x.half()).isfinite().all()
@@ -201,7 +251,9 @@ def test_atan2_of_two_flushed_values_is_found_and_fixed():
     wrong = (before - ref).abs() > 0.1
     assert wrong.sum() >= 10 and wrong[3:].sum() == 0  # the quiet rows only
     (f,) = _report(model, x).findings_by(Mechanism.UNDERFLOW)
-    assert f.site == "block:atan2" and f.tensor.startswith("block:mul") and "atan2(0, 0)" in f.detail
+    assert (
+        f.site == "block:atan2" and f.tensor.startswith("block:mul") and "atan2(0, 0)" in f.detail
+    )
     assert f.count >= wrong.sum()
     patched = patch(model, _report(model, x))
     with torch.no_grad():
@@ -302,5 +354,9 @@ def test_rule_fixes_a_block_in_the_models_own_forward():
 
     model, x = RootLog().eval(), um.quiet_rows(1e-4)
     the_plan = _check_exact(model, x, "underflow-log", ": front weights x 2^", folded="")
-    assert the_plan.underflow_rules[0].owner == "" and the_plan.rewrites_root and not the_plan.unresolved
+    assert (
+        the_plan.underflow_rules[0].owner == ""
+        and the_plan.rewrites_root
+        and not the_plan.unresolved
+    )
     assert isinstance(patch(model, _report(model, x)), fx.GraphModule)

@@ -44,7 +44,9 @@ class _Page(HTMLParser):
         self.text.append(data)
 
     def find(self, tag, **attrs) -> list[dict]:
-        return [a for t, a in self.tags if t == tag and all(a.get(k) == v for k, v in attrs.items())]
+        return [
+            a for t, a in self.tags if t == tag and all(a.get(k) == v for k, v in attrs.items())
+        ]
 
 
 def parse(html: str) -> _Page:
@@ -55,7 +57,7 @@ def parse(html: str) -> _Page:
 
 
 def _site_names(page: _Page, html: str) -> list[str]:
-    body = html[html.index('<tbody>'):html.index('</tbody>')]
+    body = html[html.index("<tbody>") : html.index("</tbody>")]
     return [re.sub(r"<[^>]+>", "", m) for m in re.findall(r'<td class="name">(.*?)</td>', body)]
 
 
@@ -115,10 +117,12 @@ def test_the_svg_fetches_no_fonts_and_the_txt_is_as_wide_as_its_table(tmp_path):
         s.name = f"model.encoder.layers.{i}.self_attention.output_projection.{s.name}"
     report.sites = {s.name: s for s in report.sites.values()}
     svg = report.save(tmp_path / "r.svg").read_text(encoding="utf-8")
-    assert "@font-face" not in svg and not _URL.search(svg.replace("http://www.w3.org/2000/svg", ""))
+    assert "@font-face" not in svg and not _URL.search(
+        svg.replace("http://www.w3.org/2000/svg", "")
+    )
     ElementTree.fromstring(svg)
     txt = report.save(tmp_path / "r.txt").read_text(encoding="utf-8")
-    table = txt[txt.index("Hottest sites"):].splitlines()
+    table = txt[txt.index("Hottest sites") :].splitlines()
     assert table[1].rstrip().endswith("2^-14 … 2^16")  # the header is whole
     longest = max(len(s.name) for s in report.sites.values())
     assert any(len(line.split()[0]) == longest for line in table[3:])  # names whole
@@ -146,8 +150,10 @@ def _long_names(report):
     """The report with transformer-long site names (the page must still fit them)."""
     import dataclasses
 
-    new = {name: f"model.encoder.layers.{i}.self_attention.output_projection.{name}"
-           for i, name in enumerate(report.sites)}
+    new = {
+        name: f"model.encoder.layers.{i}.self_attention.output_projection.{name}"
+        for i, name in enumerate(report.sites)
+    }
 
     def renamed(obj):
         changes = {}
@@ -167,13 +173,18 @@ def _long_names(report):
 
 
 def _chromium() -> str | None:
-    return next((p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome"))
-                 if p), None)
+    return next(
+        (p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None
+    )
 
 
 def _browser(exe: str, args: list[str]) -> subprocess.CompletedProcess:
-    return subprocess.run([exe, "--headless", "--no-sandbox", "--disable-gpu",
-                           "--hide-scrollbars", *args], capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [exe, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 @pytest.mark.parametrize("width", [1400, 800])
@@ -186,8 +197,10 @@ def test_in_a_real_browser_nothing_is_cut(tmp_path, width):
     path = report.save(tmp_path / "r.html")
     probe = tmp_path / "probe.html"
     probe.write_text(path.read_text(encoding="utf-8").replace("</body>", _PROBE), encoding="utf-8")
-    done = _browser(exe, [f"--window-size={width},900", "--virtual-time-budget=5000",
-                          "--dump-dom", probe.as_uri()])
+    done = _browser(
+        exe,
+        [f"--window-size={width},900", "--virtual-time-budget=5000", "--dump-dom", probe.as_uri()],
+    )
     found = re.search(r'<pre id="probe">(.*?)</pre>', done.stdout, re.S)
     assert found, done.stderr[-2000:]
     seen = json.loads(found.group(1).replace("&quot;", '"').replace("&amp;", "&"))

@@ -15,8 +15,12 @@ import sample_reports as samples
 
 def _tiny_bias(mechanism: str) -> Finding:
     return Finding(
-        site="features.1", mechanism=mechanism, kind="param-underflow", peak=1e-9,
-        tensor="bias", count=8,
+        site="features.1",
+        mechanism=mechanism,
+        kind="param-underflow",
+        peak=1e-9,
+        tensor="bias",
+        count=8,
         detail="features.1.bias: 8 of 8 non-zero values are below 2^-24 and become 0 in FP16 "
         "(100% of the tensor's magnitude); harmless: a change of ≤ 1e-08 per value, below half "
         "an FP16 step (0.00049) of the values it joins at features.1 (typical |y| ≈ 1)",
@@ -37,7 +41,9 @@ def test_visible_parameter_loss_is_a_problem():
     report = samples.clean_report()
     report.findings.append(dataclasses.replace(_tiny_bias("parameter"), detail="... visible"))
     text = render_plain(report)
-    assert not report.clean and text.startswith("✗ CleanNet: 0 overflow spans, 0 internal risks, 1 parameter problem")
+    assert not report.clean and text.startswith(
+        "✗ CleanNet: 0 overflow spans, 0 internal risks, 1 parameter problem"
+    )
     assert "Parameter problems (1)" in text
 
 
@@ -45,5 +51,8 @@ def test_root_module_parameter_is_named_without_a_leading_dot():
     report = samples.clean_report()
     report.findings.append(dataclasses.replace(_tiny_bias("parameter"), site="", tensor="gamma"))
     fix = suggest_fix(report, report.findings[0])
-    assert fix.startswith("8 values of gamma become 0") and "keep the root module's own ops in FP32" in fix
+    assert (
+        fix.startswith("8 values of gamma become 0")
+        and "keep the root module's own ops in FP32" in fix
+    )
     assert next_step(report).endswith("— gamma below")

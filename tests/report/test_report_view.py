@@ -178,7 +178,7 @@ def test_a_narrow_terminal_keeps_headroom_and_bars_and_shortens_names(width):
         s.name = f"model.encoder.layers.{i}.self_attention.output_projection.{s.name}"
     report.sites = {s.name: s for s in report.sites.values()}
     text = view(report, width=width)
-    table = text[text.index("Hottest sites"):].splitlines()
+    table = text[text.index("Hottest sites") :].splitlines()
     assert all(len(line) <= width for line in table)
     header, rows = table[1], table[3:13]
     assert "headroom" in header and header.rstrip().endswith("2^-14 … 2^16")

@@ -59,9 +59,12 @@ def test_every_backend_is_registered_with_its_candidate_kind():
     assert set(Backend) <= set(backends())
     kinds = {name: backend_spec(name).candidate for name in Backend}
     assert kinds == {
-        Backend.TORCH_FP16: "module", Backend.TORCH_EMULATED: "module",
-        Backend.TORCH_TENSORRT: "module", Backend.ONNX_FP16: "path",
-        Backend.ONNX_INT8: "path", Backend.TENSORRT: "path",
+        Backend.TORCH_FP16: "module",
+        Backend.TORCH_EMULATED: "module",
+        Backend.TORCH_TENSORRT: "module",
+        Backend.ONNX_FP16: "path",
+        Backend.ONNX_INT8: "path",
+        Backend.TENSORRT: "path",
     }
     assert [n for n in Backend if backend_spec(n).int8] == [Backend.ONNX_INT8]
     assert backend_spec("onnx-int8").tolerance == Tolerance(min_cosine=0.99, site_rel=0.2)
@@ -102,13 +105,20 @@ def _graph(path, qdq: bool):
 
     inits, nodes = [], [helper.make_node("Relu", ["x"], ["y"])]
     if qdq:
-        inits = [helper.make_tensor("s", TensorProto.FLOAT, [], [1 / 64]),
-                 helper.make_tensor("z", TensorProto.INT8, [], [0])]
-        nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"]),
-                 helper.make_node("DequantizeLinear", ["q", "s", "z"], ["y"])]
+        inits = [
+            helper.make_tensor("s", TensorProto.FLOAT, [], [1 / 64]),
+            helper.make_tensor("z", TensorProto.INT8, [], [0]),
+        ]
+        nodes = [
+            helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"]),
+            helper.make_node("DequantizeLinear", ["q", "s", "z"], ["y"]),
+        ]
     graph = helper.make_graph(
-        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8])], inits,
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8])],
+        inits,
     )
     proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     proto.ir_version = 8

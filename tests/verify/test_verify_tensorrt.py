@@ -36,10 +36,7 @@ def test_missing_runtimes_raise_and_import_stays_lean():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert "LOADED []" in done.stdout, done.stdout + done.stderr
     assert "MISSING tensorrt" in done.stdout and "pip install -e '.[trt]'" in done.stdout
-    assert (
-        "MISSING torch-tensorrt" in done.stdout
-        and "pip install -e '.[torchtrt]'" in done.stdout
-    )
+    assert "MISSING torch-tensorrt" in done.stdout and "pip install -e '.[torchtrt]'" in done.stdout
 
 
 @pytest.mark.tensorrt

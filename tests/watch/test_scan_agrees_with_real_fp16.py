@@ -46,9 +46,12 @@ def test_a_model_real_fp16_breaks_is_never_called_safe(name):
         pytest.skip(f"{name} takes inputs other than tensors")
     with torch.no_grad():
         want = _floats(model(*inputs))
-        half = copy.deepcopy(model).half()(*(a.half() if a.is_floating_point() else a for a in inputs))
+        half = copy.deepcopy(model).half()(
+            *(a.half() if a.is_floating_point() else a for a in inputs)
+        )
     broken = any(
-        bool((torch.isfinite(a) & ~torch.isfinite(b.float())).any()) for a, b in zip(want, _floats(half))
+        bool((torch.isfinite(a) & ~torch.isfinite(b.float())).any())
+        for a, b in zip(want, _floats(half))
     )
     report = fp16lens.scan(model, [inputs], progress=False)
     if broken:

@@ -26,7 +26,9 @@ def _dispatch_depth():
     return torch._C._len_torch_dispatch_stack()
 
 
-@pytest.mark.parametrize("name", ["seed_case", "functional_mul", "layernorm_variance", "multi_output", "gelu_span"])
+@pytest.mark.parametrize(
+    "name", ["seed_case", "functional_mul", "layernorm_variance", "multi_output", "gelu_span"]
+)
 @pytest.mark.parametrize("grad", [True, False])
 def test_outputs_bit_identical_and_no_hooks_left(name, grad):
     model, inputs = models.WATCH_CASES[name]()
@@ -35,7 +37,10 @@ def test_outputs_bit_identical_and_no_hooks_left(name, grad):
         ref = model(*inputs)
         with watch(model):
             got = model(*inputs)
-    flat_ref, flat_got = torch.utils._pytree.tree_flatten(ref)[0], torch.utils._pytree.tree_flatten(got)[0]
+    flat_ref, flat_got = (
+        torch.utils._pytree.tree_flatten(ref)[0],
+        torch.utils._pytree.tree_flatten(got)[0],
+    )
     assert len(flat_ref) == len(flat_got)
     for a, b in zip(flat_ref, flat_got):
         assert (a is None and b is None) or torch.equal(a, b)
@@ -80,7 +85,10 @@ def test_forward_that_raises_inside_a_linear_cleans_up():
     model[2] = nn.Linear(3, 2)
     with watch(model) as lens:
         out = model(torch.rand(2, 4))
-    assert set(lens.report.sites) == {"0", "1", "2"} and lens.report.edges == [("0", "1"), ("1", "2")]
+    assert set(lens.report.sites) == {"0", "1", "2"} and lens.report.edges == [
+        ("0", "1"),
+        ("1", "2"),
+    ]
     assert [s.calls for s in lens.report.sites.values()] == [1, 1, 1]  # watch's own ops unseen
     assert lens.report.sites["2"].absmax == float(out.detach().abs().max())
 
@@ -118,9 +126,19 @@ def test_site_names_functional_ops_numbering_and_odd_module_names():
     with torch.no_grad(), watch(model) as lens:
         model(torch.rand(1, 2, 4, 4))
     r = lens.report
-    assert list(r.sites) == [":add", "act", "p2o/Conv/61", ":add#2", ":upsample_nearest2d", ":cat"] or {
-        ":add", ":add#2", "act", "p2o/Conv/61", ":cat"} <= set(r.sites)
-    assert r.sites["act"].calls == 2 and r.sites["act"].kind == "module" and r.sites["act"].op == "ReLU"
+    assert list(r.sites) == [
+        ":add",
+        "act",
+        "p2o/Conv/61",
+        ":add#2",
+        ":upsample_nearest2d",
+        ":cat",
+    ] or {":add", ":add#2", "act", "p2o/Conv/61", ":cat"} <= set(r.sites)
+    assert (
+        r.sites["act"].calls == 2
+        and r.sites["act"].kind == "module"
+        and r.sites["act"].op == "ReLU"
+    )
     assert r.sites[":add#2"].kind == "op" and r.sites[":add#2"].op == "add"
     assert {("act", ":add"), (":add", "p2o/Conv/61"), ("p2o/Conv/61", "act")} <= set(r.edges)
 
@@ -284,10 +302,16 @@ def test_derived_extremes_equal_measured_ones(derive_min, monkeypatch):
     a = x * 3.0
     b = a / -7.0
     truth = {
-        ":mul": a, ":div": b, ":sub": b - 0.5, ":clamp": torch.clamp(b - 0.5, -1.0, 0.25),
-        ":rsub": 1.0 - a, ":leaky_relu": F.leaky_relu(1.0 - a, 0.1),
-        ":neg": -F.leaky_relu(1.0 - a, 0.1), ":hardtanh": F.hardtanh(-F.leaky_relu(1.0 - a, 0.1), -2.0, 5.0),
-        ":mul#2": a * 2.0, ":relu": F.relu(torch.cat([torch.tensor([1e4]), (a * 2.0).view(-1)[1:]])),
+        ":mul": a,
+        ":div": b,
+        ":sub": b - 0.5,
+        ":clamp": torch.clamp(b - 0.5, -1.0, 0.25),
+        ":rsub": 1.0 - a,
+        ":leaky_relu": F.leaky_relu(1.0 - a, 0.1),
+        ":neg": -F.leaky_relu(1.0 - a, 0.1),
+        ":hardtanh": F.hardtanh(-F.leaky_relu(1.0 - a, 0.1), -2.0, 5.0),
+        ":mul#2": a * 2.0,
+        ":relu": F.relu(torch.cat([torch.tensor([1e4]), (a * 2.0).view(-1)[1:]])),
     }
     for site, t in truth.items():
         assert lens.report.sites[site].absmax == float(t.abs().max()), site
@@ -303,7 +327,11 @@ def test_dataflow_is_the_same_with_and_without_autograd():
             model(*inputs)
         reports.append(lens.report)
     assert reports[0].edges == reports[1].edges == reports[2].edges
-    assert [s.sites for s in reports[0].spans] == [s.sites for s in reports[1].spans] == [s.sites for s in reports[2].spans]
+    assert (
+        [s.sites for s in reports[0].spans]
+        == [s.sites for s in reports[1].spans]
+        == [s.sites for s in reports[2].spans]
+    )
 
 
 class NeedsValues(nn.Module):
@@ -329,7 +357,9 @@ def test_half_dtype_trace_leaves_the_model_untouched():
     with torch.no_grad(), watch(model) as lens:
         out = model(*inputs)
     assert lens._recorder.half_fp32  # the trace ran and found FP32 ops
-    assert all(torch.equal(state[k], v) and v.device.type == "cpu" for k, v in model.state_dict().items())
+    assert all(
+        torch.equal(state[k], v) and v.device.type == "cpu" for k, v in model.state_dict().items()
+    )
     assert all(p.dtype == torch.float32 for p in model.parameters())
     with torch.no_grad():
         assert torch.equal(out, model(*inputs))
@@ -357,7 +387,9 @@ def test_half_dtype_trace_does_not_leave_meta_tensors_in_model_state():
     with torch.no_grad(), watch(model) as lens:
         out = model(x)
     assert lens._recorder.half_fp32  # traced: x * 2 + arange (FP32) is FP32 under .half()
-    assert [t.device.type for t in model.cache.values()] == ["cpu"] and model.last.device.type == "cpu"
+    assert [t.device.type for t in model.cache.values()] == [
+        "cpu"
+    ] and model.last.device.type == "cpu"
     assert torch.equal(out, x * 2 + torch.arange(8.0))
 
 
@@ -400,7 +432,9 @@ def test_the_no_sync_path_of_gpus_gives_the_cpu_report(name, half):
         lens._recorder.static = True
         model(*inputs)
     got, want = lens.report, cpu.report
-    assert list(got.sites) == list(want.sites) and repr(got.spans) == repr(want.spans)  # (NaN peaks)
+    assert list(got.sites) == list(want.sites) and repr(got.spans) == repr(
+        want.spans
+    )  # (NaN peaks)
     for site, s in want.sites.items():
         if s.saturated:  # inf beside finite values: the largest finite one comes from the
             # sample off the CPU (no exact pass), at most the exact one

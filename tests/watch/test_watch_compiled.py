@@ -30,13 +30,17 @@ import models
 
 def _batches(inputs: tuple, n: int) -> list[tuple]:
     """``n`` batches, each float input scaled up a little more than the one before."""
-    return [tree_map(lambda t, g=1 + 0.25 * i: t * g if t.is_floating_point() else t, inputs)
-            for i in range(n)]
+    return [
+        tree_map(lambda t, g=1 + 0.25 * i: t * g if t.is_floating_point() else t, inputs)
+        for i in range(n)
+    ]
 
 
 def _notes(report) -> list[str]:
     found = [f for f in report.findings if f.detail.startswith(FALLBACK)]
-    assert all(f.kind == FindingKind.COMPILE_FALLBACK and f.mechanism == Mechanism.NOTE for f in found)
+    assert all(
+        f.kind == FindingKind.COMPILE_FALLBACK and f.mechanism == Mechanism.NOTE for f in found
+    )
     assert all("watched eagerly" in suggest_fix(report, f) for f in found)
     return [f.detail for f in found]
 
@@ -61,9 +65,11 @@ def _compare(model: nn.Module, inputs: tuple, backend: str, n: int = 4):
         # peaks in every batch alike: which batch holds the max is a matter of rounding)
     assert compiled.edges == eager.edges
     assert [(s.start, s.end, s.sites, s.ends, s.batches) for s in compiled.spans] == [
-        (s.start, s.end, s.sites, s.ends, s.batches) for s in eager.spans]
+        (s.start, s.end, s.sites, s.ends, s.batches) for s in eager.spans
+    ]
     assert [(f.site, f.mechanism, f.kind) for f in compiled.findings] == [
-        (f.site, f.mechanism, f.kind) for f in eager.findings]
+        (f.site, f.mechanism, f.kind) for f in eager.findings
+    ]
     # the largest values come from the last batch, a compiled one
     assert max(s.absmax_batch for s in compiled.sites.values()) == n - 1
     return eager, compiled
@@ -75,15 +81,21 @@ def test_seed_case_span_from_the_graph_matches_eager_and_real_fp16():
     eager, compiled = _compare(model, inputs, "fx", n=3)
     truth = models.first_inf_site_fp16(model, inputs)
     assert truth is not None and compiled.spans and compiled.spans[0].start == truth[0]
-    assert [s.peak for s in compiled.spans] == pytest.approx([s.peak for s in eager.spans], rel=1e-6)
+    assert [s.peak for s in compiled.spans] == pytest.approx(
+        [s.peak for s in eager.spans], rel=1e-6
+    )
 
 
-@pytest.mark.parametrize("builder", [models.mha_fastpath, models.attention_span,
-                                     models.layernorm_variance, models.sdpa_attention])
+@pytest.mark.parametrize(
+    "builder",
+    [models.mha_fastpath, models.attention_span, models.layernorm_variance, models.sdpa_attention],
+)
 def test_fused_attention_and_internal_checks_match_eager(builder):
     model, inputs = builder()
     eager, compiled = _compare(model, inputs, "fx")
-    assert [f.peak for f in compiled.findings] == pytest.approx([f.peak for f in eager.findings], rel=1e-6)
+    assert [f.peak for f in compiled.findings] == pytest.approx(
+        [f.peak for f in eager.findings], rel=1e-6
+    )
 
 
 def test_each_input_shape_gets_its_own_graph():
@@ -121,8 +133,13 @@ class MaskedRows(nn.Module):
         return h[h > 0].sum() * 1e5
 
 
-@pytest.mark.parametrize(("cls", "why"), [(ValueBranch, "_local_scalar_dense in the model's own forward"),
-                                          (MaskedRows, "output shape comes from the values")])
+@pytest.mark.parametrize(
+    ("cls", "why"),
+    [
+        (ValueBranch, "_local_scalar_dense in the model's own forward"),
+        (MaskedRows, "output shape comes from the values"),
+    ],
+)
 def test_data_dependent_model_falls_back_to_the_eager_report_with_a_note(cls, why):
     torch.manual_seed(0)
     model = cls().eval()
@@ -177,7 +194,9 @@ def test_inductor_functional_add_cat_interpolate_matches_eager():
 def test_inductor_transformer_encoder_layer_span_matches_eager_and_real_fp16():
     model, inputs = models.encoder_fastpath()
     eager, compiled = _compare(model, inputs, "inductor")
-    assert [s.peak for s in compiled.spans] == pytest.approx([s.peak for s in eager.spans], rel=1e-6)
+    assert [s.peak for s in compiled.spans] == pytest.approx(
+        [s.peak for s in eager.spans], rel=1e-6
+    )
     truth = models.first_inf_site_fp16(model, inputs)  # real FP16 overflows where the span starts
     assert truth is not None and compiled.spans
     start = site_module(compiled.spans[0].start)

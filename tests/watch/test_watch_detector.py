@@ -20,7 +20,8 @@ pytestmark = pytest.mark.skipif(tv is None, reason="torchvision not installed")
 def detector():
     torch.manual_seed(0)
     model = tv.models.detection.ssdlite320_mobilenet_v3_large(
-        weights=None, weights_backbone=None, num_classes=5).eval()
+        weights=None, weights_backbone=None, num_classes=5
+    ).eval()
     return model, ([torch.rand(3, 160, 160)],)
 
 
@@ -29,7 +30,9 @@ def _watched(model, inputs):
         ref = model(*inputs)
         with watch(model) as lens:
             out = model(*inputs)
-    assert len(out) == len(ref) and all(torch.equal(a[k], b[k]) for a, b in zip(out, ref) for k in a)
+    assert len(out) == len(ref) and all(
+        torch.equal(a[k], b[k]) for a, b in zip(out, ref) for k in a
+    )
     return lens.report
 
 

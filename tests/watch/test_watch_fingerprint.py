@@ -138,8 +138,9 @@ def test_older_float64_rows_are_still_checked(tmp_path):
     with torch.no_grad(), watch(model) as lens:
         model(*inputs)
     data = lens.report.to_dict()
-    data["meta"]["weights"] = {n: old_float64_row(t) for n, t in model.state_dict().items()
-                               if t.is_floating_point()}
+    data["meta"]["weights"] = {
+        n: old_float64_row(t) for n, t in model.state_dict().items() if t.is_floating_point()
+    }
     path = tmp_path / "old.json"
     path.write_text(Report.from_dict(data).to_json())
     old = Report.load(path)

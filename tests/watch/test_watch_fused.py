@@ -33,7 +33,9 @@ def _watched(model, inputs):
 
 def _real_fp16(model, inputs) -> torch.Tensor:
     with torch.no_grad():
-        return copy.deepcopy(model).half()(*(t.half() if t.is_floating_point() else t for t in inputs))
+        return copy.deepcopy(model).half()(
+            *(t.half() if t.is_floating_point() else t for t in inputs)
+        )
 
 
 def _half_attention_steps(attn: nn.MultiheadAttention, x: torch.Tensor) -> dict:
@@ -43,9 +45,15 @@ def _half_attention_steps(attn: nn.MultiheadAttention, x: torch.Tensor) -> dict:
     h, e = a.num_heads, a.embed_dim // a.num_heads
     with torch.no_grad():
         proj = x @ a.in_proj_weight.t()
-        q, k, _ = ((t.unflatten(-1, (h, e)).transpose(1, 2)) for t in (proj + a.in_proj_bias).chunk(3, -1))
+        q, k, _ = (
+            (t.unflatten(-1, (h, e)).transpose(1, 2)) for t in (proj + a.in_proj_bias).chunk(3, -1)
+        )
         q = q / math.sqrt(e)
-        return {"in_proj": proj, "qkv": torch.stack([q, k]), "attention-scores": q @ k.transpose(-2, -1)}
+        return {
+            "in_proj": proj,
+            "qkv": torch.stack([q, k]),
+            "attention-scores": q @ k.transpose(-2, -1),
+        }
 
 
 def _scores_peak_fp32(q: torch.Tensor, k: torch.Tensor, scale: float) -> float:
@@ -90,7 +98,9 @@ def test_fast_path_scores_overflow_is_a_span_at_the_attention(builder):
 
 @pytest.mark.parametrize(("norm_first", "activation"), [(False, "relu"), (True, "gelu")])
 def test_fused_encoder_layer_op_records_every_stored_step(norm_first, activation):
-    model, inputs = models.encoder_fastpath(fused_op=True, norm_first=norm_first, activation=activation)
+    model, inputs = models.encoder_fastpath(
+        fused_op=True, norm_first=norm_first, activation=activation
+    )
     real = _real_fp16(model, inputs)
     report = _watched(model, inputs)
     if norm_first:  # attention sees the normalized stream: real FP16 stays finite
@@ -103,8 +113,16 @@ def test_fused_encoder_layer_op_records_every_stored_step(norm_first, activation
     else:
         assert torch.isnan(real).any()
         assert [s.start for s in report.spans] == ["layer.self_attn:attention-scores"]
-    for site in ("layer.self_attn.out_proj", "layer:add", "layer:add#2", "layer.norm1",
-                 "layer.norm2", "layer.linear1", f"layer:{activation}", "layer.linear2"):
+    for site in (
+        "layer.self_attn.out_proj",
+        "layer:add",
+        "layer:add#2",
+        "layer.norm1",
+        "layer.norm2",
+        "layer.linear1",
+        f"layer:{activation}",
+        "layer.linear2",
+    ):
         assert site in report.sites, site
     assert report.sites["layer.linear1"].op == "Linear"  # shown as the module it is
     assert report.sites["layer.self_attn.out_proj"].op == "NonDynamicallyQuantizableLinear"
@@ -133,18 +151,48 @@ def test_decomposition_reproduces_the_kernels_fp32_output():
     layer = model.layer
     func = torch.ops.aten._transformer_encoder_layer_fwd.default
     a = layer.self_attn
-    args = (x, 64, 4, a.in_proj_weight, a.in_proj_bias, a.out_proj.weight, a.out_proj.bias,
-            False, False, layer.norm1.eps, layer.norm1.weight, layer.norm1.bias,
-            layer.norm2.weight, layer.norm2.bias, layer.linear1.weight, layer.linear1.bias,
-            layer.linear2.weight, layer.linear2.bias)
+    args = (
+        x,
+        64,
+        4,
+        a.in_proj_weight,
+        a.in_proj_bias,
+        a.out_proj.weight,
+        a.out_proj.bias,
+        False,
+        False,
+        layer.norm1.eps,
+        layer.norm1.weight,
+        layer.norm1.bias,
+        layer.norm2.weight,
+        layer.norm2.bias,
+        layer.linear1.weight,
+        layer.linear1.bias,
+        layer.linear2.weight,
+        layer.linear2.bias,
+    )
     with torch.no_grad():
         out = func(*args)
         steps = _fused_kernels.stored("transformer_encoder_layer_fwd", func, args, {})
         last_add = steps[-2].value
-        torch.testing.assert_close(torch.layer_norm(last_add, (64,), layer.norm2.weight,
-                                                    layer.norm2.bias, layer.norm2.eps), out)
+        torch.testing.assert_close(
+            torch.layer_norm(
+                last_add, (64,), layer.norm2.weight, layer.norm2.bias, layer.norm2.eps
+            ),
+            out,
+        )
         mha = torch.ops.aten._native_multi_head_attention.default
-        margs = (x, x, x, 64, 4, a.in_proj_weight, a.in_proj_bias, a.out_proj.weight, a.out_proj.bias)
+        margs = (
+            x,
+            x,
+            x,
+            64,
+            4,
+            a.in_proj_weight,
+            a.in_proj_bias,
+            a.out_proj.weight,
+            a.out_proj.bias,
+        )
         ctx = _fused_kernels.stored("native_multi_head_attention", mha, margs, {})[-2].value
         torch.testing.assert_close(a.out_proj(ctx.transpose(1, 2).reshape(x.shape)), mha(*margs)[0])
 
@@ -179,17 +227,21 @@ def test_scores_peak_in_blocks_with_grouped_heads(monkeypatch):
     assert float(_internal.scores_absmax(q, k, 0.5)) == pytest.approx(truth, rel=1e-6)
     q3, k3 = q[0], k[0].repeat_interleave(2, dim=0)  # 3-D, no grouping
     assert float(_internal.scores_absmax(q3, k3, 0.5)) == pytest.approx(
-        float((q3 @ k3.transpose(-2, -1)).abs().max() * 0.5), rel=1e-6)
+        float((q3 @ k3.transpose(-2, -1)).abs().max() * 0.5), rel=1e-6
+    )
 
 
 # ---- clean control ----------------------------------------------------------------------
-@pytest.mark.parametrize("builder", [
-    lambda: models.encoder_fastpath(scale=1.0),
-    lambda: models.encoder_fastpath(scale=1.0, fused_op=True, norm_first=True),
-    lambda: models.mha_fastpath(scale=1.0, padded=True),
-    lambda: models.sdpa_attention(scale=1.0, masked=True),
-    lambda: models.sdpa_attention(scale=1.0),
-])
+@pytest.mark.parametrize(
+    "builder",
+    [
+        lambda: models.encoder_fastpath(scale=1.0),
+        lambda: models.encoder_fastpath(scale=1.0, fused_op=True, norm_first=True),
+        lambda: models.mha_fastpath(scale=1.0, padded=True),
+        lambda: models.sdpa_attention(scale=1.0, masked=True),
+        lambda: models.sdpa_attention(scale=1.0),
+    ],
+)
 def test_clean_attention_gets_a_clean_verdict(builder):
     model, inputs = builder()
     assert torch.isfinite(_real_fp16(model, inputs)).all()

@@ -46,7 +46,11 @@ def test_seed_case_span_runs_from_backbone_into_neck():
     assert len(report.spans) == 1
     span = report.spans[0]
     assert span.start == "backbone.layer4.1.bn2"
-    assert span.sites[:3] == ["backbone.layer4.1.bn2", "backbone.layer4.1:add", "backbone.layer4.1.relu"]
+    assert span.sites[:3] == [
+        "backbone.layer4.1.bn2",
+        "backbone.layer4.1:add",
+        "backbone.layer4.1.relu",
+    ]
     assert "neck.reduce_c5.0" in span.sites
     assert span.end == "neck.reduce_c5.1" and span.ends == ["neck.reduce_c5.1"]
     assert not span.reaches_output and not span.fused
@@ -64,7 +68,9 @@ def test_functional_multiply_is_the_start():
     # neither operand of the multiply is out of range, the product is
     assert x.abs().max() < 65504 and torch.nn.functional.relu6(x + 3).abs().max() <= 6
     assert torch.isinf(x.half() * torch.nn.functional.relu6(x + 3).half()).any()
-    assert span.peak == pytest.approx(float((x * torch.nn.functional.relu6(x + 3)).abs().max()), rel=1e-6)
+    assert span.peak == pytest.approx(
+        float((x * torch.nn.functional.relu6(x + 3)).abs().max()), rel=1e-6
+    )
 
 
 def test_layernorm_variance_matches_decomposed_fp16():
@@ -151,6 +157,7 @@ def test_hf_style_mask_constant_is_a_note_not_a_span():
     r = lens.report
     assert r.spans == [] and r.clean
     assert r.findings and {(f.mechanism, f.kind) for f in r.findings} == {("note", "mask-constant")}
+
     # real FP16: a model cast with .half() uses finfo(float16).min and stays finite
     class MaskedHalf(nn.Module):
         def forward(self, x, mask):

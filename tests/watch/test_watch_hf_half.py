@@ -17,13 +17,21 @@ transformers = pytest.importorskip("transformers")
 
 
 def _llama():
-    cfg = transformers.LlamaConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                                   num_key_value_heads=2, intermediate_size=128, vocab_size=100)
+    cfg = transformers.LlamaConfig(
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=128,
+        vocab_size=100,
+    )
     return transformers.LlamaModel(cfg)
 
 
 def _t5():
-    cfg = transformers.T5Config(d_model=64, num_layers=2, num_heads=4, d_ff=128, d_kv=16, vocab_size=100)
+    cfg = transformers.T5Config(
+        d_model=64, num_layers=2, num_heads=4, d_ff=128, d_kv=16, vocab_size=100
+    )
     return transformers.T5EncoderModel(cfg)
 
 

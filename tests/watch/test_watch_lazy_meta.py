@@ -101,14 +101,22 @@ def test_deferred_trace_leaves_the_modules_state_as_the_real_calls_made_it(meta_
 
 def _llama():
     transformers = pytest.importorskip("transformers")
-    cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=4, vocab_size=100)
+    cfg = transformers.LlamaConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        vocab_size=100,
+    )
     return transformers.LlamaForCausalLM(cfg)
 
 
 def _t5():
     transformers = pytest.importorskip("transformers")
-    cfg = transformers.T5Config(d_model=64, num_layers=2, num_heads=4, d_ff=128, d_kv=16, vocab_size=100)
+    cfg = transformers.T5Config(
+        d_model=64, num_layers=2, num_heads=4, d_ff=128, d_kv=16, vocab_size=100
+    )
     return transformers.T5EncoderModel(cfg)
 
 

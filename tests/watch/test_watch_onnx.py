@@ -36,8 +36,6 @@ def _export(model, inputs, path, opset, **kw):
     return str(path)
 
 
-
-
 @functools.cache
 def seed_modules() -> frozenset[str]:
     """The seed model's module names (built on first use: it needs torchvision)."""
@@ -60,8 +58,13 @@ def _torch_modules(report: Report, names: list[str]) -> list[str]:
 def seed(tmp_path_factory):
     model, (x,) = models.seed_case()
     # batch norms kept as nodes (no conv folding), so node and module map one to one
-    path = _export(model, (x,), tmp_path_factory.mktemp("seed") / "seed.onnx", 17,
-                   training=torch.onnx.TrainingMode.PRESERVE)
+    path = _export(
+        model,
+        (x,),
+        tmp_path_factory.mktemp("seed") / "seed.onnx",
+        17,
+        training=torch.onnx.TrainingMode.PRESERVE,
+    )
     return model, x, path
 
 
@@ -75,11 +78,19 @@ def test_seed_case_same_span_and_findings_as_pytorch(seed):
     assert _module(o.end) == "neck.reduce_c5.1" == t.end
     # the same modules, the residual add named by its module either way
     assert [_module(s).replace("relu_1", "relu") for s in o.sites] == [
-        "backbone.layer4.1.bn2", "backbone.layer4.1", "backbone.layer4.1.relu",
-        "neck.reduce_c5.0", "neck.reduce_c5.1"]
+        "backbone.layer4.1.bn2",
+        "backbone.layer4.1",
+        "backbone.layer4.1.relu",
+        "neck.reduce_c5.0",
+        "neck.reduce_c5.1",
+    ]
     assert _torch_modules(torch_report, t.sites) == [
-        "backbone.layer4.1.bn2", "backbone.layer4.1", "backbone.layer4.1.relu",
-        "neck.reduce_c5.0", "neck.reduce_c5.1"]
+        "backbone.layer4.1.bn2",
+        "backbone.layer4.1",
+        "backbone.layer4.1.relu",
+        "neck.reduce_c5.0",
+        "neck.reduce_c5.1",
+    ]
     assert o.peak == pytest.approx(t.peak, rel=1e-5)
     kinds = lambda r: sorted((f.mechanism, f.kind) for f in r.findings)  # noqa: E731
     assert kinds(onnx_report) == kinds(torch_report)
@@ -101,9 +112,16 @@ def test_seed_report_round_trips_and_renders(seed, tmp_path):
     assert "BatchNormalization" in text
     # the advice is the ONNX patch's plan: BN absorbs the scale, no FP32 island needed
     plan = fp16lens.patch.plan(path, report)
-    (k,) = {round(math.log2(r.factor)) for r in plan.regions if "/backbone/layer4/layer4.1/bn2/BatchNormalization" in r.entries}
+    (k,) = {
+        round(math.log2(r.factor))
+        for r in plan.regions
+        if "/backbone/layer4/layer4.1/bn2/BatchNormalization" in r.entries
+    }
     flat = " ".join(text.split())
-    assert f"patch: rescale by 2^-{k} (the peak" in flat and "/backbone/layer4/layer4.1/bn2/BatchNormalization" in flat
+    assert (
+        f"patch: rescale by 2^-{k} (the peak" in flat
+        and "/backbone/layer4/layer4.1/bn2/BatchNormalization" in flat
+    )
     assert not plan.islands and "FP32 island" not in flat
 
 
@@ -180,9 +198,16 @@ def test_external_data_and_dynamic_shapes(tmp_path):
     src = tmp_path / "src.onnx"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.onnx.export(model, (x,), str(src), opset_version=13, dynamo=False,
-                          training=torch.onnx.TrainingMode.PRESERVE,
-                          dynamic_axes={"x": {0: "n", 2: "h", 3: "w"}}, input_names=["x"])
+        torch.onnx.export(
+            model,
+            (x,),
+            str(src),
+            opset_version=13,
+            dynamo=False,
+            training=torch.onnx.TrainingMode.PRESERVE,
+            dynamic_axes={"x": {0: "n", 2: "h", 3: "w"}},
+            input_names=["x"],
+        )
     proto = onnx.load(str(src))
     out = tmp_path / "ext" / "m.onnx"
     out.parent.mkdir()
@@ -201,6 +226,7 @@ def test_external_data_and_dynamic_shapes(tmp_path):
 
 
 # ---- a published model: PaddleOCR's PP-OCRv4 detector as rapidocr-onnxruntime ships it -----
+
 
 def _real_fp16(proto, x: np.ndarray, keep: str = "") -> np.ndarray:
     """Every float constant and every stored tensor rounded to FP16 (all but ``keep``, a
@@ -244,7 +270,9 @@ def test_ppocr_det_verdict_matches_real_fp16(normalized):
     half = _real_fp16(proto, x)
     assert not report.clean
     # the BN kept in the graph holds running_var 9.8e7: inf in FP16, the head goes dark
-    (var,) = [f for f in report.findings_by(Mechanism.PARAMETER) if f.kind == FindingKind.PARAM_OVERFLOW]
+    (var,) = [
+        f for f in report.findings_by(Mechanism.PARAMETER) if f.kind == FindingKind.PARAM_OVERFLOW
+    ]
     assert var.tensor == "batch_norm_0.w_2" and var.peak > 9e7
     assert report.sites[var.site].op == "BatchNormalization"
     text = ref > 0.3
@@ -267,14 +295,40 @@ def test_cli_scans_an_onnx_file_with_named_npz(seed, tmp_path, capsys):
     _, x, path = seed
     name = onnx.load(path).graph.input[0].name
     np.savez(tmp_path / "in.npz", **{name: x.numpy()})
-    rc = main(["scan", path, "--input", str(tmp_path / "in.npz"), "--save",
-               str(tmp_path / "r.json"), "--no-progress"])
+    rc = main(
+        [
+            "scan",
+            path,
+            "--input",
+            str(tmp_path / "in.npz"),
+            "--save",
+            str(tmp_path / "r.json"),
+            "--no-progress",
+        ]
+    )
     assert rc == 0
     saved = Report.load(tmp_path / "r.json")
     assert saved == fp16lens.scan(path, [x], progress=False)
     assert saved.spans[0].start.endswith("bn2/BatchNormalization")
-    assert main(["scan", path, "--input", str(tmp_path / "in.npz"), "--fail-on", "overflow",
-                 "--no-progress"]) == 1
+    assert (
+        main(
+            [
+                "scan",
+                path,
+                "--input",
+                str(tmp_path / "in.npz"),
+                "--fail-on",
+                "overflow",
+                "--no-progress",
+            ]
+        )
+        == 1
+    )
     capsys.readouterr()
-    assert main(["patch", path, "--report", str(tmp_path / "r.json"), "-o", str(tmp_path / "p.pt")]) == 2
-    assert "saved as ONNX" in capsys.readouterr().err  # patch reads it (tests/patch/test_patch_onnx.py)
+    assert (
+        main(["patch", path, "--report", str(tmp_path / "r.json"), "-o", str(tmp_path / "p.pt")])
+        == 2
+    )
+    assert (
+        "saved as ONNX" in capsys.readouterr().err
+    )  # patch reads it (tests/patch/test_patch_onnx.py)

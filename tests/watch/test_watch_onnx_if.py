@@ -46,14 +46,22 @@ def _branch(nodes, out: str, inits, name: str):
 
 def _amp(h: str, tag: str):
     """h x 1024 (``gain``: an outer initializer) then / 1024 (``shrink_by``: the branch's own)."""
-    return ([helper.make_node("Mul", [h, "gain"], [f"{tag}big"], name="amp"),
-             helper.make_node("Mul", [f"{tag}big", f"{tag}shrink_by"], [f"{tag}out"], name="shrink")],
-            f"{tag}out", [_c(f"{tag}shrink_by", 1 / 1024)])
+    return (
+        [
+            helper.make_node("Mul", [h, "gain"], [f"{tag}big"], name="amp"),
+            helper.make_node("Mul", [f"{tag}big", f"{tag}shrink_by"], [f"{tag}out"], name="shrink"),
+        ],
+        f"{tag}out",
+        [_c(f"{tag}shrink_by", 1 / 1024)],
+    )
 
 
 def _half(h: str, tag: str):
-    return ([helper.make_node("Mul", [h, f"{tag}half_c"], [f"{tag}out"], name="half")],
-            f"{tag}out", [_c(f"{tag}half_c", 0.5)])
+    return (
+        [helper.make_node("Mul", [h, f"{tag}half_c"], [f"{tag}out"], name="half")],
+        f"{tag}out",
+        [_c(f"{tag}half_c", 0.5)],
+    )
 
 
 def _flat(nodes, prefix: str, out: str, target: str):
@@ -81,22 +89,32 @@ def gate(flat: bool | None = None, lift: str = ""):
     pre = helper.make_node("Relu", ["x"], ["h"], name="pre")
     if lift:
         up = np.diag([-1024.0, 1, 1, 1]) if lift == "relu" else np.eye(4) * 1024
-        pre = [helper.make_node("MatMul", ["x", "w_up"], ["u"], name="up"),
-               helper.make_node("MatMul", ["u", "w_down"], ["h"], name="down") if lift == "down"
-               else helper.make_node("Relu", ["u"], ["h"], name="act")]
+        pre = [
+            helper.make_node("MatMul", ["x", "w_up"], ["u"], name="up"),
+            helper.make_node("MatMul", ["u", "w_down"], ["h"], name="down")
+            if lift == "down"
+            else helper.make_node("Relu", ["u"], ["h"], name="act"),
+        ]
         lifts = [_c("w_up", up), *([_c("w_down", np.eye(4) / 1024)] if lift == "down" else [])]
     post = helper.make_node("Add", ["g", "x"], ["y"], name="post")
     if flat is None:
-        ifn = helper.make_node("If", ["flag"], ["g"], name="gate",
-                               then_branch=_branch(*then, "then"),
-                               else_branch=_branch(*els, "else"))
+        ifn = helper.make_node(
+            "If",
+            ["flag"],
+            ["g"],
+            name="gate",
+            then_branch=_branch(*then, "then"),
+            else_branch=_branch(*els, "else"),
+        )
         body, inits = [ifn], []
     else:
         nodes, o, inits = then if flat else els
         body = _flat(nodes, f"gate/{'then' if flat else 'else'}/", o, "g")
     inputs = [_vi("x"), helper.make_tensor_value_info("flag", TensorProto.BOOL, [])]
     pre = pre if lift else [pre]
-    return _model([*pre, *body, post], inputs, "y", [_c("gain", 1024), *inits, *(lifts if lift else [])])
+    return _model(
+        [*pre, *body, post], inputs, "y", [_c("gain", 1024), *inits, *(lifts if lift else [])]
+    )
 
 
 def nested(flat: bool | None = None):
@@ -106,23 +124,39 @@ def nested(flat: bool | None = None):
     ``flat`` branch written into the main graph."""
     inner_then = _amp("h", "it_")
     inner_else = ([helper.make_node("Identity", ["h"], ["ie_out"], name="pass")], "ie_out", [])
-    test = [helper.make_node("ReduceMax", ["h"], ["m"], name="max", keepdims=0),
-            helper.make_node("Greater", ["m", "ten"], ["big"], name="test")]
+    test = [
+        helper.make_node("ReduceMax", ["h"], ["m"], name="max", keepdims=0),
+        helper.make_node("Greater", ["m", "ten"], ["big"], name="test"),
+    ]
     pre = helper.make_node("Relu", ["x"], ["h"], name="pre")
     inputs = [_vi("x"), helper.make_tensor_value_info("flag", TensorProto.BOOL, [])]
     if flat is not None:
         nodes, o, inits = inner_then if flat else inner_else
-        body = _flat([*test, *_flat(nodes, f"inner/{'then' if flat else 'else'}/", o, "r_out")],
-                     "route/then/", "r_out", "y")
+        body = _flat(
+            [*test, *_flat(nodes, f"inner/{'then' if flat else 'else'}/", o, "r_out")],
+            "route/then/",
+            "r_out",
+            "y",
+        )
         return _model([pre, *body], inputs, "y", [_c("gain", 1024), _c("ten", 10), *inits])
-    inner = helper.make_node("If", ["big"], ["r_out"], name="inner",
-                             then_branch=_branch(*inner_then, "it"),
-                             else_branch=_branch(*inner_else, "ie"))
+    inner = helper.make_node(
+        "If",
+        ["big"],
+        ["r_out"],
+        name="inner",
+        then_branch=_branch(*inner_then, "it"),
+        else_branch=_branch(*inner_else, "ie"),
+    )
     route = helper.make_node(
-        "If", ["flag"], ["y"], name="route",
+        "If",
+        ["flag"],
+        ["y"],
+        name="route",
         then_branch=_branch([*test, inner], "r_out", [_c("ten", 10)], "rt"),
-        else_branch=_branch([helper.make_node("Identity", ["h"], ["re_out"], name="pass")], "re_out", [],
-                            "re"))
+        else_branch=_branch(
+            [helper.make_node("Identity", ["h"], ["re_out"], name="pass")], "re_out", [], "re"
+        ),
+    )
     return _model([pre, route], inputs, "y", [_c("gain", 1024)])
 
 
@@ -145,7 +179,9 @@ def _session(model):
     """ONNX Runtime with graph optimizations off (they fold x1024 /1024 into one Mul)."""
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(
+        model.SerializeToString(), options, providers=["CPUExecutionProvider"]
+    )
 
 
 def _fp32(model, feed: dict) -> np.ndarray:
@@ -217,15 +253,24 @@ def test_condition_changing_between_batches_builds_one_graph_per_path(monkeypatc
 def _with_loop(model):
     """``model`` with a Loop (one iteration, y x 2, ``gain`` read from outside) after it."""
     body = helper.make_graph(
-        [helper.make_node("Identity", ["c_in"], ["c_out"]),
-         helper.make_node("Mul", ["v_in", "gain"], ["v_out"], name="twice")],
-        "body", [helper.make_tensor_value_info("i", TensorProto.INT64, []),
-                 helper.make_tensor_value_info("c_in", TensorProto.BOOL, []), _vi("v_in")],
-        [helper.make_tensor_value_info("c_out", TensorProto.BOOL, []), _vi("v_out")])
+        [
+            helper.make_node("Identity", ["c_in"], ["c_out"]),
+            helper.make_node("Mul", ["v_in", "gain"], ["v_out"], name="twice"),
+        ],
+        "body",
+        [
+            helper.make_tensor_value_info("i", TensorProto.INT64, []),
+            helper.make_tensor_value_info("c_in", TensorProto.BOOL, []),
+            _vi("v_in"),
+        ],
+        [helper.make_tensor_value_info("c_out", TensorProto.BOOL, []), _vi("v_out")],
+    )
     m = onnx.ModelProto()
     m.CopyFrom(model)
     m.graph.initializer.append(numpy_helper.from_array(np.array(1, np.int64), "trips"))
-    m.graph.node.append(helper.make_node("Loop", ["trips", "", "y"], ["z"], name="repeat", body=body))
+    m.graph.node.append(
+        helper.make_node("Loop", ["trips", "", "y"], ["z"], name="repeat", body=body)
+    )
     m.graph.output[0].name = "z"
     return m
 
@@ -267,8 +312,13 @@ def test_patch_fixes_a_main_graph_span_before_an_if(lift, tmp_path):
         meta = {p.key: p.value for p in patched.metadata_props}
         assert "gate" in json.loads(meta["fp16lens.fp32_nodes"])
         [mul] = [n for n in patched.graph.node if n.op_type == "Mul" and n.input[0] == "h"]
-        [branch] = [a.g for n in patched.graph.node if n.op_type == "If" for a in n.attribute
-                    if a.name == "else_branch"]
+        [branch] = [
+            a.g
+            for n in patched.graph.node
+            if n.op_type == "If"
+            for a in n.attribute
+            if a.name == "else_branch"
+        ]
         assert branch.node[0].input[0] == mul.output[0]
 
 
@@ -280,7 +330,9 @@ def test_a_computed_condition_is_checked_in_the_scans_own_run(monkeypatch):
 
     resolved = []
     resolve = Inliner.resolve
-    monkeypatch.setattr(Inliner, "resolve", lambda self, feed: resolved.append(1) or resolve(self, feed))
+    monkeypatch.setattr(
+        Inliner, "resolve", lambda self, feed: resolved.append(1) or resolve(self, feed)
+    )
     batches = [_feed(X, True), _feed(X, True), _feed(SMALL, True), _feed(X, True)]
     report = fp16lens.scan(nested(), batches, progress=False)
     assert len(resolved) == 3  # the first batch, and the two changes of path

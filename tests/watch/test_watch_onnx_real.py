@@ -69,7 +69,9 @@ def test_ppocr_rec_as_trained_is_clean_and_reads_the_word_in_fp16(rec, tmp_path)
     assert all(f.mechanism == Mechanism.NOTE for f in report.findings)
     out16, first = _rec_truth(rec, x)
     assert first is None and np.isfinite(out16).all()
-    assert zoo_real.rec_decode(rec, _fp32(rec, x)) == zoo_real.rec_decode(rec, out16) == zoo_real.SHORT
+    assert (
+        zoo_real.rec_decode(rec, _fp32(rec, x)) == zoo_real.rec_decode(rec, out16) == zoo_real.SHORT
+    )
     art = fp16lens.export(rec, None, tmp_path / "rec16.onnx")
     assert not art.fp32_nodes
     result = fp16lens.verify(rec, art.path, (x,))
@@ -125,6 +127,7 @@ def test_ppocr_det_fp16_export_needs_its_huge_bn_variance_kept_fp32(tmp_path):
 
 # ---- Silero VAD as the silero-vad wheel ships it in ONNX -------------------------------
 
+
 @pytest.fixture(scope="module")
 def vad():
     return _shipped(zoo_real.silero_onnx)
@@ -139,7 +142,9 @@ def _vad_truth(path: str, feed: dict) -> tuple[float, str | None]:
 def _vad_fp32(path: str, feed: dict) -> float:
     import onnxruntime as ort
 
-    return float(ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, feed)[0].ravel()[0])
+    return float(
+        ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, feed)[0].ravel()[0]
+    )
 
 
 def test_silero_vad_onnx_as_expected_is_clean_and_keeps_its_probability(vad):
@@ -151,7 +156,9 @@ def test_silero_vad_onnx_as_expected_is_clean_and_keeps_its_probability(vad):
     assert prob16 == pytest.approx(_vad_fp32(vad, feed), abs=0.01)
 
 
-def test_silero_vad_onnx_fp16_export_keeps_its_if_bodies_fp32_and_verifies_as_real_fp16(vad, tmp_path):
+def test_silero_vad_onnx_fp16_export_keeps_its_if_bodies_fp32_and_verifies_as_real_fp16(
+    vad, tmp_path
+):
     """The FP16 file: STFT and encoder in FP16, the decoder's If bodies as written in FP32.
     verify passes on speech as the model expects it and fails on raw int16, where real FP16
     storage of the main graph misses the speech (the test above)."""
@@ -196,7 +203,9 @@ def _inlined(path: str, feed: dict, tmp_path) -> str:
     return out
 
 
-def test_silero_vad_onnx_inside_if_branches_on_raw_int16_overflows_where_real_fp16_does(vad_if, tmp_path):
+def test_silero_vad_onnx_inside_if_branches_on_raw_int16_overflows_where_real_fp16_does(
+    vad_if, tmp_path
+):
     """The scan inlines the branches the batch takes (sample rate 16 kHz: If_0's then
     branch, then the decoder's Ifs): raw int16 overflows at the STFT node where real FP16
     storage of the inlined graph first holds inf, the node the opset-15 file's test names."""
@@ -207,11 +216,18 @@ def test_silero_vad_onnx_inside_if_branches_on_raw_int16_overflows_where_real_fp
     assert _vad_fp32(vad_if, feed) > 0.5 and prob16 < 0.01
     assert not report.clean and len(report.sites) > 60
     span = report.spans[0]
-    assert span.start == first == "If_0/then/If_0_then_branch__Inline_0__/stft/Conv" and span.peak > 65504
+    assert (
+        span.start == first == "If_0/then/If_0_then_branch__Inline_0__/stft/Conv"
+        and span.peak > 65504
+    )
     assert _truth(zoo_real.silero_onnx(), feed)[1] == "/model/stft/Conv"  # the opset-15 file
     assert not any(f.kind == "unscanned" for f in report.findings)
     [note] = [f for f in report.findings if "inlined" in f.detail]
-    assert note.mechanism == "note" and note.kind == "inlined-branch" and "If_0 (then, 1 batch)" in note.detail
+    assert (
+        note.mechanism == "note"
+        and note.kind == "inlined-branch"
+        and "If_0 (then, 1 batch)" in note.detail
+    )
     advice = suggest_fix(report, span)  # what patch (which refuses it) and export really do
     assert "lies inside an If branch" in advice and "export keeps If nodes in FP32" in advice
 
@@ -231,16 +247,22 @@ def test_silero_vad_onnx_inside_if_branches_on_speech_is_clean(vad_if, tmp_path)
 def test_silero_vad_onnx_patch_refuses_the_spans_inside_its_if(vad_if):
     """patch rewrites the main graph only: the raw-input spans lie in If_0's branch."""
     report = fp16lens.scan(vad_if, [zoo_real.vad_feed(raw=True, chunk=5)], progress=False)
-    with pytest.raises(PatchError, match=r"/stft/Conv lie inside the If 'If_0'.*fp16lens.export keeps If nodes FP32"):
+    with pytest.raises(
+        PatchError,
+        match=r"/stft/Conv lie inside the If 'If_0'.*fp16lens.export keeps If nodes FP32",
+    ):
         fp16lens.patch(vad_if, report)
 
 
 # ---- the whole journey on a published ONNX file: scan, patch, export, verify ------------
 
+
 def _mask_iou(ref, got) -> float:
     """The detector's task: agreement of its text masks (probability > 0.3)."""
-    a, b = (np.asarray(next(iter(out.values())) if isinstance(out, dict) else out) > 0.3
-            for out in (ref, got))
+    a, b = (
+        np.asarray(next(iter(out.values())) if isinstance(out, dict) else out) > 0.3
+        for out in (ref, got)
+    )
     return float((a & b).sum() / max((a | b).sum(), 1))
 
 

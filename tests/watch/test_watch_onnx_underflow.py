@@ -49,15 +49,35 @@ CASES = [  # (name, graph, input, real FP16 breaks)
     ("sqrt-div", sqrt_div(), quiet(), True),
     ("reciprocal", reciprocal(), quiet(), True),
     ("pow-0.5", pow_neg(), quiet(), True),
-    ("softmax", softmax_by_hand(), np.random.default_rng(1).uniform(-40, -20, (4, 16)).astype(np.float32), True),
+    (
+        "softmax",
+        softmax_by_hand(),
+        np.random.default_rng(1).uniform(-40, -20, (4, 16)).astype(np.float32),
+        True,
+    ),
     # clean controls: an eps FP16 holds, values that never flush, a flush that meets a Conv
     ("log-eps-1e-3", log_eps(1e-3), quiet(), False),
     ("log-clamp-1e-4", log_clip(1e-4), quiet(), False),
-    ("log-loud", log_eps(), np.random.default_rng(3).uniform(0.5, 2, (4, 16)).astype(np.float32), False),
-    ("softmax-mild", softmax_by_hand(), np.random.default_rng(1).uniform(-4, 4, (4, 16)).astype(np.float32), False),
+    (
+        "log-loud",
+        log_eps(),
+        np.random.default_rng(3).uniform(0.5, 2, (4, 16)).astype(np.float32),
+        False,
+    ),
+    (
+        "softmax-mild",
+        softmax_by_hand(),
+        np.random.default_rng(1).uniform(-4, 4, (4, 16)).astype(np.float32),
+        False,
+    ),
     ("conv", square_into_conv(), quiet((4, 1, 16)), False),
     # a row FP16 flushes whole: ONNX Runtime's LpNormalization gives 0 for a zero norm
-    ("lpnorm", lp_norm(), np.random.default_rng(2).uniform(-1e-4, 1e-4, (4, 16)).astype(np.float32), False),
+    (
+        "lpnorm",
+        lp_norm(),
+        np.random.default_rng(2).uniform(-1e-4, 1e-4, (4, 16)).astype(np.float32),
+        False,
+    ),
 ]
 
 
@@ -123,14 +143,45 @@ def test_cli_fail_on_underflow_and_any(tmp_path, capsys):
     onnx.save(log_eps(), str(path))
     np.savez(tmp_path / "in.npz", x=quiet())
     for policy in ("underflow", "any"):
-        code = main(["scan", str(path), "--input", str(tmp_path / "in.npz"), "--fail-on", policy,
-                     "--json", "--no-progress"])
+        code = main(
+            [
+                "scan",
+                str(path),
+                "--input",
+                str(tmp_path / "in.npz"),
+                "--fail-on",
+                policy,
+                "--json",
+                "--no-progress",
+            ]
+        )
         data = json.loads(capsys.readouterr().out)
         assert code == 1 and not data["clean"]
-    code = main(["scan", str(path), "--input", str(tmp_path / "in.npz"), "--fail-on", "overflow",
-                 "--no-progress"])
+    code = main(
+        [
+            "scan",
+            str(path),
+            "--input",
+            str(tmp_path / "in.npz"),
+            "--fail-on",
+            "overflow",
+            "--no-progress",
+        ]
+    )
     capsys.readouterr()
     assert code == 0  # not an overflow
     onnx.save(log_eps(1e-3), str(path))
-    assert main(["scan", str(path), "--input", str(tmp_path / "in.npz"), "--fail-on", "any",
-                 "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "scan",
+                str(path),
+                "--input",
+                str(tmp_path / "in.npz"),
+                "--fail-on",
+                "any",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )

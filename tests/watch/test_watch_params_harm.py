@@ -41,7 +41,9 @@ def _verdict_line(report) -> str:
 def test_half_step_is_half_the_fp16_spacing():
     for m in (1.0, 0.3, 1000.0, 2.0**-14):
         x = torch.tensor(m, dtype=torch.float16).float()
-        up = torch.nextafter(torch.tensor(m, dtype=torch.float16), torch.tensor(1e9, dtype=torch.float16))
+        up = torch.nextafter(
+            torch.tensor(m, dtype=torch.float16), torch.tensor(1e9, dtype=torch.float16)
+        )
         assert half_step(float(x)) == (float(up) - float(x)) / 2
     assert half_step(1e-6) == half_step(0.0) == 2.0**-25  # the subnormal step
 
@@ -61,7 +63,9 @@ def test_flush_loss_per_value_and_per_output_channel():
 def test_mobilenet_v2_with_tiny_bn_biases_is_fp16_safe():
     model, inputs, tiny = models.mobilenet_v2_tiny_params()
     report, ref = _watch(model, inputs)
-    notes = {f"{f.site}.{f.tensor}": f for f in report.findings_by("note") if f.kind.startswith("param-")}
+    notes = {
+        f"{f.site}.{f.tensor}": f for f in report.findings_by("note") if f.kind.startswith("param-")
+    }
     assert report.findings_by("parameter") == []
     assert report.clean and _verdict_line(report).startswith("✓ MobileNetV2 is FP16-safe")
     assert set(tiny) <= set(notes)  # each tiny bias is a note that says why it is harmless

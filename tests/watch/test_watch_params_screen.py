@@ -53,13 +53,19 @@ def _random_tensors(seed: int, count: int):
         if rng.random() < 0.2:
             t[: rng.randint(0, n)] = 0
         m = nn.Module()
-        m.register_parameter(rng.choice(["weight", "bias"]), nn.Parameter(
-            t.to(rng.choice([torch.float32, torch.float16, torch.float64, torch.bfloat16])),
-            requires_grad=False))
+        m.register_parameter(
+            rng.choice(["weight", "bias"]),
+            nn.Parameter(
+                t.to(rng.choice([torch.float32, torch.float16, torch.float64, torch.bfloat16])),
+                requires_grad=False,
+            ),
+        )
         m.register_buffer("running_var", t.abs() * 3)
-        options = WatchOptions(threshold=rng.choice([65504.0, 1.0]),
-                               param_subnormal_share=rng.choice([0.05, 0.0, 0.5]),
-                               param_underflow_share=rng.choice([0.01, 0.0]))
+        options = WatchOptions(
+            threshold=rng.choice([65504.0, 1.0]),
+            param_subnormal_share=rng.choice([0.05, 0.0, 0.5]),
+            param_underflow_share=rng.choice([0.01, 0.0]),
+        )
         yield m, options
 
 
@@ -84,7 +90,9 @@ def exact_passes(monkeypatch):
     ran = []
     for name in ("_overflow", "_small"):
         real = getattr(_params, name)
-        monkeypatch.setattr(_params, name, lambda *a, _real=real, _n=name: (ran.append((_n, a[0])), _real(*a))[1])
+        monkeypatch.setattr(
+            _params, name, lambda *a, _real=real, _n=name: (ran.append((_n, a[0])), _real(*a))[1]
+        )
     return ran
 
 
@@ -92,8 +100,14 @@ def test_an_ordinary_model_needs_no_exact_pass(exact_passes):
     torch.manual_seed(0)
     # weights at their usual initial scales (mean |w| > 2^-14 / 1% * 1.25 ~ 0.008: a wider
     # Linear's 1/sqrt(fan_in) init is smaller, and its exact pass runs)
-    model = nn.Sequential(nn.Conv2d(3, 64, 3), nn.BatchNorm2d(64), nn.Flatten(), nn.Linear(64, 30000),
-                          nn.LayerNorm(30000), nn.Embedding(3000, 256))
+    model = nn.Sequential(
+        nn.Conv2d(3, 64, 3),
+        nn.BatchNorm2d(64),
+        nn.Flatten(),
+        nn.Linear(64, 30000),
+        nn.LayerNorm(30000),
+        nn.Embedding(3000, 256),
+    )
     assert _params.check_parameters(model, WatchOptions()) == []
     assert exact_passes == []
     with torch.no_grad():  # one value past FP16 (ground truth: .half() makes it inf)

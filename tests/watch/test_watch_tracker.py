@@ -67,7 +67,10 @@ def test_frames_are_named_and_see_the_stack_outside_themselves():
 def test_frame_numbers_its_functional_ops():
     frame = Frame("layer1", nn.Identity(), False, False, False)
     assert [frame.op_site("add"), frame.op_site("mul"), frame.op_site("add")] == [
-        "layer1:add", "layer1:mul", "layer1:add#2"]
+        "layer1:add",
+        "layer1:mul",
+        "layer1:add#2",
+    ]
     with pytest.raises(AttributeError):
         frame.name = "other"  # frozen: a frame is read by name, never rewritten
 

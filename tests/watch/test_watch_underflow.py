@@ -58,7 +58,7 @@ def test_partial_rows_of_flushed_exps_stay_finite():
     model, x = um.build("softmax-by-hand")
     x = x.clone()
     w = torch.linalg.pinv(model.front.weight.detach())
-    x[:3] += (w @ torch.eye(um.WIDTH)[0] * 30.0)  # element 0 of the front's rows back near 0
+    x[:3] += w @ torch.eye(um.WIDTH)[0] * 30.0  # element 0 of the front's rows back near 0
     assert _real_nonfinite(model, x) == 0
     assert _report(model, x).clean
 
@@ -67,11 +67,17 @@ def test_report_names_op_origin_and_vanished_constant():
     model, x = um.build("log10-clamp")
     (f,) = _report(model, x).findings_by(Mechanism.UNDERFLOW)
     assert f.site == "block:log10" and f.tensor == "block:mul"
-    assert "block:mul" in f.detail and "clamp bound 1e-08" in f.detail and "log10(0) = -inf" in f.detail
+    assert (
+        "block:mul" in f.detail
+        and "clamp bound 1e-08" in f.detail
+        and "log10(0) = -inf" in f.detail
+    )
     model, x = um.build("log-square-eps")
     (f,) = _report(model, x).findings_by(Mechanism.UNDERFLOW)
     assert "eps 1e-10" in f.detail  # the constant that vanished
-    assert f.fix.startswith("patch: FP32 island block (rule: FP32 island of the block; no exact rule: ")
+    assert f.fix.startswith(
+        "patch: FP32 island block (rule: FP32 island of the block; no exact rule: "
+    )
 
 
 def test_rendered_verdict_is_not_fp16_safe():
@@ -97,7 +103,7 @@ def test_clean_control_renders_safe():
     assert "✓" in console.export_text()
 
 
-REPRO = '''
+REPRO = """
 import sys
 sys.path.insert(0, {tests!r})
 import underflow_models as um
@@ -106,13 +112,18 @@ import underflow_models as um
 def build():
     model, x = um.build({name!r})
     return model, (x,)
-'''
+"""
 
 
-@pytest.mark.parametrize("policy, name, code", [
-    ("underflow", "softmax-by-hand", 1), ("any", "log-square-eps", 1), ("overflow", "log-square-eps", 0),
-    ("any", "log-eps-1e-3", 0),
-])
+@pytest.mark.parametrize(
+    "policy, name, code",
+    [
+        ("underflow", "softmax-by-hand", 1),
+        ("any", "log-square-eps", 1),
+        ("overflow", "log-square-eps", 0),
+        ("any", "log-eps-1e-3", 0),
+    ],
+)
 def test_cli_fail_on_underflow(tmp_path, capsys, policy, name, code):
     import os
 
@@ -123,6 +134,7 @@ def test_cli_fail_on_underflow(tmp_path, capsys, policy, name, code):
 
 
 # ---- trained weights: PESTO (pesto-pitch 2.0.1), a pitch estimator, on real audio ------------
+
 
 def _pesto():
     import zoo_real

@@ -22,7 +22,12 @@ _HOMOGENEOUS = frozenset({
     "adaptive_max_pool3d", "upsample", "interpolate", "flatten", "unflatten", "neg",
     "pixel_shuffle", "pixel_unshuffle", "mean", "sum", "amax", "amin", "max", "min", "abs",
 })  # fmt: skip
-DEGREES = {"pow": Fraction(2), "square": Fraction(2), "sqrt": Fraction(1, 2), "rsqrt": Fraction(-1, 2)}
+DEGREES = {
+    "pow": Fraction(2),
+    "square": Fraction(2),
+    "sqrt": Fraction(1, 2),
+    "rsqrt": Fraction(-1, 2),
+}
 """Ops homogeneous of a degree other than 1: f(px) = p^d f(x). ``pow`` with one tensor
 producer is ``x ** k`` for a number k; a report names the op, not k, so it is taken as the
 square (``x ** 2``, ``torch.square``, ``x.pow(2)``: what magnitudes and variances use) and

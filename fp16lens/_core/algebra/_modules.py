@@ -155,7 +155,10 @@ def _stripped(module: nn.Module) -> nn.Module:
 def _inputs(n: int):
     g = torch.Generator().manual_seed(0)
     for shape in _SHAPES:
-        yield torch.randn([n if d < 0 else d for d in shape], generator=g, dtype=torch.float64) * 3 + 1
+        yield (
+            torch.randn([n if d < 0 else d for d in shape], generator=g, dtype=torch.float64) * 3
+            + 1
+        )
 
 
 def _same(a, b) -> bool:

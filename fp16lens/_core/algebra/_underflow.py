@@ -52,8 +52,13 @@ VIEWS = frozenset({
     "narrow", "select", "flip", "roll",
 })  # fmt: skip
 """Ops watch records as no site of their own (their values are their input's)."""
-POWERS = {"sqrt": Fraction(1, 2), "rsqrt": Fraction(-1, 2), "reciprocal": Fraction(-1),
-          "square": Fraction(2), "var": Fraction(2)}
+POWERS = {
+    "sqrt": Fraction(1, 2),
+    "rsqrt": Fraction(-1, 2),
+    "reciprocal": Fraction(-1),
+    "square": Fraction(2),
+    "var": Fraction(2),
+}
 """Ops homogeneous of another degree: the power is multiplied by it."""
 LOG_BASE = {"log": math.e, "log2": 2.0, "log10": 10.0}
 JOINS = frozenset({"add", "sub", "maximum", "minimum", "cat", "stack", "hypot"})
@@ -63,12 +68,33 @@ RATIO = frozenset({"div", "atan2"})
 """Quotients: the power of the numerator minus the denominator's (atan2: equal powers, 0)."""
 PRODUCTS = frozenset({"matmul", "mm", "bmm"})
 """Bilinear: the powers of the two operands add (a filterbank buffer is at power 0)."""
-REDUCTIONS = frozenset({"sum", "mean", "std", "var", "norm", "vector_norm", "linalg_vector_norm",
-                        "amax", "nansum", "cumsum"})
+REDUCTIONS = frozenset(
+    {
+        "sum",
+        "mean",
+        "std",
+        "var",
+        "norm",
+        "vector_norm",
+        "linalg_vector_norm",
+        "amax",
+        "nansum",
+        "cumsum",
+    }
+)
 """A reduction of values FP16 flushed is 0 where FP32 lifts it: its own low values must lift."""
 
-_ALIASES = {"truediv": "div", "true_divide": "div", "itruediv": "div", "clip": "clamp",
-            "iadd": "add", "imul": "mul", "isub": "sub", "radd": "add", "rmul": "mul"}
+_ALIASES = {
+    "truediv": "div",
+    "true_divide": "div",
+    "itruediv": "div",
+    "clip": "clamp",
+    "iadd": "add",
+    "imul": "mul",
+    "isub": "sub",
+    "radd": "add",
+    "rmul": "mul",
+}
 
 
 def op_name(name: str) -> str:

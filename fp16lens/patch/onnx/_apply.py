@@ -40,7 +40,11 @@ class Editor:
         is rewritten where this slot is its only reader, else a new initializer is made."""
         name = node.input[slot]
         old = self.m.consts[name]
-        array = np.asarray(value.numpy() if torch.is_tensor(value) else value).astype(old.dtype).reshape(old.shape)
+        array = (
+            np.asarray(value.numpy() if torch.is_tensor(value) else value)
+            .astype(old.dtype)
+            .reshape(old.shape)
+        )
         readers = self.m.readers.get(name, [])
         if name in self.m.inits and len(readers) == 1 and name not in self.m.outputs:
             init = next(i for i in self.g.initializer if i.name == name)
@@ -65,9 +69,13 @@ class Editor:
         elem = self.m.elem.get(tensor, 1)
         dtype = self.onnx.helper.tensor_dtype_to_np_dtype(elem if elem in FLOAT_TYPES else 1)
         const = self.fresh(f"{tensor}_factor")
-        self.g.initializer.append(self.onnx.numpy_helper.from_array(np.array(factor, dtype=dtype), const))
+        self.g.initializer.append(
+            self.onnx.numpy_helper.from_array(np.array(factor, dtype=dtype), const)
+        )
         out = self.fresh(tensor)
-        node = self.onnx.helper.make_node("Mul", [tensor, const], [out], name=self.fresh(f"{tensor}_mul"))
+        node = self.onnx.helper.make_node(
+            "Mul", [tensor, const], [out], name=self.fresh(f"{tensor}_mul")
+        )
         self.added.append((before, node))
         return node
 
@@ -82,8 +90,13 @@ class Editor:
             nodes.append(node)
         nodes += before.pop(id(None), [])  # after the last node
         read = {t for n in nodes for t in n.input} | self.m.outputs
-        nodes = [n for n in nodes if not (n.op_type == "Identity" and n.input[0] in self.m.consts
-                                          and not set(n.output) & read)]  # constants no longer read
+        nodes = [
+            n
+            for n in nodes
+            if not (
+                n.op_type == "Identity" and n.input[0] in self.m.consts and not set(n.output) & read
+            )
+        ]  # constants no longer read
         del self.g.node[:]
         self.g.node.extend(nodes)
 
@@ -138,11 +151,15 @@ def _island(ed: Editor, units: dict[str, Unit], island, regions) -> list[str]:
             if t and m.elem.get(t) in FLOAT_TYPES:
                 inner = ed.fresh(t)
                 last.output[i] = inner
-                mul = ed.onnx.helper.make_node("Mul", [inner, ed.fresh(f"{t}_factor")], [t],
-                                               name=ed.fresh(f"{t}_mul"))
+                mul = ed.onnx.helper.make_node(
+                    "Mul", [inner, ed.fresh(f"{t}_factor")], [t], name=ed.fresh(f"{t}_mul")
+                )
                 dtype = ed.onnx.helper.tensor_dtype_to_np_dtype(m.elem[t])
-                ed.g.initializer.append(ed.onnx.numpy_helper.from_array(
-                    np.array(1.0 / island.out_scale, dtype=dtype), mul.input[1]))
+                ed.g.initializer.append(
+                    ed.onnx.numpy_helper.from_array(
+                        np.array(1.0 / island.out_scale, dtype=dtype), mul.input[1]
+                    )
+                )
                 ed.added.append((_next(ed, last), mul))
                 made.append(mul.name)
     return made
@@ -173,8 +190,9 @@ def _next(ed: Editor, node):
 def _linear(ed: Editor, node, r: Reparam) -> None:
     slot = 1 if node.op_type != "MatMul" or ed.m.const(node, 1) is not None else 0
     bias_slot = 2 if node.op_type != "MatMul" and len(node.input) > 2 and node.input[2] else None
-    w, b = scale_linear(ed.get(node, slot), None if bias_slot is None else ed.get(node, bias_slot),
-                        r.s_in, r.s_out)
+    w, b = scale_linear(
+        ed.get(node, slot), None if bias_slot is None else ed.get(node, bias_slot), r.s_in, r.s_out
+    )
     ed.put(node, slot, w)
     if b is not None:
         ed.put(node, bias_slot, b)

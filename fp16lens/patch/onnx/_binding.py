@@ -54,7 +54,11 @@ class OnnxBinding:
         return st.op == "Mul"  # x * g(x) of two activations carries x's scale (build_graph)
 
     def frozen(self, report: Report) -> set[str]:
-        return {s for s in report.sites if getattr(self.m.nodes.get(s), "name", None) in self.frozen_nodes}
+        return {
+            s
+            for s in report.sites
+            if getattr(self.m.nodes.get(s), "name", None) in self.frozen_nodes
+        }
 
     def site(self, name: str, st, n_producers: int) -> tuple[str, nn.Module]:
         if name in self.units:
@@ -76,16 +80,26 @@ class OnnxBinding:
         if op == "MatMul":
             return OnnxNode(op, weight=c(1) if c(1) is not None else c(0), bias=None)
         if op == "BatchNormalization":
-            return OnnxNode(op, weight=c(1), bias=c(2), running_mean=c(3), running_var=c(4),
-                            eps=float(attr(node, "epsilon", 1e-5)))
+            return OnnxNode(
+                op,
+                weight=c(1),
+                bias=c(2),
+                running_mean=c(3),
+                running_var=c(4),
+                eps=float(attr(node, "epsilon", 1e-5)),
+            )
         if op in _NORMS:
             return OnnxNode(op, weight=c(1), bias=c(2), eps=float(attr(node, "epsilon", 1e-5)))
         return OnnxNode(op)
 
     def _unit_node(self, u: Unit) -> OnnxNode:
         get = lambda ref: None if ref is None else _tensor(self.m.const(*ref))  # noqa: E731
-        return OnnxNode("decomposed norm", weight=get(u.weight), bias=get(u.bias),
-                        eps=float(self.m.const(*u.eps).reshape(-1)[0]))
+        return OnnxNode(
+            "decomposed norm",
+            weight=get(u.weight),
+            bias=get(u.bias),
+            eps=float(self.m.const(*u.eps).reshape(-1)[0]),
+        )
 
     def contract(self, report: Report) -> Report:
         """Each decomposed norm one NORM site; its stored (x-mean)^2 an internal finding of
@@ -97,7 +111,11 @@ class OnnxBinding:
 
     def _role(self, f: Finding) -> Finding:
         node = self.m.nodes.get(f.site)
-        if f.mechanism != Mechanism.PARAMETER or node is None or node.op_type not in (*_WEIGHTED, "MatMul"):
+        if (
+            f.mechanism != Mechanism.PARAMETER
+            or node is None
+            or node.op_type not in (*_WEIGHTED, "MatMul")
+        ):
             return f
         slots = [i for i, t in enumerate(node.input) if t == f.tensor]
         role = "bias" if slots == [2] else "weight" if slots else f.tensor
@@ -108,12 +126,22 @@ def node_kind(m: OnnxModel, node, n_producers: int) -> str:
     op = node.op_type
     const = [m.const(node, i) is not None for i in range(len(node.input))]
     if op in _WEIGHTED:  # weight and bias initializers, the data an activation
-        ok = len(const) > 1 and const[1] and not const[0] and (len(const) < 3 or const[2] or not node.input[2])
+        ok = (
+            len(const) > 1
+            and const[1]
+            and not const[0]
+            and (len(const) < 3 or const[2] or not node.input[2])
+        )
         return Kind.LINEAR if ok else Kind.BLOCK
     if op == "MatMul":
         return Kind.LINEAR if sum(const) == 1 else Kind.BLOCK
     if op == "BatchNormalization":
-        ok = len(const) == 5 and all(const[1:]) and len(node.output) == 1 and not attr(node, "training_mode", 0)
+        ok = (
+            len(const) == 5
+            and all(const[1:])
+            and len(node.output) == 1
+            and not attr(node, "training_mode", 0)
+        )
         return Kind.BN if ok else Kind.BLOCK
     if op in _NORMS:
         return Kind.NORM
@@ -128,7 +156,9 @@ def node_kind(m: OnnxModel, node, n_producers: int) -> str:
         value = m.const(node, 2)
         if len(node.input) > 2 and node.input[2] and value is None:
             return Kind.BLOCK  # a computed pad value
-        attrs["value"] = float(value.reshape(-1)[0]) if value is not None else attr(node, "value", 0.0)
+        attrs["value"] = (
+            float(value.reshape(-1)[0]) if value is not None else attr(node, "value", 0.0)
+        )
     return Kind.HOMOG if onnx_class(op, attrs) == OpClass.HOMOGENEOUS else Kind.BLOCK
 
 
@@ -145,23 +175,37 @@ def _drop_constants(report: Report, m: OnnxModel) -> Report:
         reader[s] = next((r for r in readers if r is not None and r not in gone), s)
     findings = [dataclasses.replace(f, site=reader.get(f.site, f.site)) for f in report.findings]
     return dataclasses.replace(
-        report, sites={n: st for n, st in report.sites.items() if n not in gone},
+        report,
+        sites={n: st for n, st in report.sites.items() if n not in gone},
         edges=[(p, c) for p, c in report.edges if p not in gone and c not in gone],
-        findings=findings)
+        findings=findings,
+    )
 
 
 def _merge(report: Report, rename: dict[str, str], units: dict[str, Unit]) -> Report:
     r = lambda s: rename.get(s, s)  # noqa: E731
-    sites, edges = merge_sites(report, rename, lambda unit: dataclasses.replace(
-        report.sites[units[unit].output], name=unit, op="decomposed norm", module=unit))
+    sites, edges = merge_sites(
+        report,
+        rename,
+        lambda unit: dataclasses.replace(
+            report.sites[units[unit].output], name=unit, op="decomposed norm", module=unit
+        ),
+    )
     spans, findings, inside = [], [], set()
     for sp in report.spans:
         names = {r(s) for s in sp.sites}
         if len(names) == 1 and next(iter(names)) in units:  # only the norm's own (x-mean)^2
             inside.add(next(iter(names)))
-            findings.append(Finding(r(sp.start), Mechanism.INTERNAL, sp.peak,
-                                    "(x-mean)^2 of a decomposed norm beyond FP16",
-                                    kind=FindingKind.NORM_VARIANCE, tensor="(x-mean)^2"))
+            findings.append(
+                Finding(
+                    r(sp.start),
+                    Mechanism.INTERNAL,
+                    sp.peak,
+                    "(x-mean)^2 of a decomposed norm beyond FP16",
+                    kind=FindingKind.NORM_VARIANCE,
+                    tensor="(x-mean)^2",
+                )
+            )
             continue
         spans.append(rename_span(sp, rename))
     for f in report.findings:

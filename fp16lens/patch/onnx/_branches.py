@@ -18,7 +18,9 @@ from fp16lens.report import Report
 
 def fold_branches(m: OnnxModel, report: Report) -> Report:
     ifs = [s for s, n in m.nodes.items() if n.op_type == "If"]
-    owner = {s: o for s in report.sites if s not in m.nodes and (o := branch_owner(s, ifs)) is not None}
+    owner = {
+        s: o for s in report.sites if s not in m.nodes and (o := branch_owner(s, ifs)) is not None
+    }
     if not owner:
         return report
     inside = [sp.start for sp in report.spans if any(s in owner for s in sp.sites)]

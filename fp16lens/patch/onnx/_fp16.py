@@ -74,8 +74,10 @@ def _session(proto):
 
 
 def _round_feed(feed: dict) -> dict:
-    return {k: (v.astype(np.float16).astype(v.dtype) if np.issubdtype(v.dtype, np.floating) else v)
-            for k, v in feed.items()}
+    return {
+        k: (v.astype(np.float16).astype(v.dtype) if np.issubdtype(v.dtype, np.floating) else v)
+        for k, v in feed.items()
+    }
 
 
 def _cosine(a: np.ndarray, b: np.ndarray) -> float:
@@ -101,9 +103,16 @@ def prove_graph(original, patched, feeds: list[dict]) -> list[BatchProof]:
         got32 = fp32.run(None, feed)
         got16 = half.run(None, _round_feed(feed))
         floats = [i for i, w in enumerate(want) if np.issubdtype(np.asarray(w).dtype, np.floating)]
-        fp32_rel = max((relative_error(torch.from_numpy(np.asarray(want[i], dtype=np.float64)),
-                                        torch.from_numpy(np.asarray(got32[i], dtype=np.float64))) for i in floats),
-                       default=0.0)
+        fp32_rel = max(
+            (
+                relative_error(
+                    torch.from_numpy(np.asarray(want[i], dtype=np.float64)),
+                    torch.from_numpy(np.asarray(got32[i], dtype=np.float64)),
+                )
+                for i in floats
+            ),
+            default=0.0,
+        )
         finite, cos, rel = True, 1.0, 0.0
         for i in floats:
             a, b = np.asarray(want[i], dtype=np.float64), np.asarray(got16[i], dtype=np.float64)
@@ -134,6 +143,10 @@ def _first_nonfinite(onnx, emulated, rounded, feed) -> str:
     values = dict(zip(names, sess.run(None, feed)))
     for site, t in rounded:
         v = values.get(t)
-        if v is not None and np.issubdtype(np.asarray(v).dtype, np.floating) and not np.isfinite(v).all():
+        if (
+            v is not None
+            and np.issubdtype(np.asarray(v).dtype, np.floating)
+            and not np.isfinite(v).all()
+        ):
             return site
     return ""

@@ -27,7 +27,9 @@ class OnnxModel:
     nodes: dict[str, object] = field(default_factory=dict)  # site -> node
     consts: dict[str, np.ndarray] = field(default_factory=dict)  # float constants by tensor
     inits: set[str] = field(default_factory=set)  # initializer names
-    readers: dict[str, list[tuple[object, int]]] = field(default_factory=dict)  # tensor -> (node, slot)
+    readers: dict[str, list[tuple[object, int]]] = field(
+        default_factory=dict
+    )  # tensor -> (node, slot)
     producer: dict[str, object] = field(default_factory=dict)  # tensor -> node
     elem: dict[str, int] = field(default_factory=dict)
     inputs: list[str] = field(default_factory=list)  # graph inputs that are not initializers
@@ -71,7 +73,9 @@ def load(model):
 def read(proto) -> OnnxModel:
     numpy_helper = onnx_module().numpy_helper
     g = proto.graph
-    m = OnnxModel(proto, elem=elem_types(proto, onnx_module()), inits={i.name for i in g.initializer})
+    m = OnnxModel(
+        proto, elem=elem_types(proto, onnx_module()), inits={i.name for i in g.initializer}
+    )
     m.inputs = [i.name for i in g.input if i.name not in m.inits]
     for init in g.initializer:
         if init.data_type in FLOAT_TYPES:

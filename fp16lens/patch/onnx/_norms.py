@@ -37,8 +37,12 @@ def _match(m: OnnxModel, pow_node) -> dict | None:
     nodes = [pow_node]
     sub = m.producer.get(d)
     mean = m.producer.get(sub.input[1]) if sub is not None and sub.op_type == "Sub" else None
-    if (mean is not None and mean.op_type == "ReduceMean" and mean.input[0] == sub.input[0]
-            and m.sole_reader(mean.output[0]) is sub):  # a LayerNorm: d = x - mean(x)
+    if (
+        mean is not None
+        and mean.op_type == "ReduceMean"
+        and mean.input[0] == sub.input[0]
+        and m.sole_reader(mean.output[0]) is sub
+    ):  # a LayerNorm: d = x - mean(x)
         nodes = [mean, sub, pow_node]
     x = sub.input[0] if len(nodes) > 1 else d  # else an RMS norm: d = x
     var = m.sole_reader(pow_node.output[0], "ReduceMean")
@@ -48,9 +52,7 @@ def _match(m: OnnxModel, pow_node) -> dict | None:
     div = sqrt and m.sole_reader(sqrt.output[0], "Div")
     if not div or list(div.input) != [d, sqrt.output[0]]:
         return None
-    if len(nodes) > 1 and any(
-        n is not pow_node and n is not div for n, _ in m.readers.get(d, [])
-    ):
+    if len(nodes) > 1 and any(n is not pow_node and n is not div for n, _ in m.readers.get(d, [])):
         return None  # x - mean read outside the norm
     nodes += [var, add, sqrt, div]
     found = {"nodes": nodes, "eps": (add, eps), "weight": None, "bias": None, "x": x}

@@ -58,8 +58,13 @@ def plan_onnx(model: Any, report: Report, options: PatchOptions) -> Plan:
     return _plan(read(load(model)), report, options)[0]
 
 
-def patch_onnx(model: Any, report: Report, options: PatchOptions, out: str | Path | None = None,
-               batches: list | None = None) -> tuple[Any, Plan]:
+def patch_onnx(
+    model: Any,
+    report: Report,
+    options: PatchOptions,
+    out: str | Path | None = None,
+    batches: list | None = None,
+) -> tuple[Any, Plan]:
     """The patched graph (a new ModelProto) and its plan; written to ``out`` when given.
     The FP32 check runs on ``batches`` (else on inputs like the report's recorded ones).
     Where it fails (a rescaled tensor reaches an output by a path the report's dataflow
@@ -80,16 +85,23 @@ def patch_onnx(model: Any, report: Report, options: PatchOptions, out: str | Pat
             onnx.save(original, str(out))
         return original, the_plan
     if options.check and feeds:
-        m, the_plan, binding, drop = _fp32_checked(original, report, options, feeds, m, the_plan, binding)
+        m, the_plan, binding, drop = _fp32_checked(
+            original, report, options, feeds, m, the_plan, binding
+        )
     elif options.check:
-        the_plan.notes.append(f"{NOT_CHECKED}: the report holds no inputs for the graph's inputs (pass batches=)")
+        the_plan.notes.append(
+            f"{NOT_CHECKED}: the report holds no inputs for the graph's inputs (pass batches=)"
+        )
     if batches is not None:
-        m, the_plan = _proven(original, report, options, feeds or _feeds(original, batches), m, the_plan, drop)
+        m, the_plan = _proven(
+            original, report, options, feeds or _feeds(original, batches), m, the_plan, drop
+        )
     elif the_plan.changes:
         m, the_plan = _statistics(original, report, options, feeds, m, the_plan, drop)
         the_plan.notes.append(
             "the FP16 check did not run (no batches): the patched graph was not run in FP16; pass "
-            "batches= (or --input) to prove it")
+            "batches= (or --input) to prove it"
+        )
     if out is not None:
         onnx.save(m.proto, str(out))
     return m.proto, the_plan
@@ -133,14 +145,20 @@ def _without(report: Report, drop: tuple[int, ...]) -> tuple[Report, dict[str, s
     sites: dict[str, str] = {}
     for s in gone:
         for x in s.sites:
-            sites.setdefault(x, f"span {s.start} -> {s.end or 'output'}: its rescaling failed the check; kept FP32")
+            sites.setdefault(
+                x,
+                f"span {s.start} -> {s.end or 'output'}: its rescaling failed the check; kept FP32",
+            )
     out.spans = [s for i, s in enumerate(report.spans) if not (everything or i in drop)]
     kept = []
     for f in report.findings:
         if f.mechanism == Mechanism.NOTE or (f.mechanism == Mechanism.UNDERFLOW and not everything):
             kept.append(f)  # an underflow island is not a rescaling: it stays with its block
         elif everything or f.site in sites or f"finding {f.site}" in drop:
-            sites.setdefault(f.site, f"{f.kind or f.mechanism} at {f.site}: its rescaling failed the check; kept FP32")
+            sites.setdefault(
+                f.site,
+                f"{f.kind or f.mechanism} at {f.site}: its rescaling failed the check; kept FP32",
+            )
         else:
             kept.append(f)
     out.findings = kept
@@ -157,7 +175,11 @@ def _fp32_checked(original, report, options, feeds, m, the_plan, binding):
     except PatchError as exc:
         first = str(exc)
     findings = [f"finding {f.site}" for f in report.findings if f.mechanism != Mechanism.NOTE]
-    for drop in [*((i,) for i in range(len(report.spans))), *((f,) for f in dict.fromkeys(findings)), (-1,)]:
+    for drop in [
+        *((i,) for i in range(len(report.spans))),
+        *((f,) for f in dict.fromkeys(findings)),
+        (-1,),
+    ]:
         m2, plan2, binding2 = _attempt(original, report, options, drop)
         try:
             _checks(original, m2.proto, plan2, binding2, feeds, report)
@@ -168,7 +190,8 @@ def _fp32_checked(original, report, options, feeds, m, the_plan, binding):
         plan2.notes.append(
             f"the rescaled graph failed the FP32 check ({first.split(':')[0]}); reverted the rescaling "
             f"of {'every span' if drop == (-1,) else _what(report, drop[0])} and kept its nodes FP32: "
-            f"{', '.join(nodes) or 'none'}")
+            f"{', '.join(nodes) or 'none'}"
+        )
         return m2, plan2, binding2, drop
     raise PatchError(first)
 
@@ -187,17 +210,28 @@ def _statistics(original, report, options, feeds, m, the_plan, drop):
             if feeds:
                 _checks(original, m2.proto, plan2, binding2, feeds, report)
             plan2.fp32_checked = the_plan.fp32_checked
-            plan2.notes = [*the_plan.notes, f"islands hand on values beyond FP16 (the report's ranges): kept "
-                           f"{', '.join(_what(report, i) for i in new)} as FP32 nodes"]
+            plan2.notes = [
+                *the_plan.notes,
+                f"islands hand on values beyond FP16 (the report's ranges): kept "
+                f"{', '.join(_what(report, i) for i in new)} as FP32 nodes",
+            ]
             m, the_plan = m2, plan2
         except PatchError:
             pass
-    covered = {i.module for i in the_plan.islands if i.reason.endswith("kept FP32")}  # whole spans FP32
+    covered = {
+        i.module for i in the_plan.islands if i.reason.endswith("kept FP32")
+    }  # whole spans FP32
     for site, value in statistics_problems(the_plan, report):
         if site not in covered:
-            the_plan.unresolved.append(Unresolved(site, (
-                f"its FP32 island hands on {value:.3g} (the report's range), beyond FP16: pass batches= "
-                "(--input) to prove and widen the fix")))
+            the_plan.unresolved.append(
+                Unresolved(
+                    site,
+                    (
+                        f"its FP32 island hands on {value:.3g} (the report's range), beyond FP16: pass batches= "
+                        "(--input) to prove and widen the fix"
+                    ),
+                )
+            )
     return m, the_plan
 
 
@@ -239,15 +273,24 @@ def _proven(original, report, options, feeds, m, the_plan, drop):
         except PatchError:
             break
         plan2.fp32_checked = True
-        plan2.notes = [*the_plan.notes, f"real FP16 failed ({failed[0].first_nonfinite or 'parity'}); kept "
-                       f"{'every span' if nxt == (-1,) else 'spans ' + ', '.join(map(str, nxt))} as FP32 nodes"]
+        plan2.notes = [
+            *the_plan.notes,
+            f"real FP16 failed ({failed[0].first_nonfinite or 'parity'}); kept "
+            f"{'every span' if nxt == (-1,) else 'spans ' + ', '.join(map(str, nxt))} as FP32 nodes",
+        ]
         m, the_plan, drop = m2, plan2, nxt
     worst = failed[0]
-    the_plan.unresolved.append(Unresolved(PROOF_SITE, (
-        f"the patched graph in FP16 still fails on batch {worst.batch} "
-        f"({'non-finite at ' + (worst.first_nonfinite or '?') if not worst.finite else f'cosine {worst.cosine:.6f}'}) "
-        "with every span kept FP32: the inputs may be out of FP16 range themselves, or the graph is "
-        "not FP16-safe; run it in FP32")))
+    the_plan.unresolved.append(
+        Unresolved(
+            PROOF_SITE,
+            (
+                f"the patched graph in FP16 still fails on batch {worst.batch} "
+                f"({'non-finite at ' + (worst.first_nonfinite or '?') if not worst.finite else f'cosine {worst.cosine:.6f}'}) "
+                "with every span kept FP32: the inputs may be out of FP16 range themselves, or the graph is "
+                "not FP16-safe; run it in FP32"
+            ),
+        )
+    )
     return m, the_plan
 
 
@@ -291,8 +334,14 @@ def _inputs(m_proto, report: Report) -> list[dict[str, np.ndarray]]:
     graph_inputs = [i for i in m_proto.graph.input if i.name not in inits]
     recorded = report_batch(report)  # inputs like the recorded ones (dtypes, ranges)
     if isinstance(recorded, dict) and all(vi.name in recorded for vi in graph_inputs):
-        return [{vi.name: np.asarray(recorded[vi.name].numpy()).astype(
-            onnx.helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type)) for vi in graph_inputs}]
+        return [
+            {
+                vi.name: np.asarray(recorded[vi.name].numpy()).astype(
+                    onnx.helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type)
+                )
+                for vi in graph_inputs
+            }
+        ]
     shapes = report.meta.input_shapes[0] if report.meta.input_shapes else None
     if shapes is None or len(shapes) != len(graph_inputs):
         return []
@@ -300,8 +349,11 @@ def _inputs(m_proto, report: Report) -> list[dict[str, np.ndarray]]:
     feed = {}
     for vi, shape in zip(graph_inputs, shapes):
         dtype = onnx.helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type)
-        feed[vi.name] = rng.random(shape).astype(dtype) if vi.type.tensor_type.elem_type in FLOAT_TYPES \
+        feed[vi.name] = (
+            rng.random(shape).astype(dtype)
+            if vi.type.tensor_type.elem_type in FLOAT_TYPES
             else np.zeros(shape, dtype=dtype)
+        )
     return [feed]
 
 
@@ -340,13 +392,18 @@ def _output_floors(original, report: Report | None) -> list[float]:
     return out
 
 
-def _checks(original, patched, the_plan: Plan, binding, feeds, report: Report | None = None) -> list[str]:
+def _checks(
+    original, patched, the_plan: Plan, binding, feeds, report: Report | None = None
+) -> list[str]:
     floors = _output_floors(original, report)
     affine = [r for r in the_plan.reparametrized if r.rule == "bn-affine"]
     if affine:  # the affine forms alone, then the rescaling exact against them
         m = read(load(original))
-        apply(m, Plan(reparametrized=[dataclasses.replace(r, s_in=1.0, s_out=1.0) for r in affine]),
-              binding.units)
+        apply(
+            m,
+            Plan(reparametrized=[dataclasses.replace(r, s_in=1.0, s_out=1.0) for r in affine]),
+            binding.units,
+        )
         _check(original, m.proto, feeds, AFFINE_TOLERANCE, floors)
         original = m.proto
     _check(original, patched, feeds, TOLERANCE, floors)
@@ -360,7 +417,9 @@ def _check(original, patched, feeds, tolerance: float, floors=()) -> None:
             if not np.issubdtype(np.asarray(x).dtype, np.floating):
                 continue
             floor = floors[i] if i < len(floors) else 0.0
-            err = relative_error(torch.from_numpy(np.asarray(x)), torch.from_numpy(np.asarray(y)), floor)
+            err = relative_error(
+                torch.from_numpy(np.asarray(x)), torch.from_numpy(np.asarray(y)), floor
+            )
             if not err <= tolerance:
                 raise PatchError(
                     f"the patched graph's FP32 output {i} differs from the original's (relative "

@@ -52,9 +52,11 @@ def underflow_islands(m: OnnxModel, report, taken: set[str]) -> list[Island]:
         if f.mechanism != Mechanism.UNDERFLOW or f.site not in m.nodes:
             continue
         chain = _members(m, f.site)
-        why = (f"underflow: the {len(chain)} nodes from {chain[0]} to {m.nodes[f.site].op_type} "
-               f"{f.site} run in FP32, so the values FP16 flushes to 0 and the eps it loses "
-               "never reach it")
+        why = (
+            f"underflow: the {len(chain)} nodes from {chain[0]} to {m.nodes[f.site].op_type} "
+            f"{f.site} run in FP32, so the values FP16 flushes to 0 and the eps it loses "
+            "never reach it"
+        )
         for s in chain:
             if s not in taken:
                 taken.add(s)

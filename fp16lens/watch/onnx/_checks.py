@@ -60,14 +60,21 @@ def internal_checks(graph, values: dict, maxes: dict[str, float], threshold: flo
         if x is None or not maxes.get(node.input[0], 0.0) <= threshold:
             continue
         if node.op_type in _NORMS:
-            out.append((sid, FindingKind.NORM_VARIANCE, _norm(node, x),
-                        {"norm": node.op_type, "opset": None}))
+            out.append(
+                (
+                    sid,
+                    FindingKind.NORM_VARIANCE,
+                    _norm(node, x),
+                    {"norm": node.op_type, "opset": None},
+                )
+            )
             continue
         n = _count(node, x, {**graph.consts, **values})
         peak = maxes.get(node.output[0], 0.0) * n
         if n > 1 and peak > threshold:
-            out.append((sid, FindingKind.SUM_BEFORE_MEAN, torch.tensor(peak),
-                        {"op": node.op_type, "n": n}))
+            out.append(
+                (sid, FindingKind.SUM_BEFORE_MEAN, torch.tensor(peak), {"op": node.op_type, "n": n})
+            )
     return out
 
 

@@ -54,7 +54,9 @@ class OnnxGraph:
                 present.add(t)
         for t, _ in self.checks:
             if t not in present and t not in self.inputs:
-                model.graph.output.append(onnx.helper.make_tensor_value_info(t, onnx.TensorProto.BOOL, None))
+                model.graph.output.append(
+                    onnx.helper.make_tensor_value_info(t, onnx.TensorProto.BOOL, None)
+                )
                 present.add(t)
         return model
 
@@ -128,7 +130,9 @@ def analyse(model, base_dir: str | Path | None = None) -> OnnxGraph:
         taken[base] = taken.get(base, 0) + 1
         sid = len(graph.sites)
         name = base if taken[base] == 1 else f"{base}#{taken[base]}"
-        graph.sites.append(SiteInfo(name=name, kind="module", op=node.op_type, module=name, order=sid))
+        graph.sites.append(
+            SiteInfo(name=name, kind="module", op=node.op_type, module=name, order=sid)
+        )
         graph.nodes.append(node)
         graph.events.extend((sid, o) for o in floats)
         for t in node.input:

@@ -68,8 +68,14 @@ def inline_if(model, index: int, cond: bool) -> str:
             names[out.name] = target
             claimed.add(out.name)
         else:  # an outer value, or one value given twice
-            identities.append(onnx.helper.make_node(
-                "Identity", [names.get(out.name, out.name)], [target], name=f"{prefix}output_{k}"))
+            identities.append(
+                onnx.helper.make_node(
+                    "Identity",
+                    [names.get(out.name, out.name)],
+                    [target],
+                    name=f"{prefix}output_{k}",
+                )
+            )
     _rename(branch, names)
     for n in branch.node:
         n.name = prefix + node_site(n)

@@ -15,8 +15,15 @@ from fp16lens.watch._harm import GUARD_FIX
 from fp16lens.watch._options import WatchOptions
 from fp16lens.watch._params import ParamCheck, _overflow, _small
 
-_BIAS_SLOT = {"Conv": 2, "ConvTranspose": 2, "Gemm": 2, "BatchNormalization": 2,
-              "InstanceNormalization": 2, "LayerNormalization": 2, "GroupNormalization": 2}
+_BIAS_SLOT = {
+    "Conv": 2,
+    "ConvTranspose": 2,
+    "Gemm": 2,
+    "BatchNormalization": 2,
+    "InstanceNormalization": 2,
+    "LayerNormalization": 2,
+    "GroupNormalization": 2,
+}
 _BN_STATS = (3, 4)  # running mean and variance: folded in FP32 before deployment
 
 
@@ -26,8 +33,12 @@ def _is_guard(node, slot: int) -> bool:
 
 
 def _uses(graph, name: str) -> list[tuple[object, int]]:
-    return [(graph.nodes[s], i) for s in dict.fromkeys(graph.consumers.get(name, []))
-            for i, t in enumerate(graph.nodes[s].input) if t == name]
+    return [
+        (graph.nodes[s], i)
+        for s in dict.fromkeys(graph.consumers.get(name, []))
+        for i, t in enumerate(graph.nodes[s].input)
+        if t == name
+    ]
 
 
 def check_constants(graph, options: WatchOptions) -> list[ParamCheck]:
@@ -48,10 +59,17 @@ def check_constants(graph, options: WatchOptions) -> list[ParamCheck]:
         small = _small(name, a, options)
         if small is not None:
             guard = bool((t > 0).all()) and all(_is_guard(n, i) for n, i in uses)
-            additive = guard or all(n.op_type in ("Add", "Sub") or _BIAS_SLOT.get(n.op_type) == i
-                                    for n, i in uses)
-            checks.append(ParamCheck(dataclasses.replace(small, site=site, tensor=name),
-                                     additive, flush_loss(t), guard))
+            additive = guard or all(
+                n.op_type in ("Add", "Sub") or _BIAS_SLOT.get(n.op_type) == i for n, i in uses
+            )
+            checks.append(
+                ParamCheck(
+                    dataclasses.replace(small, site=site, tensor=name),
+                    additive,
+                    flush_loss(t),
+                    guard,
+                )
+            )
     return checks
 
 
@@ -64,8 +82,9 @@ def guard_constants(report, guards: dict[str, str]) -> None:
         if target is None or f.kind != FindingKind.PARAM_UNDERFLOW or f.mechanism != Mechanism.NOTE:
             continue
         report.findings[i] = dataclasses.replace(
-            f, mechanism=Mechanism.PARAMETER,
+            f,
+            mechanism=Mechanism.PARAMETER,
             detail=f"{f.detail.split('; harmless')[0]}; visible: it guards {target}, which real "
-                   "FP16 makes non-finite without it",
+            "FP16 makes non-finite without it",
             fix=GUARD_FIX.format(start=f.site, end=target),
         )

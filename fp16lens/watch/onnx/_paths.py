@@ -61,7 +61,8 @@ class Probe:
                 raise WatchError(
                     f"ONNX Runtime failed computing the conditions of If nodes {', '.join(order[:3])} "
                     f"({str(exc).splitlines()[0][:300]}); give inputs of the shapes and dtypes the "
-                    "model was exported for") from exc
+                    "model was exported for"
+                ) from exc
         values = {**self.consts, **got, **feed}
         return tuple(bool(np.asarray(values[c]).reshape(-1)[0]) for c in self.conds)
 
@@ -90,10 +91,15 @@ def probe(model, make_session) -> Probe:
         nodes = [g.node[i] for i in sorted(keep)]
         used = {t for n in nodes for t in n.input}
         pruned = onnx.helper.make_graph(
-            nodes, f"{g.name}_conditions", [i for i in g.input if i.name in used],
+            nodes,
+            f"{g.name}_conditions",
+            [i for i in g.input if i.name in used],
             [onnx.helper.make_tensor_value_info(c, onnx.TensorProto.BOOL, None) for c in computed],
-            [t for t in g.initializer if t.name in used])
-        m = onnx.helper.make_model(pruned, opset_imports=model.opset_import, ir_version=model.ir_version)
+            [t for t in g.initializer if t.name in used],
+        )
+        m = onnx.helper.make_model(
+            pruned, opset_imports=model.opset_import, ir_version=model.ir_version
+        )
         m.functions.extend(model.functions)
         out.session = make_session(m)
     return out

@@ -72,9 +72,17 @@ def _clip(node, ins: list) -> np.ndarray:
 
 
 _BINARY = {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Div": np.divide, "Pow": np.power}
-_UNARY = {"Sqrt": np.sqrt, "Abs": np.abs, "Neg": np.negative, "Exp": np.exp, "Log": np.log,
-          "Reciprocal": np.reciprocal, "Relu": lambda x: np.maximum(x, 0), "Identity": lambda x: x,
-          "Softplus": lambda x: np.log1p(np.exp(x))}
+_UNARY = {
+    "Sqrt": np.sqrt,
+    "Abs": np.abs,
+    "Neg": np.negative,
+    "Exp": np.exp,
+    "Log": np.log,
+    "Reciprocal": np.reciprocal,
+    "Relu": lambda x: np.maximum(x, 0),
+    "Identity": lambda x: x,
+    "Softplus": lambda x: np.log1p(np.exp(x)),
+}
 _REDUCES = ("ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceSumSquare", "ReduceL2")
 _MOVES = ("Reshape", "Squeeze", "Unsqueeze", "Flatten")  # element order kept: the FP32 shape
 FLOAT_INPUTS = {"Reshape": 1, "Squeeze": 1, "Unsqueeze": 1, "Flatten": 1, "Transpose": 1}

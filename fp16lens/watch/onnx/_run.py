@@ -31,8 +31,9 @@ def ort_session(proto, name: str):
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     options.log_severity_level = 3
     try:
-        return ort.InferenceSession(proto.SerializeToString(), options,
-                                    providers=["CPUExecutionProvider"])
+        return ort.InferenceSession(
+            proto.SerializeToString(), options, providers=["CPUExecutionProvider"]
+        )
     except Exception as exc:  # opset/IR versions this ONNX Runtime lacks, unknown ops
         raise WatchError(
             f"ONNX Runtime cannot load {name} ({str(exc).splitlines()[0]}); upgrade "
@@ -56,8 +57,15 @@ def _array(a: Any, elem: int | None) -> np.ndarray:
     return a
 
 
-def run_batch(graph: OnnxGraph, sess, batch: Any, index: int, threshold: float,
-              sample_size: int, observe: Callable | None = None) -> Forward | None:
+def run_batch(
+    graph: OnnxGraph,
+    sess,
+    batch: Any,
+    index: int,
+    threshold: float,
+    sample_size: int,
+    observe: Callable | None = None,
+) -> Forward | None:
     """The batch's ``Forward``; None when the batch meets other If conditions than the
     inlined ``graph`` assumes (``graph.checks``). ``observe(graph, values, index)`` sees
     every tensor of the batch by name before they are dropped."""
@@ -104,8 +112,14 @@ def _absmax(lo_hi: tuple[float, float]) -> float:
     return hi if hi >= -lo else -lo
 
 
-def _event(fw: Forward, sid: int, v: np.ndarray, producers: tuple[int, ...], threshold: float,
-           sample_size: int) -> int:
+def _event(
+    fw: Forward,
+    sid: int,
+    v: np.ndarray,
+    producers: tuple[int, ...],
+    threshold: float,
+    sample_size: int,
+) -> int:
     e = len(fw.sites)
     flat = np.ascontiguousarray(v, dtype=np.float32).reshape(-1)
     fw.sites.append(sid)

@@ -26,9 +26,16 @@ from fp16lens.watch.onnx._underflow import UnderflowScan
 from fp16lens.watch.onnx._variants import Graphs
 
 
-def scan_onnx(model: Any, batches: Iterable[Any], *, progress: bool = True,
-              description: str = "watching", base_dir: str | Path | None = None,
-              options: WatchOptions | None = None, **watch_options: Any) -> Report:
+def scan_onnx(
+    model: Any,
+    batches: Iterable[Any],
+    *,
+    progress: bool = True,
+    description: str = "watching",
+    base_dir: str | Path | None = None,
+    options: WatchOptions | None = None,
+    **watch_options: Any,
+) -> Report:
     """Run the ONNX ``model`` (a path or a ModelProto; ``base_dir``: the folder of a
     proto's external data) on every batch and return the report."""
     options = one_form(WatchOptions, options, watch_options)
@@ -44,16 +51,26 @@ def scan_onnx(model: Any, batches: Iterable[Any], *, progress: bool = True,
     try:
         run_batches(batches, step, progress=progress, description=description, how=HOW_ONNX)
     except ScanInterrupted as stop:
-        stop.report = build_report(acc, graphs.sites, [], None, options.threshold) if acc.batches else None
+        stop.report = (
+            build_report(acc, graphs.sites, [], None, options.threshold) if acc.batches else None
+        )
         raise
     params = _params(graphs, options) if options.params else []
-    report = build_report(acc, graphs.sites, params, None, options.threshold,
-                          source=(graph.name, onnx_fingerprint(graph.proto)))
+    report = build_report(
+        acc,
+        graphs.sites,
+        params,
+        None,
+        options.threshold,
+        source=(graph.name, onnx_fingerprint(graph.proto)),
+    )
     report.findings.extend(under.findings())
     guard_constants(report, under.guards())
     _note_inlined(report, graphs)
     _note_hidden_subgraphs(report, [v.graph.proto for v in graphs.variants.values()])
-    return advised(graph.proto, _name_decomposed_norms(report, graphs), options.advise)  # data loaded
+    return advised(
+        graph.proto, _name_decomposed_norms(report, graphs), options.advise
+    )  # data loaded
 
 
 def _params(graphs: Graphs, options: WatchOptions) -> list:
@@ -73,30 +90,44 @@ def _note_inlined(report: Report, graphs: Graphs) -> None:
             taken[pair] = taken.get(pair, 0) + graphs.batches[key]
     if not taken:
         return
-    names = ", ".join(f"{s} ({b}, {n} batch{'es' if n > 1 else ''})" for (s, b), n in list(taken.items())[:3])
+    names = ", ".join(
+        f"{s} ({b}, {n} batch{'es' if n > 1 else ''})" for (s, b), n in list(taken.items())[:3]
+    )
     more = f" and {len(taken) - 3} more" if len(taken) > 3 else ""
-    report.findings.append(Finding(
-        site="", mechanism=Mechanism.NOTE, kind=FindingKind.INLINED, peak=0.0,
-        detail=f"{len(taken)} If branch(es) taken by the batches were scanned inlined in the "
-               f"main graph, their sites named '<If>/<branch>/<node>': {names}{more}; patch "
-               "rewrites the main graph only, and fp16lens.export keeps If nodes FP32",
-    ))
+    report.findings.append(
+        Finding(
+            site="",
+            mechanism=Mechanism.NOTE,
+            kind=FindingKind.INLINED,
+            peak=0.0,
+            detail=f"{len(taken)} If branch(es) taken by the batches were scanned inlined in the "
+            f"main graph, their sites named '<If>/<branch>/<node>': {names}{more}; patch "
+            "rewrites the main graph only, and fp16lens.export keeps If nodes FP32",
+        )
+    )
 
 
 def _note_hidden_subgraphs(report: Report, protos: list) -> None:
     """A note naming the control-flow nodes (If/Loop/Scan) whose bodies the scan cannot see:
     ONNX Runtime exposes no tensor computed inside a subgraph, so a clean verdict there says
     nothing about the values inside."""
-    hidden = list({node_site(n): n for p in protos for n in p.graph.node if has_subgraph(n)}.values())
+    hidden = list(
+        {node_site(n): n for p in protos for n in p.graph.node if has_subgraph(n)}.values()
+    )
     if not hidden:
         return
     names = ", ".join(f"{n.name or n.output[0]} ({n.op_type})" for n in hidden[:3])
     more = f" and {len(hidden) - 3} more" if len(hidden) > 3 else ""
-    report.findings.append(Finding(
-        site="", mechanism=Mechanism.NOTE, kind=FindingKind.UNSCANNED, peak=0.0,
-        detail=f"{len(hidden)} control-flow node(s) hold subgraphs whose tensors ONNX Runtime does "
-               f"not expose: {names}{more}; values computed inside them were not scanned",
-    ))
+    report.findings.append(
+        Finding(
+            site="",
+            mechanism=Mechanism.NOTE,
+            kind=FindingKind.UNSCANNED,
+            peak=0.0,
+            detail=f"{len(hidden)} control-flow node(s) hold subgraphs whose tensors ONNX Runtime does "
+            f"not expose: {names}{more}; values computed inside them were not scanned",
+        )
+    )
 
 
 def _name_decomposed_norms(report: Report, graphs: Graphs) -> Report:
@@ -104,8 +135,12 @@ def _name_decomposed_norms(report: Report, graphs: Graphs) -> Report:
     for i, f in enumerate(report.findings):
         where = graphs.of_site(f.site) if f.mechanism == Mechanism.OUTPUT else None
         if where is not None and decomposed_norm(*where):
-            report.findings[i] = dataclasses.replace(f, detail=(
-                "(x-mean)^2 of a decomposed norm (ReduceMean, Sub, Pow, ReduceMean: a "
-                "LayerNorm/GroupNorm exported below opset 17/18) is stored in FP16; "
-                f"{f.detail}; export at opset 17+ so it stays one LayerNormalization node"))
+            report.findings[i] = dataclasses.replace(
+                f,
+                detail=(
+                    "(x-mean)^2 of a decomposed norm (ReduceMean, Sub, Pow, ReduceMean: a "
+                    "LayerNorm/GroupNorm exported below opset 17/18) is stored in FP16; "
+                    f"{f.detail}; export at opset 17+ so it stays one LayerNormalization node"
+                ),
+            )
     return report

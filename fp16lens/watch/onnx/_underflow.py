@@ -74,8 +74,9 @@ class _GraphView:
         for n in graph.proto.graph.node:
             for i in n.input:
                 self.readers.setdefault(i, []).append(n)
-        self.singular = [(self.site[id(n)], n) for n in graph.nodes
-                         if self._singular(n) and not self._masked(n)]
+        self.singular = [
+            (self.site[id(n)], n) for n in graph.nodes if self._singular(n) and not self._masked(n)
+        ]
 
     def _masked(self, node) -> bool:
         """A divide whose every reader is Where(Equal(den, 0), ..., ...): TensorFlow's
@@ -84,10 +85,17 @@ class _GraphView:
             return False
         den = node.input[1]
         readers = self.readers.get(node.output[0], [])
+
         def guarded(w) -> bool:
             cond = self.producer.get(w.input[0])
-            return (w.op_type == "Where" and cond is not None and cond.op_type == "Equal"
-                    and den in cond.input and w.input[0] != node.output[0])
+            return (
+                w.op_type == "Where"
+                and cond is not None
+                and cond.op_type == "Equal"
+                and den in cond.input
+                and w.input[0] != node.output[0]
+            )
+
         return bool(readers) and all(guarded(w) for w in readers)
 
     def _singular(self, node) -> bool:
@@ -114,7 +122,9 @@ class _GraphView:
             if node.op_type in _PASS:
                 t = node.input[0]
                 continue
-            live = [i for i in node.input if i and i not in self.graph.consts and i not in self.ints]
+            live = [
+                i for i in node.input if i and i not in self.graph.consts and i not in self.ints
+            ]
             if node.op_type not in _GUARDS or len(live) != 1:
                 return t, vanished
             where = self.site.get(id(node), node.name)
@@ -205,8 +215,13 @@ class UnderflowScan:
 
     def guards(self) -> dict[str, str]:
         """Guard site -> the singular site its vanished constant should have protected."""
-        return {where: site for site, h in self.hits.items() if h.nonfinite
-                for where, _ in h.constants if where}
+        return {
+            where: site
+            for site, h in self.hits.items()
+            if h.nonfinite
+            for where, _ in h.constants
+            if where
+        }
 
 
 def _share(n: int, total: int) -> str:
@@ -217,8 +232,10 @@ def _finding(site: str, h: Hit) -> Finding:
     what = SINGULAR[h.op][1]
     parts = []
     if h.producer and h.flushed:
-        parts.append(f"{_share(h.flushed, h.produced)} outputs of {h.producer} are below 2^-24 "
-                     "and become 0 in FP16")
+        parts.append(
+            f"{_share(h.flushed, h.produced)} outputs of {h.producer} are below 2^-24 "
+            "and become 0 in FP16"
+        )
     for where, c in h.constants:
         at = f" at {where}" if where else ""
         parts.append(f"the constant {c:.3g}{at} is 0 in FP16 too")
@@ -227,10 +244,19 @@ def _finding(site: str, h: Hit) -> Finding:
     tensor = h.producer if h.producer and h.flushed else (f"eps {consts}" if consts else "")
     start = h.producer or site
     return Finding(
-        site=site, mechanism=Mechanism.UNDERFLOW, kind=FindingKind.FLUSH_SINGULAR,
-        peak=h.zeroed / max(h.numel, 1), tensor=tensor, count=h.nonfinite, batch=h.batch,
-        detail=(f"{h.op} {site}: {_share(h.zeroed, h.numel)} values reaching it are 0 in FP16 "
-                f"({why}), so real FP16 gives {h.nonfinite:,} non-finite values there ({what})"),
-        fix=(f"keep {start} through {site} in FP32 (fp16lens.patch makes them one FP32 island), "
-             "or use a guard FP16 holds (an eps of at least 6.1e-05)"),
+        site=site,
+        mechanism=Mechanism.UNDERFLOW,
+        kind=FindingKind.FLUSH_SINGULAR,
+        peak=h.zeroed / max(h.numel, 1),
+        tensor=tensor,
+        count=h.nonfinite,
+        batch=h.batch,
+        detail=(
+            f"{h.op} {site}: {_share(h.zeroed, h.numel)} values reaching it are 0 in FP16 "
+            f"({why}), so real FP16 gives {h.nonfinite:,} non-finite values there ({what})"
+        ),
+        fix=(
+            f"keep {start} through {site} in FP32 (fp16lens.patch makes them one FP32 island), "
+            "or use a guard FP16 holds (an eps of at least 6.1e-05)"
+        ),
     )

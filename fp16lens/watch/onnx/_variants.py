@@ -42,8 +42,14 @@ class Graphs:
         if any(n.op_type == "If" for n in self.root.proto.graph.node):
             self._inliner = Inliner(self.root.proto, lambda m: ort_session(m, self.root.name))
 
-    def run(self, batch: Any, index: int, threshold: float, sample_size: int,
-            observe: Callable | None = None) -> Forward:
+    def run(
+        self,
+        batch: Any,
+        index: int,
+        threshold: float,
+        sample_size: int,
+        observe: Callable | None = None,
+    ) -> Forward:
         fw = None
         if self._last is not None:  # the batch before's path: its run checks the conditions
             v = self._last
@@ -53,13 +59,18 @@ class Graphs:
                 if not v.graph.checks:
                     raise
         if fw is None:
-            key, model, taken, checks = ((), None, (), []) if self._inliner is None \
+            key, model, taken, checks = (
+                ((), None, (), [])
+                if self._inliner is None
                 else self._inliner.resolve(feed(self.root, batch))
+            )
             v = self.variants.get(key) or self._variant(key, model, taken, checks)
             fw = run_batch(v.graph, v.session, batch, index, threshold, sample_size, observe)
             if fw is None:
-                raise WatchError(f"the If conditions of batch {index} changed between two runs of "
-                                 f"{self.root.name}; please report it with the model")
+                raise WatchError(
+                    f"the If conditions of batch {index} changed between two runs of "
+                    f"{self.root.name}; please report it with the model"
+                )
         self._last = v
         self.batches[v.key] += 1
         fw.sites = [s if s == INPUT_SITE else v.ids[s] for s in fw.sites]
