@@ -11,7 +11,7 @@ from fp16lens.export import entry as export
 from fp16lens.patch import PatchOptions, PatchWarning, Plan, get_plan, plan
 from fp16lens.patch import entry as patch
 from fp16lens.report import Finding, Report, SiteStats, Span
-from fp16lens.verify import ParityResult, Tolerance
+from fp16lens.verify import ParityResult, Tolerance, VerifyOptions
 from fp16lens.verify import entry as verify
 from fp16lens.watch import Lens, WatchOptions, scan
 from fp16lens.watch import entry as watch
@@ -31,6 +31,7 @@ __all__ = [
     "SiteStats",
     "Span",
     "Tolerance",
+    "VerifyOptions",
     "WatchOptions",
     "__version__",
     "build_engine",

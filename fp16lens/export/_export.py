@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from fp16lens._core import ExportError, import_optional
 from fp16lens._core.onnx_types import is_onnx
+from fp16lens._core.options import one_form
 from fp16lens._core.paths import check_writable
 from fp16lens._core.weights import missing_weights
 from fp16lens.export._artifact import (
@@ -29,6 +31,9 @@ from fp16lens.export._onnx_meta import ISLANDS_KEY, in_islands
 from fp16lens.export._options import ExportOptions
 from fp16lens.export._torch_export import export_fp32
 
+if TYPE_CHECKING:
+    from fp16lens.export._int8_search import Target as Int8Target
+
 _TWO_GB = 2**31 - 1
 
 
@@ -36,31 +41,34 @@ def export(
     model,
     example_inputs,
     path: str | Path,
-    precision: str = "fp16",
+    precision: str | None = None,
     *,
+    options: ExportOptions | None = None,
+    calibration: Iterable | None = None,
+    evaluation: Iterable | None = None,
     fp32_modules: Iterable[str] | None = None,
     fp32_nodes: Iterable[str] | None = None,
-    io_dtype: str = "fp32",
+    io_dtype: str | None = None,
     opset: int | None = None,
-    exporter: str = "auto",
-    calibration: Iterable | None = None,
+    exporter: str | None = None,
     calibration_cache: str | Path | None = None,
-    dynamic: Iterable[str] | str = (),
-    target=None,
-    evaluation: Iterable | None = None,
+    dynamic: Iterable[str] | str | None = None,
+    target: float | Int8Target | None = None,
 ) -> ExportArtifact:
     """Export ``model(*example_inputs)`` to ``path``.
 
-    precision "fp32" keeps the exported graph; "fp16" makes every float tensor FP16 except
-    the FP32 islands (the patch plan's ``model._fp16lens_plan.fp32_modules`` plus
-    ``fp32_modules``), with Casts at their boundaries; "int8" inserts Q/DQ nodes calibrated
-    on ``calibration`` (an iterable of input batches) and writes a TensorRT calibration
-    cache next to the file (or at ``calibration_cache``). Q/DQ go where TensorRT computes
-    in INT8 (conv/gemm/matmul inputs, residual adds), each activation's range is chosen by
-    its cost at the output; with ``target`` (a worst output cosine such as 0.999, or
-    ``Int8Target(threshold, metric)``) the costliest layers leave INT8 until the target
-    holds on ``evaluation`` (default: the calibration batches), and ExportError says so
-    when it cannot (more than 10% of the FLOPs would leave INT8).
+    The options are ``options=ExportOptions(...)`` or the same fields as keywords (and
+    ``precision`` as the fourth argument), not both. precision "fp32" keeps the exported
+    graph; "fp16" (the default) makes every float tensor FP16 except the FP32 islands (the
+    patch plan's ``model._fp16lens_plan.fp32_modules`` plus ``fp32_modules``), with Casts
+    at their boundaries; "int8" inserts Q/DQ nodes calibrated on ``calibration`` (an
+    iterable of input batches) and writes a TensorRT calibration cache next to the file (or
+    at ``calibration_cache``). Q/DQ go where TensorRT computes in INT8 (conv/gemm/matmul
+    inputs, residual adds), each activation's range is chosen by its cost at the output;
+    with ``target`` (a worst output cosine such as 0.999, or ``Int8Target(threshold,
+    metric)``) the costliest layers leave INT8 until the target holds on ``evaluation``
+    (default: the calibration batches), and ExportError says so when it cannot (more than
+    10% of the FLOPs would leave INT8).
 
     ``model`` may also be an FP32 ONNX file (a path or an ``onnx.ModelProto``; pass
     ``example_inputs=None``): its graph is re-typed, the FP32 islands being the nodes
@@ -71,39 +79,33 @@ def export(
     outputs after what it returns; ``dynamic=("batch",)`` (or ``("batch", "sequence")``)
     makes those axes symbolic.
     """
+    given = {
+        "precision": precision,
+        "fp32_modules": fp32_modules,
+        "fp32_nodes": fp32_nodes,
+        "io_dtype": io_dtype,
+        "opset": opset,
+        "exporter": exporter,
+        "calibration_cache": calibration_cache,
+        "dynamic": dynamic,
+        "target": target,
+    }
+    opts = one_form(ExportOptions, options, {k: v for k, v in given.items() if v is not None})
     if is_onnx(model):
-        if dynamic:
-            raise ExportError(
-                "dynamic= applies to a PyTorch model; an ONNX file keeps the axes it was "
-                "exported with"
-            )
-        return _export_onnx(
-            model,
-            path,
-            precision,
-            fp32_modules,
-            fp32_nodes,
-            io_dtype,
-            opset,
-            exporter,
-            calibration,
-            calibration_cache,
-            target,
-            evaluation,
-        )
+        return _export_onnx(model, path, opts, calibration, evaluation)
     _check_model(model)
-    if fp32_nodes is not None:
+    if opts.fp32_nodes is not None:
         raise ExportError(
             "fp32_nodes names nodes of an ONNX source; for a PyTorch model keep modules in "
             "FP32 with fp32_modules=[...]"
         )
     path = _check_writable(Path(path))
-    islands = resolve_fp32_modules(model, fp32_modules)
+    islands = resolve_fp32_modules(model, opts.fp32_modules or None)
     model = _stored_islands_as_fp32(model)
-    options = ExportOptions(precision, io_dtype, islands, opset, exporter, dynamic)
+    opts = replace(opts, fp32_modules=islands)
     args = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
-    _check_calibration(precision, calibration, target)
-    proto, used, notes = _export_fp32(model, args, options)
+    _check_calibration(opts, calibration)
+    proto, used, notes = _export_fp32(model, args, opts)
     from fp16lens.export._norms import decomposed_norm_warnings  # imports onnx
 
     names = {n for n, _ in model.named_modules()}
@@ -112,47 +114,29 @@ def export(
     for node, origin in zip(proto.graph.node, origins):
         stamp(node, origin)
     notes += decomposed_norm_warnings(proto.graph, origins)
-    job = _Job(
-        options,
-        used,
-        notes,
-        calibration,
-        calibration_cache,
-        fp32_outputs(model),
-        target,
-        evaluation,
-    )
+    job = _Job(opts, used, notes, calibration, fp32_outputs(model), evaluation)
     return _typed(proto, path, job)
 
 
-def _export_onnx(
-    model,
-    path,
-    precision,
-    fp32_modules,
-    fp32_nodes,
-    io_dtype,
-    opset,
-    exporter,
-    calibration,
-    calibration_cache,
-    target=None,
-    evaluation=None,
-) -> ExportArtifact:
+def _export_onnx(model, path, opts: ExportOptions, calibration, evaluation) -> ExportArtifact:
     """An FP32 ONNX graph re-typed (see ``_onnx_in``)."""
     from fp16lens.export._onnx_in import prepare
 
-    if opset is not None or exporter != "auto":
+    if opts.dynamic:
+        raise ExportError(
+            "dynamic= applies to a PyTorch model; an ONNX file keeps the axes it was exported with"
+        )
+    if opts.opset is not None or opts.exporter != "auto":
         raise ExportError(
             "opset and exporter apply to a PyTorch model; an ONNX source keeps its own opset "
             "(re-export the PyTorch model to change it)"
         )
     path = _check_writable(Path(path))
-    _check_calibration(precision, calibration, target)
-    proto, origins, islands = prepare(model, fp32_nodes, fp32_modules)
+    _check_calibration(opts, calibration)
+    proto, origins, islands = prepare(model, opts.fp32_nodes, opts.fp32_modules or None)
     recorded = sorted({origins[n].module for n in islands})  # a node is its own module
-    options = ExportOptions(precision, io_dtype, tuple(recorded))
-    job = _Job(options, ONNX_EXPORTER, [], calibration, calibration_cache, (), target, evaluation)
+    opts = replace(opts, fp32_modules=tuple(recorded))
+    job = _Job(opts, ONNX_EXPORTER, [], calibration, (), evaluation)
     return _typed(proto, path, job, islands)
 
 
@@ -190,17 +174,30 @@ def _check_writable(path: Path) -> Path:
 def retype(
     src: str | Path,
     dst: str | Path,
-    precision: str = "fp16",
+    precision: str | None = None,
     *,
-    fp32_modules: Iterable[str] = (),
-    io_dtype: str = "fp32",
+    options: ExportOptions | None = None,
     calibration: Iterable | None = None,
-    calibration_cache: str | Path | None = None,
-    target=None,
     evaluation: Iterable | None = None,
+    fp32_modules: Iterable[str] | None = None,
+    io_dtype: str | None = None,
+    calibration_cache: str | Path | None = None,
+    target: float | Int8Target | None = None,
 ) -> ExportArtifact:
     """Make an FP32 file written by ``export`` FP16 or INT8 without exporting again
-    (the node <-> module map is stored in the file)."""
+    (the node <-> module map is stored in the file). Options as for ``export``."""
+    given = {
+        "precision": precision,
+        "fp32_modules": fp32_modules,
+        "io_dtype": io_dtype,
+        "calibration_cache": calibration_cache,
+        "target": target,
+    }
+    opts = one_form(ExportOptions, options, {k: v for k, v in given.items() if v is not None})
+    if opts.fp32_nodes is not None or opts.opset is not None or opts.dynamic:
+        raise ExportError(
+            "retype keeps the file's graph: fp32_nodes, opset and dynamic apply to export"
+        )
     onnx = import_optional("onnx", "onnx", "converting an exported model")
     proto = onnx.load(str(src))
     meta = {p.key: p.value for p in proto.metadata_props}
@@ -209,42 +206,29 @@ def retype(
             f"{src} is not an FP32 file written by fp16lens export (precision "
             f"{meta.get(PRECISION_KEY)!r}); export the model with precision='fp32' first"
         )
-    islands = tuple(fp32_modules)
-    _check_islands_present(proto.graph, islands, src)
-    options = ExportOptions(precision, io_dtype, islands)
-    _check_calibration(precision, calibration, target)
-    job = _Job(
-        options,
-        meta.get(EXPORTER_KEY, "unknown"),
-        [],
-        calibration,
-        calibration_cache,
-        (),
-        target,
-        evaluation,
-    )
+    _check_islands_present(proto.graph, opts.fp32_modules, src)
+    _check_calibration(opts, calibration)
+    job = _Job(opts, meta.get(EXPORTER_KEY, "unknown"), [], calibration, (), evaluation)
     return _typed(proto, Path(dst), job)
 
 
 @dataclass(frozen=True)
 class _Job:
-    options: ExportOptions
+    options: ExportOptions  # fp32_modules: the islands, resolved
     exporter: str
     notes: list[str]
     calibration: Iterable | None
-    calibration_cache: str | Path | None
-    fp32_out: tuple[
-        str, ...
-    ] = ()  # islands whose outputs stay FP32 (a graph output among them too)
-    target: object = None  # INT8: the parity the fallback search keeps (_int8_search.Target)
+    fp32_out: tuple[str, ...] = ()  # islands whose outputs stay FP32 (a graph output too)
     evaluation: Iterable | None = None  # INT8: the batches the target is checked on
 
 
-def _check_calibration(precision: str, calibration, target=None) -> None:
-    if precision == "int8" and calibration is None:
+def _check_calibration(opts: ExportOptions, calibration) -> None:
+    if opts.precision == "int8" and calibration is None:
         raise ExportError("precision='int8' needs calibration=<iterable of input batches>")
-    if target is not None and precision != "int8":
-        raise ExportError(f"target= is the INT8 parity target; precision {precision!r} takes none")
+    if opts.target is not None and opts.precision != "int8":
+        raise ExportError(
+            f"target= is the INT8 parity target; precision {opts.precision!r} takes none"
+        )
 
 
 def _check_islands_present(graph, islands: tuple[str, ...], src) -> None:
@@ -283,8 +267,8 @@ def _typed(proto, path: Path, job: _Job, island_nodes: set[str] | None = None) -
             job.calibration,
             sorted(island_nodes),
             path,
-            job.calibration_cache,
-            target=job.target,
+            options.calibration_cache,
+            target=options.target,
             evaluation=job.evaluation,
         )
         warnings += int8_notes

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from fp16lens._core import OptionError
 
@@ -15,14 +16,19 @@ MIN_OPSET = 17
 
 @dataclass(frozen=True)
 class ExportOptions:
-    """What ``export`` produces.
+    """What ``export`` produces; pass ``options=ExportOptions(...)`` or the same fields as
+    keywords of ``export``.
 
-    ``fp32_modules`` are module qualified names that stay FP32 (the plan's islands);
-    ``io_dtype`` is the dtype of float graph inputs/outputs in an FP16 export;
-    ``exporter`` picks torch's dynamo exporter, the TorchScript one, or dynamo with a
-    TorchScript fallback ("auto"); ``opset`` None keeps the exporter's default; ``dynamic``
-    names the symbolic axes ("batch": dimension 0 of inputs and outputs, "sequence":
-    dimension 1 of inputs of rank 2 or 3).
+    ``precision``: "fp32", "fp16" (strongly typed) or "int8" (Q/DQ). ``io_dtype``: the dtype
+    of float graph inputs/outputs in an FP16 export. ``fp32_modules``: module qualified
+    names that stay FP32, besides the patch plan's islands; ``fp32_nodes``: node names that
+    stay FP32 when the source is an ONNX file. ``opset``: None keeps the exporter's default.
+    ``exporter``: torch's dynamo exporter, the TorchScript one, or dynamo with a TorchScript
+    fallback ("auto"). ``dynamic``: the symbolic axes ("batch": dimension 0 of inputs and
+    outputs, "sequence": dimension 1 of inputs of rank 2 or 3). ``calibration_cache``: where
+    an INT8 export writes TensorRT's calibration cache (default: next to the file).
+    ``target``: the INT8 parity target, a worst output cosine such as 0.999 or
+    ``Int8Target(threshold, metric)``.
     """
 
     precision: str = "fp16"
@@ -31,6 +37,9 @@ class ExportOptions:
     opset: int | None = None
     exporter: str = "auto"
     dynamic: tuple[str, ...] = ()
+    fp32_nodes: tuple[str, ...] | None = None
+    calibration_cache: str | Path | None = None
+    target: object = None
 
     def __post_init__(self):
         from fp16lens.export._io import check_dynamic
@@ -50,6 +59,14 @@ class ExportOptions:
                 f"fp32_modules must be a list of module names, got {self.fp32_modules!r}"
             )
         object.__setattr__(self, "fp32_modules", tuple(self.fp32_modules))
+        if self.fp32_nodes is not None:
+            if isinstance(self.fp32_nodes, str) or not all(
+                isinstance(n, str) for n in self.fp32_nodes
+            ):
+                raise OptionError(
+                    f"fp32_nodes must be a list of node names, got {self.fp32_nodes!r}"
+                )
+            object.__setattr__(self, "fp32_nodes", tuple(self.fp32_nodes))
 
 
 def _one_of(name: str, value: object, allowed: tuple[str, ...]) -> None:

@@ -7,7 +7,7 @@ factory))``."""
 
 from fp16lens._core.callable_module import StageModule, stage_module
 from fp16lens.verify._metrics import OutputMetrics
-from fp16lens.verify._options import Tolerance
+from fp16lens.verify._options import Tolerance, VerifyOptions
 from fp16lens.verify._registry import (
     BACKENDS,
     BackendSpec,
@@ -27,6 +27,7 @@ __all__ = [
     "ParityResult",
     "Runner",
     "Tolerance",
+    "VerifyOptions",
     "backend_spec",
     "backends",
     "register_backend",
@@ -43,6 +44,7 @@ class _Verify(StageModule):
     register_backend = staticmethod(register_backend)
     ParityResult = ParityResult
     Tolerance = Tolerance
+    VerifyOptions = VerifyOptions
 
 
 entry = stage_module(__name__, _Verify, verify)

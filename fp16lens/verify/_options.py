@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from fp16lens._core import OptionError
 
@@ -60,3 +62,42 @@ def _finite(x) -> bool:
 
 def _positive(x) -> bool:
     return _finite(x) and x > 0
+
+
+@dataclass(frozen=True)
+class VerifyOptions:
+    """How ``verify`` compares; pass ``options=VerifyOptions(...)`` or the same fields as
+    keywords of ``verify``.
+
+    ``backend``: a registered backend name (``fp16lens.verify.backends()``), None or "auto"
+    to pick one from the candidate. ``tolerance``: a Tolerance, or a number taken as the
+    minimum cosine (None: the backend's default). ``metric(fp32_out, cand_out)``: a task
+    metric averaged over batches. ``fusions``: torch-emulated keeps TensorRT-fused
+    pre-activations unrounded. ``device``: where the torch backends run the candidate.
+    """
+
+    backend: str | None = None
+    tolerance: Tolerance | float | None = None
+    metric: Callable[[Any, Any], float] | None = None
+    fusions: bool = False
+    device: Any = None  # str | torch.device | None
+
+    def __post_init__(self):
+        if self.backend is not None and not isinstance(self.backend, str):
+            raise OptionError(
+                f"backend must be a backend name (fp16lens.verify.backends()), got {self.backend!r}"
+            )
+        if self.tolerance is not None and (
+            isinstance(self.tolerance, bool)
+            or not isinstance(self.tolerance, (Tolerance, int, float))
+        ):
+            raise OptionError(
+                "tolerance must be a fp16lens.verify.Tolerance, a number (min cosine) or None, "
+                f"got {type(self.tolerance).__name__}"
+            )
+        if self.metric is not None and not callable(self.metric):
+            raise OptionError(
+                f"metric must be a function (fp32_out, cand_out) -> float, got {self.metric!r}"
+            )
+        if not isinstance(self.fusions, bool):
+            raise OptionError(f"fusions must be True or False, got {self.fusions!r}")

@@ -13,9 +13,10 @@ from torch import nn
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from fp16lens._core import VerifyError
+from fp16lens._core.options import one_form
 from fp16lens.verify._batches import as_batches, cast_floats, model_device
 from fp16lens.verify._metrics import Accumulator
-from fp16lens.verify._options import Tolerance, resolve_tolerance
+from fp16lens.verify._options import Tolerance, VerifyOptions, resolve_tolerance
 from fp16lens.verify._outputs import named_leaves
 from fp16lens.verify._registry import BackendSpec, pick_backend
 from fp16lens.verify._result import ParityResult, output_failures
@@ -32,10 +33,14 @@ def verify(
     tolerance: Tolerance | float | None = None,
     metric: Metric | None = None,
     *,
-    fusions: bool = False,
+    options: VerifyOptions | None = None,
+    fusions: bool | None = None,
     device: str | torch.device | None = None,
 ) -> ParityResult:
     """Parity of ``candidate`` run on ``backend`` against ``model`` in FP32.
+
+    The options are ``options=VerifyOptions(...)`` or the same fields as arguments, not
+    both.
 
     ``candidate``: the model itself, a patched copy, or an exported ONNX path.
     ``inputs``: a tensor, a tuple of positional tensors, or a list of those (batches).
@@ -54,12 +59,20 @@ def verify(
     ``model`` may be an FP32 ONNX file (a path or an ``onnx.ModelProto``), run in ONNX
     Runtime; a batch is then a tensor, a tuple in graph-input order, or a dict by input name.
     """
+    given = {
+        "backend": backend,
+        "tolerance": tolerance,
+        "metric": metric,
+        "fusions": fusions,
+        "device": device,
+    }
+    opts = one_form(VerifyOptions, options, {k: v for k, v in given.items() if v is not None})
     model = _reference(model)
-    spec = pick_backend(candidate, backend)
-    tol = resolve_tolerance(tolerance, spec.tolerance)
-    runner = spec.runner(candidate, model, fusions=fusions, device=device)
+    spec = pick_backend(candidate, opts.backend)
+    tol = resolve_tolerance(opts.tolerance, spec.tolerance)
+    runner = spec.runner(candidate, model, fusions=opts.fusions, device=opts.device)
     with _eval(model):
-        return _compare(model, runner, as_batches(inputs), spec, tol, metric)
+        return _compare(model, runner, as_batches(inputs), spec, tol, opts.metric)
 
 
 def _reference(model) -> nn.Module:

@@ -17,6 +17,7 @@ from fp16lens._core import WatchError
 from fp16lens.report import Report
 from fp16lens.watch._lens import watch
 from fp16lens.watch._loop import ScanInterrupted, call_batch, check_batches, run_batches
+from fp16lens.watch._options import WatchOptions
 
 
 def scan(
@@ -26,10 +27,12 @@ def scan(
     progress: bool = True,
     description: str = "watching",
     compile: bool = False,
+    options: WatchOptions | None = None,
     **watch_options: Any,
 ) -> Report:
     """Run ``model`` on every batch under watch() (and torch.no_grad) and return the report.
 
+    The watch options are ``options=WatchOptions(...)`` or the same fields as keywords.
     ``batches`` is an iterable of batches (a list, a DataLoader): ``[x]`` for one batch of
     one input, ``[(x1, x2)]`` for one batch of two inputs, ``[{"x": x}]`` for keywords.
     ``model`` may also be an ONNX file (``"model.onnx"``) or an ``onnx.ModelProto``: it
@@ -52,16 +55,26 @@ def scan(
                 "(leave compile out)"
             )
         return scan_onnx(
-            model, batches, progress=progress, description=description, **watch_options
+            model,
+            batches,
+            progress=progress,
+            description=description,
+            options=options,
+            **watch_options,
         )
     check_batches(batches)
     if compile:
         from fp16lens.watch._compiled_scan import scan_compiled
 
         return scan_compiled(
-            model, batches, progress=progress, description=description, **watch_options
+            model,
+            batches,
+            progress=progress,
+            description=description,
+            options=options,
+            **watch_options,
         )[0]
-    lens = watch(model, **watch_options)
+    lens = watch(model, options=options, **watch_options)
     try:
         with lens, torch.no_grad():
             run_batches(
