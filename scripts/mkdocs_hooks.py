@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from mkdocs.structure.pages import Page
 
 ROOT = Path(__file__).resolve().parents[1]
-HELP_WIDTH = "100"  # argparse wraps help at $COLUMNS: one width, so the page is the same everywhere
+HELP_WIDTH = "80"  # argparse wraps help at $COLUMNS: one width, so the page is the same everywhere
 
 # link targets outside docs/ (as the pages and the README spell them) -> made pages
 _DOCS_LINKS = {"../README.md": "start.md", "../CHANGELOG.md": "changelog.md"}
