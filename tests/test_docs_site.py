@@ -178,3 +178,11 @@ def test_the_site_builds_in_strict_mode(tmp_path):
     start = (site / "start/index.html").read_text(encoding="utf-8")
     assert 'href="../watch/"' in start  # the README's docs/watch.md link, on the site
     assert (site / "changelog/index.html").is_file()
+
+
+def test_the_glossary_defines_the_words_and_benchmarks_name_date_and_machine():
+    glossary = (ROOT / "docs/glossary.md").read_text(encoding="utf-8")
+    for word in ("Site", "Span", "Headroom", "Region", "FP32 island"):
+        assert glossary.count(f"\n**{word}") == 1, word  # defined once
+    head = (ROOT / "docs/benchmarks.md").read_text(encoding="utf-8").split("\n## ")[0]
+    assert re.search(r"\b20\d\d-\d\d-\d\d\b", head) and "machine" in head and "CPU" in head
