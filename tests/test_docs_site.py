@@ -26,7 +26,11 @@ _PIP = "needs the docs extra: pip install -e '.[docs]'"
 
 def _need(*modules: str) -> None:
     for module in modules:
-        if importlib.util.find_spec(module) is None:
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except ModuleNotFoundError:  # a dotted name whose parent is missing
+            found = False
+        if not found:
             pytest.skip(_PIP)
 
 
