@@ -66,6 +66,7 @@ case "$what" in
       PYTHON="$PY" bash scripts/torch_matrix.sh --install-only > .venv/torch-matrix-install.log 2>&1 &
       installer=$!
     fi
+    bash scripts/ensure_chromium.sh  # the HTML report's browser test (skips without it)
     ruff check .
     ruff format --check .
     python -m pytest "$@"

@@ -121,6 +121,10 @@ class BatchProof:
 
 @dataclass
 class Plan:
+    """What ``patch`` does to a model for a report (``plan()`` returns it, ``get_plan`` reads
+    it from a patched model): regions rescaled by their factors, re-parametrized modules,
+    exact multiplies, FP32 islands, underflow rules, and what stays unresolved."""
+
     regions: list[Region] = field(default_factory=list)
     islands: list[Island] = field(default_factory=list)
     reparametrized: list[Reparam] = field(default_factory=list)

@@ -17,6 +17,7 @@ from fp16lens._core import FP16_MAX, ReportError, headroom_bits
 from fp16lens._core.sites import FindingKind, Mechanism
 
 SCHEMA_VERSION = 4
+"""The version of the report's JSON form that this release writes."""
 READABLE_VERSIONS = (1, 2, 3, 4)
 """Version 1 has no weight fingerprint: such reports load, and patch cannot check them.
 Version 2 has no ``meta.inputs``: patch's FP32 check then falls back to random floats of
@@ -136,6 +137,9 @@ class Finding:
 
 @dataclass
 class ReportMeta:
+    """How a report was made: the model's class, the batches, torch and fp16lens releases,
+    the threshold, the inputs recorded and the weights' fingerprint (stale reports)."""
+
     model_class: str = ""
     batches: int = 0
     torch_version: str = ""

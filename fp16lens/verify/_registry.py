@@ -81,6 +81,7 @@ def register_backend(spec: BackendSpec, *, replace: bool = False) -> BackendSpec
 
 
 def unregister_backend(name: str) -> None:
+    """Remove the backend registered under ``name`` (nothing when there is none)."""
     _REGISTRY.pop(name, None)
 
 

@@ -1,7 +1,7 @@
 """The HTML report is a page: a title, the verdict, the plot inline, every site in a table,
 nothing fetched from the network; checked as parsed HTML and, where Chromium is
-installed, in a real headless browser at 1400 and 800 pixels (a screenshot is kept
-under $FP16LENS_ARTIFACTS when that is set)."""
+installed, in a real headless browser at 1400 and 800 pixels (its screenshots are kept as
+CI artifacts in .ci/artifacts/, not committed; $FP16LENS_ARTIFACTS moves them)."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ import pytest
 
 import sample_reports as samples
 
+ARTIFACTS = Path(__file__).resolve().parents[2] / ".ci" / "artifacts"  # in .gitignore
 _URL = re.compile(r"""(?:https?:)?//[\w.-]+\.\w+/""")
 
 
@@ -214,7 +215,6 @@ def test_in_a_real_browser_nothing_is_cut(tmp_path, width):
     shot = tmp_path / f"report-{width}.png"
     _browser(exe, [f"--window-size={width},900", f"--screenshot={shot}", path.as_uri()])
     assert shot.is_file() and shot.stat().st_size > 10_000
-    artifacts = os.environ.get("FP16LENS_ARTIFACTS")
-    if artifacts:  # CI keeps what the browser showed
-        Path(artifacts).mkdir(parents=True, exist_ok=True)
-        shutil.copy(shot, Path(artifacts) / shot.name)
+    artifacts = Path(os.environ.get("FP16LENS_ARTIFACTS") or ARTIFACTS)  # what the browser showed
+    artifacts.mkdir(parents=True, exist_ok=True)
+    shutil.copy(shot, artifacts / shot.name)
