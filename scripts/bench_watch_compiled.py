@@ -51,9 +51,9 @@ def compiled_numbers(model, inputs: tuple, reps: int, device: torch.device) -> d
     with torch.no_grad():
         model(*inputs)  # warm-up outside any context
         run = CompiledScan(model, WatchOptions())
-        first = _timed(lambda: run.step(inputs), device)  # eager, learns the .half() dtypes
-        capture = _timed(lambda: run.step(inputs), device)
-        compile_s = _timed(lambda: run.step(inputs), device)
+        first = _timed(lambda: run.step(0, inputs), device)  # eager, learns the .half() dtypes
+        capture = _timed(lambda: run.step(0, inputs), device)
+        compile_s = _timed(lambda: run.step(0, inputs), device)
         if run.timings.fallbacks:
             return {"fallback": run.timings.fallbacks[0], "compile_s": compile_s}
         cap = next(iter(run.graphs.values()))
@@ -63,7 +63,7 @@ def compiled_numbers(model, inputs: tuple, reps: int, device: torch.device) -> d
             with fp16lens.watch(model):
                 model(*inputs)  # the block's first forward (its meta trace) is not steady state
                 w = _timed(lambda: model(*inputs), device)
-            c = _timed(lambda: run.step(inputs), device)
+            c = _timed(lambda: run.step(0, inputs), device)
             g = _timed(lambda: run_compiled(cap, inputs, 0), device)  # no accumulation
             plain.append(p)
             eager.append(w / p)
@@ -72,7 +72,7 @@ def compiled_numbers(model, inputs: tuple, reps: int, device: torch.device) -> d
         memory = None
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
-            run.step(inputs)
+            run.step(0, inputs)
             _sync(device)
             peak = torch.cuda.max_memory_allocated(device)
             torch.cuda.reset_peak_memory_stats(device)

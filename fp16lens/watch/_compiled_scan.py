@@ -14,7 +14,9 @@ carries a note (a ``note`` finding) saying why.
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,7 +39,7 @@ from fp16lens.watch._compiled import (
     signature,
 )
 from fp16lens.watch._lens import _ACTIVE, _check_model
-from fp16lens.watch._loop import ScanInterrupted, call_batch, run_batches
+from fp16lens.watch._loop import call_batch, scan_with
 from fp16lens.watch._options import WatchOptions
 from fp16lens.watch._params import check_parameters
 
@@ -57,7 +59,8 @@ class Timings:
 
 
 class CompiledScan:
-    """The state of one compiled scan: ``step(batch)`` per batch, ``report()`` at the end."""
+    """The compiled front end (a ``FrontEnd`` of the scan loop): the state of one compiled
+    scan, ``step(index, batch)`` per batch, ``report(complete)`` at the end."""
 
     def __init__(self, model: torch.nn.Module, options: WatchOptions, backend: str = "inductor"):
         _check_model(model)
@@ -73,7 +76,16 @@ class CompiledScan:
     def _add(self, fw) -> None:
         self.acc.add(fw)
 
-    def step(self, batch: Any) -> None:
+    @contextlib.contextmanager
+    def session(self) -> Iterator[None]:
+        _ACTIVE.add(self.model)
+        try:
+            with torch.no_grad():
+                yield
+        finally:
+            _ACTIVE.discard(self.model)
+
+    def step(self, index: int, batch: Any) -> None:
         from fp16lens._trace import call_model
 
         if self.rec.forwards == 0:
@@ -131,7 +143,7 @@ class CompiledScan:
         if why not in self.timings.fallbacks:
             self.timings.fallbacks.append(why)
 
-    def report(self) -> Report:
+    def report(self, complete: bool = True) -> Report:
         report = build_report(
             self.acc, self.rec.sites, self.params, self.model, self.options.threshold
         )
@@ -173,19 +185,11 @@ def scan_compiled(
     """The body of ``scan(..., compile=True)``; returns the report and where the time went.
     ``backend``: torch.compile's backend, or "fx" for the captured graph run as it is."""
     options = one_form(WatchOptions, options, option_values)
-    run = CompiledScan(model, options, backend)
-    _ACTIVE.add(model)
-    try:
-        with torch.no_grad():
-            run_batches(
-                batches,
-                lambda _, batch: run.step(batch),
-                progress=progress,
-                description=description,
-            )
-    except ScanInterrupted as stop:
-        stop.report = run.report()
-        raise
-    finally:
-        _ACTIVE.discard(model)
-    return run.report(), run.timings
+    run, report = scan_with(
+        lambda: CompiledScan(model, options, backend),
+        batches,
+        progress=progress,
+        description=description,
+    )
+    assert isinstance(run, CompiledScan)
+    return report, run.timings

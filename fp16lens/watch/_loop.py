@@ -3,15 +3,18 @@ their batches through ``run_batches``.
 
 It owns what a long scan needs in one place: the check of what was passed as batches, the
 progress bar (batches done of the total), the error for an empty iterable, and Ctrl-C, which
-becomes ``ScanInterrupted`` after the batches done so far (the front end attaches the report
-of what ran). A front end supplies one ``step(index, batch)`` that runs one batch into its
-records; building the report stays with it (``watch/_build.py`` for all of them).
+becomes ``ScanInterrupted`` carrying the report of what ran. A front end plugs in through
+the ``FrontEnd`` protocol: a ``session()`` around the batches, one ``step(index, batch)``
+that runs one batch into its records (``Forward`` records of an ``Accumulator`` over its
+own sites), and ``report(complete)`` that builds the report (``watch/_build.py`` for all of
+them). ``scan_with`` runs one.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
 
 import torch
 
@@ -35,6 +38,47 @@ class ScanInterrupted(KeyboardInterrupt):
         )
         self.done, self.total = done, total
         self.report: Report | None = None
+
+
+class FrontEnd(Protocol):
+    """What a scan front end (eager PyTorch, compiled, ONNX Runtime) gives the loop."""
+
+    def session(self) -> AbstractContextManager[Any]:
+        """Entered around all the batches (hooks, no_grad); left before the report is built."""
+        ...
+
+    def step(self, index: int, batch: Any) -> None:
+        """Run batch number ``index`` into the front end's records."""
+        ...
+
+    def report(self, complete: bool) -> Report | None:
+        """The report of what ran: ``complete`` False after an interrupt (None when no
+        batch ran), True at the end (parameters, notes and the plan's advice included)."""
+        ...
+
+
+def scan_with(
+    make: Callable[[], FrontEnd],
+    batches: Iterable[Any],
+    *,
+    progress: bool = True,
+    description: str = "watching",
+    how: str = HOW,
+) -> tuple[FrontEnd, Report]:
+    """Check ``batches``, then build the front end (``make()``) and run every batch through
+    it under the progress bar; returns the front end and its complete report. Ctrl-C is a
+    ScanInterrupted carrying the report of what ran."""
+    check_batches(batches, how)
+    front = make()
+    try:
+        with front.session():
+            run_batches(batches, front.step, progress=progress, description=description, how=how)
+    except ScanInterrupted as stop:
+        stop.report = front.report(complete=False)
+        raise
+    report = front.report(complete=True)
+    assert report is not None  # at least one batch ran (run_batches raises otherwise)
+    return front, report
 
 
 def check_batches(batches: Any, how: str = HOW) -> None:

@@ -8,6 +8,7 @@ the mismatch and the cast to write.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable
 from typing import Any
 
@@ -15,8 +16,8 @@ import torch
 
 from fp16lens._core import WatchError
 from fp16lens.report import Report
-from fp16lens.watch._lens import watch
-from fp16lens.watch._loop import ScanInterrupted, call_batch, check_batches, run_batches
+from fp16lens.watch._lens import Lens, watch
+from fp16lens.watch._loop import call_batch, scan_with
 from fp16lens.watch._options import WatchOptions
 
 
@@ -62,7 +63,6 @@ def scan(
             options=options,
             **watch_options,
         )
-    check_batches(batches)
     if compile:
         from fp16lens.watch._compiled_scan import scan_compiled
 
@@ -74,16 +74,28 @@ def scan(
             options=options,
             **watch_options,
         )[0]
-    lens = watch(model, options=options, **watch_options)
-    try:
-        with lens, torch.no_grad():
-            run_batches(
-                batches,
-                lambda _, batch: call_batch(model, batch),
-                progress=progress,
-                description=description,
-            )
-    except ScanInterrupted as stop:
-        stop.report = lens.report  # what ran, the batch cut short included
-        raise
-    return lens.report
+    return scan_with(
+        lambda: EagerScan(model, watch(model, options=options, **watch_options)),
+        batches,
+        progress=progress,
+        description=description,
+    )[1]
+
+
+class EagerScan:
+    """The eager front end: every batch a forward of ``model`` under one watch session."""
+
+    def __init__(self, model: torch.nn.Module, lens: Lens):
+        self.model, self.lens = model, lens
+
+    def session(self) -> contextlib.ExitStack:
+        stack = contextlib.ExitStack()
+        stack.enter_context(self.lens)
+        stack.enter_context(torch.no_grad())
+        return stack
+
+    def step(self, index: int, batch: Any) -> None:
+        call_batch(self.model, batch)
+
+    def report(self, complete: bool) -> Report:
+        return self.lens.report  # after an interrupt: the batch cut short included

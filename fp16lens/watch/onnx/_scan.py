@@ -3,6 +3,7 @@ into the same Report a PyTorch model gets (sites are nodes, edges the graph's da
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Iterable
 from pathlib import Path
@@ -16,7 +17,7 @@ from fp16lens.report import Finding, Report
 from fp16lens.watch._accumulate import Accumulator
 from fp16lens.watch._advise import advised
 from fp16lens.watch._build import build_report
-from fp16lens.watch._loop import HOW_ONNX, ScanInterrupted, check_batches, run_batches
+from fp16lens.watch._loop import HOW_ONNX, scan_with
 from fp16lens.watch._options import WatchOptions
 from fp16lens.watch.onnx._checks import decomposed_norm
 from fp16lens.watch.onnx._graph import analyse
@@ -39,38 +40,51 @@ def scan_onnx(
     """Run the ONNX ``model`` (a path or a ModelProto; ``base_dir``: the folder of a
     proto's external data) on every batch and return the report."""
     options = one_form(WatchOptions, options, watch_options)
-    check_batches(batches, HOW_ONNX)
-    graph = analyse(model, base_dir)
-    graphs = Graphs(graph)
-    acc = Accumulator(options.threshold, graphs.sites)
-    under = UnderflowScan()
+    return scan_with(
+        lambda: OnnxScan(model, base_dir, options),
+        batches,
+        progress=progress,
+        description=description,
+        how=HOW_ONNX,
+    )[1]
 
-    def step(i: int, batch: Any) -> None:
-        acc.add(graphs.run(batch, i, options.threshold, options.sample_size, under.observe))
 
-    try:
-        run_batches(batches, step, progress=progress, description=description, how=HOW_ONNX)
-    except ScanInterrupted as stop:
-        stop.report = (
-            build_report(acc, graphs.sites, [], None, options.threshold) if acc.batches else None
+class OnnxScan:
+    """The ONNX front end (a ``FrontEnd`` of the scan loop): the graph, and each If branch
+    the batches take inlined into a variant of it, run in ONNX Runtime batch by batch."""
+
+    def __init__(self, model: Any, base_dir: str | Path | None, options: WatchOptions):
+        self.graph = analyse(model, base_dir)
+        self.graphs = Graphs(self.graph)
+        self.options = options
+        self.acc = Accumulator(options.threshold, self.graphs.sites)
+        self.under = UnderflowScan()
+
+    def session(self) -> contextlib.nullcontext:
+        return contextlib.nullcontext()
+
+    def step(self, index: int, batch: Any) -> None:
+        opts = self.options
+        self.acc.add(
+            self.graphs.run(batch, index, opts.threshold, opts.sample_size, self.under.observe)
         )
-        raise
-    params = _params(graphs, options) if options.params else []
-    report = build_report(
-        acc,
-        graphs.sites,
-        params,
-        None,
-        options.threshold,
-        source=(graph.name, onnx_fingerprint(graph.proto)),
-    )
-    report.findings.extend(under.findings())
-    guard_constants(report, under.guards())
-    _note_inlined(report, graphs)
-    _note_hidden_subgraphs(report, [v.graph.proto for v in graphs.variants.values()])
-    return advised(
-        graph.proto, _name_decomposed_norms(report, graphs), options.advise
-    )  # data loaded
+
+    def report(self, complete: bool) -> Report | None:
+        acc, graphs, options = self.acc, self.graphs, self.options
+        if not acc.batches:
+            return None
+        source = (self.graph.name, onnx_fingerprint(self.graph.proto))
+        if not complete:  # after Ctrl-C: the statistics of what ran
+            return build_report(acc, graphs.sites, [], None, options.threshold, source=source)
+        params = _params(graphs, options) if options.params else []
+        report = build_report(acc, graphs.sites, params, None, options.threshold, source=source)
+        report.findings.extend(self.under.findings())
+        guard_constants(report, self.under.guards())
+        _note_inlined(report, graphs)
+        _note_hidden_subgraphs(report, [v.graph.proto for v in graphs.variants.values()])
+        return advised(
+            self.graph.proto, _name_decomposed_norms(report, graphs), options.advise
+        )  # data loaded
 
 
 def _params(graphs: Graphs, options: WatchOptions) -> list:
