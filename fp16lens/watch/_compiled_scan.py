@@ -25,10 +25,7 @@ import torch
 from fp16lens._core.options import one_form
 from fp16lens._core.sites import FindingKind, Mechanism
 from fp16lens.report import Finding, Report
-from fp16lens.watch import _distributed
 from fp16lens.watch._accumulate import Accumulator
-from fp16lens.watch._advise import advised
-from fp16lens.watch._build import build_report
 from fp16lens.watch._compiled import (
     Captured,
     StaticRecorder,
@@ -38,10 +35,9 @@ from fp16lens.watch._compiled import (
     run_compiled,
     signature,
 )
-from fp16lens.watch._lens import _ACTIVE, _check_model
 from fp16lens.watch._loop import call_batch, scan_with
 from fp16lens.watch._options import WatchOptions
-from fp16lens.watch._params import check_parameters
+from fp16lens.watch._session import ACTIVE, check_model, finished_report, parameters
 
 FALLBACK = "compile=True fell back to the eager path"  # how a fallback note begins
 
@@ -63,10 +59,10 @@ class CompiledScan:
     scan, ``step(index, batch)`` per batch, ``report(complete)`` at the end."""
 
     def __init__(self, model: torch.nn.Module, options: WatchOptions, backend: str = "inductor"):
-        _check_model(model)
+        check_model(model)
         self.model = model
         self.options = options
-        self.params = check_parameters(model, options) if options.params else []
+        self.params = parameters(model, options)
         self.rec = StaticRecorder(model, options, on_forward_end=self._add)
         self.acc = Accumulator(options.threshold, self.rec.sites)
         self.backend = backend
@@ -78,12 +74,12 @@ class CompiledScan:
 
     @contextlib.contextmanager
     def session(self) -> Iterator[None]:
-        _ACTIVE.add(self.model)
+        ACTIVE.add(self.model)
         try:
             with torch.no_grad():
                 yield
         finally:
-            _ACTIVE.discard(self.model)
+            ACTIVE.discard(self.model)
 
     def step(self, index: int, batch: Any) -> None:
         from fp16lens._trace import call_model
@@ -144,22 +140,19 @@ class CompiledScan:
             self.timings.fallbacks.append(why)
 
     def report(self, complete: bool = True) -> Report:
-        report = build_report(
-            self.acc, self.rec.sites, self.params, self.model, self.options.threshold
-        )
-        if _distributed.enabled(self.options.distributed):
-            report = _distributed.merge_over_ranks(report)
-        for why in self.timings.fallbacks:
-            report.findings.append(
-                Finding(
-                    site="",
-                    mechanism=Mechanism.NOTE,
-                    kind=FindingKind.COMPILE_FALLBACK,
-                    peak=0.0,
-                    detail=f"{FALLBACK}: {why}; those batches were watched eagerly (the reference path)",
-                )
+        notes = [
+            Finding(
+                site="",
+                mechanism=Mechanism.NOTE,
+                kind=FindingKind.COMPILE_FALLBACK,
+                peak=0.0,
+                detail=f"{FALLBACK}: {why}; those batches were watched eagerly (the reference path)",
             )
-        return advised(self.model, report, self.options.advise)
+            for why in self.timings.fallbacks
+        ]
+        return finished_report(
+            self.acc, self.rec.sites, self.params, self.model, self.options, notes
+        )
 
 
 def _device_of(batch: Any, model: torch.nn.Module) -> torch.device:

@@ -3,58 +3,25 @@
 from __future__ import annotations
 
 import contextlib
-import weakref
 from typing import Any
 
 import torch
 
 from fp16lens._core import WatchError
 from fp16lens._core.options import one_form
-from fp16lens._core.weights import missing_weights
 from fp16lens.report import Report
-from fp16lens.watch import _distributed
 from fp16lens.watch._accumulate import Accumulator
-from fp16lens.watch._advise import advised
 from fp16lens.watch._build import build_report
 from fp16lens.watch._options import WatchOptions
-from fp16lens.watch._params import check_parameters
 from fp16lens.watch._recorder import Recorder
-
-_ACTIVE: weakref.WeakSet = weakref.WeakSet()
-
-
-def _check_model(model: Any) -> None:
-    if not isinstance(model, torch.nn.Module):
-        raise WatchError(
-            f"watch() needs a torch.nn.Module, got {type(model).__name__}; "
-            "pass the model object itself (not its output, state_dict or a path)"
-        )
-    if type(model).__name__ == "OptimizedModule" and hasattr(model, "_orig_mod"):
-        raise WatchError(
-            "watch() cannot see inside a torch.compile'd model (compiled graphs bypass "
-            "module hooks and eager ops); watch model._orig_mod (the uncompiled module) "
-            "and call that one inside the block"
-        )
-    why = missing_weights(model)
-    if why is not None:
-        raise WatchError(f"watch() cannot run this model: {why}")
-    if isinstance(model, torch.jit.ScriptModule):
-        raise WatchError(
-            "watch() needs an eager nn.Module; TorchScript modules run their own "
-            "interpreter. Load the model from its Python definition instead"
-        )
-    if model in _ACTIVE:
-        raise WatchError(
-            "this model is already being watched by an enclosing watch() block; "
-            "use one block (statistics accumulate over any number of forward calls)"
-        )
+from fp16lens.watch._session import ACTIVE, check_model, finished_report, parameters
 
 
 class Lens:
     """The handle ``with fp16lens.watch(model) as lens`` gives; ``lens.report`` afterwards."""
 
     def __init__(self, model: torch.nn.Module, options: WatchOptions):
-        _check_model(model)
+        check_model(model)
         self.model = model
         self.options = options
         self._recorder: Recorder | None = None
@@ -64,19 +31,19 @@ class Lens:
         self._entered = contextlib.ExitStack()
 
     def __enter__(self) -> Lens:
-        _check_model(self.model)
-        self._params = check_parameters(self.model, self.options) if self.options.params else []
+        check_model(self.model)
+        self._params = parameters(self.model, self.options)
         rec = Recorder(self.model, self.options, on_forward_end=self._on_forward_end)
         self._acc = Accumulator(self.options.threshold, rec.sites, half_dtypes=rec.half_dtypes_of)
         self._recorder = rec
-        _ACTIVE.add(self.model)
+        ACTIVE.add(self.model)
         self._entered = contextlib.ExitStack()
         try:
             self._entered.enter_context(rec.tracker)  # module hooks
             self._entered.enter_context(rec)  # the dispatch mode
         except BaseException:
             self._entered.close()
-            _ACTIVE.discard(self.model)
+            ACTIVE.discard(self.model)
             raise
         return self
 
@@ -92,7 +59,7 @@ class Lens:
             try:
                 self._entered.close()  # the mode left, then the hooks removed
             finally:
-                _ACTIVE.discard(self.model)
+                ACTIVE.discard(self.model)
         if exc is not None:
             if rec.last_site and hasattr(exc, "add_note"):
                 inside = f" (it raised inside {rec.raised_in!r})" if rec.raised_in else ""
@@ -100,12 +67,7 @@ class Lens:
                     f"fp16lens.watch: the last site that ran was {rec.last_site!r}{inside}"
                 )
             return False
-        report = build_report(
-            self._acc, rec.sites, self._params, self.model, self.options.threshold
-        )
-        if _distributed.enabled(self.options.distributed):
-            report = _distributed.merge_over_ranks(report)
-        self._report = advised(self.model, report, self.options.advise)
+        self._report = finished_report(self._acc, rec.sites, self._params, self.model, self.options)
         return False
 
     @property
