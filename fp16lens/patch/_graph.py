@@ -57,7 +57,9 @@ class SiteGraph:
     frozen: set[str] = field(default_factory=set)  # sites inside FP32 islands of an earlier patch
     cuts: set[tuple[str, str]] = field(default_factory=set)  # (producer, join): a multiply
     parent: dict[str, str] = field(default_factory=dict)  # union-find
-    owners: set[str] = field(default_factory=set)  # every module name: hosts of functional ops
+    owners: Collection[str] = field(
+        default_factory=set
+    )  # every module name: hosts of functional ops
     ops: dict[str, str] = field(default_factory=dict)  # functional sites: aten name (degrees)
     rel: dict[str, Fraction] = field(default_factory=dict)  # exponent relative to the parent
     conflicts: set[str] = field(default_factory=set)  # sites whose class got two exponents
@@ -74,7 +76,9 @@ class SiteGraph:
     fxnodes: dict[str, str] = field(
         default_factory=dict
     )  # the model's own functional sites -> fx nodes
-    fxgroup: object = None  # names -> whether those fx nodes can run as one island (_fxisland.py)
+    fxgroup: Callable[..., bool] | None = (
+        None  # names -> whether those fx nodes can run as one island (_fxisland.py)
+    )
 
     def find(self, site: str) -> str:
         return self._find(site)[0]
@@ -165,9 +169,9 @@ def build_graph(model: nn.Module, report: Report, binding: Binding | None = None
         if mod is not None:
             modules[name] = mod
     carries = {
-        s: c
+        s: carrier
         for s, st in report.sites.items()
-        if binding.is_product(st) and (c := product_carrier(s, producers)) is not None
+        if binding.is_product(st) and (carrier := product_carrier(s, producers)) is not None
     }
     modules = {s: m for s, m in modules.items() if s not in carries}  # a product's x passes
     kinds.update(dict.fromkeys(carries, Kind.HOMOG))  # the scale of x passes; g must be unscaled
@@ -231,11 +235,13 @@ class TorchBinding:
     """How the planner reads a PyTorch model: each site's kind and module, the sites inside
     FP32 islands, the modules that host functional ops (``OnnxBinding`` reads a graph)."""
 
-    mappable = None  # a join's operands are mapped onto torch.fx nodes (patch/_cuts.py)
+    mappable: Callable | None = (
+        None  # a join's operands are mapped onto torch.fx nodes (patch/_cuts.py)
+    )
 
     def __init__(self, model: nn.Module):
         self.model, self.named = model, dict(model.named_modules())
-        self.owners = {n for n in self.named if n}
+        self.owners: Collection[str] = {n for n in self.named if n}
 
     def contract(self, report: Report) -> Report:
         return contract(self.model, report)  # fused norm modules: one site each
@@ -264,7 +270,8 @@ def _hosted_linears(
     mapped to the qualified names of their weight and bias (or None); found by running the
     module on a random input of its one input's shape (``output_linear_child``,
     ``input_linear_weight``)."""
-    found, by_module = {}, {}
+    found: dict[str, tuple[str | None, ...]] = {}  # site -> (weight, bias) names
+    by_module: dict[str, set[str]] = {}
     for s, o in report.sites.items():
         if o.kind != "module":
             by_module.setdefault(o.module, set()).add(s)
@@ -324,7 +331,8 @@ def _constant_products(
     model: nn.Module, report: Report, producers: dict, carries: dict
 ) -> list[str]:
     """Products of one tensor with a constant (a layer scale, a number): x's scale passes."""
-    found, graphs = [], {}
+    found: list[str] = []
+    graphs: dict = {}  # constant_factor's cache of traced graphs
     ops = Counter((st.module, st.op) for st in report.sites.values() if st.kind != "module")
     for name, st in report.sites.items():
         if (
@@ -342,7 +350,8 @@ def _param_joins(model: nn.Module, report: Report, producers: dict) -> dict[str,
     """Joins of tensors with parameters (a class token, a position embedding): each
     parameter, scaled by 1/p in place, carries the scale of the join's tensor operands;
     joins of one tensor with itself (a patch merging's slices) carry its scale as they are."""
-    found, graphs = {}, {}
+    found: dict[str, tuple[str, ...]] = {}
+    graphs: dict = {}  # constant_factor's cache of traced graphs
     ops = Counter((st.module, st.op) for st in report.sites.values() if st.kind != "module")
     for name, st in report.sites.items():
         if st.kind != "module" and is_join(st.op) and len(producers[name]) == 1:
