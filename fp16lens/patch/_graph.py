@@ -213,10 +213,13 @@ class Binding(Protocol):
     (``patch/onnx/_binding.py``) an ONNX graph. Another model format is another binding,
     not another planner."""
 
-    owners: Collection[str]  # modules that host functional ops ("" never): fallback islands
-    mappable: (
-        Callable | None
-    )  # whether a join's operand can take a multiply (None: map onto torch.fx)
+    @property
+    def owners(self) -> Collection[str]:
+        """Modules that host functional ops ("" never): fallback islands."""
+
+    @property
+    def mappable(self) -> Callable | None:
+        """Whether a join's operand can take a multiply (None: map onto torch.fx)."""
 
     def contract(self, report: Report) -> Report:
         """The report with units the planner treats as one site merged (fused norms)."""
@@ -235,13 +238,11 @@ class TorchBinding:
     """How the planner reads a PyTorch model: each site's kind and module, the sites inside
     FP32 islands, the modules that host functional ops (``OnnxBinding`` reads a graph)."""
 
-    mappable: Callable | None = (
-        None  # a join's operands are mapped onto torch.fx nodes (patch/_cuts.py)
-    )
+    mappable = None  # a join's operands are mapped onto torch.fx nodes (patch/_cuts.py)
 
     def __init__(self, model: nn.Module):
         self.model, self.named = model, dict(model.named_modules())
-        self.owners: Collection[str] = {n for n in self.named if n}
+        self.owners = {n for n in self.named if n}
 
     def contract(self, report: Report) -> Report:
         return contract(self.model, report)  # fused norm modules: one site each

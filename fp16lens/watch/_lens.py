@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import weakref
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -81,10 +81,12 @@ class Lens:
         return self
 
     def _on_forward_end(self, fw) -> None:
+        assert self._acc is not None  # forwards end only inside the block
         self._acc.add(fw)
 
-    def __exit__(self, exc_type, exc, tb) -> bool:
-        rec = self._recorder
+    def __exit__(self, exc_type, exc, tb) -> Literal[False]:
+        rec, acc = self._recorder, self._acc
+        assert rec is not None and acc is not None  # both made by __enter__
         try:
             rec.abort_forward()
         finally:
@@ -100,9 +102,7 @@ class Lens:
                     f"fp16lens.watch: the last site that ran was {rec.last_site!r}{inside}"
                 )
             return False
-        report = build_report(
-            self._acc, rec.sites, self._params, self.model, self.options.threshold
-        )
+        report = build_report(acc, rec.sites, self._params, self.model, self.options.threshold)
         if _distributed.enabled(self.options.distributed):
             report = _distributed.merge_over_ranks(report)
         self._report = advised(self.model, report, self.options.advise)
