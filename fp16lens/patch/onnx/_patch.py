@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +64,7 @@ def patch_onnx(
     report: Report,
     options: PatchOptions,
     out: str | Path | None = None,
-    batches: list | None = None,
+    batches: Sequence | None = None,
 ) -> tuple[Any, Plan]:
     """The patched graph (a new ModelProto) and its plan; written to ``out`` when given.
     The FP32 check runs on ``batches`` (else on inputs like the report's recorded ones).
