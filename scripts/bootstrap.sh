@@ -68,6 +68,7 @@ case "$what" in
     fi
     ruff check .
     ruff format --check .
+    mypy fp16lens
     python -m pytest "$@"
     if [ -n "$matrix" ]; then
       wait "$installer" || { cat .venv/torch-matrix-install.log >&2; exit 1; }

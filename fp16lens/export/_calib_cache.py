@@ -28,7 +28,8 @@ def parse_version(version: str) -> tuple[int, int, int]:
     parts = [int(p) for p in re.findall(r"\d+", version)[:3]]
     if not parts:
         raise ValueError(f"not a TensorRT version: {version!r}")
-    return tuple(parts + [0] * (3 - len(parts)))  # type: ignore[return-value]
+    major, minor, patch = [*parts, 0, 0][:3]
+    return major, minor, patch
 
 
 def trt_version_number(version: str) -> int:
