@@ -69,6 +69,7 @@ case "$what" in
     bash scripts/ensure_chromium.sh  # the HTML report's browser test (skips without it)
     ruff check .
     ruff format --check .
+    mypy fp16lens
     python -m pytest "$@"
     if [ -n "$matrix" ]; then
       wait "$installer" || { cat .venv/torch-matrix-install.log >&2; exit 1; }

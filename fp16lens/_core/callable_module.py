@@ -39,5 +39,5 @@ def stage_module(module_name: str, cls: type[StageT], fn: Callable[..., Any]) ->
     module.__class__ = cls
     # inspect.signature(module) reads __signature__ first; without it inspect would take
     # cls.__call__ as a method and drop fn's first parameter.
-    module.__signature__ = inspect.signature(fn)  # type: ignore[attr-defined]
+    module.__signature__ = inspect.signature(fn)  # type: ignore[attr-defined]  # (set on the instance)
     return cast(StageT, module)

@@ -102,13 +102,13 @@ def _rows(named: list[tuple[str, torch.Tensor]]) -> dict[str, list[float]]:
     for at in small.values():
         for i, row in zip(at, _columns_small([named[i][1] for i in at]).unbind(0)):
             cols[i] = row
-    cols = [
+    full = [
         c if c is not None else threads.on_threads(_columns, t) for c, (_, t) in zip(cols, named)
     ]
-    same = len({c.device for c in cols}) == 1  # one transfer, not one sync per tensor
-    cols = torch.stack(cols).cpu() if same else torch.stack([c.cpu() for c in cols])
-    cols = cols.to(torch.int64) & _MASK
-    sums = ((cols @ _coefficients()) & _MASK).tolist()  # < 97 * 193² * 2^32 < 2^63: exact
+    same = len({c.device for c in full}) == 1  # one transfer, not one sync per tensor
+    stacked = torch.stack(full).cpu() if same else torch.stack([c.cpu() for c in full])
+    stacked = stacked.to(torch.int64) & _MASK
+    sums = ((stacked @ _coefficients()) & _MASK).tolist()  # < 97 * 193² * 2^32 < 2^63: exact
     return {
         name: [float(t.numel()), float(a), -1.0 - b, float(c)]
         for (name, t), (a, b, c) in zip(named, sums)

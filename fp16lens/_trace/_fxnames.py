@@ -8,6 +8,7 @@ graph nodes. The op's Python frame inside that forward gives the line, so the no
 from __future__ import annotations
 
 import sys
+from types import FrameType
 
 from torch import fx, nn
 
@@ -31,7 +32,7 @@ def graph_forwards(names: dict[nn.Module, str]) -> dict[str, tuple]:
 def running_node(forward: tuple) -> str | None:
     """The name of the fx node whose line of ``forward`` is running, None when not found."""
     code, lines, start, nodes = forward
-    frame = sys._getframe(2)
+    frame: FrameType | None = sys._getframe(2)
     for _ in range(_DEPTH):
         if frame is None:
             return None

@@ -6,6 +6,7 @@ serves only the INT8 calibration."""
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 from pathlib import Path
 
 from rich.markup import escape
@@ -134,7 +135,7 @@ def _export_onnx(export, args: argparse.Namespace):
         raise Fp16LensError("--kwargs applies to a module:callable MODEL, not to an .onnx file")
     if args.dynamic:
         raise Fp16LensError("--dynamic applies to a PyTorch MODEL; an .onnx file keeps its axes")
-    calibration = None
+    calibration: Sequence | None = None
     if args.precision == "int8":
         if args.calibration:
             calibration = _batches_file(args.calibration)

@@ -62,6 +62,7 @@ def run(args: argparse.Namespace) -> int:
         warnings.simplefilter("ignore", PatchWarning)
         patched = patch_fn(loaded.model, report, inplace=False, factor=args.factor, batches=given)
     plan = get_plan(patched)  # what patch() did, unresolved problems included
+    assert plan is not None  # patch() attaches its plan to the model it returns
     saved = save_model(patched, example, args.output)
     left = unfixed(plan, patched)
     islands = fp32_modules(plan, left)

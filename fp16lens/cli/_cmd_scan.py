@@ -4,6 +4,7 @@ and fail a CI gate (exit 1) when `--fail-on` forbids what was found."""
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 from pathlib import Path
 
 from fp16lens._core import ReportError, import_optional
@@ -131,7 +132,7 @@ def check_report_path(path: str) -> None:
     check_writable(path)
 
 
-def watch_batches(model, batches: list, progress: bool = True, **options) -> Report:
+def watch_batches(model, batches: Sequence, progress: bool = True, **options) -> Report:
     """The scan loop (``fp16lens.watch.scan``) over the batches; Ctrl-C is a ScanInterrupted
     holding the report of what ran."""
     from fp16lens.watch import scan

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -73,7 +74,7 @@ def add_input_arguments(parser: argparse.ArgumentParser, batches: bool = True) -
 
 def batches_from_args(
     args: argparse.Namespace, default: Batch | None = None, model=None
-) -> list[Batch]:
+) -> Sequence[Batch]:
     """The batches the options describe, or ``default`` (the model source's own inputs);
     float inputs of another dtype than ``model``'s are cast to it, with a note on stderr."""
     from fp16lens.cli._refusal import remember
@@ -84,7 +85,7 @@ def batches_from_args(
     return batches
 
 
-def match_model_dtype(batches: list[Batch], model) -> list[Batch]:
+def match_model_dtype(batches: Sequence[Batch], model) -> Sequence[Batch]:
     """Float tensors cast to the model's float dtype (numpy's float64 arrays for a float32
     model would fail in the first conv); a one-line note on stderr says so."""
     import sys
@@ -117,7 +118,7 @@ def _is_float(t) -> bool:
     return hasattr(t, "is_floating_point") and t.is_floating_point()
 
 
-def _batches(args: argparse.Namespace, default: Batch | None) -> list[Batch]:
+def _batches(args: argparse.Namespace, default: Batch | None) -> Sequence[Batch]:
     from fp16lens.cli._batchfile import load_batches
     from fp16lens.cli._inputs import is_file_spec
 
@@ -172,7 +173,7 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-def onnx_batches(args: argparse.Namespace) -> list:
+def onnx_batches(args: argparse.Namespace) -> Sequence:
     """The --input batches for an .onnx MODEL (scan, and patch's FP32 check)."""
     import numpy as np
 

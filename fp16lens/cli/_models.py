@@ -56,8 +56,8 @@ def load_model(spec: str, kwargs: dict | None = None) -> LoadedModel:
     if spec == "demo":
         from fp16lens.demo import build_demo_model
 
-        model, inputs = build_demo_model()
-        return LoadedModel(model.eval(), spec, tuple(inputs))
+        demo, demo_inputs = build_demo_model()
+        return LoadedModel(demo.eval(), spec, tuple(demo_inputs))
     suffix = Path(spec).suffix.lower()
     if ":" not in spec or suffix in (".pt", ".pth", ".pt2"):
         if kwargs:
@@ -194,6 +194,7 @@ def _import_file(path: Path):
         sys.path.insert(0, folder)
     name = f"_fp16lens_user_{path.stem}"
     spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None  # a .py file: a source file loader
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     spec.loader.exec_module(module)

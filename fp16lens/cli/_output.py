@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import math
 import sys
-from typing import Any
+from typing import IO, Any, cast
 
 from rich.console import Console
 
@@ -18,7 +18,7 @@ column stays (rich's default of 80 would cut the hottest-sites table)."""
 def console(quiet: bool = False) -> Console:
     """stdout console; a quiet one (``--json``) records instead of printing."""
     if quiet:
-        return Console(record=True, file=_Null(), width=100)
+        return Console(record=True, file=cast(IO[str], _Null()), width=100)  # rich only writes
     con = Console(file=sys.stdout, soft_wrap=False)
     if not con.is_terminal:
         con.width = max(con.width, PIPE_WIDTH)

@@ -11,12 +11,13 @@ traceback. Only failures pay for the extra forward.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 
 PROBE_ATTR = "_fp16lens_probe"
 """The (model, first batch) a command ran, set on its argparse namespace."""
 
 
-def remember(args: argparse.Namespace, model, batches: list) -> None:
+def remember(args: argparse.Namespace, model, batches: Sequence) -> None:
     """Keep what ``refusal`` re-runs when the command fails."""
     if model is not None and batches:
         setattr(args, PROBE_ATTR, (model, batches[0]))

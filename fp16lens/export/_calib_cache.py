@@ -17,6 +17,10 @@ from fp16lens._core import ExportError
 
 DEFAULT_TRT_VERSION = "10.0.0"
 _HEADER = re.compile(r"^TRT-(\d+)-(\w+)$")
+_NOT_A_CACHE = (
+    "not a TensorRT calibration cache: the first line must read "
+    "'TRT-<version>-<Calibrator>'. Regenerate it with export(..., precision='int8')."
+)
 
 
 def parse_version(version: str) -> tuple[int, int, int]:
@@ -24,7 +28,8 @@ def parse_version(version: str) -> tuple[int, int, int]:
     parts = [int(p) for p in re.findall(r"\d+", version)[:3]]
     if not parts:
         raise ValueError(f"not a TensorRT version: {version!r}")
-    return tuple(parts + [0] * (3 - len(parts)))  # type: ignore[return-value]
+    major, minor, patch = [*parts, 0, 0][:3]
+    return major, minor, patch
 
 
 def trt_version_number(version: str) -> int:
@@ -57,10 +62,7 @@ def format_calibration_cache(scales: dict[str, float], version: str) -> str:
 def parse_calibration_cache(text: str) -> dict[str, float]:
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     if not lines or not _HEADER.match(lines[0]):
-        raise ExportError(
-            "not a TensorRT calibration cache: the first line must read "
-            "'TRT-<version>-<Calibrator>'. Regenerate it with export(..., precision='int8')."
-        )
+        raise ExportError(_NOT_A_CACHE)
     scales = {}
     for line in lines[1:]:
         name, sep, value = line.rpartition(":")
@@ -87,8 +89,8 @@ def read_calibration_cache(path: str | Path) -> dict[str, float]:
 
 def retag_cache(text: str, version: str) -> str:
     """The same cache with its header naming TensorRT ``version``."""
-    first, _, rest = text.partition("\n")
+    first, _, rest = text.lstrip().partition("\n")  # blank lines before the header: as parsed
     match = _HEADER.match(first.strip())
-    if not match:
-        parse_calibration_cache(text)  # raises the named error
+    if match is None:
+        raise ExportError(_NOT_A_CACHE)
     return f"TRT-{trt_version_number(version)}-{match.group(2)}\n{rest}"

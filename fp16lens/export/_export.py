@@ -262,6 +262,8 @@ def _typed(proto, path: Path, job: _Job, island_nodes: set[str] | None = None) -
     elif options.precision == "int8":
         from fp16lens.export._int8 import quantize_int8
 
+        assert job.calibration is not None  # _check_calibration: INT8 needs calibration
+
         proto, cache, int8_notes = quantize_int8(
             proto,
             job.calibration,

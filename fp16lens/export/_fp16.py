@@ -8,6 +8,7 @@ graph inputs/outputs in ``io_dtype``.
 
 from __future__ import annotations
 
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -54,7 +55,7 @@ def convert_fp16(
     island: set[str],
     origins: dict[str, NodeOrigin],
     io_dtype: str,
-    fp32_out: set[str] = frozenset(),
+    fp32_out: AbstractSet[str] = frozenset(),
 ) -> Fp16Result:
     """Rewrite the FP32 ``model`` in place into strongly typed FP16; returns it with notes.
     A graph output produced by a node of ``fp32_out`` (an island that hands its output on in
@@ -219,7 +220,7 @@ class _Rewriter:
 
     # -- nodes ---------------------------------------------------------------------------
     def nodes(self) -> None:
-        new_nodes = []
+        new_nodes: list = []  # NodeProtos
         for node in self.g.node:
             typing = self.typing[node.name]
             for i, name in enumerate(node.input):
@@ -281,7 +282,7 @@ class _Rewriter:
                 node.attribute.append(helper.make_attribute("value", numpy_helper.from_array(half)))
 
     # -- graph outputs and value_info ----------------------------------------------------
-    def outputs(self, io_dtype: str, fp32_out: set[str] = frozenset()) -> None:
+    def outputs(self, io_dtype: str, fp32_out: AbstractSet[str] = frozenset()) -> None:
         for v in self.g.output:
             have = self.actual.get(v.name)
             if have is None or v.type.tensor_type.elem_type not in (FLOAT, FLOAT16):

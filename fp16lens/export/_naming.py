@@ -104,8 +104,7 @@ def _fill_unmapped(graph, origins: list[NodeOrigin]) -> list[NodeOrigin]:
                 continue
             near = [consumer.get(t) for t in node.output] + [producer.get(t) for t in node.input]
             for j in near:
-                if j is not None and origins[j].module is not None:
-                    m = origins[j].module
+                if j is not None and (m := origins[j].module) is not None:
                     origins[i] = NodeOrigin(m, (m,), origins[i].op, origins[i].fx_node)
                     break
     return origins

@@ -17,7 +17,11 @@ def conv_linear_flops(graph, report, islands: list[str]) -> tuple[float, float]:
     for site, mod in graph.modules.items():
         weight = getattr(mod, "weight", None)
         st = report.sites.get(site)
-        if graph.kinds.get(site) != Kind.LINEAR or not torch.is_tensor(weight) or st is None:
+        if (
+            graph.kinds.get(site) != Kind.LINEAR
+            or not isinstance(weight, torch.Tensor)
+            or st is None
+        ):
             continue
         outputs = (
             getattr(mod, "out_channels", None)

@@ -11,7 +11,7 @@ from torch import fx, nn
 from fp16lens.patch._fx_read import _is_tensor, op_of, operands, producer_site
 
 
-def _set_operands(node: fx.Node, new: list, op: str) -> None:
+def _set_operands(node: fx.Node, new: list, op: str | None) -> None:
     if op == "cat":
         if node.args:
             node.args = (new, *node.args[1:])
@@ -43,6 +43,7 @@ def scale_operands(
     op = op_of(node)
     args = operands(node, op)
     sites = [producer_site(a, owner) for a in args]
+    cut = cut or set()
     by_cut = bool(cut) and all(c in sites for c in cut)  # a functional producer shows as None
     new = []
     for arg, site in zip(args, sites):

@@ -57,7 +57,9 @@ class SiteGraph:
     frozen: set[str] = field(default_factory=set)  # sites inside FP32 islands of an earlier patch
     cuts: set[tuple[str, str]] = field(default_factory=set)  # (producer, join): a multiply
     parent: dict[str, str] = field(default_factory=dict)  # union-find
-    owners: set[str] = field(default_factory=set)  # every module name: hosts of functional ops
+    owners: Collection[str] = field(
+        default_factory=set
+    )  # every module name: hosts of functional ops
     ops: dict[str, str] = field(default_factory=dict)  # functional sites: aten name (degrees)
     rel: dict[str, Fraction] = field(default_factory=dict)  # exponent relative to the parent
     conflicts: set[str] = field(default_factory=set)  # sites whose class got two exponents
@@ -74,7 +76,9 @@ class SiteGraph:
     fxnodes: dict[str, str] = field(
         default_factory=dict
     )  # the model's own functional sites -> fx nodes
-    fxgroup: object = None  # names -> whether those fx nodes can run as one island (_fxisland.py)
+    fxgroup: Callable[..., bool] | None = (
+        None  # names -> whether those fx nodes can run as one island (_fxisland.py)
+    )
 
     def find(self, site: str) -> str:
         return self._find(site)[0]
@@ -165,9 +169,9 @@ def build_graph(model: nn.Module, report: Report, binding: Binding | None = None
         if mod is not None:
             modules[name] = mod
     carries = {
-        s: c
+        s: carrier
         for s, st in report.sites.items()
-        if binding.is_product(st) and (c := product_carrier(s, producers)) is not None
+        if binding.is_product(st) and (carrier := product_carrier(s, producers)) is not None
     }
     modules = {s: m for s, m in modules.items() if s not in carries}  # a product's x passes
     kinds.update(dict.fromkeys(carries, Kind.HOMOG))  # the scale of x passes; g must be unscaled
@@ -209,10 +213,13 @@ class Binding(Protocol):
     (``patch/onnx/_binding.py``) an ONNX graph. Another model format is another binding,
     not another planner."""
 
-    owners: Collection[str]  # modules that host functional ops ("" never): fallback islands
-    mappable: (
-        Callable | None
-    )  # whether a join's operand can take a multiply (None: map onto torch.fx)
+    @property
+    def owners(self) -> Collection[str]:
+        """Modules that host functional ops ("" never): fallback islands."""
+
+    @property
+    def mappable(self) -> Callable | None:
+        """Whether a join's operand can take a multiply (None: map onto torch.fx)."""
 
     def contract(self, report: Report) -> Report:
         """The report with units the planner treats as one site merged (fused norms)."""
@@ -264,7 +271,8 @@ def _hosted_linears(
     mapped to the qualified names of their weight and bias (or None); found by running the
     module on a random input of its one input's shape (``output_linear_child``,
     ``input_linear_weight``)."""
-    found, by_module = {}, {}
+    found: dict[str, tuple[str | None, ...]] = {}  # site -> (weight, bias) names
+    by_module: dict[str, set[str]] = {}
     for s, o in report.sites.items():
         if o.kind != "module":
             by_module.setdefault(o.module, set()).add(s)
@@ -324,7 +332,8 @@ def _constant_products(
     model: nn.Module, report: Report, producers: dict, carries: dict
 ) -> list[str]:
     """Products of one tensor with a constant (a layer scale, a number): x's scale passes."""
-    found, graphs = [], {}
+    found: list[str] = []
+    graphs: dict = {}  # constant_factor's cache of traced graphs
     ops = Counter((st.module, st.op) for st in report.sites.values() if st.kind != "module")
     for name, st in report.sites.items():
         if (
@@ -342,7 +351,8 @@ def _param_joins(model: nn.Module, report: Report, producers: dict) -> dict[str,
     """Joins of tensors with parameters (a class token, a position embedding): each
     parameter, scaled by 1/p in place, carries the scale of the join's tensor operands;
     joins of one tensor with itself (a patch merging's slices) carry its scale as they are."""
-    found, graphs = {}, {}
+    found: dict[str, tuple[str, ...]] = {}
+    graphs: dict = {}  # constant_factor's cache of traced graphs
     ops = Counter((st.module, st.op) for st in report.sites.values() if st.kind != "module")
     for name, st in report.sites.items():
         if st.kind != "module" and is_join(st.op) and len(producers[name]) == 1:

@@ -33,6 +33,7 @@ def fold_inputs(graph, report, plan: Plan, onnx: bool = False) -> None:
         ):
             continue
         k, index = rescale_exponent(f.peak), _index(f.site)
+        assert k is not None  # the peak is finite
         p = 2.0**k
         readers = [s for s in report.sites if not graph.producers[s] and s not in graph.frozen]
         why = _why_not(graph, report, readers, p, onnx)

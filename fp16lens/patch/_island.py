@@ -60,8 +60,8 @@ def _unwrap_keys(module, state_dict, prefix, local_metadata) -> None:
     inner = prefix + _INNER + "."
     for key in [k for k in state_dict if k.startswith(inner)]:
         state_dict[outer(key)] = state_dict.pop(key)
-    meta = getattr(state_dict, "_metadata", None)
-    for key in [k for k in meta or () if k == prefix + _INNER or k.startswith(inner)]:
+    meta = getattr(state_dict, "_metadata", None) or {}
+    for key in [k for k in meta if k == prefix + _INNER or k.startswith(inner)]:
         meta[outer(key)] = meta.pop(key)
 
 

@@ -51,11 +51,11 @@ class Demands:
     ``resolve``, so that one collection serves the graph before and after its cuts.
     """
 
-    anchors: list[tuple[str, float, int, str]] = field(
+    anchors: list[tuple[str, float, int | Fraction, str]] = field(
         default_factory=list
     )  # (site, v, power, why)
     fallback_at: list[tuple[str, str, str]] = field(default_factory=list)  # (anchor, site, why)
-    values: dict[str, list[tuple[float, int]]] = field(default_factory=dict)
+    values: dict[str, list[tuple[float, int | Fraction]]] = field(default_factory=dict)
     reasons: dict[str, list[str]] = field(default_factory=dict)
     affine: set[str] = field(default_factory=set)  # batch norms to rewrite in affine form
     islands: dict[str, str] = field(default_factory=dict)  # site -> reason (fallback)
@@ -64,7 +64,7 @@ class Demands:
     )  # class -> (site, reason)s
     weights: dict[str, float] = field(default_factory=dict)  # module -> |parameter| beyond FP16
 
-    def add(self, anchor: str, value: float, power: int, reason: str) -> None:
+    def add(self, anchor: str, value: float, power: int | Fraction, reason: str) -> None:
         self.anchors.append((anchor, value, power, reason))
 
     def resolve(self, graph: SiteGraph) -> Demands:
@@ -269,7 +269,7 @@ def collect_demands(
 def _internal(graph: SiteGraph, f, d: Demands, plan: Plan, chain: Fraction | None = None) -> None:
     kind = graph.kinds.get(f.site)
     reason = f"{f.kind} in {f.site} ({f.peak:.3g})"
-    power = 2 if f.kind in _SQUARE else 1
+    power: int | Fraction = 2 if f.kind in _SQUARE else 1
     if (
         kind == Kind.NORM
         and f.kind == FindingKind.SUM_BEFORE_MEAN
@@ -287,8 +287,8 @@ def _internal(graph: SiteGraph, f, d: Demands, plan: Plan, chain: Fraction | Non
             return
     if graph.is_module(f.site):
         d.islands[f.site] = reason
-    elif _owner(graph, f.site):
-        d.islands[_owner(graph, f.site)] = f"{reason}: {f.site} runs in its module's forward"
+    elif owner := _owner(graph, f.site):
+        d.islands[owner] = f"{reason}: {f.site} runs in its module's forward"
     else:
         plan.unresolved.append(Unresolved(f.site, _opaque_reason(graph, f.site, reason)))
 
@@ -412,7 +412,7 @@ def _fit_peaks(graph, demands: Demands, scales) -> dict[str, float]:
         if graph.input_class(site) not in scales:
             continue
         w, kind = getattr(mod, "weight", None), graph.kinds[site]
-        if kind == Kind.LINEAR and torch.is_tensor(w):
+        if kind == Kind.LINEAR and isinstance(w, torch.Tensor):
             weights[site] = max(weights.get(site, 0.0), float(w.detach().abs().max()))
         elif kind == Kind.BN and (
             site in demands.affine

@@ -225,7 +225,7 @@ def rehydrate(model: nn.Module) -> int:
                 continue
             src = node.args[0]
             bits = getattr(sub, src.target, None) if src.op == "get_attr" else None
-            if not (torch.is_tensor(bits) and bits.dtype == torch.int32):
+            if not (isinstance(bits, torch.Tensor) and bits.dtype == torch.int32):
                 continue
             name = f"{src.target}_fp32"
             if not hasattr(sub, name):

@@ -278,7 +278,7 @@ def statistics_problems(plan: Plan, report: Report) -> list[tuple[str, float]]:
             continue
         site = i.site or _output_site(report, i.module)
         st = report.sites.get(site) if site else None
-        if st is None:
+        if not site or st is None:
             continue
         value = st.absmax / (i.out_scale or 1.0)
         if not value <= FP16_MAX and math.isfinite(st.absmax):

@@ -294,7 +294,8 @@ def _sensitive(graph: SiteGraph, report: Report, site: str) -> bool:
     """Small values the island at ``site`` reads matter: it, or an op its values reach
     before a conv/linear/norm mixes them with others, is singular at 0 (``log``, ``1/x``):
     a magnitude flushed to 0 before ``sqrt`` still ends in ``log(0)``."""
-    seen, todo = set(), [site]
+    seen: set[str] = set()
+    todo = [site]
     while todo and len(seen) < _REACH:
         s = todo.pop(0)
         if s in seen:

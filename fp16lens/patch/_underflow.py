@@ -19,7 +19,7 @@ import dataclasses
 from torch import nn
 
 from fp16lens._core.sites import Mechanism, site_module
-from fp16lens.patch._plan import Island, Plan, Reparam, Unresolved
+from fp16lens.patch._plan import Island, Plan, Reparam, UnderflowRule, Unresolved
 from fp16lens.patch._underflow_rules import NoRule, plan_rule
 from fp16lens.report import Report
 
@@ -137,7 +137,7 @@ def _exact(model: nn.Module, report: Report, plan: Plan, owner: str) -> bool:
     )  # forwards fx rewrites for other fixes
     if owner in taken:
         return False
-    rules = []
+    rules: list[UnderflowRule] = []
     try:
         for f in found:
             rule = plan_rule(model, report, f, owner, taken)

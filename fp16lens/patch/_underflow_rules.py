@@ -120,7 +120,7 @@ def analyse(gm: fx.GraphModule, singular: fx.Node) -> Analysis:
 
 def _source(gm: fx.GraphModule, singular: fx.Node) -> fx.Node:
     """The one value the singular operand is computed from through the table's ops."""
-    op = _name(singular)
+    op = _name(singular) or ""  # a singular node was found by its name
     args = _args(singular)
     starts = args[:2] if op in alg.RATIO or op == "atan2" else [args[SINGULAR_ARG.get(op, 0)]]
     leaves, seen = set(), set()
@@ -259,13 +259,14 @@ def _site_map(gm: fx.GraphModule, report: Report, owner: str) -> dict[fx.Node, s
     arithmetic are no sites) in order, one to one with the report's sites of the owner in
     the order they first ran. Where they do not line up (a function fx does not enter,
     ``F.normalize``, runs several ops watch sees): NoRule."""
-    nodes = []
+    nodes, names = [], []
     for node in gm.graph.nodes:
         name = _name(node)
         if name is None or name in alg.VIEWS or not _is_tensor(node):
             continue
         if any(_is_tensor(a) for a in node.all_input_nodes):
             nodes.append(node)
+            names.append(alg.family(name))
     ops = sorted(
         (
             n
@@ -274,7 +275,6 @@ def _site_map(gm: fx.GraphModule, report: Report, owner: str) -> dict[fx.Node, s
         ),
         key=lambda n: report.sites[n].order,
     )
-    names = [alg.family(_name(n)) for n in nodes]
     seen = [alg.family(alg.op_name(report.sites[n].op)) for n in ops]
     if seen != names:
         raise NoRule(
@@ -326,7 +326,7 @@ def _lifts(an: Analysis, stats: dict, report: Report, j: int) -> bool:
     """Whether at 2^j the singular operand(s) and the reductions and negative powers before
     them are lifted (a guard that survives, scaled, ends the walk back)."""
     guards = an.guards
-    op = _name(an.singular)
+    op = _name(an.singular) or ""  # a singular node was found by its name
     args = _args(an.singular)
     starts = args[:2] if op == "atan2" else [args[SINGULAR_ARG.get(op, 0)]]
     todo, seen = [a for a in starts if isinstance(a, fx.Node)], set()
@@ -375,7 +375,7 @@ def plan_rule(
     folded, held = _fold(gm, an, report, owner, sites, taken)
     j = choose(gm, an, report, owner, held)
     scaled_ops = sum(1 for a in _args(node)[:2] if isinstance(a, fx.Node) and a in an.power)
-    rule = alg.rule_name(_name(node), scaled_ops)
+    rule = alg.rule_name(_name(node) or "", scaled_ops)  # node: the singular op, named
     where = (
         f"{folded} weights x 2^{j}"
         if folded

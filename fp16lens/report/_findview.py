@@ -12,7 +12,7 @@ from fp16lens.report._blocks import ViewOptions, fix_line, heading, indent, more
 from fp16lens.report._model import Finding, Report
 from fp16lens.report._triage import trt_consequence
 
-PARAM_LABELS = {
+PARAM_LABELS: dict[str, str] = {  # by Finding.kind (a str)
     FindingKind.PARAM_OVERFLOW: "beyond 65504",
     FindingKind.PARAM_SUBNORMAL: "subnormal",
     FindingKind.PARAM_UNDERFLOW: "flushed to zero",

@@ -14,6 +14,7 @@ import html
 import io
 import math
 import re
+from typing import cast
 
 from rich.console import Console, RenderableType
 from rich.text import Text
@@ -133,7 +134,7 @@ def _is_heading(r: RenderableType) -> bool:
 
 def _section(parts: list[RenderableType], anchor: str) -> str:
     """One view section (a heading, then its lines) as <section><h2>…</h2><div>…</div>."""
-    head, body = parts[0], parts[1:]
+    head, body = cast(Text, parts[0]), parts[1:]  # each section opens with its Text heading
     title, note = head.plain.strip(), ""
     if _is_heading(head):
         first = head.spans[0]

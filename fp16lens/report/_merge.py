@@ -63,13 +63,13 @@ def merge_reports(reports: list[Report]) -> Report:
                 new.order = len(out.sites)
                 out.sites[name] = new
         order = {n: s.order for n, s in out.sites.items()}
-        spans = {s.start: s for s in out.spans}
-        for s in r.spans:
-            if s.start in spans:
-                _merge_span(spans[s.start], s, order, offset)
+        spans = {sp.start: sp for sp in out.spans}
+        for sp in r.spans:
+            if sp.start in spans:
+                _merge_span(spans[sp.start], sp, order, offset)
             else:
-                spans[s.start] = copy.deepcopy(s)
-        out.spans = sorted(spans.values(), key=lambda s: order.get(s.start, 1 << 30))
+                spans[sp.start] = copy.deepcopy(sp)
+        out.spans = sorted(spans.values(), key=lambda sp: order.get(sp.start, 1 << 30))
         found = {_finding_key(f): f for f in out.findings}
         for f in r.findings:
             cur = found.get(_finding_key(f))

@@ -203,7 +203,7 @@ class Report:
             return NotImplemented
         return self.to_json() == other.to_json()
 
-    __hash__ = None  # mutable data
+    __hash__ = None  # type: ignore[assignment]  # mutable data: Python's way to unhash a class
 
     # ---- queries -------------------------------------------------------------------
     @property

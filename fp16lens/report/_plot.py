@@ -11,11 +11,15 @@ import io
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from fp16lens._core import OptionError, ReportError, import_optional
 from fp16lens._core.sites import Mechanism
 from fp16lens.report._fmt import LOG2_MAX, LOG2_MIN_NORMAL, log2_abs
 from fp16lens.report._model import Report
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 LOG2_MIN_SUBNORMAL = -24.0
 _OVER = "#d62728"
@@ -194,7 +198,7 @@ def _site_ticks(ax, report: Report, pos: dict[str, int], most: int) -> None:
     from matplotlib.ticker import FixedLocator
 
     n = len(pos)
-    names = sorted(pos, key=pos.get)
+    names = sorted(pos, key=lambda name: pos[name])
     if n <= most:
         ticks = list(range(n))
     else:
@@ -247,10 +251,12 @@ def _figure(opts: PlotOptions):
     return fig
 
 
-_ReportFigure = None  # the Figure subclass, made on first use (matplotlib is optional)
+_ReportFigure: type[Any] | None = (
+    None  # the Figure subclass, made on first use (matplotlib is optional)
+)
 
 
-def plot(report: Report, path: str | Path | None = None, **options) -> object:
+def plot(report: Report, path: str | Path | None = None, **options) -> Figure:
     """A matplotlib Figure of log2 |x| per site with the FP16 limits and the spans shaded;
     saved to ``path`` (any format matplotlib writes, by suffix) when given."""
     opts = PlotOptions(**options)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import io
 import re
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Literal
 
 from rich.console import Console, ConsoleOptions, Group, RenderableType
 from rich.measure import Measurement
@@ -81,7 +81,7 @@ def print_report(
 
 
 def _recording_console(fmt: str, width: int) -> Console:
-    colour = None if fmt == "txt" else "truecolor"
+    colour: Literal["truecolor"] | None = None if fmt == "txt" else "truecolor"
     return Console(
         record=True,
         width=width,

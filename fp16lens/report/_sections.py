@@ -75,7 +75,7 @@ def verdict(report: Report) -> RenderableType:
         if math.isfinite(worst.absmax)
         else "inf/NaN already in FP32"
     )
-    lines = [
+    lines: list[RenderableType] = [
         Text.assemble(("✗ ", "bold red"), f"{name}: {_verdict_counts(report)}; {where} ({share})"),
         indent(Text.assemble(("Next: ", "bold"), next_step(report)), 2),
     ]

@@ -177,6 +177,7 @@ def side_inputs(report: Report, span: Span) -> list[tuple[str, str]]:
 
 def _rescale_text(report: Report, span: Span, plan: SpanPlan) -> str:
     k = plan.k
+    assert k is not None  # span_fix words a plan without k (inf/NaN in FP32) before this
     where = (
         f"folded into {', '.join(plan.entries)} parameters"
         if all(_cls(report, e) != OpClass.BLOCKING for e in plan.entries)

@@ -9,7 +9,7 @@ from fp16lens.report._advice import headline, param_name, suggest_fix
 from fp16lens.report._fmt import value
 from fp16lens.report._model import Finding, Report, Span
 
-_PARAM_RANK = {
+_PARAM_RANK: dict[str, int] = {  # by Finding.kind (a str)
     FindingKind.PARAM_OVERFLOW: 3,
     FindingKind.PARAM_UNDERFLOW: 5,
     FindingKind.PARAM_SUBNORMAL: 6,

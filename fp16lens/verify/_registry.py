@@ -103,7 +103,7 @@ def backend_spec(name: str) -> BackendSpec:
 def pick_backend(candidate, backend: str | None) -> BackendSpec:
     """``backend`` by name; None or "auto": torch-fp16 for a module, onnx-int8 for an ONNX
     file with QuantizeLinear/DequantizeLinear nodes, onnx-fp16 for any other ONNX file."""
-    if backend not in (None, "auto"):
+    if backend is not None and backend != "auto":
         return backend_spec(backend)
     if not isinstance(candidate, (str, Path)):
         return backend_spec(Backend.TORCH_FP16)

@@ -11,6 +11,7 @@ disable the fusions being verified).
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -83,7 +84,7 @@ class TorchTensorRTRunner(TorchFp16):
         self.torch_trt = import_optional("torch_tensorrt", "torchtrt", "the torch-tensorrt backend")
         _require_cuda(self.name)
         super().__init__(copy.deepcopy(candidate).cuda())
-        self.compiled = None
+        self.compiled: Callable | None = None
 
     def run(self, batch: tuple) -> list[torch.Tensor]:
         inputs = self._inputs(batch)

@@ -94,8 +94,8 @@ def _compare(
 ) -> ParityResult:
     accs: dict[str, Accumulator] = {}
     scores: list[float] = []
-    first = (None, None)
-    failing = None  # the first batch that fails
+    first: tuple[str | None, str | None] = (None, None)
+    failing: tuple[Any, Any] | None = None  # the first batch that fails
     device = model_device(model)
     for batch in batches:
         with torch.no_grad():
@@ -108,7 +108,7 @@ def _compare(
             failing = (batch, named_leaves(ref_out))
             first = runner.locate(batch, tol.site_rel)
     metrics = {getattr(metric, "__name__", "metric"): sum(scores) / len(scores)} if scores else {}
-    advice = ()
+    advice: tuple[str, ...] = ()
     if failing is not None and spec.int8:
         from fp16lens.verify._int8_advice import int8_advice
 

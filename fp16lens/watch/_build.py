@@ -174,17 +174,17 @@ def build_report(
                 ),
             )
         )
-    for k, ia in sorted(acc.inputs.items()):
-        what = "inf/NaN" if ia.nonfinite else f"values up to {ia.peak:.3g}"
+    for k, inp in sorted(acc.inputs.items()):
+        what = "inf/NaN" if inp.nonfinite else f"values up to {inp.peak:.3g}"
         findings.append(
             Finding(
                 site=f"input[{k}]",
                 mechanism=Mechanism.INPUT,
-                kind=FindingKind.NONFINITE if ia.nonfinite else FindingKind.OVERFLOW,
-                peak=ia.peak,
-                batch=ia.batch,
-                count=ia.nonfinite,
-                detail=f"model input {k} holds {what} (batch {ia.batch}): a problem of the data, "
+                kind=FindingKind.NONFINITE if inp.nonfinite else FindingKind.OVERFLOW,
+                peak=inp.peak,
+                batch=inp.batch,
+                count=inp.nonfinite,
+                detail=f"model input {k} holds {what} (batch {inp.batch}): a problem of the data, "
                 "not of the model; FP16 inputs cannot carry it",
             )
         )

@@ -164,6 +164,7 @@ def compile_graph(cap: Captured, device: torch.device, backend: str = "inductor"
     (mode="reduce-overhead", as its option); on the CPU convolutions keep their NCHW layout (the C++
     backend's channels-last rewrite falls back to a slow convolution). ``backend="fx"``
     runs the captured graph as it is (op by op, no compiler: what the tests compare)."""
+    assert cap.graph is not None  # compiled only when the capture succeeded (no why)
     if backend == "fx":
         return cap.graph
     if backend != "inductor":
@@ -186,25 +187,27 @@ def run_compiled(cap: Captured, batch: Any, index: int) -> Forward:
     """One batch through the compiled graph: a Forward with the template's structure."""
     if cap.run is None:
         raise RuntimeError("compile_graph() first")
+    template = cap.template
+    assert template is not None  # a compiled capture has its template
     mark = getattr(getattr(torch, "compiler", None), "cudagraph_mark_step_begin", None)
     if mark is not None and any(t.is_cuda for t in tensors_of(batch)):
         mark()  # CUDA graphs: the previous outputs were reduced already
     outs = cap.run(*tensors_of(batch))
     n_ext, n_smp = cap.counts
     n_ext *= 2  # a (min, max) pair per event
-    n_int = len(cap.template.internal)
+    n_int = len(template.internal)
     peaks = outs[n_ext + n_smp : n_ext + n_smp + n_int]
     counts = outs[n_ext + n_smp + n_int :]
-    fw = copy.copy(cap.template)
+    fw = copy.copy(template)
     fw.index = index
     fw.extremes = list(zip(outs[0:n_ext:2], outs[1:n_ext:2]))
     fw.samples = list(outs[n_ext : n_ext + n_smp])
     fw.internal = [
-        (site, kind, p, ctx) for (site, kind, _, ctx), p in zip(cap.template.internal, peaks)
+        (site, kind, p, ctx) for (site, kind, _, ctx), p in zip(template.internal, peaks)
     ]
     fw.flush = [
         dataclasses.replace(c, flushed=counts[2 * i], nonfinite=counts[2 * i + 1])
-        for i, c in enumerate(cap.template.flush)
+        for i, c in enumerate(template.flush)
     ]
     for name in ("exact_over", "saturated", "finite_max"):  # filled per batch by the accumulator
         setattr(fw, name, {})

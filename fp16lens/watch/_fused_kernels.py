@@ -55,8 +55,9 @@ def _masked_softmax(scores: torch.Tensor, mask, mask_type) -> torch.Tensor:
     return p.nan_to_num(0.0)  # a fully masked row gives 0, as the kernel does
 
 
-def _attention(s: _Steps, pre: str, b: dict, src: int) -> int:
-    """Steps of _native_multi_head_attention (its CPU kernel); returns the last index."""
+def _attention(s: _Steps, pre: str, b: dict, src: int) -> tuple[int, torch.Tensor]:
+    """Steps of _native_multi_head_attention (its CPU kernel); returns the last index and
+    the attention's output (before the output projection)."""
     q_in, k_in, v_in = b["query"], b["key"], b["value"]
     d, h = b["embed_dim"], b["num_head"]
     w, bias = b["qkv_weight"], b["qkv_bias"]

@@ -92,7 +92,7 @@ def _guard(
     joined = _joined(check.finding.site, sites) if check.guard else []
     flushing = _flushing(joined, edges, sites) if joined else None
     singular = _reaches_singular({s.name for s in joined}, edges, sites) if flushing else None
-    if singular is None:
+    if singular is None or flushing is None:  # (no singular op without flushing values)
         return None
     return (
         f"visible: the values it joins flush too ({percent(flushing.underflow_share)} of "
@@ -106,6 +106,7 @@ def _verdict(
     check: ParamCheck, sites: dict[str, SiteStats], edges: list[tuple[str, str]]
 ) -> tuple[bool, str]:
     loss = check.loss
+    assert loss is not None  # judge words an overflow (no loss) before this
     joined = _joined(check.finding.site, sites)
     if check.additive:
         if not joined:

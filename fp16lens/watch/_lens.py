@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -48,10 +48,12 @@ class Lens:
         return self
 
     def _on_forward_end(self, fw) -> None:
+        assert self._acc is not None  # forwards end only inside the block
         self._acc.add(fw)
 
-    def __exit__(self, exc_type, exc, tb) -> bool:
-        rec = self._recorder
+    def __exit__(self, exc_type, exc, tb) -> Literal[False]:
+        rec, acc = self._recorder, self._acc
+        assert rec is not None and acc is not None  # both made by __enter__
         try:
             rec.abort_forward()
         finally:
@@ -67,7 +69,7 @@ class Lens:
                     f"fp16lens.watch: the last site that ran was {rec.last_site!r}{inside}"
                 )
             return False
-        self._report = finished_report(self._acc, rec.sites, self._params, self.model, self.options)
+        self._report = finished_report(acc, rec.sites, self._params, self.model, self.options)
         return False
 
     @property

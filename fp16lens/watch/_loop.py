@@ -12,7 +12,7 @@ them). ``scan_with`` runs one.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sized
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
@@ -98,7 +98,7 @@ def check_batches(batches: Any, how: str = HOW) -> None:
         raise WatchError(
             f"scan() needs an iterable of batches, got {type(batches).__name__}; {how}"
         )
-    if hasattr(batches, "__len__") and len(batches) == 0:
+    if isinstance(batches, Sized) and len(batches) == 0:
         raise WatchError(f"scan() got no batch (an empty {type(batches).__name__}); {how}")
 
 
@@ -115,7 +115,7 @@ def run_batches(
     on); returns how many ran. An empty iterable is a WatchError; Ctrl-C a ScanInterrupted."""
     from fp16lens._core.progress import progress_bar
 
-    total = len(batches) if hasattr(batches, "__len__") else None
+    total = len(batches) if isinstance(batches, Sized) else None
     bar = progress_bar(console, disable=not progress or total == 1)
     done = 0
     with bar:

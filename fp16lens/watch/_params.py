@@ -158,11 +158,12 @@ def _screens(named: list[tuple[str, torch.Tensor]], folded: list[bool]) -> list[
         got = _screen_small([named[i][1].detach() for i in at], [folded[i] for i in at])
         for i, row in zip(at, got.unbind(0)):
             rows[i] = row
-    for i, ((_, t), f) in enumerate(zip(named, folded)):
-        if rows[i] is None:
-            rows[i] = on_threads(_screen, t, f)
-    same = len({r.device for r in rows}) == 1  # one transfer, not one sync per tensor
-    return (torch.stack(rows).cpu() if same else torch.stack([r.cpu() for r in rows])).tolist()
+    full = [
+        r if r is not None else on_threads(_screen, t, f)
+        for r, ((_, t), f) in zip(rows, zip(named, folded))
+    ]
+    same = len({r.device for r in full}) == 1  # one transfer, not one sync per tensor
+    return (torch.stack(full).cpu() if same else torch.stack([r.cpu() for r in full])).tolist()
 
 
 def _negligible(numel: int, l1: float, options: WatchOptions) -> bool:

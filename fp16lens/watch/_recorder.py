@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sys
 import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -184,10 +185,16 @@ class Recorder(TorchDispatchMode):
         if not self.stack:
             self._end_forward(output)
 
+    @property
+    def running(self) -> Forward:
+        """The forward being recorded (events come only while one runs)."""
+        assert self.forward is not None
+        return self.forward
+
     def _hand_off(self, output) -> None:
         """An FP32 island's output goes back to the model's dtype: the events that made it
         are FP16 values there (an island must not hand on what FP16 cannot hold)."""
-        fw = self.forward
+        fw = self.running
         for t in _float_tensors(output, []):
             ent = self._lookup(t)
             for e in ent[1] if ent is not None else ():
@@ -220,7 +227,7 @@ class Recorder(TorchDispatchMode):
                 self._add_event(INPUT_SITE, (), t)
 
     def _end_forward(self, output) -> None:
-        fw, self.forward = self.forward, None
+        fw, self.forward = self.running, None
         outs: set[int] = set()
         if output is not None:
             for t in _float_tensors(output, []):
@@ -278,11 +285,11 @@ class Recorder(TorchDispatchMode):
         model's own FP32 compute; ``island``: run inside an FP32 island): such values
         cannot overflow FP16."""
         half = self.half_fp32  # None: not known yet (half_dtypes_of marks them later)
-        upcast = bool(half) and (site, self._call_number(site)) in half
+        upcast = half is not None and bool(half) and (site, self._call_number(site)) in half
         if upcast:
-            self.forward.half_fp32.add(eid)
+            self.running.half_fp32.add(eid)
         if upcast or island:
-            self.forward.fp32.add(eid)
+            self.running.fp32.add(eid)
             return True
         return False
 
@@ -320,8 +327,8 @@ class Recorder(TorchDispatchMode):
                 and not fp32
                 and not self.stack[-1].fp32
             ):
-                self.forward.internal.append((site, *st.internal))
-                self.forward.internal_of.append(eids[-1] if st.value is not None else -1)
+                self.running.internal.append((site, *st.internal))
+                self.running.internal_of.append(eids[-1] if st.value is not None else -1)
         return out
 
     def _lookup(self, t: torch.Tensor):
@@ -375,7 +382,7 @@ class Recorder(TorchDispatchMode):
         known: tuple[float, float] | None = None,
         inplace: bool = False,
     ) -> int:
-        fw = self.forward
+        fw = self.running
         eid = len(fw.sites)
         out = t  # the tensor the model sees: the one remembered
         if t.requires_grad:
@@ -406,7 +413,7 @@ class Recorder(TorchDispatchMode):
 
     def _count_over(self, eid: int, t: torch.Tensor, peak: float) -> None:
         """Exact counts for an output past the threshold (rare: one more pass)."""
-        fw = self.forward
+        fw = self.running
         a = t.abs()
         if peak != peak:  # NaN: keep the largest finite value beside it
             fw.finite_max[eid] = float(torch.where(a.isfinite(), a, 0).max())
@@ -457,7 +464,8 @@ class Recorder(TorchDispatchMode):
         rng = self._known_range(x) if info.preserving else None
         if self.shadow.masks:
             self.shadow.view(func, args, kwargs or {}, out, int(info.mutable))
-        self._remember(out, ent[1], *(rng or (None, None)), int(info.mutable))
+        lo, hi = rng or (None, None)
+        self._remember(out, ent[1], lo, hi, int(info.mutable))
         return out
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -479,6 +487,7 @@ class Recorder(TorchDispatchMode):
         ):
             return self._pass_through(info, args[0], out, func, args, kwargs)
         kwargs = kwargs or {}
+        outs: Sequence[torch.Tensor]
         if isinstance(out, torch.Tensor):
             if not out.is_floating_point():
                 return out
@@ -499,8 +508,9 @@ class Recorder(TorchDispatchMode):
                 if info.preserving and args and isinstance(args[0], torch.Tensor)
                 else None
             )
+            lo, hi = rng or (None, None)
             for t in outs:
-                self._remember(t, prods, *(rng or (None, None)), int(info.mutable))
+                self._remember(t, prods, lo, hi, int(info.mutable))
             if self.shadow.masks and info.passthrough and isinstance(out, torch.Tensor):
                 self.shadow.view(func, args, kwargs, out, int(info.mutable))
             return out
@@ -532,5 +542,5 @@ class Recorder(TorchDispatchMode):
                 info.name, func, args, kwargs, first, self._known_range, self.options.threshold
             )
             if found is not None:
-                self.forward.internal.append((site, *found))
-                self.forward.internal_of.append(eid)
+                self.running.internal.append((site, *found))
+                self.running.internal_of.append(eid)

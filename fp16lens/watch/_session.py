@@ -19,6 +19,7 @@ from fp16lens.watch._advise import advised
 from fp16lens.watch._build import build_report
 from fp16lens.watch._options import WatchOptions
 from fp16lens.watch._params import check_parameters
+from fp16lens.watch._recorder import SiteInfo
 
 ACTIVE: weakref.WeakSet = weakref.WeakSet()
 
@@ -57,7 +58,7 @@ def parameters(model: torch.nn.Module, options: WatchOptions) -> list:
 
 def finished_report(
     acc: Accumulator,
-    sites: Sequence,
+    sites: list[SiteInfo],
     params: list,
     model: torch.nn.Module,
     options: WatchOptions,

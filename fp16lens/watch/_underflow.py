@@ -116,9 +116,12 @@ class ZeroShadow:
             version = -1
         key = id(t)
         masks = self.masks
-        ref = weakref.ref(
-            t, lambda _r, k=key, m=masks: m.pop(k, None) if m.get(k, (None,))[0] is _r else None
-        )
+
+        def forget(r: weakref.ref, k: int = key, m: dict = masks) -> None:
+            if m.get(k, (None,))[0] is r:
+                m.pop(k, None)
+
+        ref = weakref.ref(t, forget)
         masks[key] = (ref, mask, version)
 
     def _stored16(self, t: torch.Tensor, prods=None) -> bool:
@@ -377,7 +380,9 @@ def _origin(
             break
         frontier = nxt
     origin = nearest
-    for _ in range(4 * _WALK if origin is not None else 0):  # up the chain while values flush
+    if origin is None:
+        return None, found
+    for _ in range(4 * _WALK):  # up the chain while values flush
         for p in (origin, *inputs[origin]):
             if p in consts and consts[p] not in found:
                 found.append(consts[p])
@@ -455,8 +460,8 @@ def findings(acc: dict[int, UnderflowAcc], infos) -> list[Finding]:
     out = []
     for sid, a in sorted(acc.items()):
         site = infos[sid].name
-        origin = infos[max(a.origins, key=a.origins.get)].name if a.origins else ""
-        const = max(a.consts, key=a.consts.get) if a.consts else ""
+        origin = infos[max(a.origins, key=lambda o: a.origins[o])].name if a.origins else ""
+        const = max(a.consts, key=lambda c: a.consts[c]) if a.consts else ""
         share = a.flushed / a.numel if a.numel else 0.0
         out.append(
             Finding(

@@ -60,6 +60,18 @@ def test_retag_changes_only_the_header():
     assert retagged.splitlines() == ["TRT-100800-EntropyCalibration2", "a: 3f000000"]
 
 
+def test_retag_reads_the_header_as_parse_does():
+    # a blank line before the header: parse reads the cache, so retag must too (it raised
+    # AttributeError on None.group, found by mypy); a text that is no cache: the named error
+    text = "\n" + format_calibration_cache({"a": 0.5}, "8.6.1")
+    assert parse_calibration_cache(text) == {"a": 0.5}
+    retagged = retag_cache(text, "10.8.0")
+    assert retagged.splitlines() == ["TRT-100800-EntropyCalibration2", "a: 3f000000"]
+    assert parse_calibration_cache(retagged) == {"a": 0.5}
+    with pytest.raises(ExportError, match="not a TensorRT calibration cache"):
+        retag_cache("a: 3f800000\n", "10.8.0")
+
+
 @pytest.mark.parametrize("text", ["", "a: 3f800000\n", "TRT-8601-EntropyCalibration2\nnocolon\n"])
 def test_malformed_caches_raise_a_named_error(text):
     with pytest.raises(ExportError, match="calibration cache"):

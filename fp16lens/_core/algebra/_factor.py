@@ -32,12 +32,12 @@ def pow2_floor(x: float) -> float:
     return 1.0 if x <= 1 else 2.0 ** math.floor(math.log2(x))
 
 
-def needed(demands: list[tuple[float, int]], limit: float) -> float:
+def needed(demands: list[tuple[float, int | Fraction]], limit: float) -> float:
     """Smallest factor bringing every demand under ``limit``: value / p^power <= limit."""
     return max(((v / limit) ** (1.0 / k) for v, k in demands), default=1.0)
 
 
-def choose_factor(demands: list[tuple[float, int]], low: float, target: float) -> float:
+def choose_factor(demands: list[tuple[float, int | Fraction]], low: float, target: float) -> float:
     """A power of two that puts every demand under ``target`` (about 2^13), lowered when
     that would push ``low`` (the region's small significant values) under 2^-14, but never
     below what keeps every demand under half the FP16 limit. At least 2."""

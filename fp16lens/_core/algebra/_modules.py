@@ -168,7 +168,7 @@ def _same(a, b) -> bool:
 @torch.no_grad()
 def _is_bn_like(module: nn.Module) -> bool:
     mean, var = getattr(module, "running_mean", None), getattr(module, "running_var", None)
-    if not (torch.is_tensor(mean) and torch.is_tensor(var) and mean.dim() == 1):
+    if not (isinstance(mean, torch.Tensor) and isinstance(var, torch.Tensor) and mean.dim() == 1):
         return False
     m = _stripped(module)
     x = next(x for x in _inputs(mean.numel()) if x.dim() > 1)
@@ -193,7 +193,7 @@ def _is_linear(module: nn.Module) -> bool:
     if next(module.children(), None) is not None or module.weight.dim() < 2:
         return False
     m = _stripped(module)
-    bias = getattr(m, "bias", None)
+    bias: torch.Tensor | None = getattr(m, "bias", None)
     for n in dict.fromkeys(m.weight.shape):
         x = torch.randn(2, 3, n, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
         try:
@@ -203,7 +203,7 @@ def _is_linear(module: nn.Module) -> bool:
         if not (torch.is_tensor(y) and torch.isfinite(y).all()) or _same(y, torch.zeros_like(y)):
             return False
         m.weight.mul_(0.5)  # W x 2 / 4
-        if torch.is_tensor(bias):
+        if isinstance(bias, torch.Tensor):
             bias.mul_(0.25)
         return _same(m(x / 2), y / 4)
     return False
@@ -212,6 +212,8 @@ def _is_linear(module: nn.Module) -> bool:
 @torch.no_grad()
 def _is_invariant_norm(module: nn.Module) -> bool:
     m, name = _stripped(module), eps_name(module)
+    if name is None:  # not a norm (the probe asks eps_name first)
+        return False
     for x in _inputs(m.weight.numel()):
         try:
             y = m(x)
@@ -222,7 +224,7 @@ def _is_invariant_norm(module: nn.Module) -> bool:
         setattr(m, name, getattr(m, name) / 16)
         scaled = _same(m(x / 4), y)
         for t in (m.weight, getattr(m, "bias", None)):
-            if torch.is_tensor(t):
+            if isinstance(t, torch.Tensor):
                 t.div_(4)
         return scaled and _same(m(x / 4), y / 4)
     return False
@@ -241,7 +243,7 @@ def _weights(m: nn.Module):
     weight, and of each matrix parameter of ``m`` itself (``in_proj_weight``, no bias)."""
     for name, sub in m.named_modules():
         w, b = getattr(sub, "weight", None), getattr(sub, "bias", None)
-        if name and torch.is_tensor(w) and w.dim() >= 2:
+        if name and isinstance(w, torch.Tensor) and w.dim() >= 2:
             yield (f"{name}.weight", f"{name}.bias" if torch.is_tensor(b) else None), w, b
     for name, p in m.named_parameters(recurse=False):
         if p.dim() >= 2 and name != "weight":

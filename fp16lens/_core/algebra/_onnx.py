@@ -9,6 +9,7 @@ modes, Pad in constant mode with value 0; Add, Sub and Concat are joins.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 from fp16lens._core.algebra._classes import OpClass
 
@@ -23,7 +24,7 @@ _HOMOGENEOUS = ONNX_JOINS | {
 _RESIZE_MODES = frozenset({"nearest", "linear"})
 
 
-def onnx_class(op_type: str, attrs: Mapping[str, object] | None = None) -> OpClass:
+def onnx_class(op_type: str, attrs: Mapping[str, Any] | None = None) -> OpClass:
     """The class of an ONNX node. ``attrs``: Resize's ``mode`` (default nearest); Pad's
     ``mode`` (default constant) and ``value``, its constant (default 0)."""
     attrs = attrs or {}

@@ -106,10 +106,10 @@ def op_name(name: str) -> str:
 _FAMILY = {"matmul": "mm", "bmm": "mm", "clamp_min": "clamp", "square": "pow"}
 
 
-def family(name: str | None) -> str | None:
+def family(name: str) -> str:
     """The name an op and its aten forms share (``matmul`` runs ``mm`` or ``bmm``;
     ``clamp(min=)`` may run ``clamp_min``): for lining up fx nodes with a report's sites."""
-    return _FAMILY.get(name, name) if name else name
+    return _FAMILY.get(name, name)
 
 
 def exponent_of(value) -> Fraction | None:

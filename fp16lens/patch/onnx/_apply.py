@@ -5,6 +5,8 @@ islands' node names in ``metadata_props[FP32_NODES_KEY]``."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import torch
 
@@ -15,6 +17,9 @@ from fp16lens.patch._rules import bn_affine, scale_bn, scale_linear, scale_norm_
 from fp16lens.patch.onnx._graph import FLOAT_TYPES, OnnxModel, attr, onnx_module
 from fp16lens.patch.onnx._norms import Unit
 
+if TYPE_CHECKING:  # onnx is optional (and not followed by mypy: its names are Any)
+    from onnx import NodeProto
+
 _TAG = "__fp16lens"
 
 
@@ -24,7 +29,7 @@ class Editor:
     def __init__(self, m: OnnxModel):
         self.m, self.g = m, m.proto.graph
         self.onnx = onnx_module()
-        self.added: list[tuple[object, object]] = []  # (node before which, new node)
+        self.added: list[tuple[NodeProto, NodeProto]] = []  # (node before which, new node)
         self.count = 0
 
     def fresh(self, base: str) -> str:
@@ -41,7 +46,7 @@ class Editor:
         name = node.input[slot]
         old = self.m.consts[name]
         array = (
-            np.asarray(value.numpy() if torch.is_tensor(value) else value)
+            np.asarray(value.numpy() if isinstance(value, torch.Tensor) else value)
             .astype(old.dtype)
             .reshape(old.shape)
         )
@@ -64,7 +69,7 @@ class Editor:
                 return
         node.attribute.append(self.onnx.helper.make_attribute(name, value))
 
-    def multiply(self, tensor: str, factor: float, before) -> object:
+    def multiply(self, tensor: str, factor: float, before) -> NodeProto:
         """A new Mul(tensor, factor) placed before node ``before``; returns the Mul."""
         elem = self.m.elem.get(tensor, 1)
         dtype = self.onnx.helper.tensor_dtype_to_np_dtype(elem if elem in FLOAT_TYPES else 1)
@@ -114,8 +119,8 @@ def apply(m: OnnxModel, plan: Plan, units: dict[str, Unit]) -> list[str]:
             if s not in units and m.nodes[s].op_type in ("Add", "Sub", "Concat"):
                 node = m.nodes[s]
                 for slot in range(len(node.input)):
-                    if m.const(node, slot) is not None:
-                        ed.put(node, slot, ed.get(node, slot) / region.factor)
+                    if (value := ed.get(node, slot)) is not None:
+                        ed.put(node, slot, value / region.factor)
     for mul in plan.multiplies:
         join = m.nodes[mul.site]
         for p in mul.cut:
@@ -194,13 +199,17 @@ def _linear(ed: Editor, node, r: Reparam) -> None:
         ed.get(node, slot), None if bias_slot is None else ed.get(node, bias_slot), r.s_in, r.s_out
     )
     ed.put(node, slot, w)
-    if b is not None:
+    if b is not None and bias_slot is not None:  # b: scale_linear's bias for the bias slot
         ed.put(node, bias_slot, b)
 
 
-def _bn_args(ed: Editor, node):
-    get = lambda i: ed.get(node, i)  # noqa: E731
-    return get(3), get(4), float(attr(node, "epsilon", 1e-5)), get(1), get(2)
+def _bn_args(
+    ed: Editor, node
+) -> tuple[torch.Tensor, torch.Tensor, float, torch.Tensor | None, torch.Tensor | None]:
+    """mean, var, eps, weight, bias of a BatchNormalization whose inputs are constants."""
+    mean, var = ed.get(node, 3), ed.get(node, 4)
+    assert mean is not None and var is not None  # the binding's BN kind: constant statistics
+    return mean, var, float(attr(node, "epsilon", 1e-5)), ed.get(node, 1), ed.get(node, 2)
 
 
 def _bn_scale(ed: Editor, node, r: Reparam) -> None:
@@ -228,13 +237,15 @@ def _norm_out(ed: Editor, refs, s_out: float) -> None:
     if s_out == 1:
         return
     for node, slot in refs:
-        if slot < len(node.input) and ed.m.const(node, slot) is not None:
-            ed.put(node, slot, ed.get(node, slot) / s_out)
+        if slot < len(node.input) and (value := ed.get(node, slot)) is not None:
+            ed.put(node, slot, value / s_out)
 
 
 def _decomposed(ed: Editor, u: Unit, r: Reparam) -> None:
     eps_node, eps_slot = u.eps
-    ed.put(eps_node, eps_slot, ed.get(eps_node, eps_slot) / (r.s_in * r.s_in))
+    eps = ed.get(eps_node, eps_slot)
+    assert eps is not None  # a Unit's eps is a constant (_norms.py finds it so)
+    ed.put(eps_node, eps_slot, eps / (r.s_in * r.s_in))
     _norm_out(ed, [ref for ref in (u.weight, u.bias) if ref is not None], r.s_out)
 
 

@@ -94,11 +94,10 @@ class OnnxBinding:
 
     def _unit_node(self, u: Unit) -> OnnxNode:
         get = lambda ref: None if ref is None else _tensor(self.m.const(*ref))  # noqa: E731
+        eps = self.m.const(*u.eps)
+        assert eps is not None  # a Unit's eps is a constant (_norms.py finds it so)
         return OnnxNode(
-            "decomposed norm",
-            weight=get(u.weight),
-            bias=get(u.bias),
-            eps=float(self.m.const(*u.eps).reshape(-1)[0]),
+            "decomposed norm", weight=get(u.weight), bias=get(u.bias), eps=float(eps.reshape(-1)[0])
         )
 
     def contract(self, report: Report) -> Report:
@@ -183,7 +182,9 @@ def _drop_constants(report: Report, m: OnnxModel) -> Report:
 
 
 def _merge(report: Report, rename: dict[str, str], units: dict[str, Unit]) -> Report:
-    r = lambda s: rename.get(s, s)  # noqa: E731
+    def r(site: str) -> str:
+        return rename.get(site, site)
+
     sites, edges = merge_sites(
         report,
         rename,

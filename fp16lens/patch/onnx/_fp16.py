@@ -32,7 +32,7 @@ def fp16_storage(proto):
     m = read(out)
     keep = set(fp32_nodes(out))
     g = out.graph
-    fp32_readers = {}
+    fp32_readers: dict[str, list[bool]] = {}  # tensor -> whether each reader stays FP32
     for node in g.node:
         for t in node.input:
             fp32_readers.setdefault(t, []).append((node.name or node.output[0]) in keep)

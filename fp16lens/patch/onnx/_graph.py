@@ -6,11 +6,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from fp16lens._core import PatchError, import_optional
 from fp16lens._core.onnx_types import elem_types
+
+if TYPE_CHECKING:  # onnx is optional (and not followed by mypy: its names are Any)
+    from onnx import ModelProto, NodeProto
 
 FLOAT_TYPES = frozenset({1, 10, 11, 16})  # FLOAT, FLOAT16, DOUBLE, BFLOAT16
 FP32_NODES_KEY = "fp16lens.fp32_nodes"
@@ -23,14 +27,14 @@ def onnx_module():
 
 @dataclass
 class OnnxModel:
-    proto: object
-    nodes: dict[str, object] = field(default_factory=dict)  # site -> node
+    proto: ModelProto
+    nodes: dict[str, NodeProto] = field(default_factory=dict)  # site -> node
     consts: dict[str, np.ndarray] = field(default_factory=dict)  # float constants by tensor
     inits: set[str] = field(default_factory=set)  # initializer names
-    readers: dict[str, list[tuple[object, int]]] = field(
+    readers: dict[str, list[tuple[NodeProto, int]]] = field(
         default_factory=dict
     )  # tensor -> (node, slot)
-    producer: dict[str, object] = field(default_factory=dict)  # tensor -> node
+    producer: dict[str, NodeProto] = field(default_factory=dict)  # tensor -> node
     elem: dict[str, int] = field(default_factory=dict)
     inputs: list[str] = field(default_factory=list)  # graph inputs that are not initializers
     const_sites: set[str] = field(default_factory=set)  # Identity of a constant (shared weights)

@@ -7,8 +7,12 @@ the stored (x-mean)^2) whose eps constant takes eps/p^2 like a LayerNormalizatio
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from fp16lens.patch.onnx._graph import OnnxModel
+
+if TYPE_CHECKING:  # onnx is optional (and not followed by mypy: its names are Any)
+    from onnx import NodeProto
 
 
 @dataclass(frozen=True)
@@ -16,9 +20,9 @@ class Unit:
     name: str  # the Pow's site
     members: tuple[str, ...]  # sites, the Pow's included
     output: str  # the site whose output leaves the unit
-    eps: tuple[object, int]  # (Add node, slot) holding eps
-    weight: tuple[object, int] | None  # (Mul node, slot) holding gamma
-    bias: tuple[object, int] | None  # (Add node, slot) holding beta
+    eps: tuple[NodeProto, int]  # (Add node, slot) holding eps
+    weight: tuple[NodeProto, int] | None  # (Mul node, slot) holding gamma
+    bias: tuple[NodeProto, int] | None  # (Add node, slot) holding beta
 
 
 def _other(m: OnnxModel, node, tensor: str) -> int | None:
@@ -37,20 +41,22 @@ def _match(m: OnnxModel, pow_node) -> dict | None:
     nodes = [pow_node]
     sub = m.producer.get(d)
     mean = m.producer.get(sub.input[1]) if sub is not None and sub.op_type == "Sub" else None
+    x = d  # an RMS norm: d = x
     if (
-        mean is not None
+        sub is not None
+        and mean is not None
         and mean.op_type == "ReduceMean"
         and mean.input[0] == sub.input[0]
         and m.sole_reader(mean.output[0]) is sub
     ):  # a LayerNorm: d = x - mean(x)
         nodes = [mean, sub, pow_node]
-    x = sub.input[0] if len(nodes) > 1 else d  # else an RMS norm: d = x
+        x = sub.input[0]
     var = m.sole_reader(pow_node.output[0], "ReduceMean")
     add = var and m.sole_reader(var.output[0], "Add")
     eps = add and _other(m, add, var.output[0])
     sqrt = add and eps is not None and m.sole_reader(add.output[0], "Sqrt")
     div = sqrt and m.sole_reader(sqrt.output[0], "Div")
-    if not div or list(div.input) != [d, sqrt.output[0]]:
+    if not (sqrt and div) or list(div.input) != [d, sqrt.output[0]]:  # div implies sqrt
         return None
     if len(nodes) > 1 and any(n is not pow_node and n is not div for n, _ in m.readers.get(d, [])):
         return None  # x - mean read outside the norm

@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +64,7 @@ def patch_onnx(
     report: Report,
     options: PatchOptions,
     out: str | Path | None = None,
-    batches: list | None = None,
+    batches: Sequence | None = None,
 ) -> tuple[Any, Plan]:
     """The patched graph (a new ModelProto) and its plan; written to ``out`` when given.
     The FP32 check runs on ``batches`` (else on inputs like the report's recorded ones).
@@ -107,7 +108,7 @@ def patch_onnx(
     return m.proto, the_plan
 
 
-def _attempt(original, report: Report, options: PatchOptions, drop: tuple[int, ...]):
+def _attempt(original, report: Report, options: PatchOptions, drop: tuple[int | str, ...]):
     """Plan and apply with the spans ``drop`` (indices; -1: every span and finding) not
     rescaled: their nodes are FP32 nodes instead. Returns the patched model, plan, binding."""
     onnx = onnx_module()
@@ -133,7 +134,7 @@ def _attempt(original, report: Report, options: PatchOptions, drop: tuple[int, .
     return m, the_plan, binding
 
 
-def _without(report: Report, drop: tuple[int, ...]) -> tuple[Report, dict[str, str]]:
+def _without(report: Report, drop: tuple[int | str, ...]) -> tuple[Report, dict[str, str]]:
     """``report`` without the spans ``drop`` (indices; and the findings at their sites)
     and the findings ``drop`` names (``"finding SITE"``), and the sites to keep FP32
     instead, with why. -1 in ``drop``: no span and no finding."""
@@ -175,11 +176,12 @@ def _fp32_checked(original, report, options, feeds, m, the_plan, binding):
     except PatchError as exc:
         first = str(exc)
     findings = [f"finding {f.site}" for f in report.findings if f.mechanism != Mechanism.NOTE]
-    for drop in [
+    drops: list[tuple[int | str, ...]] = [
         *((i,) for i in range(len(report.spans))),
         *((f,) for f in dict.fromkeys(findings)),
         (-1,),
-    ]:
+    ]
+    for drop in drops:
         m2, plan2, binding2 = _attempt(original, report, options, drop)
         try:
             _checks(original, m2.proto, plan2, binding2, feeds, report)

@@ -11,12 +11,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from fp16lens._core import WatchError, import_optional
 from fp16lens._core.onnx_types import elem_types
 from fp16lens.watch._recorder import SiteInfo
+
+if TYPE_CHECKING:  # onnx is optional (and not followed by mypy: its names are Any)
+    from onnx import ModelProto
 
 FLOATS = {1: np.float32, 10: np.float16, 11: np.float64, 16: np.float32}  # 16: bfloat16
 _PURPOSE = "scanning an ONNX model"
@@ -28,7 +32,7 @@ def onnx_module():
 
 @dataclass
 class OnnxGraph:
-    proto: object  # the model as loaded (external data inline)
+    proto: ModelProto  # the model as loaded (external data inline)
     name: str
     sites: list[SiteInfo] = field(default_factory=list)
     nodes: list = field(default_factory=list)  # the node of each site

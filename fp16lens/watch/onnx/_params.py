@@ -6,6 +6,7 @@ constant (its values join that node's output, which ``judge`` weighs the loss ag
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -14,6 +15,9 @@ from fp16lens._core.sites import FindingKind, Mechanism
 from fp16lens.watch._harm import GUARD_FIX
 from fp16lens.watch._options import WatchOptions
 from fp16lens.watch._params import ParamCheck, _overflow, _small
+
+if TYPE_CHECKING:  # onnx is optional (and not followed by mypy: its names are Any)
+    from onnx import NodeProto
 
 _BIAS_SLOT = {
     "Conv": 2,
@@ -32,7 +36,7 @@ def _is_guard(node, slot: int) -> bool:
     return node.op_type in ("Add", "Max") or (node.op_type == "Clip" and slot == 1)
 
 
-def _uses(graph, name: str) -> list[tuple[object, int]]:
+def _uses(graph, name: str) -> list[tuple[NodeProto, int]]:
     return [
         (graph.nodes[s], i)
         for s in dict.fromkeys(graph.consumers.get(name, []))

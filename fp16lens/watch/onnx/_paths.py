@@ -10,7 +10,9 @@ only when the path changes.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -19,6 +21,10 @@ from fp16lens._core.onnx_types import has_subgraph
 from fp16lens._core.sites import IF_BRANCHES
 from fp16lens.watch.onnx._graph import onnx_module
 from fp16lens.watch.onnx._inline import inline_if, node_site
+
+if TYPE_CHECKING:  # onnx and onnxruntime are optional (and not followed by mypy: its names are Any)
+    from onnx import ModelProto
+    from onnxruntime import InferenceSession
 
 
 def _producers(graph) -> dict[str, int]:
@@ -47,7 +53,7 @@ class Probe:
 
     ifs: list[int]  # node indices
     conds: list[str]
-    session: object = None
+    session: InferenceSession | None = None
     consts: dict[str, bool] = field(default_factory=dict)
 
     def run(self, feed: dict) -> tuple[bool, ...]:
@@ -112,14 +118,15 @@ class Inliner:
     a tensor of the inlined graph too, so a later batch can be checked in the scan's own
     run). The key is the conditions met, stage by stage."""
 
-    root: object
-    make_session: object  # ModelProto -> an ONNX Runtime session
+    root: ModelProto
+    make_session: Callable[[ModelProto], InferenceSession]
     _probes: dict = field(default_factory=dict)
     _models: dict = field(default_factory=dict)
 
     def resolve(self, feed: dict):
         key: tuple = ()
-        model, taken, checks = self.root, (), ()
+        model, taken = self.root, ()
+        checks: tuple[tuple[str, bool], ...] = ()
         while True:
             if key not in self._probes:
                 self._probes[key] = probe(model, self.make_session)

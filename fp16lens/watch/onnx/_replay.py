@@ -9,6 +9,7 @@ case this file does not know only makes the replay shorter, never wrong about sh
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -49,15 +50,17 @@ def _reduce(node, ins: list, ints: dict) -> np.ndarray | None:
         if attr(node, "noop_with_empty_axes", 0):
             return x
         axes = list(range(x.ndim))
-    axes = tuple(a % x.ndim for a in axes)
+    dims = tuple(a % x.ndim for a in axes)
     keep = bool(attr(node, "keepdims", 1))
     op = node.op_type
     if op == "ReduceSumSquare":
-        return np.sum(x * x, axis=axes, keepdims=keep)
+        return np.sum(x * x, axis=dims, keepdims=keep)
     if op == "ReduceL2":
-        return np.sqrt(np.sum(x * x, axis=axes, keepdims=keep))
-    fn = {"ReduceSum": np.sum, "ReduceMean": np.mean, "ReduceMax": np.max, "ReduceMin": np.min}[op]
-    return fn(x, axis=axes, keepdims=keep)
+        return np.sqrt(np.sum(x * x, axis=dims, keepdims=keep))
+    fns: dict[str, Callable[..., Any]] = {
+        "ReduceSum": np.sum, "ReduceMean": np.mean, "ReduceMax": np.max, "ReduceMin": np.min
+    }  # fmt: skip
+    return fns[op](x, axis=dims, keepdims=keep)
 
 
 def _clip(node, ins: list) -> np.ndarray:
@@ -71,8 +74,14 @@ def _clip(node, ins: list) -> np.ndarray:
     return x
 
 
-_BINARY = {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Div": np.divide, "Pow": np.power}
-_UNARY = {
+_BINARY: dict[str, Callable[..., Any]] = {
+    "Add": np.add,
+    "Sub": np.subtract,
+    "Mul": np.multiply,
+    "Div": np.divide,
+    "Pow": np.power,
+}
+_UNARY: dict[str, Callable[..., Any]] = {
     "Sqrt": np.sqrt,
     "Abs": np.abs,
     "Neg": np.negative,

@@ -19,6 +19,7 @@ from fp16lens.watch._advise import advised
 from fp16lens.watch._build import build_report
 from fp16lens.watch._loop import HOW_ONNX, scan_with
 from fp16lens.watch._options import WatchOptions
+from fp16lens.watch._params import ParamCheck
 from fp16lens.watch.onnx._checks import decomposed_norm
 from fp16lens.watch.onnx._graph import analyse
 from fp16lens.watch.onnx._inline import node_site
@@ -89,7 +90,7 @@ class OnnxScan:
 
 def _params(graphs: Graphs, options: WatchOptions) -> list:
     """The constants of every graph scanned, each tensor once."""
-    out = {}
+    out: dict[tuple[str, str], ParamCheck] = {}  # (tensor, kind) -> its first check
     for v in graphs.variants.values():
         for c in check_constants(v.graph, options):
             out.setdefault((c.finding.tensor, c.finding.kind), c)

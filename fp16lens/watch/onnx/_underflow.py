@@ -153,9 +153,12 @@ def _fp16_output(node, x16: np.ndarray, replay: Replay) -> tuple[np.ndarray, np.
         if op == "Reciprocal":
             return np.reciprocal(x16), zero
         if op == "Pow":
-            return np.power(x16, replay(node.input[1], 0)), zero
+            exponent = replay(node.input[1], 0)
+            assert exponent is not None  # a constant (_GraphView._singular)
+            return np.power(x16, exponent), zero
         if op == "Div":
             num = replay(node.input[0], 0)
+            assert num is not None  # a float tensor of the batch, as the denominator is
             out = np.divide(num, x16)
             return out, np.broadcast_to(zero, out.shape)
         raise AssertionError(op)  # SINGULAR lists the ops above
