@@ -390,7 +390,12 @@ def _fit_weights(graph, report, demands: Demands, scales, target: float, plan: P
                     dataclasses.replace(r, factor=need) if r.sites == tuple(members) else r
                     for r in plan.regions
                 ]
-            elif root_out not in scales and need > 1 and class_problem(graph, root_out) is None:
+            elif (
+                root_out not in scales
+                and need > 1
+                and peak * s_in > FP16_MAX  # stored weights need only fit FP16
+                and class_problem(graph, root_out) is None
+            ):
                 scales[root_out], changed = need, True
                 why = f"{site} weights x {s_in:g} beyond FP16"
                 plan.regions.append(_region(graph, report, root_out, members, need, [why]))

@@ -52,3 +52,23 @@ def test_a_clean_stack_gets_an_empty_plan():
     model, inputs = stream_net(0, 2, True, "mha", True, 0, 10.0)
     assert torch.isfinite(run_half(model, inputs)).all()
     assert not fp16lens.plan(model, watch_report(model, inputs)).changes
+
+
+def test_exit_weights_that_still_fit_fp16_get_no_region_of_their_own():
+    """Post-LN, the stream planted at 4e7 after the MLP: the norm's variance asks for 2^18,
+    so the MLP's up projection (an exit) stores weights x 2^18 (up to 4.6e4). FP16 holds
+    them; a region for them alone would end in the GELU and make it an island (the
+    derandomized example that found this)."""
+    model, inputs = stream_net(0, 1, False, "mha", False, 1, 4.0e7)
+    report = watch_report(model, inputs)
+    the_plan = fp16lens.plan(model, report)
+    assert the_plan.regions and max(r.factor for r in the_plan.regions) == 2.0**18
+    assert not the_plan.islands and not the_plan.unresolved
+    patched = fp16lens.patch(model, report)
+    up = patched.blocks[0].up.weight
+    assert 32768 < float(up.abs().max()) <= 65504  # beyond the target, within FP16
+    with torch.no_grad():
+        want = model(*inputs)
+    assert torch.isfinite(up.half()).all()
+    half = run_half(patched, inputs)  # real FP16, without fp16lens
+    assert torch.isfinite(half).all() and cosine(want, half) >= 0.999
