@@ -619,14 +619,17 @@ def _fallback(plan: Int8Plan, switch: Switch, evaluation: list[Feed], scales, ma
     if s < target.threshold:
         # grow the set out of INT8 in costliest-first steps (1, 2, 4, 8, 16, 24, ...), then
         # try each one back in, cheapest first: what stays out is needed
+        total = sum(u.flops for u in units) or 1
         k, last = 1, s
         while last < target.threshold and k <= len(order):
             out = set(order[:k])
             last = score(out)
+            if last < target.threshold and sum(units[i].flops for i in out) / total > max_fallback:
+                break  # past the FLOPs allowed and still short: no need to go on
             k = k * 2 if k < 8 else k + 8
-        if last < target.threshold:
+        if last < target.threshold and k > len(order):
             out, last = set(order), score(set(order))
-        for i in sorted(out, key=rank, reverse=True):
+        for i in sorted(out, key=rank, reverse=True) if last >= target.threshold else ():
             trial = out - {i}
             t = score(trial)
             if t >= target.threshold:
