@@ -26,6 +26,7 @@ exact (``ensure_exact``) and keeps a pair only where the INT8 error it measures 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -213,7 +214,7 @@ def relative_error(a: list, b: list) -> float:
 EXACT = 1e-5  # relative to the outputs' norm: FP32 rounding of the rescaled constants
 
 
-def equalize(proto, units, feeds: list) -> tuple[object, list[Pair], float]:
+def equalize(proto, units, feeds: list) -> tuple[Any, list[Pair], float]:
     """A copy of ``proto`` with every pair's scale moved (``find_pairs``), ranges from
     ``feeds``; with the relative output change it makes in FP32 on the first feed. Nothing
     moved (the copy equals ``proto``) where no pair is found or the change exceeds

@@ -597,6 +597,7 @@ def search(
 
 def _fallback(plan: Int8Plan, switch: Switch, evaluation: list[Feed], scales, max_fallback: float):
     units, target = plan.units, plan.target
+    assert target is not None  # Searcher.fallback sets it
     refs = switch.run(evaluation, np.zeros(len(units)), scales)
 
     def score(out: set[int]) -> float:
