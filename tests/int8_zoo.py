@@ -238,9 +238,19 @@ def detector(n_cal: int = 8, n_eval: int = 24) -> Int8Case:
 
 
 def rec_metric_for(path: str):
+    """Same string as FP32 (exactly), the same with a trailing space aside (FP32 itself
+    reads a space after the last word of many lines, at a probability of 0.55 to 0.70 over
+    the blank: the decision INT8 flips most), and the mean output cosine."""
+
     def metric(refs, outs) -> dict:
-        same = [z.rec_decode(path, r[0]) == z.rec_decode(path, o[0]) for r, o in zip(refs, outs)]
-        return {"same string": float(np.mean(same)), "cosine": float(np.mean(_cosines(refs, outs)))}
+        pairs = [(z.rec_decode(path, r[0]), z.rec_decode(path, o[0])) for r, o in zip(refs, outs)]
+        return {
+            "same string": float(np.mean([a == b for a, b in pairs])),
+            "same string, trailing space aside": float(
+                np.mean([a.rstrip(" ") == b.rstrip(" ") for a, b in pairs])
+            ),
+            "cosine": float(np.mean(_cosines(refs, outs))),
+        }
 
     return metric
 
@@ -274,7 +284,7 @@ def recognizer(n_cal: int = 8, n_eval: int = 24) -> Int8Case:
         items(3, _WORDS_CAL, n_cal),
         items(4, _WORDS_EVAL, n_eval),
         rec_metric_for(path),
-        ("same string", "cosine"),
+        ("same string", "same string, trailing space aside", "cosine"),
     )
 
 

@@ -141,6 +141,9 @@ def test_fallback_keeps_the_fewest_and_names_them(detector, det_search):
             name
         )
     assert all(name in plan.summary() for name in names)
+    # a task metric ranks by itself: each one kept out is named with its IoU loss alone
+    assert all(k.task_loss is not None and k.task_loss > 0 for k in plan.kept), plan.kept
+    assert "task metric -" in plan.summary()
 
 
 def test_export_with_target_verifies_and_fails_loudly(tmp_path):

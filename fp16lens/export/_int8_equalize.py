@@ -1,0 +1,244 @@
+"""Per-channel scale migration into the affine op before a quantized input: exact in FP32.
+
+A conv-like node quantizes its activation input per tensor: one INT8 step for every
+channel. When one channel spans 105 and the median one 6 (PP-OCRv4's detector, behind its
+first hardswishes), the small channels keep a few levels. Where the input is made by a
+per-channel affine op read by nothing else, the channel's scale can move from the input
+into the weights, as SmoothQuant (Xiao et al., 2023) and cross-layer equalization (Nagel et
+al., 2019) do, and nothing changes in FP32:
+
+    y = W · x,  x = a ⊙ h + b   ->   x' = x / s = (a / s) ⊙ h + b / s,   W' = W · diag(s)
+
+The affine ops that take the division exactly: ``BatchNormalization`` (scale and bias),
+``Mul`` by a constant and ``Add`` of a constant after it (PaddlePaddle's learnable affine
+blocks and a LayerNorm's gamma and beta, per-tensor constants turned per channel). The
+readers: Conv (the input channel is the weight's axis 1, or axis 0 of a depthwise conv)
+and MatMul with a 2-D constant weight (its rows). A depthwise conv's weights are
+quantized per output channel = input channel, so the division costs its weights nothing:
+each input channel is stretched to the tensor's full range (``s = r_c / r_max``). A full
+conv or MatMul shares its weights' quantization over input channels: ``s = sqrt(r_c /
+w_c)`` (SmoothQuant's alpha 0.5), the activation and weight ranges met halfway.
+
+``equalize`` returns the rewritten copy and the pairs it changed; the caller proves it
+exact (``ensure_exact``) and keeps a pair only where the INT8 error it measures falls.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+S_CLIP = 1e-3  # the widest scale ratio moved: a near-dead channel is not blown up
+
+
+@dataclass(frozen=True)
+class Pair:
+    """An affine ``producer`` (its op and constants) and the conv-like ``reader`` of its
+    output ``tensor``, whose input channels lie on ``axis`` of that tensor."""
+
+    tensor: str
+    reader: str
+    producer: str
+    consts: tuple[str, ...]  # the producer's constants divided by s (names in the graph)
+    weight: str
+    weight_axis: int  # the weight's input-channel axis
+    depthwise: bool
+    axis: int  # the channel axis of ``tensor``
+
+
+def _consts(graph) -> dict:
+    from onnx import numpy_helper
+
+    return {i.name: numpy_helper.to_array(i) for i in graph.initializer}
+
+
+def _attr(node, name: str, default: int) -> int:
+    return next((a.i for a in node.attribute if a.name == name), default)
+
+
+def find_pairs(graph, units) -> list[Pair]:
+    """Every (affine producer, conv-like reader) pair of ``graph`` whose scale can move."""
+    consts = _consts(graph)
+    producer = {o: n for n in graph.node for o in n.output}
+    readers: dict[str, list] = {}
+    for n in graph.node:
+        for t in n.input:
+            readers.setdefault(t, []).append(n)
+    outputs = {o.name for o in graph.output}
+    nodes = {n.name: n for n in graph.node}
+    pairs = []
+    for u in units:
+        node = nodes[u.node]
+        if u.op not in ("Conv", "MatMul") or u.weight is None or len(u.acts) != 1:
+            continue
+        t = u.acts[0]
+        w = consts[u.weight]
+        if u.op == "Conv":
+            group = _attr(node, "group", 1)
+            channels = w.shape[1] * group
+            depthwise = group > 1 and group == w.shape[0] == channels and w.shape[1] == 1
+            if group > 1 and not depthwise:
+                continue
+            axis, w_axis = 1, 0 if depthwise else 1
+        else:
+            if w.ndim != 2:
+                continue
+            channels, depthwise, axis, w_axis = w.shape[0], False, -1, 0
+        if t in outputs or len(readers.get(t, ())) != 1 or t not in producer:
+            continue
+        found = _affine(producer[t], producer, readers, consts, outputs, channels, axis)
+        if found is not None:
+            pairs.append(Pair(t, u.node, found[0], found[1], u.weight, w_axis, depthwise, axis))
+    return pairs
+
+
+def _per_channel_ok(value: np.ndarray, channels: int, axis: int) -> bool:
+    """A constant that broadcasts per tensor or along ``axis`` only."""
+    if value.size == 1:
+        return True
+    shape = value.shape
+    if axis == -1:
+        return shape[-1] == channels and value.size == channels
+    return len(shape) >= 3 and shape[-3] == channels and value.size == channels
+
+
+def _affine(node, producer, readers, consts, outputs, channels, axis):
+    """(producer name, its constants to divide) when ``node`` is an affine op the scale
+    passes exactly, else None."""
+    if node.op_type == "BatchNormalization" and axis == 1:
+        scale, bias = node.input[1], node.input[2]
+        return (node.name, (scale, bias)) if scale in consts and bias in consts else None
+    if node.op_type == "Mul":
+        c = [t for t in node.input if t in consts]
+        if len(c) == 1 and _per_channel_ok(consts[c[0]], channels, axis):
+            return node.name, (c[0],)
+        return None
+    if node.op_type == "Add":
+        c = [t for t in node.input if t in consts]
+        other = [t for t in node.input if t not in consts]
+        if len(c) != 1 or len(other) != 1 or not _per_channel_ok(consts[c[0]], channels, axis):
+            return None
+        mul = producer.get(other[0])
+        if mul is None or other[0] in outputs or len(readers.get(other[0], ())) != 1:
+            return None
+        inner = _affine(mul, producer, readers, consts, outputs, channels, axis)
+        if inner is None or mul.op_type == "Add":
+            return None
+        return node.name, (*inner[1], c[0])
+    return None
+
+
+def channel_ranges(values: list[np.ndarray], axis: int) -> np.ndarray:
+    """Per channel, the largest |x| over ``values``."""
+    return np.max(
+        [np.abs(np.moveaxis(v, axis, 0).reshape(v.shape[axis], -1)).max(axis=1) for v in values],
+        axis=0,
+    )
+
+
+def scales_for(pair: Pair, x_range: np.ndarray, weight: np.ndarray) -> np.ndarray:
+    """The per-channel divisor ``s`` of the pair's input (its weights multiplied by it).
+    For a depthwise conv a power of two: every product ``(w s)(x / s)`` is then the FP32
+    product ``w x`` to the bit (as ``patch``'s factors are powers of two for FP16). For a
+    full conv or MatMul the SmoothQuant ratio itself: rounded to powers of two it lowered
+    the detector's all-INT8 error less (7.4e-2 -> 8.7e-2 rounded, -> 1.5e-2 not), at an
+    FP32 change of about 1e-6 of the output's norm, the order of ONNX Runtime's own rounding
+    between its fused and unfused graph."""
+    r = np.maximum(x_range.astype(np.float64), 1e-12)
+    if pair.depthwise:  # no channel past the widest one: s >= r / r_max
+        s = 2.0 ** np.ceil(np.log2(np.clip(r / r.max(), S_CLIP, 1.0)))
+    else:
+        w = np.abs(
+            np.moveaxis(weight, pair.weight_axis, 0).reshape(weight.shape[pair.weight_axis], -1)
+        )
+        s = np.sqrt(r / np.maximum(w.max(axis=1), 1e-12))
+        s = np.clip(s / s.max(), S_CLIP, 1.0)  # not rounded: measured, rounding costs here
+    return s
+
+
+def apply(proto, pair: Pair, s: np.ndarray):
+    """Divide the pair's input channels by ``s`` in place (new constants, never a shared
+    one changed): the producer's constants by ``s``, the reader's weight by ``1 / s``."""
+    from onnx import numpy_helper
+
+    g = proto.graph
+    consts = _consts(g)
+    nodes = {n.name: n for n in g.node}
+    c = len(s)
+    shape = (c,) if pair.axis == -1 else (c, 1, 1)
+    for name in pair.consts:
+        value = consts[name].astype(np.float32)
+        if nodes[pair.producer].op_type == "BatchNormalization":
+            new = value / s.astype(np.float32)  # its scale and bias are 1-D per channel
+        else:
+            new = (np.broadcast_to(value.reshape(-1), (c,)) / s).reshape(shape)
+        renamed = f"{name}__eq_{pair.reader}"
+        g.initializer.append(numpy_helper.from_array(new.astype(np.float32), renamed))
+        _rename_input(g, pair, name, renamed)  # in the producer, or the Mul before its Add
+    w = consts[pair.weight].astype(np.float64)
+    shaped = s.reshape([-1 if a == pair.weight_axis else 1 for a in range(w.ndim)])
+    new_w = numpy_helper.from_array((w * shaped).astype(np.float32), f"{pair.weight}__eq")
+    g.initializer.append(new_w)
+    reader = nodes[pair.reader]
+    reader.input[1] = new_w.name
+
+
+def _rename_input(g, pair: Pair, old: str, new: str) -> None:
+    """The constant ``old`` read by the pair's producer chain (not by anyone else) -> ``new``."""
+    producer = {o: n for n in g.node for o in n.output}
+    node = producer[pair.tensor]
+    for _ in range(2):
+        for k, t in enumerate(node.input):
+            if t == old:
+                node.input[k] = new
+                return
+        nxt = [producer.get(t) for t in node.input if producer.get(t) is not None]
+        if not nxt:
+            return
+        node = nxt[0]
+
+
+def relative_error(a: list, b: list) -> float:
+    """The worst over batches and float outputs of ||a - b|| / ||a||."""
+    worst = 0.0
+    for x, y in zip(a, b):
+        for u, v in zip(x, y):
+            u, v = np.asarray(u, np.float64), np.asarray(v, np.float64)
+            if u.dtype.kind == "f" and u.size:
+                worst = max(worst, float(np.linalg.norm(u - v) / max(np.linalg.norm(u), 1e-30)))
+    return worst
+
+
+EXACT = 1e-5  # relative to the outputs' norm: FP32 rounding of the rescaled constants
+
+
+def equalize(proto, units, feeds: list) -> tuple[Any, list[Pair], float]:
+    """A copy of ``proto`` with every pair's scale moved (``find_pairs``), ranges from
+    ``feeds``; with the relative output change it makes in FP32 on the first feed. Nothing
+    moved (the copy equals ``proto``) where no pair is found or the change exceeds
+    ``EXACT``."""
+    import onnx
+
+    from fp16lens.export._int8_search import _exposed, _run_all, session
+
+    pairs = find_pairs(proto.graph, units)
+    if not pairs:
+        return proto, [], 0.0
+    tensors = [p.tensor for p in pairs]
+    sess = session(_exposed(proto, tensors))
+    values = [_run_all(sess, f, tensors) for f in feeds]
+    consts = _consts(proto.graph)
+    moved = onnx.ModelProto()
+    moved.CopyFrom(proto)
+    for p in pairs:
+        ranges = channel_ranges([v[p.tensor] for v in values], p.axis)
+        apply(moved, p, scales_for(p, ranges, consts[p.weight]))
+    outs = [o.name for o in proto.graph.output]
+    before = [session(proto).run(outs, feeds[0])]
+    after = [session(moved).run(outs, feeds[0])]
+    change = relative_error(before, after)
+    if change > EXACT:
+        return proto, [], change
+    return moved, pairs, change
