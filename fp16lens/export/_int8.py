@@ -50,7 +50,7 @@ def _reader(calibration: Iterable, names: list[str], progress):
     ort_q = import_optional("onnxruntime.quantization", "onnx", _PURPOSE)
     total = len(calibration) if isinstance(calibration, Sized) else None
 
-    class Reader(ort_q.CalibrationDataReader):
+    class Reader(ort_q.CalibrationDataReader):  # type: ignore[name-defined]  # onnxruntime is not analysed (setup.cfg)
         def __init__(self):
             self._it = iter(calibration)
             self._task = progress.add_task("calibrating INT8", total=total)

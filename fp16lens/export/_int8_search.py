@@ -25,6 +25,7 @@ the switch graph computed with those feeds.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -256,15 +257,16 @@ def switch_graph(
                     if name == t:
                         node.input[k] = f"{t}__u{i}"
             if u.weight is not None:
-                w = numpy_helper.to_array(inits[u.weight]).astype(np.float32)
-                q, scale = quantize_weight(w, u.axis)
+                wt = numpy_helper.to_array(inits[u.weight]).astype(np.float32)
+                wq, scale = quantize_weight(wt, u.axis)
                 shaped = (
                     scale
                     if u.axis is None
-                    else scale.reshape([-1 if a == u.axis else 1 for a in range(w.ndim)])
+                    else scale.reshape([-1 if a == u.axis else 1 for a in range(wt.ndim)])
                 )
                 delta = const(
-                    f"{u.weight}__delta{i}", (q.astype(np.float32) * shaped - w).astype(np.float32)
+                    f"{u.weight}__delta{i}",
+                    (wq.astype(np.float32) * shaped - wt).astype(np.float32),
                 )
                 nodes += [
                     helper.make_node("Mul", [delta, on], [f"{u.weight}__m{i}"]),
@@ -444,7 +446,7 @@ class Searcher:
         self,
         proto,
         feeds: list[Feed],
-        exclude: set[str] = frozenset(),
+        exclude: AbstractSet[str] = frozenset(),
         *,
         search_batches: int = 2,
         residual: bool = True,
@@ -477,7 +479,7 @@ class Searcher:
         tensors = list(hists)
         cands = {t: hists[t].candidates() for t in tensors}
         scales = np.array([max(c.values()) / QMAX for c in cands.values()], np.float64)
-        methods = {t: max(c, key=c.get) for t, c in cands.items()}
+        methods = {t: max(c, key=c.__getitem__) for t, c in cands.items()}
         self.feeds, self.switch = feeds, Switch(proto, units, tensors)
         probe = feeds[: max(1, search_batches)]
         off = np.zeros(len(units))
@@ -565,7 +567,7 @@ class Searcher:
 def search(
     proto,
     feeds: list[Feed],
-    exclude: set[str] = frozenset(),
+    exclude: AbstractSet[str] = frozenset(),
     *,
     target=None,
     evaluation: list[Feed] | None = None,

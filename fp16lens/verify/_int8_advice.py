@@ -13,6 +13,7 @@ worst ones are named, with what to try.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -56,7 +57,7 @@ def sensitivities(runner, batch: tuple, reference) -> list[Cost]:
         on = np.zeros(len(pairs), np.float32)
         on[k] = 1.0
         cosine = _cosine_of(runner, sess, batch, reference, {SWITCH: on})
-        node = made.get(x)
+        node: Any = made.get(x)
         producer = (site_of_node(node, runner.model) or node.name) if node is not None else None
         names = [site_of_node(r, runner.model) or r.name for r in readers] or ["the output"]
         costs.append(
