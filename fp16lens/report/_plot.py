@@ -137,13 +137,17 @@ def _draw_spans(ax, report: Report, pos: dict[str, int], opts: PlotOptions) -> N
         key=lambda s: -(s.peak if not math.isnan(s.peak) else math.inf),
     )
     worst = worst[: opts.span_labels]
-    slots = label_slots([(pos[s.start], len(s.start)) for s in worst], n)
-    top = ax.get_ylim()[1]
+    # a character of an 8-point label is ~0.58% of an 11-inch axis: more of a narrower one
+    char_frac = 0.0058 * 11.0 / opts.width
+    slots = label_slots([(pos[s.start], len(s.start)) for s in worst], n, char_frac=char_frac)
     for i, (level, align) in slots.items():
         x = pos[worst[i].start]
-        ax.annotate(
+        ax.annotate(  # levels a line of text apart (points), whatever the y range and height
             worst[i].start,
-            (x, top - 0.4 - 1.3 * level),
+            (x, 1.0),
+            xycoords=("data", "axes fraction"),
+            xytext=(0, -3 - 10 * level),
+            textcoords="offset points",
             fontsize=8,
             color=_OVER,
             va="top",

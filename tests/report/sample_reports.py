@@ -361,3 +361,29 @@ def big_report(n: int = 10_000, spans: int = 40) -> Report:
         out.append(_span(names, 1.0e5 + j))
     names = [r[0] for r in rows]
     return _report(rows, out, edges=list(itertools.pairwise(names)), model_class="Huge")
+
+
+def long_names(report: Report) -> Report:
+    """The report with transformer-long site names (the page must still fit them)."""
+    import dataclasses
+
+    new = {
+        name: f"model.encoder.layers.{i}.self_attention.output_projection.{name}"
+        for i, name in enumerate(report.sites)
+    }
+
+    def renamed(obj):
+        changes = {}
+        for f in dataclasses.fields(obj):
+            v = getattr(obj, f.name)
+            if isinstance(v, str) and v in new:
+                changes[f.name] = new[v]
+            elif isinstance(v, list) and v and all(isinstance(x, str) for x in v):
+                changes[f.name] = [new.get(x, x) for x in v]
+        return dataclasses.replace(obj, **changes)
+
+    report.sites = {new[n]: dataclasses.replace(s, name=new[n]) for n, s in report.sites.items()}
+    report.spans = [renamed(span) for span in report.spans]
+    report.findings = [renamed(f) for f in report.findings]
+    report.edges = [(new.get(a, a), new.get(b, b)) for a, b in report.edges]
+    return report

@@ -147,32 +147,6 @@ _PROBE = """<script>window.addEventListener("load", function () {
 });</script></body>"""
 
 
-def _long_names(report):
-    """The report with transformer-long site names (the page must still fit them)."""
-    import dataclasses
-
-    new = {
-        name: f"model.encoder.layers.{i}.self_attention.output_projection.{name}"
-        for i, name in enumerate(report.sites)
-    }
-
-    def renamed(obj):
-        changes = {}
-        for f in dataclasses.fields(obj):
-            v = getattr(obj, f.name)
-            if isinstance(v, str) and v in new:
-                changes[f.name] = new[v]
-            elif isinstance(v, list) and v and all(isinstance(x, str) for x in v):
-                changes[f.name] = [new.get(x, x) for x in v]
-        return dataclasses.replace(obj, **changes)
-
-    report.sites = {new[n]: dataclasses.replace(s, name=new[n]) for n, s in report.sites.items()}
-    report.spans = [renamed(span) for span in report.spans]
-    report.findings = [renamed(f) for f in report.findings]
-    report.edges = [(new.get(a, a), new.get(b, b)) for a, b in report.edges]
-    return report
-
-
 def _chromium() -> str | None:
     return next(
         (p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None
@@ -194,7 +168,7 @@ def test_in_a_real_browser_nothing_is_cut(tmp_path, width):
     if exe is None:
         pytest.skip("needs Chromium: apt-get install -y chromium")
     pytest.importorskip("matplotlib")
-    report = _long_names(samples.all_kinds_report())
+    report = samples.long_names(samples.all_kinds_report())
     path = report.save(tmp_path / "r.html")
     probe = tmp_path / "probe.html"
     probe.write_text(path.read_text(encoding="utf-8").replace("</body>", _PROBE), encoding="utf-8")

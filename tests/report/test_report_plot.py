@@ -121,3 +121,20 @@ def test_missing_matplotlib_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # what an absent package looks like
     with pytest.raises(MissingDependencyError, match=r"pip install -e '\.\[plot\]'"):
         samples.clean_report().plot()
+
+
+@pytest.mark.parametrize("size", [{}, {"width": 8.0, "height": 3.0}])
+def test_span_labels_never_overlap_as_drawn(size):
+    """Levels are a line of text apart in points, so labels on neighbouring levels do not
+    overlap however tall the y range is (they did in a short plot: 1.3 log2 units apart)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    fig = samples.long_names(samples.all_kinds_report()).plot(**size)
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    boxes = [t.get_window_extent(renderer) for t in fig.axes[0].texts]
+    assert len(boxes) >= 3
+    for i, a in enumerate(boxes):
+        for b in boxes[i + 1 :]:
+            assert not a.overlaps(b), (a, b)
