@@ -174,6 +174,7 @@ LADDERS = {
     "detector": (0.99, 0.985, 0.98, 0.975, 0.97, 0.96),
     "recognizer": (0.995, 0.99, 0.985, 0.98, 0.97),
     "classifier": (0.999, 0.998, 0.997, 0.995, 0.99),
+    "onet": (0.999, 0.998, 0.997, 0.995, 0.99),
 }
 
 
@@ -304,6 +305,12 @@ def markdown(rows: list[dict]) -> str:
             task = (
                 f"same string {r['same string']:.1%} "
                 f"({r['same string, trailing space aside']:.1%} trailing space aside)"
+            )
+        elif "face decision" in r:
+            task = (
+                f"face decision {r['face decision']:.1%}; box cosine {r['box cosine']:.4f} "
+                f"({r['box px']:.2f} px); landmark cosine {r['landmark cosine']:.5f} "
+                f"({r['landmark px']:.2f} px)"
             )
         else:
             task = f"top-1 {r['top-1']:.1%}"

@@ -331,7 +331,136 @@ def classifier(n_cal: int = 8, n_eval: int = 24) -> Int8Case:
     )
 
 
-MODELS = {"detector": detector, "recognizer": recognizer, "classifier": classifier}
+# ---- MTCNN ONet (facenet-pytorch) ---------------------------------------------------------
+
+ONET_SIZE = 48
+ONET_THRESH = 0.7  # facenet-pytorch's default third-stage threshold (MTCNN thresholds[2])
+
+
+def onet_metric(refs, outs) -> dict:
+    """ONet's outputs are (box offsets (1, 4), landmarks (1, 10), face/no-face softmax (1, 2)).
+    Face decision: the face class's probability > ``ONET_THRESH``, as FP32 decides it. Box
+    and landmark cosine: over the items FP32 calls a face (all items when none), stacked,
+    where the pipeline uses them, with the mean absolute difference in pixels of the crop
+    (both are fractions of the box's side). Cosine: mean per item over all outputs together."""
+    from fp16lens.export._int8_search import cosine
+
+    face_ref = [float(r[2][0, 1]) > ONET_THRESH for r in refs]
+    face_out = [float(o[2][0, 1]) > ONET_THRESH for o in outs]
+    faces = [i for i, f in enumerate(face_ref) if f] or list(range(len(refs)))
+
+    def stacked(k: int) -> tuple[float, float]:
+        a = np.concatenate([np.ravel(refs[i][k]) for i in faces])
+        b = np.concatenate([np.ravel(outs[i][k]) for i in faces])
+        return cosine(a, b), float(np.abs(a - b).mean() * ONET_SIZE)
+
+    (box_cos, box_px), (mark_cos, mark_px) = stacked(0), stacked(1)
+
+    return {
+        "face decision": float(np.mean([a == b for a, b in zip(face_ref, face_out)])),
+        "box cosine": box_cos,
+        "landmark cosine": mark_cos,
+        "box px": box_px,  # mean |difference| in pixels of the 48x48 crop (offsets are
+        "landmark px": mark_px,  # fractions of the box's side)
+        "face prob error": float(
+            np.max([abs(float(r[2][0, 1]) - float(o[2][0, 1])) for r, o in zip(refs, outs)])
+        ),
+        "cosine": float(
+            np.mean(
+                [
+                    cosine(
+                        np.concatenate([np.ravel(t) for t in r]),
+                        np.concatenate([np.ravel(t) for t in o]),
+                    )
+                    for r, o in zip(refs, outs)
+                ]
+            )
+        ),
+    }
+
+
+@functools.cache
+def _lfw() -> np.ndarray:
+    """scikit-image's ``lfw_subset.npy`` (in its wheel): 100 LFW faces then 100 non-faces,
+    25x25 grey in [0, 1], as 200x25x25x3 uint8."""
+    import importlib.util
+
+    z._need("scikit-image")
+    folder = importlib.util.find_spec("skimage").submodule_search_locations[0]
+    grey = (np.load(os.path.join(folder, "data", "lfw_subset.npy")) * 255).round()
+    return np.repeat(grey.astype(np.uint8)[..., None], 3, axis=-1)
+
+
+def _face_jitter(rng, photo: str) -> np.ndarray:
+    """A crop around the face of ``photo`` (the astronaut, the cameraman) as RNet's boxes
+    give ONet: centre moved by up to 20% of the face, side 0.8 to 1.3 of it. Many sit near
+    ONet's threshold, where INT8 can flip the decision."""
+    img = _photo(photo)
+    r0, r1, c0, c1 = z._FACE_BOX if photo == "astronaut" else z._CAMERA_FACE_BOX
+    side = (r1 - r0) * rng.uniform(0.8, 1.3)
+    cy = (r0 + r1) / 2 + rng.uniform(-0.2, 0.2) * (r1 - r0)
+    cx = (c0 + c1) / 2 + rng.uniform(-0.2, 0.2) * (c1 - c0)
+    y0, x0 = int(max(0, cy - side / 2)), int(max(0, cx - side / 2))
+    y1, x1 = int(min(img.shape[0], cy + side / 2)), int(min(img.shape[1], cx + side / 2))
+    return img[y0:y1, x0:x1]
+
+
+@functools.cache
+def _onet_onnx() -> str:
+    import torch
+
+    from fp16lens.export import export
+
+    folder = tempfile.mkdtemp(prefix="fp16lens_int8_")
+    x = torch.zeros(1, 3, ONET_SIZE, ONET_SIZE)
+    return str(export(z._mtcnn("ONet"), (x,), os.path.join(folder, "onet.onnx"), "fp32").path)
+
+
+def onet(n_cal: int = 8, n_eval: int = 24) -> Int8Case:
+    """MTCNN's ONet on 48x48 crops, normalized as facenet-pytorch does ((x - 127.5) / 128):
+    in turn an LFW face, a crop around the astronaut's or the cameraman's face, an LFW
+    non-face, a crop of another photograph. Calibration items take LFW images 0-49 and
+    100-149, evaluation items 50-99 and 150-199; the photo crops come from other seeds."""
+    from PIL import Image
+
+    path = _onet_onnx()
+    name = _input_name(path)
+    lfw = _lfw()
+    others = [p for p in _photos() if p not in ("astronaut", "camera", "page", "text")]
+
+    def items(seed, base, n):
+        rng = np.random.default_rng(seed)
+        out = []
+        for i in range(n):
+            kind = i % 4
+            if kind == 0:
+                img = lfw[base + i // 4]
+            elif kind == 1:
+                img = _face_jitter(rng, ("astronaut", "camera")[(i // 4) % 2])
+            elif kind == 2:
+                img = lfw[100 + base + i // 4]
+            else:
+                img = _crop(rng, others[rng.integers(len(others))], ONET_SIZE, ONET_SIZE)
+            img = np.asarray(Image.fromarray(img).resize((ONET_SIZE, ONET_SIZE), Image.BILINEAR))
+            out.append({name: ((_nchw(img) - 127.5) * 0.0078125).astype(np.float32)})
+        return out
+
+    return Int8Case(
+        "MTCNN ONet",
+        path,
+        items(7, 0, n_cal),
+        items(8, 50, n_eval),
+        onet_metric,
+        ("face decision", "box cosine", "landmark cosine", "cosine"),
+    )
+
+
+MODELS = {
+    "detector": detector,
+    "recognizer": recognizer,
+    "classifier": classifier,
+    "onet": onet,
+}
 
 
 # ---- one harness -------------------------------------------------------------------------
