@@ -8,7 +8,6 @@ flip where one is made on real outputs.
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 pytest.importorskip("onnxruntime")
