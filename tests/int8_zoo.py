@@ -210,28 +210,30 @@ def det_metric(refs, outs) -> dict:
 def detector(n_cal: int = 8, n_eval: int = 24) -> Int8Case:
     path = z.rapidocr_model("det")
     name = _input_name(path)
-    photos = _photos()
-    h, w = DET_SIZE
-
-    def items(seed, words, n):
-        rng = np.random.default_rng(seed)
-        out = []
-        for i in range(n):
-            if i % 4 == 3 and "page" in photos:  # a real scan now and then
-                img = _crop(rng, "page", h, w)
-            else:
-                img = _text_canvas(rng, words, h, w, photos, lines=int(rng.integers(1, 3)))
-            out.append({name: ((_nchw(img) / 255 - _MEAN) / _STD).astype(np.float32)})
-        return out
-
     return Int8Case(
         "PP-OCRv4 detector",
         path,
-        items(1, _WORDS_CAL, n_cal),
-        items(2, _WORDS_EVAL, n_eval),
+        _page_items(name, 1, _WORDS_CAL, n_cal, DET_SIZE),
+        _page_items(name, 2, _WORDS_EVAL, n_eval, DET_SIZE),
         det_metric,
         ("IoU", "IoU worst", "cosine"),
     )
+
+
+def _page_items(name: str, seed: int, words, n: int, size: tuple[int, int]) -> list[dict]:
+    """Text lines on light photo crops, every fourth item a crop of the scanned page;
+    ImageNet-normalized (PP-OCR's detector and CRAFT both read that)."""
+    photos = _photos()
+    h, w = size
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        if i % 4 == 3 and "page" in photos:  # a real scan now and then
+            img = _crop(rng, "page", h, w)
+        else:
+            img = _text_canvas(rng, words, h, w, photos, lines=int(rng.integers(1, 3)))
+        out.append({name: ((_nchw(img) / 255 - _MEAN) / _STD).astype(np.float32)})
+    return out
 
 
 # ---- the recognizer ----------------------------------------------------------------------
@@ -455,11 +457,137 @@ def onet(n_cal: int = 8, n_eval: int = 24) -> Int8Case:
     )
 
 
+# ---- CRAFT (easyocr's text detector) -------------------------------------------------------
+
+CRAFT_SIZE = DET_SIZE  # (96, 320), as the PP-OCR detector; the score maps are half that
+CRAFT_LOW_TEXT = 0.4  # easyocr's low_text: the region score's text mask
+CRAFT_LINK = 0.4  # easyocr's link_threshold: the affinity's mask
+CRAFT_TEXT = 0.7  # easyocr's text_threshold: a component's peak region score
+
+
+def craft_metric(refs, outs) -> dict:
+    """CRAFT's first output is (1, H/2, W/2, 2): region and affinity (link) scores. easyocr's
+    box finder (``craft_utils.getDetBoxes_core``) segments ``region > 0.4 | link > 0.4``
+    (low_text, link_threshold) and keeps components whose region peaks above 0.7
+    (text_threshold). IoU: of that segmentation mask, mean and worst item; region IoU 0.7:
+    of ``region > 0.7``. Cosine: of the score maps, mean over items."""
+
+    def iou(a, b) -> float:
+        union = (a | b).sum()
+        return float((a & b).sum() / union) if union else 1.0
+
+    def mask(y):
+        return (y[0, ..., 0] > CRAFT_LOW_TEXT) | (y[0, ..., 1] > CRAFT_LINK)
+
+    ious = [iou(mask(r[0]), mask(o[0])) for r, o in zip(refs, outs)]
+    peaks = [
+        iou(r[0][0, ..., 0] > CRAFT_TEXT, o[0][0, ..., 0] > CRAFT_TEXT) for r, o in zip(refs, outs)
+    ]
+    return {
+        "IoU": float(np.mean(ious)),
+        "IoU worst": float(np.min(ious)),
+        "region IoU 0.7": float(np.mean(peaks)),
+        "cosine": float(np.mean(_cosines(refs, outs))),
+    }
+
+
+@functools.cache
+def _craft_onnx() -> str:
+    import torch
+
+    from fp16lens.export import export
+
+    folder = tempfile.mkdtemp(prefix="fp16lens_int8_")
+    x = torch.zeros(1, 3, *CRAFT_SIZE)
+    return str(export(z._craft(), (x,), os.path.join(folder, "craft.onnx"), "fp32").path)
+
+
+def craft(n_cal: int = 8, n_eval: int = 24) -> Int8Case:
+    """easyocr's CRAFT (craft_mlt_25k) on the detector's kind of items at 96x320."""
+    path = _craft_onnx()
+    name = _input_name(path)
+    return Int8Case(
+        "easyocr CRAFT",
+        path,
+        _page_items(name, 11, _WORDS_CAL, n_cal, CRAFT_SIZE),
+        _page_items(name, 12, _WORDS_EVAL, n_eval, CRAFT_SIZE),
+        craft_metric,
+        ("IoU", "IoU worst", "region IoU 0.7", "cosine"),
+    )
+
+
+# ---- easyocr english_g2 (VGG features, two BiLSTMs, CTC) ---------------------------------
+
+G2_SIZE = (64, 256)  # easyocr reads lines 64 pixels high; words padded to 256 wide
+
+
+def g2_metric(refs, outs) -> dict:
+    """Same greedy CTC string as FP32 (easyocr's greedy decoder: best class per frame,
+    repeats merged, blanks dropped), and the mean output cosine."""
+    import torch
+
+    same = [
+        z.ctc_greedy(torch.from_numpy(r[0])) == z.ctc_greedy(torch.from_numpy(o[0]))
+        for r, o in zip(refs, outs)
+    ]
+    return {"same string": float(np.mean(same)), "cosine": float(np.mean(_cosines(refs, outs)))}
+
+
+@functools.cache
+def _g2_onnx() -> str:
+    import torch
+
+    from fp16lens.export import export
+
+    folder = tempfile.mkdtemp(prefix="fp16lens_int8_")
+    x = torch.zeros(1, 1, *G2_SIZE)
+    return str(export(z._english_g2(), (x,), os.path.join(folder, "english_g2.onnx"), "fp32").path)
+
+
+def english_g2(n_cal: int = 8, n_eval: int = 24) -> Int8Case:
+    """easyocr's english_g2 on one or two words, dark on a light grey 64x256 line,
+    normalized as easyocr does ((x / 255 - 0.5) / 0.5); calibration and evaluation words
+    disjoint."""
+    from PIL import Image, ImageDraw, ImageFont
+
+    path = _g2_onnx()
+    name = _input_name(path)
+    h, w = G2_SIZE
+
+    def items(seed, words, n):
+        rng = np.random.default_rng(seed)
+        out = []
+        for _ in range(n):
+            text = " ".join(words[rng.integers(len(words))] for _ in range(rng.integers(1, 3)))
+            font = ImageFont.load_default(size=int(rng.uniform(26, 36)))
+            img = Image.new("L", (w, h), int(rng.integers(200, 256)))
+            ImageDraw.Draw(img).text(
+                (int(rng.integers(2, 12)), int(rng.integers(6, 20))),
+                text,
+                fill=int(rng.integers(0, 80)),
+                font=font,
+            )
+            x = np.asarray(img, np.float32)[None, None]
+            out.append({name: ((x / 255 - 0.5) / 0.5).astype(np.float32)})
+        return out
+
+    return Int8Case(
+        "easyocr english_g2",
+        path,
+        items(13, _WORDS_CAL, n_cal),
+        items(14, _WORDS_EVAL, n_eval),
+        g2_metric,
+        ("same string", "cosine"),
+    )
+
+
 MODELS = {
     "detector": detector,
     "recognizer": recognizer,
     "classifier": classifier,
     "onet": onet,
+    "craft": craft,
+    "english_g2": english_g2,
 }
 
 

@@ -52,3 +52,33 @@ def test_onet_metric_exact_on_fp32_and_moved_by_int8():
     assert probs[0] > int8_zoo.ONET_THRESH > probs[2]
     flipped = [refs[2], *refs[1:]]
     assert case.metric(refs, flipped)["face decision"] == pytest.approx(1 - 1 / len(refs))
+
+
+def test_craft_metric_exact_on_fp32_and_moved_by_int8():
+    case = _case("craft", 2, 3)
+    refs = int8_zoo.run_outputs(case.path, case.eval)
+    assert case.metric(refs, refs) == {
+        "IoU": 1.0,
+        "IoU worst": 1.0,
+        "region IoU 0.7": 1.0,
+        "cosine": pytest.approx(1.0, abs=1e-9),
+    }
+    # every evaluation item has text in FP32's mask (an empty mask would score 1.0 always)
+    for r in refs:
+        assert (r[0][0, ..., 0] > int8_zoo.CRAFT_TEXT).sum() > 20
+    got = case.metric(refs, int8_zoo.run_outputs(_all_int8(case), case.eval))
+    assert 0.9 < got["IoU"] < 1.0 and got["IoU worst"] <= got["IoU"], got
+    assert got["region IoU 0.7"] < 1.0 and got["cosine"] < 1.0, got
+    # masks of different pages overlap little
+    assert case.metric(refs, [refs[1], refs[0], refs[2]])["IoU worst"] < 0.7
+
+
+def test_english_g2_metric_exact_on_fp32_and_moved_by_int8():
+    case = _case("english_g2", 2, 4)
+    refs = int8_zoo.run_outputs(case.path, case.eval)
+    assert case.metric(refs, refs) == {"same string": 1.0, "cosine": pytest.approx(1.0, abs=1e-9)}
+    got = case.metric(refs, int8_zoo.run_outputs(_all_int8(case), case.eval))
+    assert 0.5 < got["cosine"] < 0.9999, got
+    # another line's logits read another string: counted
+    swapped = [refs[1], refs[0], *refs[2:]]
+    assert case.metric(refs, swapped)["same string"] == pytest.approx(0.5)
