@@ -165,6 +165,18 @@ def _task_targets(name: str) -> dict:
                 "mean output cosine",
             )
         }
+    if name == "craft":
+        return {
+            "fp16lens + target (IoU 0.99)": Int8Target(
+                0.99, lambda r, o: int8_zoo.craft_metric(r, o)["IoU"], "text-mask IoU"
+            )
+        }
+    if name == "english_g2":  # its strings on 8 lines are a coarse signal, as the recognizer's
+        return {
+            "fp16lens + target (cosine 0.995)": Int8Target(
+                0.995, lambda r, o: int8_zoo.g2_metric(r, o)["cosine"], "mean output cosine"
+            )
+        }
     if name == "onet":  # every face decision holds in all-INT8: the box offsets are the signal
         return {
             "fp16lens + target (box cosine 0.9995)": Int8Target(
@@ -181,6 +193,8 @@ LADDERS = {
     "recognizer": (0.995, 0.99, 0.985, 0.98, 0.97),
     "classifier": (0.999, 0.998, 0.997, 0.995, 0.99),
     "onet": (0.99995, 0.9999, 0.9998, 0.9995, 0.999),
+    "craft": (0.998, 0.995, 0.99, 0.985, 0.98),
+    "english_g2": (0.9995, 0.999, 0.998, 0.995, 0.99),
 }
 
 
@@ -307,11 +321,15 @@ def markdown(rows: list[dict]) -> str:
             continue
         if "IoU" in r:
             task = f"IoU {r['IoU']:.3f} (worst {r['IoU worst']:.3f})"
-        elif "same string" in r:
+            if "region IoU 0.7" in r:
+                task += f"; region > 0.7 IoU {r['region IoU 0.7']:.3f}"
+        elif "same string, trailing space aside" in r:
             task = (
                 f"same string {r['same string']:.1%} "
                 f"({r['same string, trailing space aside']:.1%} trailing space aside)"
             )
+        elif "same string" in r:
+            task = f"same string {r['same string']:.1%}"
         elif "face decision" in r:
             task = (
                 f"face decision {r['face decision']:.1%}; box cosine {r['box cosine']:.4f} "
