@@ -180,10 +180,10 @@ def _task_targets(name: str) -> dict:
                 0.995, lambda r, o: int8_zoo.g2_metric(r, o)["cosine"], "mean output cosine"
             )
         }
-    if name == "crepe":
+    if name == "crepe":  # its argmax is a near-tie of saturated bins: same bin is no target
         return {
-            "fp16lens + target (cosine 0.995)": Int8Target(
-                0.995, lambda r, o: int8_zoo.crepe_metric(r, o)["cosine"], "mean output cosine"
+            "fp16lens + target (cosine 0.999)": Int8Target(
+                0.999, lambda r, o: int8_zoo.crepe_metric(r, o)["cosine"], "mean output cosine"
             )
         }
     if name == "onet":  # every face decision holds in all-INT8: the box offsets are the signal
@@ -204,7 +204,7 @@ LADDERS = {
     "onet": (0.99995, 0.9999, 0.9998, 0.9995, 0.999),
     "craft": (0.998, 0.995, 0.99, 0.985, 0.98),
     "english_g2": (0.9995, 0.999, 0.998, 0.995, 0.99),
-    "crepe": (0.9995, 0.999, 0.998, 0.995, 0.99),
+    "crepe": (0.9995, 0.999, 0.998, 0.995),
 }
 
 
@@ -238,8 +238,9 @@ def _modelopt(case, method: str):
         src, dst = os.path.join(tmp, "a.onnx"), os.path.join(tmp, "a.quant.onnx")
         proto = prepared(onnx.load(case.path))
         batch = proto.graph.input[0].type.tensor_type.shape.dim[0]
-        batch.ClearField("dim_param")
-        batch.dim_value = 1
+        if not batch.dim_value:  # a symbolic batch: one item a batch (CREPE's is fixed: 8)
+            batch.ClearField("dim_param")
+            batch.dim_value = 1
         onnx.save(proto, src)
         with contextlib.redirect_stdout(io.StringIO()):
             quantize(
