@@ -6,7 +6,8 @@
 craft, english_g2, crepe.
 
 Models: PP-OCRv4's detector and recognizer as rapidocr-onnxruntime ships them, and
-EfficientNet-Lite0 (ImageNet) exported to FP32 ONNX by fp16lens; inputs from
+EfficientNet-Lite0 (ImageNet), MTCNN ONet, easyocr's CRAFT and english_g2, and CREPE tiny,
+exported to FP32 ONNX by fp16lens; inputs from
 ``tests/int8_zoo.py``: 8 calibration items and 24 evaluation items (``--quick``: 4 and
 8, about 4 minutes on 2 cores), disjoint (other words, other crops).
 
