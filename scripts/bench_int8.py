@@ -3,10 +3,10 @@
     python scripts/bench_int8.py [--quick] [--models detector,recognizer,classifier] [--json OUT]
 
 ``--models`` (comma-separated): detector, recognizer, classifier (the default), onet,
-craft, english_g2, crepe.
+rnet, craft, english_g2, crepe.
 
 Models: PP-OCRv4's detector and recognizer as rapidocr-onnxruntime ships them, and
-EfficientNet-Lite0 (ImageNet), MTCNN ONet, easyocr's CRAFT and english_g2, and CREPE tiny,
+EfficientNet-Lite0 (ImageNet), MTCNN ONet and RNet, easyocr's CRAFT and english_g2, and CREPE tiny,
 exported to FP32 ONNX by fp16lens; inputs from
 ``tests/int8_zoo.py``: 8 calibration items and 24 evaluation items (``--quick``: 4 and
 8, about 4 minutes on 2 cores), disjoint (other words, other crops).
@@ -187,10 +187,11 @@ def _task_targets(name: str) -> dict:
                 0.999, lambda r, o: int8_zoo.crepe_metric(r, o)["cosine"], "mean output cosine"
             )
         }
-    if name == "onet":  # every face decision holds in all-INT8: the box offsets are the signal
+    if name in ("onet", "rnet"):  # every face decision holds in all-INT8: box offsets are
+        metric = int8_zoo.mtcnn_metric_for("ONet" if name == "onet" else "RNet")  # the signal
         return {
             "fp16lens + target (box cosine 0.9995)": Int8Target(
-                0.9995, lambda r, o: int8_zoo.onet_metric(r, o)["box cosine"], "box cosine"
+                0.9995, lambda r, o: metric(r, o)["box cosine"], "box cosine"
             )
         }
     return {"fp16lens + target (worst cosine 0.995)": Int8Target(0.995, None)}
@@ -203,6 +204,7 @@ LADDERS = {
     "recognizer": (0.995, 0.99, 0.985, 0.98, 0.97),
     "classifier": (0.999, 0.998, 0.997, 0.995, 0.99),
     "onet": (0.99995, 0.9999, 0.9998, 0.9995, 0.999),
+    "rnet": (0.99995, 0.9999, 0.9998, 0.9995, 0.999),
     "craft": (0.998, 0.995, 0.99, 0.985, 0.98),
     "english_g2": (0.9995, 0.999, 0.998, 0.995, 0.99),
     "crepe": (0.9995, 0.999, 0.998, 0.995),
@@ -350,9 +352,10 @@ def markdown(rows: list[dict]) -> str:
         elif "face decision" in r:
             task = (
                 f"face decision {r['face decision']:.1%}; box cosine {r['box cosine']:.4f} "
-                f"({r['box px']:.2f} px); landmark cosine {r['landmark cosine']:.5f} "
-                f"({r['landmark px']:.2f} px)"
+                f"({r['box px']:.2f} px)"
             )
+            if "landmark cosine" in r:
+                task += f"; landmark cosine {r['landmark cosine']:.5f} ({r['landmark px']:.2f} px)"
         else:
             task = f"top-1 {r['top-1']:.1%}"
         lines.append(

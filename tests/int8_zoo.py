@@ -339,35 +339,34 @@ ONET_SIZE = 48
 ONET_THRESH = 0.7  # facenet-pytorch's default third-stage threshold (MTCNN thresholds[2])
 
 
-def onet_metric(refs, outs) -> dict:
-    """ONet's outputs are (box offsets (1, 4), landmarks (1, 10), face/no-face softmax (1, 2)).
-    Face decision: the face class's probability > ``ONET_THRESH``, as FP32 decides it. Box
-    and landmark cosine: over the items FP32 calls a face (all items when none), stacked,
-    where the pipeline uses them, with the mean absolute difference in pixels of the crop
-    (both are fractions of the box's side). Cosine: mean per item over all outputs together."""
+def mtcnn_metric_for(stage: str):
+    """ONet's outputs are (box offsets (1, 4), landmarks (1, 10), face/no-face softmax
+    (1, 2)); RNet's (box offsets, softmax). Face decision: the face class's probability >
+    ``ONET_THRESH`` (0.7, facenet-pytorch's default for both stages), as FP32 decides it.
+    Box and landmark cosine: over the items FP32 calls a face (all items when none),
+    stacked, where the pipeline uses them, with the mean absolute difference in pixels of
+    the crop (both are fractions of the box's side). Cosine: mean per item over all
+    outputs together."""
     from fp16lens.export._int8_search import cosine
 
-    face_ref = [float(r[2][0, 1]) > ONET_THRESH for r in refs]
-    face_out = [float(o[2][0, 1]) > ONET_THRESH for o in outs]
-    faces = [i for i, f in enumerate(face_ref) if f] or list(range(len(refs)))
+    size, prob, parts = _MTCNN[stage]
 
-    def stacked(k: int) -> tuple[float, float]:
-        a = np.concatenate([np.ravel(refs[i][k]) for i in faces])
-        b = np.concatenate([np.ravel(outs[i][k]) for i in faces])
-        return cosine(a, b), float(np.abs(a - b).mean() * ONET_SIZE)
-
-    (box_cos, box_px), (mark_cos, mark_px) = stacked(0), stacked(1)
-
-    return {
-        "face decision": float(np.mean([a == b for a, b in zip(face_ref, face_out)])),
-        "box cosine": box_cos,
-        "landmark cosine": mark_cos,
-        "box px": box_px,  # mean |difference| in pixels of the 48x48 crop (offsets are
-        "landmark px": mark_px,  # fractions of the box's side)
-        "face prob error": float(
-            np.max([abs(float(r[2][0, 1]) - float(o[2][0, 1])) for r, o in zip(refs, outs)])
-        ),
-        "cosine": float(
+    def metric(refs, outs) -> dict:
+        face_ref = [float(r[prob][0, 1]) > ONET_THRESH for r in refs]
+        face_out = [float(o[prob][0, 1]) > ONET_THRESH for o in outs]
+        faces = [i for i, f in enumerate(face_ref) if f] or list(range(len(refs)))
+        got = {"face decision": float(np.mean([a == b for a, b in zip(face_ref, face_out)]))}
+        for part, k in parts.items():  # mean |difference| in pixels of the crop
+            a = np.concatenate([np.ravel(refs[i][k]) for i in faces])
+            b = np.concatenate([np.ravel(outs[i][k]) for i in faces])
+            got[f"{part} cosine"], got[f"{part} px"] = (
+                cosine(a, b),
+                float(np.abs(a - b).mean() * size),
+            )
+        got["face prob error"] = float(
+            np.max([abs(float(r[prob][0, 1]) - float(o[prob][0, 1])) for r, o in zip(refs, outs)])
+        )
+        got["cosine"] = float(
             np.mean(
                 [
                     cosine(
@@ -377,8 +376,17 @@ def onet_metric(refs, outs) -> dict:
                     for r, o in zip(refs, outs)
                 ]
             )
-        ),
-    }
+        )
+        return got
+
+    return metric
+
+
+_MTCNN = {  # stage -> (crop side, index of the softmax output, {part: output index})
+    "ONet": (ONET_SIZE, 2, {"box": 0, "landmark": 1}),
+    "RNet": (24, 1, {"box": 0}),
+}
+onet_metric = mtcnn_metric_for("ONet")
 
 
 @functools.cache
@@ -408,25 +416,28 @@ def _face_jitter(rng, photo: str) -> np.ndarray:
 
 
 @functools.cache
-def _onet_onnx() -> str:
+def _mtcnn_onnx(stage: str) -> str:
     import torch
 
     from fp16lens.export import export
 
     folder = tempfile.mkdtemp(prefix="fp16lens_int8_")
-    x = torch.zeros(1, 3, ONET_SIZE, ONET_SIZE)
-    return str(export(z._mtcnn("ONet"), (x,), os.path.join(folder, "onet.onnx"), "fp32").path)
+    side = _MTCNN[stage][0]
+    x = torch.zeros(1, 3, side, side)
+    path = os.path.join(folder, f"{stage.lower()}.onnx")
+    return str(export(z._mtcnn(stage), (x,), path, "fp32").path)
 
 
-def onet(n_cal: int = 8, n_eval: int = 24) -> Int8Case:
+def onet(n_cal: int = 8, n_eval: int = 24, stage: str = "ONet") -> Int8Case:
     """MTCNN's ONet on 48x48 crops, normalized as facenet-pytorch does ((x - 127.5) / 128):
     in turn an LFW face, a crop around the astronaut's or the cameraman's face, an LFW
     non-face, a crop of another photograph. Calibration items take LFW images 0-49 and
     100-149, evaluation items 50-99 and 150-199; the photo crops come from other seeds."""
     from PIL import Image
 
-    path = _onet_onnx()
+    path = _mtcnn_onnx(stage)
     name = _input_name(path)
+    side = _MTCNN[stage][0]
     lfw = _lfw()
     others = [p for p in _photos() if p not in ("astronaut", "camera", "page", "text")]
 
@@ -442,19 +453,29 @@ def onet(n_cal: int = 8, n_eval: int = 24) -> Int8Case:
             elif kind == 2:
                 img = lfw[100 + base + i // 4]
             else:
-                img = _crop(rng, others[rng.integers(len(others))], ONET_SIZE, ONET_SIZE)
-            img = np.asarray(Image.fromarray(img).resize((ONET_SIZE, ONET_SIZE), Image.BILINEAR))
+                img = _crop(rng, others[rng.integers(len(others))], side, side)
+            img = np.asarray(Image.fromarray(img).resize((side, side), Image.BILINEAR))
             out.append({name: ((_nchw(img) - 127.5) * 0.0078125).astype(np.float32)})
         return out
 
     return Int8Case(
-        "MTCNN ONet",
+        f"MTCNN {stage}",
         path,
         items(7, 0, n_cal),
         items(8, 50, n_eval),
-        onet_metric,
-        ("face decision", "box cosine", "landmark cosine", "cosine"),
+        mtcnn_metric_for(stage),
+        (
+            "face decision",
+            "box cosine",
+            *(("landmark cosine",) if stage == "ONet" else ()),
+            "cosine",
+        ),
     )
+
+
+def rnet(n_cal: int = 8, n_eval: int = 24) -> Int8Case:
+    """MTCNN's RNet on the same kind of crops as ONet's, 24x24."""
+    return onet(n_cal, n_eval, "RNet")
 
 
 # ---- CRAFT (easyocr's text detector) -------------------------------------------------------
@@ -654,6 +675,7 @@ MODELS = {
     "recognizer": recognizer,
     "classifier": classifier,
     "onet": onet,
+    "rnet": rnet,
     "craft": craft,
     "english_g2": english_g2,
     "crepe": crepe,
