@@ -95,3 +95,14 @@ def test_crepe_metric_exact_on_fp32_and_moved_by_a_changed_frame():
     assert moved["same bin"] < 0.5 and moved["cosine"] < 0.9, moved
     got = case.metric(refs, int8_zoo.run_outputs(_all_int8(case), case.eval))
     assert got["cosine"] < 0.99999, got
+
+
+def test_rnet_metric_has_no_landmarks_and_counts_a_flip():
+    case = _case("rnet", 2, 4)
+    refs = int8_zoo.run_outputs(case.path, case.eval)
+    same = case.metric(refs, refs)
+    assert "landmark cosine" not in same and same["face decision"] == 1.0
+    assert same["box px"] == 0.0
+    probs = [float(r[1][0, 1]) for r in refs]  # RNet: (box, softmax)
+    assert probs[0] > int8_zoo.ONET_THRESH > probs[2]
+    assert case.metric(refs, [refs[2], *refs[1:]])["face decision"] == 0.75
