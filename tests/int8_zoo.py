@@ -4,8 +4,12 @@ metrics against FP32, and one harness that runs every Q/DQ graph as written.
 Inputs come from the wheels the zoo already uses (``zoo_real``): the detector reads text
 lines rendered with Pillow's font on crops of scikit-image's photographs (and crops of its
 scanned page); the recognizer reads rendered words 48 pixels high; EfficientNet-Lite0
-reads crops of scikit-image's colour photographs. Calibration items and evaluation items
-come from disjoint strings and crop positions (different seeds, different word lists).
+reads crops of scikit-image's colour photographs. The PyTorch zoo models, exported to FP32
+ONNX by fp16lens: MTCNN ONet and RNet read LFW faces and non-faces (scikit-image's
+``lfw_subset.npy``) and crops around the two photographed faces; CRAFT reads the
+detector's kind of items; english_g2 rendered words; CREPE tiny the two spoken sentences
+(one calibrates, the other evaluates). Calibration items and evaluation items come from
+disjoint strings, images and crop positions (different seeds, different word lists).
 
     MODELS[name] -> builder(n_cal, n_eval) -> Int8Case(fp32 proto path, cal feeds, eval feeds,
                                                           metric(refs, outs) -> dict)
