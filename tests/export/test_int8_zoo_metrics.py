@@ -1,0 +1,108 @@
+"""The task metrics of the INT8 bench's PyTorch zoo models (``tests/int8_zoo.py``): exact
+on FP32 against itself, and moved by a real change of the graph.
+
+The change is INT8 as fp16lens ran it before (ONNX Runtime's quantize_static, Q/DQ on every
+op, max ranges), computed as written; the metrics must see it, and must see a decision
+flip where one is made on real outputs.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("onnxruntime")
+onnx = pytest.importorskip("onnx")
+
+import int8_zoo  # noqa: E402
+from zoo_real import Missing  # noqa: E402
+
+
+def _case(name: str, n_cal: int, n_eval: int):
+    try:
+        return int8_zoo.MODELS[name](n_cal, n_eval)
+    except Missing as exc:
+        pytest.skip(str(exc))
+
+
+def _all_int8(case):
+    """Q/DQ on every op with max ranges: fp16lens's INT8 before placement (ORT MinMax)."""
+    from fp16lens.export._int8 import _quantize_ort, prepared
+
+    return _quantize_ort(prepared(onnx.load(case.path)), list(case.cal), [])
+
+
+def test_onet_metric_exact_on_fp32_and_moved_by_int8():
+    case = _case("onet", 4, 8)
+    refs = int8_zoo.run_outputs(case.path, case.eval)
+    same = case.metric(refs, refs)
+    assert same["face decision"] == 1.0
+    assert same["box cosine"] == pytest.approx(1.0, abs=1e-12)
+    assert same["landmark px"] == same["box px"] == same["face prob error"] == 0.0
+    # the evaluation items hold faces and non-faces, as FP32 decides them
+    probs = [float(r[2][0, 1]) for r in refs]
+    assert any(p > int8_zoo.ONET_THRESH for p in probs)
+    assert any(p < int8_zoo.ONET_THRESH for p in probs)
+
+    got = case.metric(refs, int8_zoo.run_outputs(_all_int8(case), case.eval))
+    assert 0.99 < got["box cosine"] < 0.99999, got
+    assert got["box px"] > 0.01 and got["landmark px"] > 0.01, got
+    assert got["face prob error"] > 0, got
+
+    # a flipped decision is counted: item 0 (an LFW face) reads item 2's (a non-face) outputs
+    assert probs[0] > int8_zoo.ONET_THRESH > probs[2]
+    flipped = [refs[2], *refs[1:]]
+    assert case.metric(refs, flipped)["face decision"] == pytest.approx(1 - 1 / len(refs))
+
+
+def test_craft_metric_exact_on_fp32_and_moved_by_int8():
+    case = _case("craft", 2, 3)
+    refs = int8_zoo.run_outputs(case.path, case.eval)
+    assert case.metric(refs, refs) == {
+        "IoU": 1.0,
+        "IoU worst": 1.0,
+        "region IoU 0.7": 1.0,
+        "cosine": pytest.approx(1.0, abs=1e-9),
+    }
+    # every evaluation item has text in FP32's mask (an empty mask would score 1.0 always)
+    for r in refs:
+        assert (r[0][0, ..., 0] > int8_zoo.CRAFT_TEXT).sum() > 20
+    got = case.metric(refs, int8_zoo.run_outputs(_all_int8(case), case.eval))
+    assert 0.9 < got["IoU"] < 1.0 and got["IoU worst"] <= got["IoU"], got
+    assert got["region IoU 0.7"] < 1.0 and got["cosine"] < 1.0, got
+    # masks of different pages overlap little
+    assert case.metric(refs, [refs[1], refs[0], refs[2]])["IoU worst"] < 0.7
+
+
+def test_english_g2_metric_exact_on_fp32_and_moved_by_int8():
+    case = _case("english_g2", 2, 4)
+    refs = int8_zoo.run_outputs(case.path, case.eval)
+    assert case.metric(refs, refs) == {"same string": 1.0, "cosine": pytest.approx(1.0, abs=1e-9)}
+    got = case.metric(refs, int8_zoo.run_outputs(_all_int8(case), case.eval))
+    assert 0.5 < got["cosine"] < 0.9999, got
+    # another line's logits read another string: counted
+    swapped = [refs[1], refs[0], *refs[2:]]
+    assert case.metric(refs, swapped)["same string"] == pytest.approx(0.5)
+
+
+def test_crepe_metric_exact_on_fp32_and_moved_by_a_changed_frame():
+    case = _case("crepe", 2, 3)
+    refs = int8_zoo.run_outputs(case.path, case.eval)
+    same = case.metric(refs, refs)
+    assert same["same bin"] == same["within 20 cents, voiced"] == 1.0
+    assert same["voiced frames"] > 0
+    # the other speaker's frames, shifted by one item: other pitches, counted as such
+    moved = case.metric(refs, [refs[1], refs[2], refs[0]])
+    assert moved["same bin"] < 0.5 and moved["cosine"] < 0.9, moved
+    got = case.metric(refs, int8_zoo.run_outputs(_all_int8(case), case.eval))
+    assert got["cosine"] < 0.99999, got
+
+
+def test_rnet_metric_has_no_landmarks_and_counts_a_flip():
+    case = _case("rnet", 2, 4)
+    refs = int8_zoo.run_outputs(case.path, case.eval)
+    same = case.metric(refs, refs)
+    assert "landmark cosine" not in same and same["face decision"] == 1.0
+    assert same["box px"] == 0.0
+    probs = [float(r[1][0, 1]) for r in refs]  # RNet: (box, softmax)
+    assert probs[0] > int8_zoo.ONET_THRESH > probs[2]
+    assert case.metric(refs, [refs[2], *refs[1:]])["face decision"] == 0.75
