@@ -25,3 +25,9 @@ def one_form(
         raise error(
             f"{exc}; the options are the fields of {cls.__module__.split('._')[0]}.{cls.__name__}"
         ) from None
+
+
+def given(**keywords: Any) -> dict[str, Any]:
+    """The keywords a caller gave: those not left at None (an entry point whose keyword
+    options default to None passes them all; ``one_form`` then sees only the given ones)."""
+    return {k: v for k, v in keywords.items() if v is not None}

@@ -13,7 +13,7 @@ import torch
 
 from fp16lens._core import ExportError, import_optional
 from fp16lens._core.onnx_types import is_onnx
-from fp16lens._core.options import one_form
+from fp16lens._core.options import given, one_form
 from fp16lens._core.paths import check_writable
 from fp16lens._core.weights import missing_weights
 from fp16lens.export._artifact import (
@@ -79,18 +79,21 @@ def export(
     outputs after what it returns; ``dynamic=("batch",)`` (or ``("batch", "sequence")``)
     makes those axes symbolic.
     """
-    given = {
-        "precision": precision,
-        "fp32_modules": fp32_modules,
-        "fp32_nodes": fp32_nodes,
-        "io_dtype": io_dtype,
-        "opset": opset,
-        "exporter": exporter,
-        "calibration_cache": calibration_cache,
-        "dynamic": dynamic,
-        "target": target,
-    }
-    opts = one_form(ExportOptions, options, {k: v for k, v in given.items() if v is not None})
+    opts = one_form(
+        ExportOptions,
+        options,
+        given(
+            precision=precision,
+            fp32_modules=fp32_modules,
+            fp32_nodes=fp32_nodes,
+            io_dtype=io_dtype,
+            opset=opset,
+            exporter=exporter,
+            calibration_cache=calibration_cache,
+            dynamic=dynamic,
+            target=target,
+        ),
+    )
     if is_onnx(model):
         return _export_onnx(model, path, opts, calibration, evaluation)
     _check_model(model)
@@ -186,14 +189,17 @@ def retype(
 ) -> ExportArtifact:
     """Make an FP32 file written by ``export`` FP16 or INT8 without exporting again
     (the node <-> module map is stored in the file). Options as for ``export``."""
-    given = {
-        "precision": precision,
-        "fp32_modules": fp32_modules,
-        "io_dtype": io_dtype,
-        "calibration_cache": calibration_cache,
-        "target": target,
-    }
-    opts = one_form(ExportOptions, options, {k: v for k, v in given.items() if v is not None})
+    opts = one_form(
+        ExportOptions,
+        options,
+        given(
+            precision=precision,
+            fp32_modules=fp32_modules,
+            io_dtype=io_dtype,
+            calibration_cache=calibration_cache,
+            target=target,
+        ),
+    )
     if opts.fp32_nodes is not None or opts.opset is not None or opts.dynamic:
         raise ExportError(
             "retype keeps the file's graph: fp32_nodes, opset and dynamic apply to export"

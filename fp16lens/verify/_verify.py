@@ -13,7 +13,7 @@ from torch import nn
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from fp16lens._core import VerifyError
-from fp16lens._core.options import one_form
+from fp16lens._core.options import given, one_form
 from fp16lens.verify._batches import as_batches, cast_floats, model_device
 from fp16lens.verify._metrics import Accumulator
 from fp16lens.verify._options import Tolerance, VerifyOptions, resolve_tolerance
@@ -59,14 +59,17 @@ def verify(
     ``model`` may be an FP32 ONNX file (a path or an ``onnx.ModelProto``), run in ONNX
     Runtime; a batch is then a tensor, a tuple in graph-input order, or a dict by input name.
     """
-    given = {
-        "backend": backend,
-        "tolerance": tolerance,
-        "metric": metric,
-        "fusions": fusions,
-        "device": device,
-    }
-    opts = one_form(VerifyOptions, options, {k: v for k, v in given.items() if v is not None})
+    opts = one_form(
+        VerifyOptions,
+        options,
+        given(
+            backend=backend,
+            tolerance=tolerance,
+            metric=metric,
+            fusions=fusions,
+            device=device,
+        ),
+    )
     model = _reference(model)
     spec = pick_backend(candidate, opts.backend)
     tol = resolve_tolerance(opts.tolerance, spec.tolerance)

@@ -9,7 +9,7 @@ the mismatch and the cast to write.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
@@ -88,11 +88,10 @@ class EagerScan:
     def __init__(self, model: torch.nn.Module, lens: Lens):
         self.model, self.lens = model, lens
 
-    def session(self) -> contextlib.ExitStack:
-        stack = contextlib.ExitStack()
-        stack.enter_context(self.lens)
-        stack.enter_context(torch.no_grad())
-        return stack
+    @contextlib.contextmanager
+    def session(self) -> Iterator[None]:
+        with self.lens, torch.no_grad():
+            yield
 
     def step(self, index: int, batch: Any) -> None:
         call_batch(self.model, batch)
