@@ -17,6 +17,8 @@ def resolve_fp32_modules(model: torch.nn.Module, extra: Iterable[str] | None) ->
         raise OptionError(f"fp32_modules must be a list of module names, got the string {extra!r}")
     plan = getattr(model, PLAN_ATTR, None)
     wanted = [*(getattr(plan, "fp32_modules", None) or []), *(extra or [])]
+    if "" in wanted:  # the whole model is an island (patch's proof kept it FP32 whole): its
+        return ("",)  # other islands' names are of the model inside the wrapper, and moot
     names = {n for n, _ in model.named_modules()}
     for name in wanted:
         if name not in names:
