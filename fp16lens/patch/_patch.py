@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 import warnings
 
 from torch import fx, nn
@@ -16,7 +17,7 @@ from fp16lens._core.sites import PLAN_ATTR
 from fp16lens.patch._apply import apply_plan
 from fp16lens.patch._check import NOT_CHECKED, check_equivalent
 from fp16lens.patch._options import PatchOptions
-from fp16lens.patch._plan import PROOF_SITE, Plan, Unresolved
+from fp16lens.patch._plan import PROOF_SITE, BatchProof, Plan, Unresolved
 from fp16lens.patch._planner import build_plan
 from fp16lens.patch._prove import (
     as_batches,
@@ -29,6 +30,10 @@ from fp16lens.patch._prove import (
 from fp16lens.patch._warn import PatchWarning
 from fp16lens.patch._widen import apply_widened, span_hosts, widen
 from fp16lens.report import Report
+
+PRECISION_NOTE = (
+    "real FP16 of the rescaled model was finite on every batch, short only in precision"
+)
 
 
 def plan(
@@ -127,7 +132,7 @@ def _build(model: nn.Module, report: Report, opts: PatchOptions) -> Plan:
 def _proven(model: nn.Module, report: Report, opts: PatchOptions, batches: list | None):
     """The plan applied to a copy and checked: in FP32 against the original, and with
     ``batches`` in real FP16, widened until it passes or nothing is left to widen."""
-    stats_round, unwidened = False, None
+    stats_round, unwidened, first = False, None, None
     for _ in range(max(1, opts.max_rounds) + 1):
         the_plan, patched, report = _apply_checked(model, report, opts, batches)
         if batches is None and unwidened is not None and _half_breaks(patched, report):
@@ -150,7 +155,9 @@ def _proven(model: nn.Module, report: Report, opts: PatchOptions, batches: list 
         proof = prove_batches(model, patched, batches, opts, the_plan.input_scales)
         the_plan.proof, the_plan.fp16_checked = proof, True
         failed = [b for b in proof if not passes(b, opts)]
+        first = failed if first is None else first
         if not failed:
+            _precision_note(the_plan, first, opts)
             return patched, the_plan
         nxt = next_widening(report, patched, failed, opts, model)
         if nxt is None or _ == opts.max_rounds:
@@ -170,6 +177,23 @@ def _proven(model: nn.Module, report: Report, opts: PatchOptions, batches: list 
         )
     )
     return patched, the_plan
+
+
+def _precision_note(the_plan: Plan, first: list[BatchProof] | None, opts: PatchOptions) -> None:
+    """When the whole model ended FP32 although the first plan's real FP16 was finite on
+    every batch, only short of the tolerance: say that it is precision, not range."""
+    if not first or not all(b.finite for b in first):
+        return
+    if not any("" in w.modules for w in the_plan.widened):
+        return
+    worst = min(first, key=lambda b: b.cosine)
+    cut = math.floor(worst.cosine * 1e4) / 1e4
+    the_plan.notes.append(
+        f"{PRECISION_NOTE} (worst cosine {worst.cosine:.6f} on batch {worst.batch}, "
+        f"min_cosine {opts.min_cosine}): FP16 keeps 11 significant bits at any scale, which "
+        "rescaling does not change; "
+        f"patch(..., min_cosine={cut}) keeps the rescaled FP16 model, proven to that tolerance"
+    )
 
 
 def without_batches(model: nn.Module, report: Report, opts: PatchOptions) -> Plan:
@@ -273,11 +297,17 @@ def finish(the_plan: Plan, opts: PatchOptions) -> None:
             raise PatchError(msg)
         warnings.warn(PatchWarning(msg), stacklevel=3)
     if any("" in w.modules for w in the_plan.widened):
+        precision = [n for n in the_plan.notes if n.startswith(PRECISION_NOTE)]
+        why = (
+            precision[0]
+            if precision
+            else "move the failing ops into their own nn.Modules so that patch can keep only "
+            "them FP32, then scan and patch again"
+        )
         warnings.warn(
             PatchWarning(
                 "real FP16 failed until the whole model was kept FP32 (plan.widened): the patched model "
-                "runs no FP16 arithmetic; move the failing ops into their own nn.Modules so that patch "
-                "can keep only them FP32, then scan and patch again"
+                f"runs no FP16 arithmetic; {why}"
             ),
             stacklevel=3,
         )

@@ -495,8 +495,10 @@ def test_the_last_resort_keeps_the_whole_model_fp32_and_says_so():
     model, x = _untraceable()  # no island can hold its own ops: only the whole model can
     report = fp16lens.scan(model, [x], progress=False)
     assert report.spans and not torch.isfinite(_half(model, x)).all()
-    with pytest.warns(PatchWarning, match="whole model was kept FP32"):
+    with pytest.warns(PatchWarning, match="whole model was kept FP32") as caught:
         patched = fp16lens.patch(model, report, batches=[x])
+    said = " ".join(str(w.message) for w in caught)  # overflow, not precision: the advice
+    assert "own nn.Modules" in said and "short only in precision" not in said
     plan = get_plan(patched)
     assert (
         plan.proven and any("" in w.modules for w in plan.widened) and plan.fp16_flop_share == 0.0
