@@ -15,6 +15,7 @@ from rich.markup import escape
 
 from fp16lens._core import Fp16LensError
 from fp16lens._core.onnx_types import is_onnx
+from fp16lens._core.options import given
 from fp16lens._core.paths import check_writable
 from fp16lens._core.sites import site_module
 from fp16lens.cli._inputargs import (
@@ -41,6 +42,14 @@ def add_parser(sub) -> None:
         help="patched model file: .pt2 (torch.export program) or .pt (TorchScript); .onnx for an ONNX MODEL",
     )
     p.add_argument("--factor", type=float, default=None, help="rescaling factor (a power of two)")
+    p.add_argument(
+        "--min-cosine",
+        type=float,
+        default=None,
+        metavar="C",
+        help="the proof's parity tolerance with --input: each output's cosine against FP32 "
+        "(default 0.999)",
+    )
     add_input_arguments(p, batches=False)
     p.add_argument("--json", action="store_true", help="print a JSON summary")
     p.set_defaults(run=run)
@@ -56,11 +65,18 @@ def run(args: argparse.Namespace) -> int:
     report = Report.load(args.report)
     loaded = load_model(args.model, parse_kwargs(args.kwargs))
     default = loaded.example_inputs or _from_report(report)
-    given = batches_from_args(args, None, loaded.model) if args.input else None
-    example = given[0] if given else batches_from_args(args, default, loaded.model)[0]
+    batches = batches_from_args(args, None, loaded.model) if args.input else None
+    example = batches[0] if batches else batches_from_args(args, default, loaded.model)[0]
     with warnings.catch_warnings():  # the CLI prints what the warnings say (finish_lines)
         warnings.simplefilter("ignore", PatchWarning)
-        patched = patch_fn(loaded.model, report, inplace=False, factor=args.factor, batches=given)
+        patched = patch_fn(
+            loaded.model,
+            report,
+            inplace=False,
+            factor=args.factor,
+            batches=batches,
+            **given(min_cosine=args.min_cosine),
+        )
     plan = get_plan(patched)  # what patch() did, unresolved problems included
     assert plan is not None  # patch() attaches its plan to the model it returns
     saved = save_model(patched, example, args.output)
@@ -94,7 +110,7 @@ def run_onnx(args: argparse.Namespace) -> int:
     from fp16lens.patch import PatchOptions
     from fp16lens.patch.onnx import patch_onnx
 
-    options = PatchOptions(factor=args.factor)
+    options = PatchOptions(**given(factor=args.factor, min_cosine=args.min_cosine))
     if not args.output.lower().endswith(".onnx"):
         raise Fp16LensError(
             f"an ONNX MODEL is saved as ONNX: give -o with a .onnx name, not {args.output!r}"
@@ -142,11 +158,18 @@ def run_onnx(args: argparse.Namespace) -> int:
 
 
 def _unchecked(plan) -> list[str]:
-    """The plan's notes saying a check did not run (the FP32 check, real FP16)."""
+    """The plan's notes saying a check did not run (the FP32 check, real FP16), or that the
+    whole model was kept FP32 for precision alone (with the tolerance that keeps FP16)."""
+    from fp16lens.patch import PRECISION_NOTE
+
     return [
-        n
+        n.replace("patch(..., min_cosine=", "--min-cosine ").replace(
+            ") keeps the rescaled", " keeps the rescaled"
+        )
         for n in getattr(plan, "notes", [])
-        if n.startswith(("FP32 equivalence not checked", "the FP16 check did not run"))
+        if n.startswith(
+            ("FP32 equivalence not checked", "the FP16 check did not run", PRECISION_NOTE)
+        )
     ]
 
 
@@ -175,7 +198,11 @@ def finish_lines(left: list[dict], islands: list[str], saved) -> list[str]:
     if left:
         lines.append(f"NOT FIXED: {len(left)} problem(s) stay out of FP16 range after the patch:")
         lines += [f"  {u['site']}: {u['reason']}" for u in left]
-    if islands:
+    if islands == [""]:
+        lines.append(
+            f"the whole model is kept FP32: fp16lens export {saved} -o model.onnx keeps it FP32"
+        )
+    elif islands:
         names = ",".join(islands)
         quoted = ", ".join(repr(m) for m in islands)
         lines.append(f"export it with: fp16lens export {saved} -o model.onnx")

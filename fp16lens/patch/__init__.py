@@ -20,6 +20,7 @@ from fp16lens.patch._island import Fp32Island
 from fp16lens.patch._options import PatchOptions
 from fp16lens.patch._patch import get_plan, patch, plan
 from fp16lens.patch._plan import (
+    PRECISION_NOTE,
     PROOF_SITE,
     BatchProof,
     Island,
@@ -46,6 +47,7 @@ from fp16lens.patch._widen import Fp32Span
 
 __all__ = [
     "ISLANDS_FILE",
+    "PRECISION_NOTE",
     "PROOF_SITE",
     "BatchProof",
     "Fp32Island",

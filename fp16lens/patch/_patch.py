@@ -17,7 +17,7 @@ from fp16lens._core.sites import PLAN_ATTR
 from fp16lens.patch._apply import apply_plan
 from fp16lens.patch._check import NOT_CHECKED, check_equivalent
 from fp16lens.patch._options import PatchOptions
-from fp16lens.patch._plan import PROOF_SITE, BatchProof, Plan, Unresolved
+from fp16lens.patch._plan import PRECISION_NOTE, PROOF_SITE, BatchProof, Plan, Unresolved
 from fp16lens.patch._planner import build_plan
 from fp16lens.patch._prove import (
     as_batches,
@@ -30,10 +30,6 @@ from fp16lens.patch._prove import (
 from fp16lens.patch._warn import PatchWarning
 from fp16lens.patch._widen import apply_widened, span_hosts, widen
 from fp16lens.report import Report
-
-PRECISION_NOTE = (
-    "real FP16 of the rescaled model was finite on every batch, short only in precision"
-)
 
 
 def plan(

@@ -11,6 +11,13 @@ from fp16lens._core.sites import site_module
 PROOF_SITE = "fp16-proof"
 """The site of an Unresolved entry the proof adds: real FP16 still fails on a batch."""
 
+PRECISION_NOTE = (
+    "real FP16 of the rescaled model was finite on every batch, short only in precision"
+)
+"""How a plan note starts when the proof kept the whole model FP32 although the rescaled
+model's real FP16 was finite, short of ``min_cosine`` only (the note names the tolerance
+that keeps the rescaled model)."""
+
 
 def _under(name: str, outer: list[str]) -> bool:
     """Whether module ``name`` is one of ``outer`` or inside one ("" is the whole model)."""
@@ -155,6 +162,8 @@ class Plan:
     def fp32_modules(self) -> list[str]:
         """Qualified names (in the patched model) of the modules that must run in FP32."""
         outer = [m for w in self.widened for m in w.modules]
+        if "" in outer:  # the whole model kept FP32 holds every other island
+            return [""]
         inside = [i.module for i in [*self.kept, *self.islands] if not _under(i.module, outer)]
         return list(dict.fromkeys([*inside, *outer]))
 
