@@ -8,6 +8,7 @@ says the FP16 check did not run. Exit 1 when anything is left unresolved."""
 from __future__ import annotations
 
 import argparse
+import re
 import warnings
 from pathlib import Path
 
@@ -43,6 +44,14 @@ def add_parser(sub) -> None:
     )
     p.add_argument("--factor", type=float, default=None, help="rescaling factor (a power of two)")
     p.add_argument(
+        "--max-rel",
+        type=float,
+        default=None,
+        metavar="R",
+        help="with --input, also at most this largest |FP16 - FP32| relative to the output's "
+        "largest value",
+    )
+    p.add_argument(
         "--min-cosine",
         type=float,
         default=None,
@@ -75,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
             inplace=False,
             factor=args.factor,
             batches=batches,
-            **given(min_cosine=args.min_cosine),
+            **given(min_cosine=args.min_cosine, max_rel=args.max_rel),
         )
     plan = get_plan(patched)  # what patch() did, unresolved problems included
     assert plan is not None  # patch() attaches its plan to the model it returns
@@ -110,7 +119,9 @@ def run_onnx(args: argparse.Namespace) -> int:
     from fp16lens.patch import PatchOptions
     from fp16lens.patch.onnx import patch_onnx
 
-    options = PatchOptions(**given(factor=args.factor, min_cosine=args.min_cosine))
+    options = PatchOptions(
+        **given(factor=args.factor, min_cosine=args.min_cosine, max_rel=args.max_rel)
+    )
     if not args.output.lower().endswith(".onnx"):
         raise Fp16LensError(
             f"an ONNX MODEL is saved as ONNX: give -o with a .onnx name, not {args.output!r}"
@@ -163,8 +174,12 @@ def _unchecked(plan) -> list[str]:
     from fp16lens.patch import PRECISION_NOTE
 
     return [
-        n.replace("patch(..., min_cosine=", "--min-cosine ").replace(
-            ") keeps the rescaled", " keeps the rescaled"
+        re.sub(
+            r"patch\(\.\.\., ([^)]*)\)",
+            lambda m: re.sub(
+                r"(\w+)=", lambda k: "--" + k.group(1).replace("_", "-") + " ", m.group(1)
+            ).replace(",", ""),
+            n,
         )
         for n in getattr(plan, "notes", [])
         if n.startswith(

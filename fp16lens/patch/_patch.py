@@ -160,6 +160,7 @@ def _proven(model: nn.Module, report: Report, opts: PatchOptions, batches: list 
             break
         opts = nxt
     worst = failed[0]
+    _precision_note(the_plan, first, opts)
     the_plan.unresolved.append(
         Unresolved(
             PROOF_SITE,
@@ -183,12 +184,20 @@ def _precision_note(the_plan: Plan, first: list[BatchProof] | None, opts: PatchO
     if not any("" in w.modules for w in the_plan.widened):
         return
     worst = min(first, key=lambda b: b.cosine)
-    cut = math.floor(worst.cosine * 1e4) / 1e4
+    rel = max(b.max_rel for b in first)
+    keep = []
+    if worst.cosine < opts.min_cosine:
+        keep.append(f"min_cosine={math.floor(worst.cosine * 1e4) / 1e4}")
+    if opts.max_rel is not None and rel > opts.max_rel:
+        keep.append(f"max_rel={math.ceil(rel * 1e3) / 1e3}")
+    tolerance = f"min_cosine {opts.min_cosine}" + (
+        f", max_rel {opts.max_rel}" if opts.max_rel is not None else ""
+    )
     the_plan.notes.append(
-        f"{PRECISION_NOTE} (worst cosine {worst.cosine:.6f} on batch {worst.batch}, "
-        f"min_cosine {opts.min_cosine}): FP16 keeps 11 significant bits at any scale, which "
-        "rescaling does not change; "
-        f"patch(..., min_cosine={cut}) keeps the rescaled FP16 model, proven to that tolerance"
+        f"{PRECISION_NOTE} (worst cosine {worst.cosine:.6f}, largest relative error {rel:.3g}; "
+        f"asked: {tolerance}): FP16 keeps 11 significant bits at any scale, which rescaling "
+        f"does not change; patch(..., {', '.join(keep)}) keeps the rescaled FP16 model, "
+        "proven to that tolerance"
     )
 
 

@@ -25,7 +25,7 @@ def _raw_pixels(x: torch.Tensor) -> torch.Tensor:
     return (x - x.min()) / (x.max() - x.min()) * 255
 
 
-@pytest.mark.slow  # two proofs on the demo detector, ~50 s
+@pytest.mark.slow  # four proofs on the demo detector, ~80 s
 def test_raw_pixels_are_patched_and_hold_in_real_fp16_and_the_exported_file(tmp_path):
     pytest.importorskip("onnxruntime")
     model, (x,) = build_demo_model()
@@ -42,7 +42,7 @@ def test_raw_pixels_are_patched_and_hold_in_real_fp16_and_the_exported_file(tmp_
     # was finite, only short in precision, and which tolerance keeps it
     said = " ".join(str(w.message) for w in caught)
     assert "short only in precision" in said, said
-    suggested = float(re.search(r"min_cosine=([0-9.]+)\)", said).group(1))
+    suggested = float(re.search(r"patch\(\.\.\., min_cosine=([0-9.]+)\)", said).group(1))
     assert 0.99 < suggested < 0.999
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", fp16lens.PatchWarning)
@@ -52,6 +52,19 @@ def test_raw_pixels_are_patched_and_hold_in_real_fp16_and_the_exported_file(tmp_
         half = copy.deepcopy(kept).half()(raw.half()).float()
         cos = torch.nn.functional.cosine_similarity(half.flatten(), model(raw).flatten(), dim=0)
     assert torch.isfinite(half).all() and float(cos) >= suggested
+    # short in max_rel only (0.4 rescaled; FP32 inside with FP16 inputs 0.21): named so
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", fp16lens.PatchWarning)
+        fp16lens.patch(model, report, batches=[raw], min_cosine=0.99, max_rel=0.3)
+    said = " ".join(str(w.message) for w in caught)
+    found = re.search(r"patch\(\.\.\., max_rel=([0-9.]+)\)", said)
+    assert found and float(found.group(1)) > 0.3, said
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", fp16lens.PatchWarning)
+        kept = fp16lens.patch(
+            model, report, batches=[raw], min_cosine=0.99, max_rel=float(found.group(1))
+        )
+    assert fp16lens.get_plan(kept).proven and fp16lens.get_plan(kept).fp16_flop_share == 1.0
     with torch.no_grad():
         half = copy.deepcopy(patched).half()(raw.half()).float()
         want = model(raw)
