@@ -154,7 +154,7 @@ def _graph(fp16_gemm: bool):
         [h.make_tensor_value_info("z", tp.FLOAT, [1, 5])],
         inits,
     )
-    return h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+    return h.make_model(graph, opset_imports=[h.make_opsetid("", 17)], ir_version=8)
 
 
 def test_flops_match_hand_counts_and_fp16_share():

@@ -22,7 +22,7 @@ def _model(nodes, inits, shape=(4, 16), out_shape=None):
         [helper.make_tensor_value_info("y", F, list(out_shape or shape))],
         initializer=inits,
     )
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
 def _square_eps(eps: float) -> list:

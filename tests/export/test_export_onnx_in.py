@@ -163,7 +163,7 @@ def shape_ops_graph(path) -> str:
         [h.make_tensor_value_info("x", F32, [1, 2, 4, 4])],
         [h.make_tensor_value_info("y", F32, [1, 2, 8, 8])],
     )
-    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)], ir_version=8)
     onnx.checker.check_model(model, full_check=True)
     onnx.save(model, str(path))
     return str(path)
@@ -395,7 +395,7 @@ def test_a_control_flow_body_stays_fp32_and_reads_outer_tensors_through_casts(tm
         initializer=consts,
     )
     path = tmp_path / "if.onnx"
-    onnx.save(h.make_model(graph, opset_imports=[h.make_opsetid("", 17)]), str(path))
+    onnx.save(h.make_model(graph, opset_imports=[h.make_opsetid("", 17)], ir_version=8), str(path))
     art = export(str(path), None, tmp_path / "if16.onnx")
     assert art.fp32_nodes == ("branch",)
     assert any("If body runs as written, in FP32" in w for w in art.warnings)

@@ -89,7 +89,7 @@ def decomposed_layernorm(path, width: int):
         [h.make_tensor_value_info("y", f16, [2, width])],
         consts,
     )
-    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 13)])
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 13)], ir_version=8)
     model.ir_version = 8
     onnx.save(model, str(path))
 

@@ -120,7 +120,7 @@ def _graph(path, qdq: bool):
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8])],
         inits,
     )
-    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
     proto.ir_version = 8
     onnx.save(proto, str(path))
     return path

@@ -77,7 +77,7 @@ def _flat(nodes, prefix: str, out: str, target: str):
 
 def _model(nodes, inputs, out: str, inits):
     g = helper.make_graph(nodes, "ifs", inputs, [_vi(out)], initializer=inits)
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
 def gate(flat: bool | None = None, lift: str = ""):
