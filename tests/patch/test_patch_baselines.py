@@ -96,7 +96,9 @@ def span_errors(p: float) -> tuple[float, float]:
 @pytest.mark.parametrize("errors", [conv_errors, bn_errors, span_errors])
 def test_fold_is_at_least_as_accurate_as_the_runtime_form(errors, p):
     fold, runtime = errors(p)
-    assert fold <= runtime, f"fold {fold:.3g} > runtime form {runtime:.3g} at p={p}"
+    # at small p both errors are FP32 rounding, whose order depends on the CPU's BLAS (the
+    # span form at p=8 failed on the 16-core GPU machine's CPU); one FP32 ulp of slack
+    assert fold <= runtime + 2**-24, f"fold {fold:.3g} > runtime form {runtime:.3g} at p={p}"
 
 
 def test_runtime_form_error_grows_with_p_while_the_fold_does_not():
