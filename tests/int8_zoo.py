@@ -419,6 +419,15 @@ def _face_jitter(rng, photo: str) -> np.ndarray:
     return img[y0:y1, x0:x1]
 
 
+def _sub_crop(rng, img: np.ndarray) -> np.ndarray:
+    """A square window of 0.7 to 1.0 of ``img``'s side at a random place: an LFW face
+    (a tight 25x25 crop) off-centre and zoomed in, as RNet's boxes give it to ONet."""
+    n = img.shape[0]
+    side = int(round(rng.uniform(0.7, 1.0) * n))
+    y, x = rng.integers(0, n - side + 1, size=2)
+    return img[y : y + side, x : x + side]
+
+
 @functools.cache
 def _mtcnn_onnx(stage: str) -> str:
     import torch
@@ -433,10 +442,15 @@ def _mtcnn_onnx(stage: str) -> str:
 
 
 def onet(n_cal: int = 8, n_eval: int = 24, stage: str = "ONet") -> Int8Case:
-    """MTCNN's ONet on 48x48 crops, normalized as facenet-pytorch does ((x - 127.5) / 128):
-    in turn an LFW face, a crop around the astronaut's or the cameraman's face, an LFW
-    non-face, a crop of another photograph. Calibration items take LFW images 0-49 and
-    100-149, evaluation items 50-99 and 150-199; the photo crops come from other seeds."""
+    """MTCNN's ONet on 48x48 crops, normalized as facenet-pytorch does ((x - 127.5) / 128).
+
+    Evaluation items, in turn: an LFW face, a crop around the astronaut's or the
+    cameraman's face, an LFW non-face, a crop of another photograph (LFW images 50-99 and
+    150-199). Calibration items are what a user calibrates ONet with, the face crops RNet
+    passes it: three real LFW faces in four (images 0-49, disjoint from the evaluation
+    ones by image number; two of the three a window of 0.7 to 1.0 of the face's side at a
+    random place, off-centre as RNet's boxes give them), every fourth an LFW non-face
+    (100-149) or a crop of another photograph (another seed), in turn."""
     from PIL import Image
 
     path = _mtcnn_onnx(stage)
@@ -445,28 +459,49 @@ def onet(n_cal: int = 8, n_eval: int = 24, stage: str = "ONet") -> Int8Case:
     lfw = _lfw()
     others = [p for p in _photos() if p not in ("astronaut", "camera", "page", "text")]
 
-    def items(seed, base, n):
+    def feed(img):
+        img = np.asarray(Image.fromarray(img).resize((side, side), Image.BILINEAR))
+        return {name: ((_nchw(img) - 127.5) * 0.0078125).astype(np.float32)}
+
+    def photo_crop(rng):
+        return _crop(rng, others[rng.integers(len(others))], side, side)
+
+    def evaluation(seed, n):
         rng = np.random.default_rng(seed)
         out = []
         for i in range(n):
             kind = i % 4
             if kind == 0:
-                img = lfw[base + i // 4]
+                img = lfw[50 + i // 4]
             elif kind == 1:
                 img = _face_jitter(rng, ("astronaut", "camera")[(i // 4) % 2])
             elif kind == 2:
-                img = lfw[100 + base + i // 4]
+                img = lfw[150 + i // 4]
             else:
-                img = _crop(rng, others[rng.integers(len(others))], side, side)
-            img = np.asarray(Image.fromarray(img).resize((side, side), Image.BILINEAR))
-            out.append({name: ((_nchw(img) - 127.5) * 0.0078125).astype(np.float32)})
+                img = photo_crop(rng)
+            out.append(feed(img))
+        return out
+
+    def calibration(seed, n):
+        rng = np.random.default_rng(seed)
+        out, faces = [], 0
+        for i in range(n):
+            if i % 4 < 3:  # every face but the first of four off-centre, as RNet's boxes
+                img, faces = lfw[faces % 50], faces + 1
+                if i % 4:
+                    img = _sub_crop(rng, img)
+            elif (i // 4) % 2 == 0:
+                img = lfw[100 + i // 8]
+            else:
+                img = photo_crop(rng)
+            out.append(feed(img))
         return out
 
     return Int8Case(
         f"MTCNN {stage}",
         path,
-        items(7, 0, n_cal),
-        items(8, 50, n_eval),
+        calibration(7, n_cal),
+        evaluation(8, n_eval),
         mtcnn_metric_for(stage),
         (
             "face decision",
