@@ -3,10 +3,10 @@
     python scripts/bench_int8.py [--quick] [--models detector,recognizer,classifier] [--json OUT]
 
 ``--models`` (comma-separated): detector, recognizer, classifier (the default), onet,
-rnet, craft, english_g2, crepe.
+rnet, pnet, craft, english_g2, crepe.
 
 Models: PP-OCRv4's detector and recognizer as rapidocr-onnxruntime ships them, and
-EfficientNet-Lite0 (ImageNet), MTCNN ONet and RNet, easyocr's CRAFT and english_g2, and CREPE tiny,
+EfficientNet-Lite0 (ImageNet), MTCNN ONet, RNet and PNet, easyocr's CRAFT and english_g2, and CREPE tiny,
 exported to FP32 ONNX by fp16lens; inputs from
 ``tests/int8_zoo.py``: 8 calibration items and 24 evaluation items (``--quick``: 4 and
 8, about 4 minutes on 2 cores), disjoint (other words, other crops).
@@ -194,6 +194,16 @@ def _task_targets(name: str) -> dict:
                 0.9995, lambda r, o: metric(r, o)["box cosine"], "box cosine"
             )
         }
+    if name == "pnet":  # the face map is PNet's decision (the cells it turns into boxes);
+        m = int8_zoo.pnet_metric  # the box offsets at those cells, a row of their own
+        return {
+            "fp16lens + target (face cell IoU 0.95)": Int8Target(
+                0.95, lambda r, o: m(r, o)["face cell IoU"], "face cell IoU"
+            ),
+            "fp16lens + target (box cosine 0.998)": Int8Target(
+                0.998, lambda r, o: m(r, o)["box cosine"], "box cosine at face cells"
+            ),
+        }
     return {"fp16lens + target (worst cosine 0.995)": Int8Target(0.995, None)}
 
 
@@ -205,6 +215,7 @@ LADDERS = {
     "classifier": (0.999, 0.998, 0.997, 0.995, 0.99),
     "onet": (0.99995, 0.9999, 0.9998, 0.9995, 0.999),
     "rnet": (0.99995, 0.9999, 0.9998, 0.9995, 0.999),
+    "pnet": (0.98, 0.95, 0.9, 0.85, 0.8),
     "craft": (0.998, 0.995, 0.99, 0.985, 0.98),
     "english_g2": (0.9995, 0.999, 0.998, 0.995, 0.99),
     "crepe": (0.9995, 0.999, 0.998, 0.995),
@@ -349,6 +360,11 @@ def markdown(rows: list[dict]) -> str:
             )
         elif "same string" in r:
             task = f"same string {r['same string']:.1%}"
+        elif "face cell IoU" in r:
+            task = (
+                f"face cell IoU {r['face cell IoU']:.3f} (worst {r['face cell IoU worst']:.3f}); "
+                f"box cosine {r['box cosine']:.4f} ({r['box px']:.2f} px)"
+            )
         elif "face decision" in r:
             task = (
                 f"face decision {r['face decision']:.1%}; box cosine {r['box cosine']:.4f} "
