@@ -6,7 +6,9 @@ lines rendered with Pillow's font on crops of scikit-image's photographs (and cr
 scanned page); the recognizer reads rendered words 48 pixels high; EfficientNet-Lite0
 reads crops of scikit-image's colour photographs. The PyTorch zoo models, exported to FP32
 ONNX by fp16lens: MTCNN ONet and RNet read LFW faces and non-faces (scikit-image's
-``lfw_subset.npy``) and crops around the two photographed faces; CRAFT reads the
+``lfw_subset.npy``) and crops around the two photographed faces (calibrated on other
+LFW faces, off-centre as RNet's boxes give them), PNet 96x96 pyramid levels with LFW
+faces pasted on photographs; CRAFT reads the
 detector's kind of items; english_g2 rendered words; CREPE tiny the two spoken sentences
 (one calibrates, the other evaluates). Calibration items and evaluation items come from
 disjoint strings, images and crop positions (different seeds, different word lists).
