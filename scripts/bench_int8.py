@@ -270,6 +270,39 @@ def _modelopt(case, method: str):
         return onnx.load(dst), ""
 
 
+SAME_PLACEMENT = ("onet", "rnet", "pnet")  # models with the row below
+
+
+def _at_modelopt_placement(case):
+    """fp16lens's ranges (the default search) with the units ModelOpt max leaves in FP32
+    kept out of INT8 (its Conv/Gemm whose weight has no Q/DQ): the two ranges compared at
+    one placement and one INT8 FLOPs share. A comparison row, not a choice fp16lens makes
+    (a user would name those units in ``exclude``)."""
+    import onnx
+
+    from fp16lens.export._int8 import prepared
+    from fp16lens.export._int8_place import COMPUTE_OPS, name_nodes
+    from fp16lens.export._int8_search import write_qdq
+
+    theirs, _ = _modelopt(case, "max")
+    dequantized = {n.output[0] for n in theirs.graph.node if n.op_type == "DequantizeLinear"}
+    in_float = {
+        n.input[1]
+        for n in theirs.graph.node
+        if n.op_type in COMPUTE_OPS and len(n.input) > 1 and n.input[1] not in dequantized
+    }
+    _fp16lens(case)  # the search, made once per case
+    searcher, seconds = _SEARCHED[(case.name, True, True)]
+    proto = prepared(onnx.load(case.path))
+    name_nodes(proto.graph)
+    weight = {n.name: n.input[1] for n in proto.graph.node if len(n.input) > 1}
+    plan = searcher.plan
+    on = [weight.get(u.node) not in in_float for u in plan.units]
+    plan = dataclasses.replace(plan, on=on)
+    kept = [u.node for u, o in zip(plan.units, on) if not o]
+    return write_qdq(proto, plan), f"kept out of INT8: {', '.join(kept) or 'none'}", seconds
+
+
 def modelopt_status() -> str | None:
     """None when ModelOpt's ONNX quantization imports here, else why not."""
     try:
@@ -284,6 +317,8 @@ def methods(name: str, with_modelopt: bool, only_modelopt: bool = False):
     if only_modelopt:
         for m in ("entropy", "max"):
             yield f"ModelOpt {m}", lambda c, m=m: _modelopt(c, m)
+        if name in SAME_PLACEMENT:
+            yield "fp16lens at ModelOpt's placement", _at_modelopt_placement
         return
     yield "fp16lens before (ORT Entropy, all ops)", lambda c: _fp16lens(c, calibrator="ort-entropy")
     yield "fp16lens placement, max ranges", lambda c: _fp16lens(c, choose=False, equalize=False)
