@@ -189,11 +189,18 @@ def _task_targets(name: str) -> dict:
         }
     if name in ("onet", "rnet"):  # every face decision holds in all-INT8: box offsets are
         metric = int8_zoo.mtcnn_metric_for("ONet" if name == "onet" else "RNet")  # the signal
-        return {
+        rows = {
             "fp16lens + target (box cosine 0.9995)": Int8Target(
                 0.9995, lambda r, o: metric(r, o)["box cosine"], "box cosine"
             )
         }
+        if name == "onet":  # the pipeline reads its landmarks too: a pixel-error target
+            rows["fp16lens + target (box and landmark error 0.1 px)"] = Int8Target(
+                -0.1,
+                lambda r, o: -max(metric(r, o)["box px"], metric(r, o)["landmark px"]),
+                "minus the larger mean error of box and landmarks, in px",
+            )
+        return rows
     if name == "pnet":  # the face map is PNet's decision (the cells it turns into boxes);
         m = int8_zoo.pnet_metric  # the box offsets at those cells, a row of their own
         return {
