@@ -3,10 +3,10 @@
     python scripts/bench_int8.py [--quick] [--models detector,recognizer,classifier] [--json OUT]
 
 ``--models`` (comma-separated): detector, recognizer, classifier (the default), onet,
-rnet, craft, english_g2, crepe.
+rnet, pnet, craft, english_g2, crepe.
 
 Models: PP-OCRv4's detector and recognizer as rapidocr-onnxruntime ships them, and
-EfficientNet-Lite0 (ImageNet), MTCNN ONet and RNet, easyocr's CRAFT and english_g2, and CREPE tiny,
+EfficientNet-Lite0 (ImageNet), MTCNN ONet, RNet and PNet, easyocr's CRAFT and english_g2, and CREPE tiny,
 exported to FP32 ONNX by fp16lens; inputs from
 ``tests/int8_zoo.py``: 8 calibration items and 24 evaluation items (``--quick``: 4 and
 8, about 4 minutes on 2 cores), disjoint (other words, other crops).
@@ -189,10 +189,27 @@ def _task_targets(name: str) -> dict:
         }
     if name in ("onet", "rnet"):  # every face decision holds in all-INT8: box offsets are
         metric = int8_zoo.mtcnn_metric_for("ONet" if name == "onet" else "RNet")  # the signal
-        return {
+        rows = {
             "fp16lens + target (box cosine 0.9995)": Int8Target(
                 0.9995, lambda r, o: metric(r, o)["box cosine"], "box cosine"
             )
+        }
+        if name == "onet":  # the pipeline reads its landmarks too: a pixel-error target
+            rows["fp16lens + target (box and landmark error 0.1 px)"] = Int8Target(
+                -0.1,
+                lambda r, o: -max(metric(r, o)["box px"], metric(r, o)["landmark px"]),
+                "minus the larger mean error of box and landmarks, in px",
+            )
+        return rows
+    if name == "pnet":  # the face map is PNet's decision (the cells it turns into boxes);
+        m = int8_zoo.pnet_metric  # the box offsets at those cells, a row of their own
+        return {
+            "fp16lens + target (face cell IoU 0.95)": Int8Target(
+                0.95, lambda r, o: m(r, o)["face cell IoU"], "face cell IoU"
+            ),
+            "fp16lens + target (box cosine 0.998)": Int8Target(
+                0.998, lambda r, o: m(r, o)["box cosine"], "box cosine at face cells"
+            ),
         }
     return {"fp16lens + target (worst cosine 0.995)": Int8Target(0.995, None)}
 
@@ -205,6 +222,7 @@ LADDERS = {
     "classifier": (0.999, 0.998, 0.997, 0.995, 0.99),
     "onet": (0.99995, 0.9999, 0.9998, 0.9995, 0.999),
     "rnet": (0.99995, 0.9999, 0.9998, 0.9995, 0.999),
+    "pnet": (0.98, 0.95, 0.9, 0.85, 0.8),
     "craft": (0.998, 0.995, 0.99, 0.985, 0.98),
     "english_g2": (0.9995, 0.999, 0.998, 0.995, 0.99),
     "crepe": (0.9995, 0.999, 0.998, 0.995),
@@ -259,6 +277,39 @@ def _modelopt(case, method: str):
         return onnx.load(dst), ""
 
 
+SAME_PLACEMENT = ("onet", "rnet", "pnet")  # models with the row below
+
+
+def _at_modelopt_placement(case):
+    """fp16lens's ranges (the default search) with the units ModelOpt max leaves in FP32
+    kept out of INT8 (its Conv/Gemm whose weight has no Q/DQ): the two ranges compared at
+    one placement and one INT8 FLOPs share. A comparison row, not a choice fp16lens makes
+    (a user would name those units in ``exclude``)."""
+    import onnx
+
+    from fp16lens.export._int8 import prepared
+    from fp16lens.export._int8_place import COMPUTE_OPS, name_nodes
+    from fp16lens.export._int8_search import write_qdq
+
+    theirs, _ = _modelopt(case, "max")
+    dequantized = {n.output[0] for n in theirs.graph.node if n.op_type == "DequantizeLinear"}
+    in_float = {
+        n.input[1]
+        for n in theirs.graph.node
+        if n.op_type in COMPUTE_OPS and len(n.input) > 1 and n.input[1] not in dequantized
+    }
+    _fp16lens(case)  # the search, made once per case
+    searcher, seconds = _SEARCHED[(case.name, True, True)]
+    proto = prepared(onnx.load(case.path))
+    name_nodes(proto.graph)
+    weight = {n.name: n.input[1] for n in proto.graph.node if len(n.input) > 1}
+    plan = searcher.plan
+    on = [weight.get(u.node) not in in_float for u in plan.units]
+    plan = dataclasses.replace(plan, on=on)
+    kept = [u.node for u, o in zip(plan.units, on) if not o]
+    return write_qdq(proto, plan), f"kept out of INT8: {', '.join(kept) or 'none'}", seconds
+
+
 def modelopt_status() -> str | None:
     """None when ModelOpt's ONNX quantization imports here, else why not."""
     try:
@@ -273,6 +324,8 @@ def methods(name: str, with_modelopt: bool, only_modelopt: bool = False):
     if only_modelopt:
         for m in ("entropy", "max"):
             yield f"ModelOpt {m}", lambda c, m=m: _modelopt(c, m)
+        if name in SAME_PLACEMENT:
+            yield "fp16lens at ModelOpt's placement", _at_modelopt_placement
         return
     yield "fp16lens before (ORT Entropy, all ops)", lambda c: _fp16lens(c, calibrator="ort-entropy")
     yield "fp16lens placement, max ranges", lambda c: _fp16lens(c, choose=False, equalize=False)
@@ -349,6 +402,11 @@ def markdown(rows: list[dict]) -> str:
             )
         elif "same string" in r:
             task = f"same string {r['same string']:.1%}"
+        elif "face cell IoU" in r:
+            task = (
+                f"face cell IoU {r['face cell IoU']:.3f} (worst {r['face cell IoU worst']:.3f}); "
+                f"box cosine {r['box cosine']:.4f} ({r['box px']:.2f} px)"
+            )
         elif "face decision" in r:
             task = (
                 f"face decision {r['face decision']:.1%}; box cosine {r['box cosine']:.4f} "

@@ -6,7 +6,9 @@ lines rendered with Pillow's font on crops of scikit-image's photographs (and cr
 scanned page); the recognizer reads rendered words 48 pixels high; EfficientNet-Lite0
 reads crops of scikit-image's colour photographs. The PyTorch zoo models, exported to FP32
 ONNX by fp16lens: MTCNN ONet and RNet read LFW faces and non-faces (scikit-image's
-``lfw_subset.npy``) and crops around the two photographed faces; CRAFT reads the
+``lfw_subset.npy``) and crops around the two photographed faces (calibrated on other
+LFW faces, off-centre as RNet's boxes give them), PNet 96x96 pyramid levels with LFW
+faces pasted on photographs; CRAFT reads the
 detector's kind of items; english_g2 rendered words; CREPE tiny the two spoken sentences
 (one calibrates, the other evaluates). Calibration items and evaluation items come from
 disjoint strings, images and crop positions (different seeds, different word lists).
@@ -419,6 +421,15 @@ def _face_jitter(rng, photo: str) -> np.ndarray:
     return img[y0:y1, x0:x1]
 
 
+def _sub_crop(rng, img: np.ndarray) -> np.ndarray:
+    """A square window of 0.7 to 1.0 of ``img``'s side at a random place: an LFW face
+    (a tight 25x25 crop) off-centre and zoomed in, as RNet's boxes give it to ONet."""
+    n = img.shape[0]
+    side = round(float(rng.uniform(0.7, 1.0)) * n)
+    y, x = rng.integers(0, n - side + 1, size=2)
+    return img[y : y + side, x : x + side]
+
+
 @functools.cache
 def _mtcnn_onnx(stage: str) -> str:
     import torch
@@ -433,10 +444,15 @@ def _mtcnn_onnx(stage: str) -> str:
 
 
 def onet(n_cal: int = 8, n_eval: int = 24, stage: str = "ONet") -> Int8Case:
-    """MTCNN's ONet on 48x48 crops, normalized as facenet-pytorch does ((x - 127.5) / 128):
-    in turn an LFW face, a crop around the astronaut's or the cameraman's face, an LFW
-    non-face, a crop of another photograph. Calibration items take LFW images 0-49 and
-    100-149, evaluation items 50-99 and 150-199; the photo crops come from other seeds."""
+    """MTCNN's ONet on 48x48 crops, normalized as facenet-pytorch does ((x - 127.5) / 128).
+
+    Evaluation items, in turn: an LFW face, a crop around the astronaut's or the
+    cameraman's face, an LFW non-face, a crop of another photograph (LFW images 50-99 and
+    150-199). Calibration items are what a user calibrates ONet with, the face crops RNet
+    passes it: three real LFW faces in four (images 0-49, disjoint from the evaluation
+    ones by image number; two of the three a window of 0.7 to 1.0 of the face's side at a
+    random place, off-centre as RNet's boxes give them), every fourth an LFW non-face
+    (100-149) or a crop of another photograph (another seed), in turn."""
     from PIL import Image
 
     path = _mtcnn_onnx(stage)
@@ -445,28 +461,49 @@ def onet(n_cal: int = 8, n_eval: int = 24, stage: str = "ONet") -> Int8Case:
     lfw = _lfw()
     others = [p for p in _photos() if p not in ("astronaut", "camera", "page", "text")]
 
-    def items(seed, base, n):
+    def feed(img):
+        img = np.asarray(Image.fromarray(img).resize((side, side), Image.BILINEAR))
+        return {name: ((_nchw(img) - 127.5) * 0.0078125).astype(np.float32)}
+
+    def photo_crop(rng):
+        return _crop(rng, others[rng.integers(len(others))], side, side)
+
+    def evaluation(seed, n):
         rng = np.random.default_rng(seed)
         out = []
         for i in range(n):
             kind = i % 4
             if kind == 0:
-                img = lfw[base + i // 4]
+                img = lfw[50 + i // 4]
             elif kind == 1:
                 img = _face_jitter(rng, ("astronaut", "camera")[(i // 4) % 2])
             elif kind == 2:
-                img = lfw[100 + base + i // 4]
+                img = lfw[150 + i // 4]
             else:
-                img = _crop(rng, others[rng.integers(len(others))], side, side)
-            img = np.asarray(Image.fromarray(img).resize((side, side), Image.BILINEAR))
-            out.append({name: ((_nchw(img) - 127.5) * 0.0078125).astype(np.float32)})
+                img = photo_crop(rng)
+            out.append(feed(img))
+        return out
+
+    def calibration(seed, n):
+        rng = np.random.default_rng(seed)
+        out, faces = [], 0
+        for i in range(n):
+            if i % 4 < 3:  # every face but the first of four off-centre, as RNet's boxes
+                img, faces = lfw[faces % 50], faces + 1
+                if i % 4:
+                    img = _sub_crop(rng, img)
+            elif (i // 4) % 2 == 0:
+                img = lfw[100 + i // 8]
+            else:
+                img = photo_crop(rng)
+            out.append(feed(img))
         return out
 
     return Int8Case(
         f"MTCNN {stage}",
         path,
-        items(7, 0, n_cal),
-        items(8, 50, n_eval),
+        calibration(7, n_cal),
+        evaluation(8, n_eval),
         mtcnn_metric_for(stage),
         (
             "face decision",
@@ -480,6 +517,118 @@ def onet(n_cal: int = 8, n_eval: int = 24, stage: str = "ONet") -> Int8Case:
 def rnet(n_cal: int = 8, n_eval: int = 24) -> Int8Case:
     """MTCNN's RNet on the same kind of crops as ONet's, 24x24."""
     return onet(n_cal, n_eval, "RNet")
+
+
+# ---- MTCNN PNet: the face map over one level of the image pyramid ---------------------
+
+PNET_SIZE = 96  # one pyramid level: 96x96 pixels give PNet's 43x43 map of 12x12 windows
+PNET_THRESH = 0.6  # facenet-pytorch's default first-stage threshold (MTCNN thresholds[0])
+PNET_CELL = 12  # PNet's window: its box offsets are fractions of 12 pixels of the level
+
+
+def pnet_metric(refs, outs) -> dict:
+    """PNet's outputs are box offsets (1, 4, h, w) and the face/no-face softmax (1, 2, h, w)
+    over its 12x12 windows (stride 2). Face cells: the face class > ``PNET_THRESH`` (0.6,
+    facenet-pytorch's default), the cells the pipeline turns into candidate boxes. Face
+    cell IoU: of FP32's and INT8's face cells, over all items' cells together (an item with
+    two face cells weighs what they weigh), and the worst item (1.0 when neither has one);
+    agreement: the share of all cells decided alike. Box cosine: the offsets at FP32's
+    face cells, stacked, with the mean absolute difference in pixels of the level. Face
+    prob error: the largest change of a cell's face probability. Cosine: mean per item over
+    both outputs."""
+    from fp16lens.export._int8_search import cosine
+
+    def iou(a, b) -> float:
+        union = (a | b).sum()
+        return float((a & b).sum() / union) if union else 1.0
+
+    faces = [r[1][0, 1] > PNET_THRESH for r in refs]
+    found = [o[1][0, 1] > PNET_THRESH for o in outs]
+    ious = [iou(a, b) for a, b in zip(faces, found)]
+    pooled = iou(
+        np.concatenate([f.ravel() for f in faces]), np.concatenate([g.ravel() for g in found])
+    )
+    a = np.concatenate([r[0][0][:, m] for r, m in zip(refs, faces)], axis=1)
+    b = np.concatenate([o[0][0][:, m] for o, m in zip(outs, faces)], axis=1)
+    return {
+        "face cell IoU": pooled,
+        "face cell IoU worst": float(np.min(ious)),
+        "face cell agreement": float(
+            np.mean(np.concatenate([(f == g).ravel() for f, g in zip(faces, found)]))
+        ),
+        "face cells": int(sum(m.sum() for m in faces)),
+        "box cosine": cosine(a, b) if a.size else 1.0,
+        "box px": float(np.abs(a - b).mean() * PNET_CELL) if a.size else 0.0,
+        "face prob error": float(
+            max(np.abs(r[1][0, 1] - o[1][0, 1]).max() for r, o in zip(refs, outs))
+        ),
+        "cosine": float(
+            np.mean(
+                [
+                    cosine(
+                        np.concatenate([np.ravel(t) for t in r]),
+                        np.concatenate([np.ravel(t) for t in o]),
+                    )
+                    for r, o in zip(refs, outs)
+                ]
+            )
+        ),
+    }
+
+
+@functools.cache
+def _pnet_onnx() -> str:
+    import torch
+
+    from fp16lens.export import export
+
+    folder = tempfile.mkdtemp(prefix="fp16lens_int8_")
+    x = torch.zeros(1, 3, PNET_SIZE, PNET_SIZE)
+    return str(export(z._mtcnn("PNet"), (x,), os.path.join(folder, "pnet.onnx"), "fp32").path)
+
+
+def pnet(n_cal: int = 8, n_eval: int = 24) -> Int8Case:
+    """MTCNN's PNet on 96x96 levels of an image pyramid, normalized as facenet-pytorch does:
+    the first item the whole astronaut photograph (calibration) or the cameraman's
+    (evaluation) at 96x96 (a face of about 24 pixels); every other a crop of another
+    photograph with one to three LFW faces pasted at 12 to 32 pixels (faces as the pyramid
+    brings them to PNet's 12-pixel window) and one LFW non-face. Calibration items take
+    LFW images 0-49 and 100-149, evaluation items 50-99 and 150-199, other seeds."""
+    from PIL import Image
+
+    path = _pnet_onnx()
+    name = _input_name(path)
+    lfw = _lfw()
+    others = [p for p in _photos() if p not in ("astronaut", "camera", "page", "text")]
+    n = PNET_SIZE
+
+    def items(seed, base, photo, count):
+        rng = np.random.default_rng(seed)
+        out, used = [], 0
+        for i in range(count):
+            if i == 0:
+                img = np.asarray(Image.fromarray(_photo(photo)).resize((n, n), Image.BILINEAR))
+            else:
+                img = _crop(rng, others[rng.integers(len(others))], n, n).copy()
+                pasted = [(lfw[base + used % 50 + k], k) for k in range(int(rng.integers(1, 4)))]
+                used += len(pasted)
+                pasted.append((lfw[100 + base + i % 50], -1))
+                for patch, _ in pasted:
+                    side = int(rng.integers(12, 33))
+                    y, x = rng.integers(0, n - side + 1, size=2)
+                    small = Image.fromarray(patch).resize((side, side), Image.BILINEAR)
+                    img[y : y + side, x : x + side] = np.asarray(small)
+            out.append({name: ((_nchw(img) - 127.5) * 0.0078125).astype(np.float32)})
+        return out
+
+    return Int8Case(
+        "MTCNN PNet",
+        path,
+        items(15, 0, "astronaut", n_cal),
+        items(16, 50, "camera", n_eval),
+        pnet_metric,
+        ("face cell IoU", "face cell IoU worst", "box cosine", "cosine"),
+    )
 
 
 # ---- CRAFT (easyocr's text detector) -------------------------------------------------------
@@ -680,6 +829,7 @@ MODELS = {
     "classifier": classifier,
     "onet": onet,
     "rnet": rnet,
+    "pnet": pnet,
     "craft": craft,
     "english_g2": english_g2,
     "crepe": crepe,
