@@ -218,7 +218,7 @@ def _task_targets(name: str) -> dict:
 # FLOPs out of INT8" (checked on the calibration items: no look at the evaluation items)
 LADDERS = {
     "detector": (0.99, 0.985, 0.98, 0.975, 0.97, 0.96),
-    "recognizer": (0.995, 0.99, 0.985, 0.98, 0.97),
+    "recognizer": (0.98, 0.97, 0.96, 0.95, 0.94),  # CTC margin kept
     "classifier": (0.999, 0.998, 0.997, 0.995, 0.99),
     "onet": (0.99995, 0.9999, 0.9998, 0.9995, 0.999),
     "rnet": (0.99995, 0.9999, 0.9998, 0.9995, 0.999),
@@ -229,12 +229,26 @@ LADDERS = {
 }
 
 
+def _ladder_target(name: str):
+    """The target whose ladder the strictest row climbs: for the recognizer the share of
+    FP32's greedy-CTC decision margin kept (``fp16lens.export.ctc_margin``; on the 8
+    calibration lines it keeps more held-out strings than the output cosine), else the
+    model's first task target. (EfficientNet-Lite0 keeps its worst output cosine: the
+    top-1 margin kept, ``top1_margin``, kept fewer held-out top-1 within 10%: see
+    docs/int8.md.)"""
+    from fp16lens.export import Int8Target, ctc_margin
+
+    if name == "recognizer":
+        return Int8Target(0.99, ctc_margin, "CTC margin kept")
+    return next(iter(_task_targets(name).values()))
+
+
 def _strictest(case, name: str):
     """fp16lens + the strictest target of the model's ladder whose fallback keeps at most
     10% of the FLOPs out of INT8 on the calibration items."""
     from fp16lens.export import ExportError
 
-    base = next(iter(_task_targets(name).values()))
+    base = _ladder_target(name)
     start, spent = time.perf_counter(), 0.0
     for threshold in LADDERS[name]:
         target = dataclasses.replace(base, threshold=threshold)

@@ -14,6 +14,7 @@ from fp16lens.export._artifact import ExportArtifact
 from fp16lens.export._calib_cache import read_calibration_cache, write_calibration_cache
 from fp16lens.export._engine_config import EngineConfig, engine_config
 from fp16lens.export._export import export, retype
+from fp16lens.export._int8_metrics import ctc_margin, top1_margin
 from fp16lens.export._int8_search import Target as Int8Target
 from fp16lens.export._options import ExportOptions
 from fp16lens.export._torchtrt import compile_torch_tensorrt, half_with_islands
@@ -27,11 +28,13 @@ __all__ = [
     "Int8Target",
     "build_engine",
     "compile_torch_tensorrt",
+    "ctc_margin",
     "engine_config",
     "export",
     "half_with_islands",
     "read_calibration_cache",
     "retype",
+    "top1_margin",
     "write_calibration_cache",
 ]
 
