@@ -257,6 +257,7 @@ class Shift:
     producer: str
     const: str
     centre: tuple[float, ...]
+    amax: float  # the largest |x| before the shift (for the TensorRT 10 cache)
 
 
 def find_shifts(graph, units) -> list[tuple[str, str, str, str]]:
@@ -343,7 +344,8 @@ def centre(proto, units, feeds: list) -> tuple[Any, list[Shift], float]:
             conv.input[2] = name
         else:
             conv.input.append(name)
-        shifts.append(Shift(t, reader, add, const, tuple(float(x) for x in c)))
+        amax = float(np.maximum(np.abs(lo), np.abs(hi)).max())
+        shifts.append(Shift(t, reader, add, const, tuple(float(x) for x in c), amax))
     outs = [o.name for o in proto.graph.output]
     change = relative_error(
         [session(proto).run(outs, feeds[0])], [session(moved).run(outs, feeds[0])]

@@ -380,6 +380,7 @@ class Int8Plan:
     graph: object = None  # the FP32 graph the units read, when equalization rewrote it
     equalized: list[str] = field(default_factory=list)  # readers whose input scale moved
     centred: list[str] = field(default_factory=list)  # readers whose input was centred
+    cache_amax: dict = field(default_factory=dict)  # centred tensor -> its uncentred max |x|
 
     @property
     def int8_flop_share(self) -> float:
@@ -580,6 +581,7 @@ class Searcher:
         if keep:
             self.plan.graph = self.plan.graph if self.plan.graph is not None else centred
             self.plan.centred = [s.reader for s in shifts]
+            self.plan.cache_amax = {s.tensor: s.amax for s in shifts}
         self.plan.notes.insert(
             0,
             f"centring {'kept' if keep else 'left out'} ({len(shifts)} inputs; all-INT8 "
