@@ -18,6 +18,9 @@ Methods, each given the same calibration feeds:
 - fp16lens placement, ranges chosen: each activation's range chosen at the output;
 - fp16lens + equalization: with each quantized input's per-channel scale moved into the
   affine op before it, where that is exact and lowers the all-INT8 output error;
+- fp16lens + centring: with each conv input that an Add of a constant makes and a padless
+  conv reads shifted per channel to the middle of its range (the shift in the conv's
+  bias), where that lowers the all-INT8 error on the calibration items;
 - fp16lens: that, with per-channel bias correction where held-out calibration batches
   say it lowers the error (the default);
 - fp16lens + target: the same with the fallback search (the target is checked on the
@@ -109,6 +112,7 @@ def _fp16lens(
     bias=True,
     equalize=True,
     max_fallback=0.5,
+    centre=True,
 ):
     """fp16lens's INT8 of ``case``; the search is made once per case and choice, and the
     fallback for ``target`` runs on it."""
@@ -122,7 +126,7 @@ def _fp16lens(
     name_nodes(proto.graph)
     if calibrator != "search":
         return _quantize_ort(proto, list(case.cal), []), ""
-    key = (case.name, choose, equalize)
+    key = (case.name, choose, equalize, centre)
     start, first = time.perf_counter(), key not in _SEARCHED
     if first:
         t0 = time.perf_counter()
@@ -133,6 +137,7 @@ def _fp16lens(
                 choose=choose,
                 correct_bias=choose,
                 equalize=equalize,
+                centre=centre,
                 search_batches=SEARCH_BATCHES[0],
             ),
             time.perf_counter() - t0,
@@ -141,7 +146,7 @@ def _fp16lens(
     plan = searcher.plan if target is None else searcher.fallback(target, max_fallback=max_fallback)
     if not bias:
         plan = dataclasses.replace(plan, corrections={})
-    note = f"equalized: {len(plan.equalized)} inputs; bias corrected: {len(plan.corrections)} layers; {len(plan.scales)} scales ({', '.join(f'{m} {n}' for m, n in sorted(plan.method_counts().items()))})"
+    note = f"centred: {len(plan.centred)} inputs; equalized: {len(plan.equalized)} inputs; bias corrected: {len(plan.corrections)} layers; {len(plan.scales)} scales ({', '.join(f'{m} {n}' for m, n in sorted(plan.method_counts().items()))})"
     if plan.kept:
         note += "; kept out of INT8: " + ", ".join(k.node for k in plan.kept)
     quantized = write_qdq(proto, plan)
@@ -342,9 +347,16 @@ def methods(name: str, with_modelopt: bool, only_modelopt: bool = False):
             yield "fp16lens at ModelOpt's placement", _at_modelopt_placement
         return
     yield "fp16lens before (ORT Entropy, all ops)", lambda c: _fp16lens(c, calibrator="ort-entropy")
-    yield "fp16lens placement, max ranges", lambda c: _fp16lens(c, choose=False, equalize=False)
-    yield "fp16lens placement, ranges chosen", lambda c: _fp16lens(c, bias=False, equalize=False)
-    yield "fp16lens + equalization", lambda c: _fp16lens(c, bias=False)
+    yield (
+        "fp16lens placement, max ranges",
+        lambda c: _fp16lens(c, choose=False, equalize=False, centre=False),
+    )
+    yield (
+        "fp16lens placement, ranges chosen",
+        lambda c: _fp16lens(c, bias=False, equalize=False, centre=False),
+    )
+    yield "fp16lens + equalization", lambda c: _fp16lens(c, bias=False, centre=False)
+    yield "fp16lens + centring", lambda c: _fp16lens(c, bias=False)
     yield "fp16lens", lambda c: _fp16lens(c)
     for label, target in _task_targets(name).items():
         yield label, lambda c, t=target: _fp16lens(c, target=t)

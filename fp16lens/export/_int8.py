@@ -159,6 +159,7 @@ def quantize_int8(
         raise ExportError(f"calibrator must be one of {', '.join(CALIBRATORS)}, got {calibrator!r}")
     proto = prepared(proto)
     notes: list[str] = []
+    floors: dict[str, float] = {}
     if calibrator == "search":
         from fp16lens.export._int8_place import find_units, name_nodes
 
@@ -166,6 +167,7 @@ def quantize_int8(
         if find_units(proto.graph, set(exclude)):
             quantized, plan = quantize_fp16lens(proto, calibration, exclude, target, evaluation)
             notes.append(plan.summary())
+            floors = plan.cache_amax
         else:
             quantized = proto
             notes.append(
@@ -177,7 +179,11 @@ def quantize_int8(
             raise ExportError("target= needs calibrator='search' (the fallback search)")
         quantized = _quantize_ort(proto, calibration, exclude)
     cache = Path(cache_path) if cache_path else path.with_suffix(".cache")
-    write_calibration_cache(cache, activation_scales(quantized))
+    scales = activation_scales(quantized)
+    for t, amax in floors.items():  # a centred tensor: its range in the FP32 graph TensorRT 10
+        if t in scales:  # calibrates with the cache (the Q/DQ graph's range would clip it)
+            scales[t] = max(scales[t], amax / 127.0)
+    write_calibration_cache(cache, scales)
     return quantized, cache, notes
 
 
