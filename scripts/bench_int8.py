@@ -112,10 +112,11 @@ def _fp16lens(
     bias=True,
     equalize=True,
     max_fallback=0.5,
-    centre=True,
+    centre=None,
 ):
     """fp16lens's INT8 of ``case``; the search is made once per case and choice, and the
-    fallback for ``target`` runs on it."""
+    fallback for ``target`` runs on it. ``centre`` defaults as ``search`` does: tried only
+    without a target."""
     import onnx
 
     from fp16lens.export._int8 import _quantize_ort, prepared
@@ -126,6 +127,7 @@ def _fp16lens(
     name_nodes(proto.graph)
     if calibrator != "search":
         return _quantize_ort(proto, list(case.cal), []), ""
+    centre = target is None if centre is None else centre
     key = (case.name, choose, equalize, centre)
     start, first = time.perf_counter(), key not in _SEARCHED
     if first:
