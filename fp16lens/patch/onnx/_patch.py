@@ -28,6 +28,7 @@ from fp16lens.patch._planner import build_plan
 from fp16lens.patch.onnx._apply import apply
 from fp16lens.patch.onnx._binding import OnnxBinding
 from fp16lens.patch.onnx._branches import fold_branches
+from fp16lens.patch.onnx._flops import graph_flops
 from fp16lens.patch.onnx._graph import (
     FLOAT_TYPES,
     FP32_NODES_KEY,
@@ -56,7 +57,12 @@ def fp32_nodes(proto) -> list[str]:
 
 def plan_onnx(model: Any, report: Report, options: PatchOptions) -> Plan:
     """What patch_onnx() would do; nothing is changed."""
-    return _plan(read(load(model)), report, options)[0]
+    original = load(model)
+    the_plan = _plan(read(load(original)), report, options)[0]
+    the_plan.fp16_flops, the_plan.total_flops = graph_flops(
+        original, report, [*fp32_nodes(original), *the_plan.fp32_modules]
+    )
+    return the_plan
 
 
 def patch_onnx(
@@ -103,6 +109,9 @@ def patch_onnx(
             "the FP16 check did not run (no batches): the patched graph was not run in FP16; pass "
             "batches= (or --input) to prove it"
         )
+    the_plan.fp16_flops, the_plan.total_flops = graph_flops(
+        original, report, [*fp32_nodes(original), *the_plan.fp32_modules]
+    )
     if out is not None:
         onnx.save(m.proto, str(out))
     return m.proto, the_plan
