@@ -304,16 +304,20 @@ def cls_metric(refs, outs) -> dict:
     return {"top-1": float(np.mean(top1)), "cosine": float(np.mean(_cosines(refs, outs)))}
 
 
-@functools.cache
-def _lite0_onnx() -> str:
+def _fp32_onnx(model, shape: tuple, name: str) -> str:
+    """``model`` exported by fp16lens to an FP32 ONNX file in a fresh temporary folder,
+    for an example input of zeros shaped ``shape``."""
     import torch
 
     from fp16lens.export import export
 
-    model = z._efficientnet_lite0()
     folder = tempfile.mkdtemp(prefix="fp16lens_int8_")
-    x = torch.zeros(1, 3, CLS_SIZE, CLS_SIZE)
-    return str(export(model, (x,), os.path.join(folder, "lite0.onnx"), "fp32").path)
+    return str(export(model, (torch.zeros(*shape),), os.path.join(folder, name), "fp32").path)
+
+
+@functools.cache
+def _lite0_onnx() -> str:
+    return _fp32_onnx(z._efficientnet_lite0(), (1, 3, CLS_SIZE, CLS_SIZE), "lite0.onnx")
 
 
 def classifier(n_cal: int = 8, n_eval: int = 24) -> Int8Case:
@@ -432,15 +436,8 @@ def _sub_crop(rng, img: np.ndarray) -> np.ndarray:
 
 @functools.cache
 def _mtcnn_onnx(stage: str) -> str:
-    import torch
-
-    from fp16lens.export import export
-
-    folder = tempfile.mkdtemp(prefix="fp16lens_int8_")
     side = _MTCNN[stage][0]
-    x = torch.zeros(1, 3, side, side)
-    path = os.path.join(folder, f"{stage.lower()}.onnx")
-    return str(export(z._mtcnn(stage), (x,), path, "fp32").path)
+    return _fp32_onnx(z._mtcnn(stage), (1, 3, side, side), f"{stage.lower()}.onnx")
 
 
 def onet(n_cal: int = 8, n_eval: int = 24, stage: str = "ONet") -> Int8Case:
@@ -578,13 +575,7 @@ def pnet_metric(refs, outs) -> dict:
 
 @functools.cache
 def _pnet_onnx() -> str:
-    import torch
-
-    from fp16lens.export import export
-
-    folder = tempfile.mkdtemp(prefix="fp16lens_int8_")
-    x = torch.zeros(1, 3, PNET_SIZE, PNET_SIZE)
-    return str(export(z._mtcnn("PNet"), (x,), os.path.join(folder, "pnet.onnx"), "fp32").path)
+    return _fp32_onnx(z._mtcnn("PNet"), (1, 3, PNET_SIZE, PNET_SIZE), "pnet.onnx")
 
 
 def pnet(n_cal: int = 8, n_eval: int = 24) -> Int8Case:
@@ -667,13 +658,7 @@ def craft_metric(refs, outs) -> dict:
 
 @functools.cache
 def _craft_onnx() -> str:
-    import torch
-
-    from fp16lens.export import export
-
-    folder = tempfile.mkdtemp(prefix="fp16lens_int8_")
-    x = torch.zeros(1, 3, *CRAFT_SIZE)
-    return str(export(z._craft(), (x,), os.path.join(folder, "craft.onnx"), "fp32").path)
+    return _fp32_onnx(z._craft(), (1, 3, *CRAFT_SIZE), "craft.onnx")
 
 
 def craft(n_cal: int = 8, n_eval: int = 24) -> Int8Case:
@@ -709,13 +694,7 @@ def g2_metric(refs, outs) -> dict:
 
 @functools.cache
 def _g2_onnx() -> str:
-    import torch
-
-    from fp16lens.export import export
-
-    folder = tempfile.mkdtemp(prefix="fp16lens_int8_")
-    x = torch.zeros(1, 1, *G2_SIZE)
-    return str(export(z._english_g2(), (x,), os.path.join(folder, "english_g2.onnx"), "fp32").path)
+    return _fp32_onnx(z._english_g2(), (1, 1, *G2_SIZE), "english_g2.onnx")
 
 
 def english_g2(n_cal: int = 8, n_eval: int = 24) -> Int8Case:
@@ -784,14 +763,7 @@ CREPE_FRAMES = 8  # frames per item
 
 @functools.cache
 def _crepe_onnx() -> str:
-    import torch
-
-    from fp16lens.export import export
-
-    folder = tempfile.mkdtemp(prefix="fp16lens_int8_")
-    net = z.crepe_audio("tiny").crepe
-    x = torch.zeros(CREPE_FRAMES, 1024)
-    return str(export(net, (x,), os.path.join(folder, "crepe_tiny.onnx"), "fp32").path)
+    return _fp32_onnx(z.crepe_audio("tiny").crepe, (CREPE_FRAMES, 1024), "crepe_tiny.onnx")
 
 
 def crepe(n_cal: int = 8, n_eval: int = 24) -> Int8Case:

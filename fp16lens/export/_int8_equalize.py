@@ -58,16 +58,21 @@ def _attr(node, name: str, default: int) -> int:
     return next((a.i for a in node.attribute if a.name == name), default)
 
 
-def find_pairs(graph, units) -> list[Pair]:
-    """Every (affine producer, conv-like reader) pair of ``graph`` whose scale can move."""
-    consts = _consts(graph)
+def _index(graph):
+    """What the finders look up: constants, each tensor's producer and readers, the graph
+    outputs, and the nodes by name."""
     producer = {o: n for n in graph.node for o in n.output}
     readers: dict[str, list] = {}
     for n in graph.node:
         for t in n.input:
             readers.setdefault(t, []).append(n)
     outputs = {o.name for o in graph.output}
-    nodes = {n.name: n for n in graph.node}
+    return _consts(graph), producer, readers, outputs, {n.name: n for n in graph.node}
+
+
+def find_pairs(graph, units) -> list[Pair]:
+    """Every (affine producer, conv-like reader) pair of ``graph`` whose scale can move."""
+    consts, producer, readers, outputs, nodes = _index(graph)
     pairs = []
     for u in units:
         node = nodes[u.node]
@@ -265,14 +270,7 @@ def find_shifts(graph, units) -> list[tuple[str, str, str, str]]:
     the reader is a Conv with one group and no padding (a shift of its input is then a
     constant per output channel, folded into its bias), the tensor is made by an Add of a
     per-channel constant and read by nothing else."""
-    consts = _consts(graph)
-    producer = {o: n for n in graph.node for o in n.output}
-    readers: dict[str, list] = {}
-    for n in graph.node:
-        for t in n.input:
-            readers.setdefault(t, []).append(n)
-    outputs = {o.name for o in graph.output}
-    nodes = {n.name: n for n in graph.node}
+    consts, producer, readers, outputs, nodes = _index(graph)
     found = []
     for u in units:
         if u.op != "Conv" or u.weight is None or len(u.acts) != 1:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from fp16lens.patch.onnx._graph import attr
+
 WEIGHTED = ("Conv", "ConvTranspose", "Gemm", "MatMul")
 
 
@@ -13,11 +15,9 @@ def _outputs(op: str, dims: list[int], node) -> int:
     if op == "Conv":
         return dims[0]
     if op == "ConvTranspose":
-        group = next((a.i for a in node.attribute if a.name == "group"), 1) or 1
-        return dims[1] * group
+        return dims[1] * (attr(node, "group", 1) or 1)
     if op == "Gemm":
-        trans_b = next((a.i for a in node.attribute if a.name == "transB"), 0)
-        return dims[0] if trans_b else dims[-1]
+        return dims[0] if attr(node, "transB", 0) else dims[-1]
     return dims[-1]  # MatMul by a constant [K, N]
 
 
