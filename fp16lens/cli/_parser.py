@@ -14,15 +14,25 @@ EPILOG = """exit status: 0 success, 1 a --fail-on policy or a parity check faile
 start with:  fp16lens demo"""
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """A usage error is one line naming the problem and where the options are, exit 2
+    (argparse's default prints the whole usage block before it)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="fp16lens",
         description="Find, explain and fix FP16 overflow in PyTorch models before TensorRT.",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"fp16lens {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    sub = parser.add_subparsers(
+        dest="command", metavar="COMMAND", required=True, parser_class=OneLineParser
+    )
     for command in COMMANDS:
         command.add_parser(sub)
     return parser

@@ -45,6 +45,11 @@ def test_help_and_usage_errors(capsys):
     assert run(capsys)[0] == 2  # a command is required
     code, _, err = run(capsys, "scan", "demo", "--fail-on", "sometimes")
     assert code == 2 and "invalid choice" in err
+    code, _, err = run(
+        capsys, "patch", "demo", "--report", "r.json", "-o", "x.pt2", "--min-cosine", "abc"
+    )
+    assert code == 2 and err.count("\n") == 1  # one line, not the usage block
+    assert "--min-cosine: invalid float value: 'abc'" in err and "fp16lens patch --help" in err
 
 
 def test_scan_demo_finds_the_real_fp16_overflow_and_fails_the_gate(capsys, tmp_path):
