@@ -248,3 +248,20 @@ def test_fallback_keeps_max_ranges_where_they_serve_the_target(onet_search):
     assert _box_cosine_as_written(case, proto, both, case.cal) >= target.threshold
     held_out = [_box_cosine_as_written(case, proto, p, case.eval) for p in (both, chosen)]
     assert held_out[0] >= held_out[1], held_out
+
+
+def test_max_ranges_replace_the_chosen_only_when_better_on_both_counts():
+    """The max-ranges fallback is kept when only it meets the target, or when it keeps more
+    FLOPs in INT8 (by more than a point) with less output error; fewer FLOPs out with more
+    error is a fit to the calibration batches, and the chosen ranges stay."""
+    from fp16lens.export._int8_search import _better, _Result
+
+    def r(met: bool, share: float, error: float) -> _Result:
+        return _Result(met, share, error, None)  # type: ignore[arg-type]
+
+    assert _better(r(True, 0.90, 0.5), r(False, 0.99, 0.1))  # only it meets
+    assert not _better(r(False, 0.99, 0.1), r(True, 0.90, 0.5))
+    assert _better(r(True, 0.98, 0.1), r(True, 0.95, 0.2))  # better on both counts
+    assert not _better(r(True, 0.96, 0.3), r(True, 0.90, 0.2))  # the detector's case
+    assert not _better(r(True, 0.999, 0.1), r(True, 0.995, 0.2))  # within a point
+    assert not _better(r(False, 0.99, 0.1), r(False, 0.5, 0.2))  # neither: the chosen stay
