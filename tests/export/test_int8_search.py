@@ -234,34 +234,25 @@ def test_fallback_within_the_flops_ranks_per_flop(onet_search):
 
 
 @pytest.mark.slow
-def test_fallback_keeps_max_ranges_where_they_serve_the_target(onet_search):
-    """The ranges are chosen by the whole output's error; ONet's box offsets are better
-    served by the calibration max. With a target the fallback runs on both and keeps the one
-    that meets it with fewer FLOPs out of INT8, says so, and the held-out faces agree."""
+def test_fallback_takes_max_ranges_where_the_chosen_ones_miss(onet_search):
+    """The ranges are chosen by the whole output's error; ONet's box and landmark offsets
+    are better served by the calibration max. Where the chosen ranges miss a target within
+    the FLOPs allowed, the fallback runs again on max ranges, keeps them when they meet it,
+    and says so; where the chosen ranges meet it, they stay (a second chance, not a second
+    draw: offered as an equal, the max ranges fitted the detector's 8 calibration images)."""
+    from fp16lens.export import ExportError
+
     case, (proto, searcher) = onet_search
     target = _box_target(0.9998)
-    chosen = searcher.fallback(target, max_fallback=0.5, max_ranges=False)
-    both = searcher.fallback(target, max_fallback=0.5)
-    assert _flops_out(both) < _flops_out(chosen), (both.summary(), chosen.summary())
-    assert set(both.methods.values()) == {"max"}
-    assert "max ranges kept for the target" in both.summary()
-    assert _box_cosine_as_written(case, proto, both, case.cal) >= target.threshold
-    held_out = [_box_cosine_as_written(case, proto, p, case.eval) for p in (both, chosen)]
+    with pytest.raises(ExportError, match="INT8 misses its target"):
+        searcher.fallback(target, max_fallback=0.02, max_ranges=False)  # 2.3% out needed
+    plan = searcher.fallback(target, max_fallback=0.02)
+    assert set(plan.methods.values()) == {"max"}
+    assert "max ranges kept" in plan.summary()
+    assert 1.0 - plan.int8_flop_share <= 0.02
+    assert _box_cosine_as_written(case, proto, plan, case.cal) >= target.threshold
+    # on the held-out faces too, better than the chosen ranges with more out
+    chosen = searcher.fallback(target, max_fallback=0.1)  # the chosen ones meet it here
+    assert len(set(chosen.methods.values())) > 1 and "ranges kept" not in chosen.summary()
+    held_out = [_box_cosine_as_written(case, proto, p, case.eval) for p in (plan, chosen)]
     assert held_out[0] >= held_out[1], held_out
-
-
-def test_max_ranges_replace_the_chosen_only_when_better_on_both_counts():
-    """The max-ranges fallback is kept when only it meets the target, or when it keeps more
-    FLOPs in INT8 (by more than a point) with less output error; fewer FLOPs out with more
-    error is a fit to the calibration batches, and the chosen ranges stay."""
-    from fp16lens.export._int8_search import _better, _Result
-
-    def r(met: bool, share: float, error: float) -> _Result:
-        return _Result(met, share, error, None)  # type: ignore[arg-type]
-
-    assert _better(r(True, 0.90, 0.5), r(False, 0.99, 0.1))  # only it meets
-    assert not _better(r(False, 0.99, 0.1), r(True, 0.90, 0.5))
-    assert _better(r(True, 0.98, 0.1), r(True, 0.95, 0.2))  # better on both counts
-    assert not _better(r(True, 0.96, 0.3), r(True, 0.90, 0.2))  # the detector's case
-    assert not _better(r(True, 0.999, 0.1), r(True, 0.995, 0.2))  # within a point
-    assert not _better(r(False, 0.99, 0.1), r(False, 0.5, 0.2))  # neither: the chosen stay
