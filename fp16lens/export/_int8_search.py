@@ -18,9 +18,8 @@ One ONNX Runtime session then answers every question by feeds alone:
    the target, named with their cost. With a task metric, "costliest" is measured by that
    metric (each unit alone in INT8 on the evaluation batches), not by the output error.
    The same growth also runs ranked per FLOP, and the set with fewer FLOPs out is kept.
-   Where the chosen ranges
-   still miss the target, the fallback runs again with every range at its calibration max
-   (``Searcher.fallback``).
+   Where the chosen ranges still miss the target, the fallback runs again with every
+   range at its calibration max (``Searcher.fallback``).
 
 The result is written as plain Q/DQ (``write_qdq``); evaluated as written it computes what
 the switch graph computed with those feeds.
