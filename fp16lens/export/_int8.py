@@ -137,7 +137,35 @@ def quantize_fp16lens(
         max_fallback=max_fallback,
         search_batches=search_batches,
     )
-    return write_qdq(proto, plan), plan
+    quantized = write_qdq(proto, plan)
+    if plan.target is not None:
+        _check_as_written(proto, quantized, plan, checks or feeds)
+    return quantized, plan
+
+
+def _check_as_written(proto, quantized, plan, feeds) -> None:
+    """The target scored again on the Q/DQ graph as written (each Q/DQ on its own, ONNX
+    Runtime with optimizations off) against the FP32 graph the user gave, not the search's
+    switch graph: ExportError when the written graph misses it."""
+    from fp16lens.export._int8_search import session
+
+    target = plan.target
+    fp32, int8 = session(proto), session(quantized)
+    names = [o.name for o in fp32.get_outputs()]
+    refs = [fp32.run(names, f) for f in feeds]
+    outs = [int8.run(names, f) for f in feeds]
+    score = target.score(refs, outs)
+    plan.notes.append(
+        f"checked as written against the FP32 graph: {target.name} {score:.4f} "
+        f"(target {target.threshold:g})"
+    )
+    if score < target.threshold:
+        raise ExportError(
+            f"INT8 misses its target as written: {target.name} {score:.4f} < "
+            f"{target.threshold:g} on the Q/DQ graph (the search measured {plan.score:.4f}); "
+            "lower the target, give more representative calibration batches, or export "
+            "precision='fp16'"
+        )
 
 
 CALIBRATORS = ("search", "ort-entropy")

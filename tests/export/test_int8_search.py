@@ -150,6 +150,21 @@ def test_fallback_keeps_the_fewest_and_names_them(detector, det_search):
     assert "task metric -" in plan.summary()
 
 
+def _worst_cosine_of_files(fp32_path, int8_path, inputs) -> float:
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    a, b = (ort.InferenceSession(str(p), opts) for p in (fp32_path, int8_path))
+    name = a.get_inputs()[0].name
+    worst = 1.0
+    for x in inputs:
+        r = np.concatenate([o.ravel() for o in a.run(None, {name: x})]).astype(np.float64)
+        o = np.concatenate([o.ravel() for o in b.run(None, {name: x})]).astype(np.float64)
+        worst = min(worst, float(r @ o / (np.linalg.norm(r) * np.linalg.norm(o))))
+    return worst
+
+
 def test_export_with_target_verifies_and_fails_loudly(tmp_path):
     pytest.importorskip("onnxscript")
     import torch
@@ -163,6 +178,13 @@ def test_export_with_target_verifies_and_fails_loudly(tmp_path):
     cal = [(torch.rand(x.shape, generator=g),) for _ in range(6)]
     art = export(model, (x,), tmp_path / "ok.onnx", "int8", calibration=cal, target=0.99)
     assert any("INT8:" in w and "target 0.99" in w for w in art.warnings)
+    # the target is scored again on the written Q/DQ graph, and that score is what the
+    # saved file gives against the FP32 export, computed here without fp16lens
+    note = next(w for w in art.warnings if "checked as written" in w)
+    said = float(note.split("checked as written against the FP32 graph: ")[1].split()[3])
+    fp32 = export(model, (x,), tmp_path / "fp32.onnx", "fp32")
+    got = _worst_cosine_of_files(fp32.path, art.path, [c[0].numpy() for c in cal])
+    assert said == pytest.approx(got, abs=1e-4) and got >= 0.99, (note, got)
     with pytest.raises(ExportError, match="INT8 misses its target") as err:
         export(model, (x,), tmp_path / "no.onnx", "int8", calibration=cal, target=1.0)
     assert "\n" not in str(err.value)
