@@ -104,6 +104,28 @@ _SEARCHED: dict = {}
 SEARCH_BATCHES = [2]  # calibration items each candidate is measured on (--quick: 1)
 
 
+def _searcher(case, proto, choose=True, equalize=True, centre=True):
+    """(the search of ``case`` for these choices, seconds it took, whether made now): made
+    once per case and choice, reused by the rows that read it."""
+    from fp16lens.export._int8_search import Searcher
+
+    key = (case.name, choose, equalize, centre)
+    first = key not in _SEARCHED
+    if first:
+        t0 = time.perf_counter()
+        searcher = Searcher(
+            proto,
+            list(case.cal),
+            choose=choose,
+            correct_bias=choose,
+            equalize=equalize,
+            centre=centre,
+            search_batches=SEARCH_BATCHES[0],
+        )
+        _SEARCHED[key] = (searcher, time.perf_counter() - t0)
+    return (*_SEARCHED[key], first)
+
+
 def _fp16lens(
     case,
     target=None,
@@ -121,30 +143,15 @@ def _fp16lens(
 
     from fp16lens.export._int8 import _quantize_ort, prepared
     from fp16lens.export._int8_place import name_nodes
-    from fp16lens.export._int8_search import Searcher, write_qdq
+    from fp16lens.export._int8_search import write_qdq
 
     proto = prepared(onnx.load(case.path))
     name_nodes(proto.graph)
     if calibrator != "search":
         return _quantize_ort(proto, list(case.cal), []), ""
     centre = target is None if centre is None else centre
-    key = (case.name, choose, equalize, centre)
-    start, first = time.perf_counter(), key not in _SEARCHED
-    if first:
-        t0 = time.perf_counter()
-        _SEARCHED[key] = (
-            Searcher(
-                proto,
-                list(case.cal),
-                choose=choose,
-                correct_bias=choose,
-                equalize=equalize,
-                centre=centre,
-                search_batches=SEARCH_BATCHES[0],
-            ),
-            time.perf_counter() - t0,
-        )
-    searcher, seconds = _SEARCHED[key]
+    start = time.perf_counter()
+    searcher, seconds, first = _searcher(case, proto, choose, equalize, centre)
     plan = searcher.plan if target is None else searcher.fallback(target, max_fallback=max_fallback)
     if not bias:
         plan = dataclasses.replace(plan, corrections={})
@@ -326,10 +333,9 @@ def _at_modelopt_placement(case):
         for n in theirs.graph.node
         if n.op_type in COMPUTE_OPS and len(n.input) > 1 and n.input[1] not in dequantized
     }
-    _fp16lens(case)  # the search, made once per case
-    searcher, seconds = _SEARCHED[(case.name, True, True, True)]  # as ``_fp16lens(case)``
     proto = prepared(onnx.load(case.path))
     name_nodes(proto.graph)
+    searcher, seconds, _ = _searcher(case, proto)  # the default search, as ``_fp16lens(case)``
     weight = {n.name: n.input[1] for n in proto.graph.node if len(n.input) > 1}
     plan = searcher.plan
     on = [weight.get(u.node) not in in_float for u in plan.units]

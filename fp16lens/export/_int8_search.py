@@ -476,9 +476,8 @@ class Searcher:
             equalize=equalize,
         )
         # what ``fallback`` needs to build the max-ranges twin
-        self._source = (proto, feeds, exclude, {**options, "choose": False})
+        self._source = (proto, feeds, exclude, options)
         self._twin: Searcher | None = None
-        self._choose = choose
         self._memo: dict = {}  # a task metric's per-unit losses, kept across targets
         if centre and self._centred(proto, units, feeds, exclude, options):
             return
@@ -629,7 +628,8 @@ class Searcher:
         assert goal is not None
         tried = [self]
         result = self._fallback(goal, evaluation, max_fallback)
-        if max_ranges and self._choose and not self.plan.centred and not result.met:
+        chosen = self._source[3]["choose"]
+        if max_ranges and chosen and not self.plan.centred and not result.met:
             tried.append(self._max_twin())
             twin = tried[1]._fallback(goal, evaluation, max_fallback)
             note = (
@@ -660,7 +660,8 @@ class Searcher:
         """The same search with every range at its calibration max (made once)."""
         if self._twin is None:
             proto, feeds, exclude, options = self._source
-            self._twin = Searcher(proto, feeds, exclude, centre=False, **options)
+            options = {**options, "choose": False, "centre": False}
+            self._twin = Searcher(proto, feeds, exclude, **options)
         return self._twin
 
 
@@ -773,7 +774,7 @@ def _fallback(
             return out, last
 
         out, last = grow(order)
-        if last < target.threshold or share(out) > 0:
+        if last < target.threshold or share(out) > 0:  # else no set is cheaper
             # the same growth with the rank per FLOP, so a cheap unit (a dense head) goes
             # before a costly conv of about the same loss; the set that meets the target
             # with fewer FLOPs out is kept (easyocr CRAFT: 1.5% of the FLOPs where the

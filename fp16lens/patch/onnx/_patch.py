@@ -59,10 +59,15 @@ def plan_onnx(model: Any, report: Report, options: PatchOptions) -> Plan:
     """What patch_onnx() would do; nothing is changed."""
     original = load(model)
     the_plan = _plan(read(load(original)), report, options)[0]
+    _count_flops(the_plan, original, report)
+    return the_plan
+
+
+def _count_flops(the_plan: Plan, original, report: Report) -> None:
+    """The plan's FP16 FLOP share: the graph's own FP32 nodes and the plan's kept FP32."""
     the_plan.fp16_flops, the_plan.total_flops = graph_flops(
         original, report, [*fp32_nodes(original), *the_plan.fp32_modules]
     )
-    return the_plan
 
 
 def patch_onnx(
@@ -109,9 +114,7 @@ def patch_onnx(
             "the FP16 check did not run (no batches): the patched graph was not run in FP16; pass "
             "batches= (or --input) to prove it"
         )
-    the_plan.fp16_flops, the_plan.total_flops = graph_flops(
-        original, report, [*fp32_nodes(original), *the_plan.fp32_modules]
-    )
+    _count_flops(the_plan, original, report)
     if out is not None:
         onnx.save(m.proto, str(out))
     return m.proto, the_plan
