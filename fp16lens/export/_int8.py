@@ -147,7 +147,7 @@ def _check_as_written(proto, quantized, plan, feeds) -> None:
     """The target scored again on the Q/DQ graph as written (each Q/DQ on its own, ONNX
     Runtime with optimizations off) against the FP32 graph the user gave, not the search's
     switch graph: ExportError when the written graph misses it."""
-    from fp16lens.export._int8_search import session
+    from fp16lens.export._int8_search import session, shown
 
     target = plan.target
     fp32, int8 = session(proto), session(quantized)
@@ -156,13 +156,13 @@ def _check_as_written(proto, quantized, plan, feeds) -> None:
     outs = [int8.run(names, f) for f in feeds]
     score = target.score(refs, outs)
     plan.notes.append(
-        f"checked as written against the FP32 graph: {target.name} {score:.4f} "
-        f"(target {target.threshold:g})"
+        f"checked as written against the FP32 graph: {target.name} {shown(score, target.threshold)}"
     )
     if score < target.threshold:
         raise ExportError(
-            f"INT8 misses its target as written: {target.name} {score:.4f} < "
-            f"{target.threshold:g} on the Q/DQ graph (the search measured {plan.score:.4f}); "
+            f"INT8 misses its target as written: {target.name} {shown(score, target.threshold)} "
+            f"< {target.threshold:g} on the Q/DQ graph (the search measured "
+            f"{shown(plan.score, target.threshold)}); "
             "lower the target, give more representative calibration batches, or export "
             "precision='fp16'"
         )

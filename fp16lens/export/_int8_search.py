@@ -808,6 +808,15 @@ def _fallback(
     plan.score = s
 
 
+def shown(score: float, threshold: float) -> str:
+    """``score`` with enough digits to tell it from ``threshold`` (0.9999996 is not "1")."""
+    for digits in range(4, 13):
+        text = f"{score:.{digits}f}"
+        if score == threshold or float(text) != threshold:
+            return text
+    return repr(score)
+
+
 def _check(plan: Int8Plan, max_fallback: float) -> None:
     """ExportError (one line: what was reached, what was kept) when the plan misses its
     target or keeps more than ``max_fallback`` of the FLOPs out of INT8."""
@@ -817,9 +826,9 @@ def _check(plan: Int8Plan, max_fallback: float) -> None:
     if s < target.threshold or float_share > max_fallback:
         kept = "; ".join(map(str, plan.kept[:8])) + (" ..." if len(plan.kept) > 8 else "")
         reached = (
-            f"{target.name} {s:.4f} < {target.threshold:g}"
+            f"{target.name} {shown(s, target.threshold)} < {target.threshold:g}"
             if s < target.threshold
-            else f"{target.name} {s:.4f} >= {target.threshold:g} only"
+            else f"{target.name} {shown(s, target.threshold)} >= {target.threshold:g} only"
         )
         raise ExportError(
             f"INT8 misses its target: {reached} with {float_share:.1%} of the conv/gemm/matmul "

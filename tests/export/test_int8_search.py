@@ -181,7 +181,7 @@ def test_export_with_target_verifies_and_fails_loudly(tmp_path):
     # the target is scored again on the written Q/DQ graph, and that score is what the
     # saved file gives against the FP32 export, computed here without fp16lens
     note = next(w for w in art.warnings if "checked as written" in w)
-    said = float(note.split("checked as written against the FP32 graph: ")[1].split()[3])
+    said = float(note.split("checked as written against the FP32 graph: ")[1].split()[3].strip(";"))
     fp32 = export(model, (x,), tmp_path / "fp32.onnx", "fp32")
     got = _worst_cosine_of_files(fp32.path, art.path, [c[0].numpy() for c in cal])
     assert said == pytest.approx(got, abs=1e-4) and got >= 0.99, (note, got)
@@ -282,3 +282,12 @@ def test_fallback_takes_max_ranges_where_the_chosen_ones_miss(onet_search):
     assert len(set(chosen.methods.values())) > 1 and "ranges kept" not in chosen.summary()
     held_out = [_box_cosine_as_written(case, proto, p, case.eval) for p in (plan, chosen)]
     assert held_out[0] >= held_out[1], held_out
+
+
+def test_a_missed_target_is_never_shown_as_met():
+    """A score just under its threshold is printed with the digits that tell them apart."""
+    from fp16lens.export._int8_search import shown
+
+    assert shown(0.97282, 0.98) == "0.9728"
+    assert shown(0.99999996, 1.0) == "0.99999996"
+    assert float(shown(0.9999999999999999, 1.0)) < 1.0
