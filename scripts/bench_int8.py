@@ -156,6 +156,7 @@ def _fp16lens(
     if not bias:
         plan = dataclasses.replace(plan, corrections={})
     note = f"centred: {len(plan.centred)} inputs; equalized: {len(plan.equalized)} inputs; bias corrected: {len(plan.corrections)} layers; {len(plan.scales)} scales ({', '.join(f'{m} {n}' for m, n in sorted(plan.method_counts().items()))})"
+    note += "".join(f"; {n}" for n in plan.notes if "ranges kept" in n)
     if plan.kept:
         note += "; kept out of INT8: " + ", ".join(k.node for k in plan.kept)
     quantized = write_qdq(proto, plan)
@@ -475,9 +476,16 @@ def main(argv=None) -> int:
     p.add_argument("--models", default="detector,recognizer,classifier")
     p.add_argument("--no-modelopt", action="store_true")
     p.add_argument("--json", help="write the rows here")
+    p.add_argument(
+        "--search-batches",
+        type=int,
+        help="calibration items each range candidate is measured on (default 2, --quick 1)",
+    )
+    p.add_argument("--calibration", type=int, help="calibration items (default 8, --quick 4)")
     args = p.parse_args(argv)
     n_eval, n_cal = (8, 4) if args.quick else (24, 8)
-    SEARCH_BATCHES[0] = 1 if args.quick else 2
+    n_cal = args.calibration or n_cal
+    SEARCH_BATCHES[0] = args.search_batches or (1 if args.quick else 2)
     why = "ModelOpt left out (--no-modelopt)" if args.no_modelopt else modelopt_status()
     if why:
         print(why)

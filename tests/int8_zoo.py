@@ -440,7 +440,7 @@ def _mtcnn_onnx(stage: str) -> str:
     return _fp32_onnx(z._mtcnn(stage), (1, 3, side, side), f"{stage.lower()}.onnx")
 
 
-def onet(n_cal: int = 8, n_eval: int = 24, stage: str = "ONet") -> Int8Case:
+def onet(n_cal: int = 8, n_eval: int = 24, stage: str = "ONet", cal_seed: int = 7) -> Int8Case:
     """MTCNN's ONet on 48x48 crops, normalized as facenet-pytorch does ((x - 127.5) / 128).
 
     Evaluation items, in turn: an LFW face, a crop around the astronaut's or the
@@ -449,7 +449,8 @@ def onet(n_cal: int = 8, n_eval: int = 24, stage: str = "ONet") -> Int8Case:
     passes it: three real LFW faces in four (images 0-49, disjoint from the evaluation
     ones by image number; two of the three a window of 0.7 to 1.0 of the face's side at a
     random place, off-centre as RNet's boxes give them), every fourth an LFW non-face
-    (100-149) or a crop of another photograph (another seed), in turn."""
+    (100-149) or a crop of another photograph (another seed), in turn. ``cal_seed`` draws
+    other calibration items of the same kind (``scripts/int8_mtcnn_probe.py --draws``)."""
     from PIL import Image
 
     path = _mtcnn_onnx(stage)
@@ -499,7 +500,7 @@ def onet(n_cal: int = 8, n_eval: int = 24, stage: str = "ONet") -> Int8Case:
     return Int8Case(
         f"MTCNN {stage}",
         path,
-        calibration(7, n_cal),
+        calibration(cal_seed, n_cal),
         evaluation(8, n_eval),
         mtcnn_metric_for(stage),
         (

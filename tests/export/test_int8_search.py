@@ -264,8 +264,8 @@ def test_fallback_takes_max_ranges_where_the_chosen_ones_miss(onet_search):
     """The ranges are chosen by the whole output's error; ONet's box and landmark offsets
     are better served by the calibration max. Where the chosen ranges miss a target within
     the FLOPs allowed, the fallback runs again on max ranges, keeps them when they meet it,
-    and says so; where the chosen ranges meet it, they stay (a second chance, not a second
-    draw: offered as an equal, the max ranges fitted the detector's 8 calibration images)."""
+    and says so (a second chance, not a second draw: offered as an equal, the max ranges
+    fitted the detector's 8 calibration images)."""
     from fp16lens.export import ExportError
 
     case, (proto, searcher) = onet_search
@@ -278,10 +278,63 @@ def test_fallback_takes_max_ranges_where_the_chosen_ones_miss(onet_search):
     assert 1.0 - plan.int8_flop_share <= 0.02
     assert _box_cosine_as_written(case, proto, plan, case.cal) >= target.threshold
     # on the held-out faces too, better than the chosen ranges with more out
-    chosen = searcher.fallback(target, max_fallback=0.1)  # the chosen ones meet it here
+    chosen = searcher.fallback(target, max_fallback=0.1, max_ranges=False)  # they meet it
     assert len(set(chosen.methods.values())) > 1 and "ranges kept" not in chosen.summary()
     held_out = [_box_cosine_as_written(case, proto, p, case.eval) for p in (plan, chosen)]
     assert held_out[0] >= held_out[1], held_out
+
+
+def _pixel_target(threshold_px: float):
+    from fp16lens.export import Int8Target
+
+    def px(r, o):
+        m = int8_zoo.onet_metric(r, o)
+        return -max(m["box px"], m["landmark px"])
+
+    return Int8Target(-threshold_px, px, "minus the larger mean error of box and landmarks")
+
+
+@pytest.mark.slow
+def test_max_ranges_at_the_units_the_chosen_ones_needed(onet_search):
+    """Where the chosen ranges meet the target with units out, the max ranges are scored
+    with exactly those units out, and kept where they score higher: the same placement,
+    no set fitted anew. On ONet they do, at every placement (box 0.08 px here); held-out
+    faces agree; the file as written meets the target."""
+    from fp16lens.export._int8_search import write_qdq
+
+    case, (proto, searcher) = onet_search
+    target = _pixel_target(0.08)
+    chosen = searcher.fallback(target, max_fallback=0.1, max_ranges=False)
+    plan = searcher.fallback(target, max_fallback=0.1)
+    assert [k.node for k in plan.kept] == [k.node for k in chosen.kept] != []
+    assert plan.on == chosen.on
+    assert set(plan.methods.values()) == {"max"} != set(chosen.methods.values())
+    assert "max ranges kept at the units out the chosen ranges needed" in plan.summary()
+    assert plan.score > chosen.score >= target.threshold
+    refs = int8_zoo.run_outputs(case.path, case.cal)
+    as_written = target.metric(refs, int8_zoo.run_outputs(write_qdq(proto, plan), case.cal))
+    assert as_written == pytest.approx(plan.score, abs=1e-4)
+    held_out = [_box_cosine_as_written(case, proto, p, case.eval) for p in (plan, chosen)]
+    assert held_out[0] > held_out[1], held_out
+
+
+@pytest.mark.slow
+def test_chosen_ranges_stay_where_max_ranges_score_lower():
+    """MTCNN PNet, box cosine 0.998 at FP32's face cells: the chosen ranges need the box
+    head out; the max ranges score lower with it out, so the chosen ones stay."""
+    from fp16lens.export import Int8Target
+
+    case = _case_sized("pnet", 8, 24)
+    _, searcher = _search(case, search_batches=2)
+    target = Int8Target(0.998, lambda r, o: int8_zoo.pnet_metric(r, o)["box cosine"], "box")
+    plan = searcher.fallback(target, max_fallback=0.1)
+    assert plan.kept and len(set(plan.methods.values())) > 1
+    assert "ranges kept" not in plan.summary()
+    twin = searcher._max_twin()
+    on = np.array(plan.on, np.float64)
+    refs = twin.switch.run(twin.feeds, np.zeros(len(on)), twin.scales)
+    at_max = target.score(refs, twin.switch.run(twin.feeds, on, twin.scales))
+    assert at_max < plan.score
 
 
 def test_a_missed_target_is_never_shown_as_met():
