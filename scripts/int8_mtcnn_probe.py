@@ -141,6 +141,15 @@ def probe(name: str) -> None:
             print(f"box cosine 0.9998 on calibration within 10%: {str(exc)[:260]}")
 
 
+def _quiet(fn, *args):
+    """``fn(*args)`` with its progress bars (ModelOpt's, on stderr) left out."""
+    import contextlib
+    import io
+
+    with contextlib.redirect_stderr(io.StringIO()):
+        return fn(*args)
+
+
 def draws(seeds: list[int]) -> None:
     """ONet's bench rows that depend on the calibration items, per calibration draw."""
     import bench_int8
@@ -149,7 +158,7 @@ def draws(seeds: list[int]) -> None:
     methods = {"fp16lens strictest within 10%": lambda c: bench_int8._strictest(c, "onet")}
     if bench_int8.modelopt_status() is None:
         for how in ("max", "entropy"):
-            methods[f"ModelOpt {how}"] = lambda c, how=how: bench_int8._modelopt(c, how)
+            methods[f"ModelOpt {how}"] = lambda c, how=how: _quiet(bench_int8._modelopt, c, how)
     print("== MTCNN ONet, calibration draws (evaluation items unchanged)")
     table: dict[str, list] = {m: [] for m in methods}
     for seed in seeds:
