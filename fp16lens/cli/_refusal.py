@@ -11,6 +11,7 @@ traceback. Only failures pay for the extra forward.
 from __future__ import annotations
 
 import argparse
+import re
 from collections.abc import Sequence
 
 PROBE_ATTR = "_fp16lens_probe"
@@ -27,11 +28,17 @@ def refusal(args: argparse.Namespace, exc: BaseException) -> str | None:
     """One line naming the inputs and what the model said, or None (not the inputs)."""
     probe = getattr(args, PROBE_ATTR, None)
     if _onnx_feed_error(exc):  # ONNX Runtime checks every feed against the graph's inputs
-        said = str(exc).split("INVALID_ARGUMENT :")[-1].strip().splitlines()[0]
+        said = _onnx_said(str(exc))
         batch = f" ({describe(probe[1])})" if probe else ""
+        fixed = re.search(r"index: 0 Got: (\d+) Expected: (\d+)", said)
+        split = (
+            f"; --batch-size {fixed[2]} splits a file's batch along its first axis"
+            if fixed and int(fixed[1]) > int(fixed[2])
+            else ""
+        )
         return (
             f"an ONNX file refused the inputs{batch}: {said}; check that the ONNX file was "
-            "exported from this model, and give inputs of the shapes its graph declares"
+            f"exported from this model, and give inputs of the shapes its graph declares{split}"
         )
     if probe is None:
         return None
@@ -51,6 +58,14 @@ def refusal(args: argparse.Namespace, exc: BaseException) -> str | None:
             "(--input SHAPE|FILE, --dtype, --range)"
         )
     return None
+
+
+def _onnx_said(message: str) -> str:
+    """ONNX Runtime's complaint on one line: its lines joined (the dimensions it names come
+    on the lines after the first), its closing advice left out."""
+    said = message.split("INVALID_ARGUMENT :")[-1]
+    said = re.sub(r"Please fix either the inputs.*?model\.", "", said, flags=re.S)
+    return " ".join(said.split())
 
 
 def _onnx_feed_error(exc: BaseException) -> bool:

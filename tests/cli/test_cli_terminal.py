@@ -417,6 +417,32 @@ def test_verify_against_the_onnx_file_of_another_model(capsys, files, tmp_path):
     )
 
 
+def test_an_onnx_file_with_a_fixed_batch_names_the_dimension_and_the_split(capsys, tmp_path):
+    """A calibration file of 8 items for a graph whose batch is 1: the line names the
+    dimension ONNX Runtime gave on its second line, and the flag that splits the file."""
+    pytest.importorskip("onnxruntime")
+    (tmp_path / "lin.py").write_text(
+        "import torch\n\ndef build():\n    return torch.nn.Linear(4, 4).eval()\n"
+    )
+    onnx_path = tmp_path / "lin.onnx"
+    fp32 = ["--input", "1x4", "--precision", "fp32", "-o", str(onnx_path)]
+    assert main(["export", f"{tmp_path}/lin.py:build", *fp32]) == 0
+    np.savez(tmp_path / "cal.npz", x=np.ones((8, 4), np.float32))
+    capsys.readouterr()
+    argv = ["export", str(onnx_path), "-o", str(tmp_path / "q.onnx"), "--precision", "int8"]
+    line = one_line(
+        capsys,
+        [*argv, "--input", str(tmp_path / "cal.npz")],
+        "ONNX file refused the inputs",
+        "index: 0 Got: 8 Expected: 1",
+        "--batch-size 1 splits",
+    )
+    assert "Please fix" not in line  # ONNX Runtime's own advice, which names no flag
+    assert not (tmp_path / "q.onnx").exists()
+    code = main([*argv, "--input", str(tmp_path / "cal.npz"), "--batch-size", "1"])
+    assert code == 0 and (tmp_path / "q.onnx").exists()
+
+
 def test_a_threshold_never_lets_real_fp16_overflow_pass(capsys, tmp_path):
     """--threshold 1e9 would have passed a model whose real FP16 is inf; a margin below
     65504 is named as the limit of the spans."""
