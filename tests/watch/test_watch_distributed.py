@@ -15,12 +15,14 @@ from fp16lens import Report, watch
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _worker(rank: int, world: int, port: int, out: str) -> None:
+def _worker(rank: int, world: int, out: str) -> None:
     sys.path.insert(0, HERE)
     import models
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    # a file store, not a TCP one: no rank hosts it, so none can leave while another still
+    # needs it (torch 2.4.1's destroy_process_group hung on rank 0's TCP store, gone)
+    store = os.path.join(out, "store")
+    dist.init_process_group("gloo", rank=rank, world_size=world, init_method=f"file://{store}")
     try:
         model, (x,) = models.clean()
         with torch.no_grad(), watch(model) as lens:
@@ -35,12 +37,15 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
 
 @pytest.mark.skipif(not dist.is_available(), reason="torch.distributed not available")
 def test_two_rank_merge(tmp_path):
-    import socket
+    import time
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(_worker, args=(2, port, str(tmp_path)), nprocs=2, join=True)
+    ranks = mp.spawn(_worker, args=(2, str(tmp_path)), nprocs=2, join=False)
+    deadline = time.monotonic() + 180  # a hung rank fails the test, not the whole run
+    while not ranks.join(timeout=5):
+        if time.monotonic() > deadline:
+            for p in ranks.processes:
+                p.kill()
+            pytest.fail("a rank did not finish within 180 s (gloo hung)")
     r0, r1 = (Report.load(tmp_path / f"rank{i}.json") for i in range(2))
     assert r0 == r1, "every rank gets the same merged report"
     assert r0.meta.batches == 3
