@@ -49,7 +49,7 @@ def run_demo(out_dir: str | Path = "fp16lens-demo", console: Console | None = No
     before = _parity(stages, console, model, model, inputs, "before the fix")
     report = _watch(stages, console, model, inputs, "watch: where FP16 overflows")
     files = {"report": str(report.save(out / "report.json"))}
-    patched = _fix(stages, console, model, report)
+    patched = _fix(stages, console, model, report, inputs)
     after_report = _watch(stages, console, patched, inputs, "watch again: the patched model")
     after = _parity(stages, console, model, patched, inputs, "after the fix")
     onnx_files, onnx_cosine = _export(stages, console, patched, model, inputs, out)
@@ -86,10 +86,11 @@ def _watch(stages, console: Console, model, inputs, title: str):
     return lens.report
 
 
-def _fix(stages, console: Console, model, report):
+def _fix(stages, console: Console, model, report, inputs):
+    """The plan, then the patch, which runs the patched model in real FP16 on ``inputs``."""
     console.rule("plan: the exact power-of-two rescaling")
     console.print(stages["plan"](model, report))
-    return stages["patch"](model, report)
+    return stages["patch"](model, report, batches=[inputs])
 
 
 EXPORTER = "torchscript"
