@@ -216,9 +216,7 @@ def _task_targets(name: str) -> dict:
         }
         if name == "onet":  # the pipeline reads its landmarks too: a pixel-error target
             rows["fp16lens + target (box and landmark error 0.1 px)"] = Int8Target(
-                -0.1,
-                lambda r, o: -max(metric(r, o)["box px"], metric(r, o)["landmark px"]),
-                "minus the larger mean error of box and landmarks, in px",
+                -0.1, int8_zoo.onet_px, "minus the larger mean error of box and landmarks, in px"
             )
         return rows
     if name == "pnet":  # the face map is PNet's decision (the cells it turns into boxes);

@@ -399,6 +399,13 @@ _MTCNN = {  # stage -> (crop side, index of the softmax output, {part: output in
 onet_metric = mtcnn_metric_for("ONet")
 
 
+def onet_px(refs, outs) -> float:
+    """Minus the larger of ONet's box and landmark mean errors in pixels (both outputs the
+    pipeline reads): the bench's ONet pixel target, higher is better."""
+    m = onet_metric(refs, outs)
+    return -max(m["box px"], m["landmark px"])
+
+
 @functools.cache
 def _lfw() -> np.ndarray:
     """scikit-image's ``lfw_subset.npy`` (in its wheel): 100 LFW faces then 100 non-faces,

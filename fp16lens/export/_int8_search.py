@@ -631,19 +631,19 @@ class Searcher:
         tried = [self]
         result = self._fallback(goal, evaluation, max_fallback)
         chosen = self._source[3]["choose"]
-        if max_ranges and chosen and not self.plan.centred and not result.met:
+        if max_ranges and chosen and not self.plan.centred and (result.share < 1 or not result.met):
             tried.append(self._max_twin())
-            twin = tried[1]._fallback(goal, evaluation, max_fallback)
-            note = (
-                f"{'max' if twin.met else 'chosen'} ranges kept: the chosen ranges reach "
-                f"{goal.name} {result.plan.score:.4f} at {result.share:.1%} INT8, the max "
-                f"ranges {twin.plan.score:.4f} at {twin.share:.1%}"
-            )
-            result = twin if twin.met else result
-            result.plan.notes.append(note)
-        elif max_ranges and chosen and not self.plan.centred and result.share < 1.0:
-            result = self._max_at_placement(result, goal, evaluation)
-            tried.append(self._max_twin())
+            if result.met:
+                result = self._max_at_placement(result, goal, evaluation)
+            else:
+                twin = tried[1]._fallback(goal, evaluation, max_fallback)
+                note = (
+                    f"{'max' if twin.met else 'chosen'} ranges kept: the chosen ranges reach "
+                    f"{goal.name} {result.plan.score:.4f} at {result.share:.1%} INT8, the max "
+                    f"ranges {twin.plan.score:.4f} at {twin.share:.1%}"
+                )
+                result = twin if twin.met else result
+                result.plan.notes.append(note)
         plan = result.plan
         plan.runs = sum(s.switch.runs for s in tried)
         _check(plan, max_fallback)
@@ -669,8 +669,8 @@ class Searcher:
         import copy
 
         twin = self._max_twin()
-        if [u.node for u in twin.plan.units] != [u.node for u in self.plan.units]:
-            return result
+        # the same graph and units: the twin differs only in its ranges (and corrections)
+        assert [u.node for u in twin.plan.units] == [u.node for u in self.plan.units]
         feeds = evaluation or self.feeds
         n = len(twin.plan.units)
         on = np.array(result.plan.on, np.float64)

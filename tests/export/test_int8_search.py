@@ -287,11 +287,7 @@ def test_fallback_takes_max_ranges_where_the_chosen_ones_miss(onet_search):
 def _pixel_target(threshold_px: float):
     from fp16lens.export import Int8Target
 
-    def px(r, o):
-        m = int8_zoo.onet_metric(r, o)
-        return -max(m["box px"], m["landmark px"])
-
-    return Int8Target(-threshold_px, px, "minus the larger mean error of box and landmarks")
+    return Int8Target(-threshold_px, int8_zoo.onet_px, "minus the larger px error")
 
 
 @pytest.mark.slow
