@@ -9,11 +9,15 @@ cuDNN is made deterministic so two CUDA runs give the same bits.
 from __future__ import annotations
 
 import copy
+import warnings
 
 import pytest
 import torch
+import underflow_models as um
 
 import fp16lens
+from fp16lens._core.sites import Mechanism
+from fp16lens.patch import get_plan, relative_error
 
 import models
 
@@ -107,11 +111,22 @@ def test_watch_on_cuda_finds_the_first_inf_of_real_fp16_on_cuda():
     assert report.spans[0].start == models.first_inf_site_fp16(gm, gx)[0]  # FP16 on CUDA
 
 
+def _proven(model, report, batches):
+    """patch() with batches: its proof runs the patched model in real FP16 (``.half()`` on
+    the model's device), so no PatchWarning may come out."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", fp16lens.PatchWarning)
+        patched = fp16lens.patch(model, report, batches=batches)
+    proof = get_plan(patched)
+    assert proof.fp16_checked and proof.proof and all(p.finite for p in proof.proof)
+    return patched
+
+
 def test_patched_model_is_finite_under_half_cuda_and_matches():
     model, inputs = models.seed_case()
     gm, gx = _on(model, inputs)
     ref, report = _watched(gm, gx)
-    patched = fp16lens.patch(gm, report)  # watched and patched on CUDA
+    patched = _proven(gm, report, [gx])  # watched, patched and proven on CUDA
     assert next(patched.parameters()).device.type == torch.device(DEVICE).type
     with torch.no_grad():
         torch.testing.assert_close(patched(*gx), ref, rtol=1e-4, atol=1e-3)  # FP32: exact fold
@@ -160,3 +175,52 @@ def test_compiled_scan_on_cuda_replays_a_cuda_graph_and_reports_as_eager(case):
     assert _shape(compiled) == _shape(eager)
     for name, s in eager.sites.items():
         assert compiled.sites[name].absmax == pytest.approx(s.absmax, rel=1e-5), name
+
+
+@pytest.mark.parametrize("name", um.FAILING + um.CLEAN)
+def test_underflow_verdict_matches_real_fp16_on_cuda_and_patch_fixes_it(name):
+    """Ground truth without fp16lens: the model under ``.half()`` on CUDA. The verdict of a
+    watch on CUDA is clean exactly where that run is finite and close to FP32; where it is
+    not, patch (proven on CUDA) makes real FP16 on CUDA finite and close."""
+    model, x = um.build(name)
+    gm, (gx,) = _on(model, (x,))
+    with torch.no_grad():
+        ref = gm(gx)
+    truth = _half_out(gm, (gx,))
+    fine = bool(torch.isfinite(truth).all()) and relative_error(ref.cpu(), truth) <= 0.05
+    _, report = _watched(gm, (gx,))
+    assert report.clean == fine == (name in um.CLEAN), (report.clean, fine)
+    if fine:
+        return
+    assert report.findings_by(Mechanism.UNDERFLOW)
+    patched = _proven(gm, report, [(gx,)])
+    assert next(patched.parameters()).device.type == "cuda"
+    after = _half_out(patched, (gx,))
+    assert torch.isfinite(after).all() and relative_error(ref.cpu(), after) < 0.05
+
+
+@pytest.mark.parametrize("suffix", [".pt2", ".pt"])
+@pytest.mark.parametrize("name", ["gelu_span", "attention_span", "log-square-eps"])
+def test_saved_patched_model_keeps_its_fix_under_half_on_cuda(name, suffix, tmp_path):
+    """The file the user takes home (``fp16lens patch -o``'s writer), loaded by torch alone
+    and run as ``.half()`` on CUDA: finite and close to FP32, where the original is not."""
+    from fp16lens.cli._save import save_model
+
+    if name in um.BLOCKS:
+        model, x = um.build(name)
+        inputs = (x,)
+    else:
+        model, inputs = getattr(models, name)()
+    _, report = _watched(model, inputs)
+    patched = _proven(model, report, [inputs])  # made on the CPU, as a user's laptop would
+    path = save_model(patched, inputs, tmp_path / f"p{suffix}")
+    with torch.no_grad():
+        want = model(*inputs)
+        if suffix == ".pt2":
+            loaded = torch.export.load(str(path)).module().to(DEVICE).half()
+        else:
+            loaded = torch.jit.load(str(path), map_location=DEVICE).half()
+        got = loaded(*(a.to(DEVICE).half() for a in inputs))
+    assert got.dtype == torch.float16 and got.device.type == "cuda"
+    assert not relative_error(want, _half_out(model, inputs)) <= 0.05  # the original breaks
+    assert torch.isfinite(got).all() and relative_error(want, got.float().cpu()) <= 5e-3

@@ -51,8 +51,61 @@ def save_model(model: nn.Module, example: tuple, path: str | Path) -> Path:
                     f"torch.export cannot capture the patched model ({type(exc).__name__}: "
                     f"{said}); save it as TorchScript instead (-o {path.with_suffix('.pt').name})"
                 ) from exc
+            _copy_before_layout_views(program)
             torch.export.save(program, str(path), extra_files=meta)
         else:
             traced = torch.jit.trace(model, tuple(example), strict=False, check_trace=False)
             traced.save(str(path), _extra_files=meta)
     return path
+
+
+def _copy_before_layout_views(program) -> int:
+    """Make each ``view`` of a permuted or transposed attention output in ``program`` read a
+    contiguous copy of it, so the file runs on any device; returns how many were mended.
+
+    Before torch 2.13, ``torch.export`` drops a ``.contiguous()`` that is a no-op on the
+    tracing device: ``nn.MultiheadAttention``'s ``permute(...).contiguous().view(...)`` after
+    its SDPA became ``permute -> view``, which runs where it was exported (the CPU) and fails
+    on CUDA, whose SDPA returns another layout ("view size is not compatible ...";
+    pytorch/pytorch#179287, fixed in torch by a ``reshape``). A copy to contiguous there is
+    what ``.contiguous()`` does wherever the layout is not already contiguous."""
+    import torch
+
+    aten = torch.ops.aten
+    layouts = {aten.permute.default, aten.transpose.int, aten.t.default}
+    graph = program.graph_module.graph
+    mended = 0
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target is not aten.view.default:
+            continue
+        source = node.args[0]
+        if not _layout_of_attention(source, layouts):
+            continue
+        with graph.inserting_before(node):
+            copy = graph.call_function(
+                aten.clone.default, (source,), {"memory_format": torch.contiguous_format}
+            )
+        copy.meta = {k: v for k, v in node.meta.items() if k != "val"}
+        if "val" in source.meta:
+            copy.meta["val"] = source.meta["val"].clone(memory_format=torch.contiguous_format)
+        node.replace_input_with(source, copy)
+        mended += 1
+    if mended:
+        program.graph_module.recompile()
+    return mended
+
+
+def _layout_of_attention(node, layouts) -> bool:
+    """Whether ``node`` is a permute/transpose (of one) of an SDPA output: the layout that
+    differs by device (other views keep the copy-free form torch exported)."""
+    import operator
+
+    import torch
+
+    seen = False
+    while isinstance(node, torch.fx.Node) and node.target in layouts:
+        node, seen = node.args[0], True
+    if isinstance(node, torch.fx.Node) and node.target is operator.getitem:
+        node = node.args[0]  # a fused SDPA kernel's (output, ...) tuple
+    target = getattr(node, "target", None)
+    return seen and "scaled_dot_product" in str(getattr(target, "__name__", target))
