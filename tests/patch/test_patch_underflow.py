@@ -104,6 +104,47 @@ def test_pesto_patched_is_finite_in_real_fp16():
         assert (after[1] - ref[1]).abs().max() < 0.01  # confidence
 
 
+def test_pesto_proof_names_what_rounding_the_input_costs_and_its_tolerance_proves_it():
+    """PESTO proven on speech and a gated tone: the tone's FP16-rounded input alone moves
+    the FP32 output to cosine 0.998 (ground truth here, without fp16lens), below the proof's
+    0.999. patch says so and names the tolerance; at that tolerance the island is proven."""
+    import re
+    import warnings
+
+    import zoo_real
+
+    from fp16lens import PatchWarning
+
+    try:
+        model = zoo_real.pesto_audio()
+    except zoo_real.Missing as exc:
+        pytest.skip(str(exc))
+    speech = zoo_real.speech() / 32768.0
+    tone = zoo_real.gated_tone(speech.shape[1])
+    with torch.no_grad():
+        ref, rounded = model(tone), model(tone.half().float())
+    inherent = min(  # the worst output, as the proof reads it
+        float(torch.nn.functional.cosine_similarity(a.double().flatten(), b.double().flatten(), 0))
+        for a, b in zip(ref, rounded)
+        if a.is_floating_point()
+    )
+    assert inherent < 0.999
+    with torch.no_grad(), watch(model) as lens:
+        model(speech), model(tone)
+    with pytest.warns(PatchWarning, match="rounding the inputs to FP16 alone") as caught:
+        patched = patch(model, lens.report, batches=[(speech,), (tone,)])
+    assert not get_plan(patched).proven
+    said = " ".join(str(w.message) for w in caught)
+    said_cosine = float(re.search(r"alone gives cosine ([0-9.]+)", said).group(1))
+    assert said_cosine == pytest.approx(inherent, abs=1e-5)
+    tolerance = float(re.search(r"min_cosine=([0-9.]+)\) accepts", said).group(1))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PatchWarning)
+        patched = patch(model, lens.report, batches=[(speech,), (tone,)], min_cosine=tolerance)
+    the_plan = get_plan(patched)
+    assert the_plan.proven and [i.module for i in the_plan.islands] == ["pesto"]
+
+
 @pytest.mark.parametrize("name", ["softmax-by-hand", "log10-clamp", "normalize"])
 def test_verify_and_scan_agree_before_and_after(name):
     """verify fails the model in real FP16 (torch-fp16) exactly where scan is not clean;
