@@ -25,6 +25,7 @@ from fp16lens.patch._prove import (
     next_widening,
     passes,
     prove_batches,
+    rounding_reason,
     spans_for_sites,
     statistics_problems,
 )
@@ -169,12 +170,7 @@ def _proven(model: nn.Module, report: Report, opts: PatchOptions, batches: list 
     if worst.finite and batches:  # short of the tolerance: is it the input's own rounding?
         inherent = input_rounding_cosine(model, batches[worst.batch])
         if not inherent >= opts.min_cosine:
-            why = (
-                f"rounding the inputs to FP16 alone gives cosine {inherent:.6f} (the original "
-                f"in FP32 on FP16-rounded inputs), so no FP16 run meets min_cosine "
-                f"{opts.min_cosine} on this batch; patch(..., min_cosine="
-                f"{math.floor(inherent * 1e4) / 1e4}) accepts what the input's rounding costs"
-            )
+            why = rounding_reason(inherent, opts.min_cosine)
     the_plan.unresolved.append(
         Unresolved(
             PROOF_SITE,

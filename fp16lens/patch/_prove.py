@@ -216,6 +216,16 @@ def input_rounding_cosine(model: nn.Module, batch) -> float:
     return cos
 
 
+def rounding_reason(inherent: float, min_cosine: float) -> str:
+    """Why no FP16 run passes a batch whose FP16-rounded input alone gives ``inherent``."""
+    return (
+        f"rounding the inputs to FP16 alone gives cosine {inherent:.6f} (the original in "
+        f"FP32 on FP16-rounded inputs), so no FP16 run meets min_cosine {min_cosine} on this "
+        f"batch; patch(..., min_cosine={math.floor(inherent * 1e4) / 1e4}) accepts what the "
+        "input's rounding costs"
+    )
+
+
 def passes(proof: BatchProof, opts: PatchOptions) -> bool:
     if not proof.finite or not proof.cosine >= opts.min_cosine:
         return False

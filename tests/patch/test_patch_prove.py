@@ -547,3 +547,67 @@ def test_ppocr_through_onnx2torch_on_a_raw_sentence_the_planners_islands_reach_t
     assert ((out > 0.3) != (want > 0.3)).float().mean() < 0.005 and (
         want > 0.3
     ).float().mean() > 0.1
+
+
+# ---- what rounding the input alone costs ------------------------------------------------------
+class _Log(nn.Module):
+    def forward(self, x):
+        return torch.log(x * x + 1e-10)  # x² of a quiet signal flushes in FP16: log(0)
+
+
+class _Offset(nn.Module):
+    def forward(self, x):
+        return x - 1000.0  # FP16's spacing at 1000 is 0.5: the rounded input moves it
+
+
+class _RoundingSensitive(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.log, self.offset = _Log(), _Offset()
+
+    def forward(self, x):
+        return self.log(x[:, :8]), self.offset(x[:, 8:])
+
+
+def _rounding_case():
+    quiet = 10.0 ** torch.linspace(-6, 0, 8)
+    near = 1000.3 + 0.02 * torch.arange(8.0)  # all round to 1000.5 in FP16
+    x = torch.cat([quiet, near])[None]
+    (_, b), (_, b16) = (_RoundingSensitive()(v) for v in (x, x.half().float()))
+    inherent = float(torch.nn.functional.cosine_similarity(b.double(), b16.double()))
+    assert inherent < 0.999  # ground truth: the rounded input alone, in FP32
+    return _RoundingSensitive().eval(), x, inherent
+
+
+def _said_cosine(text: str) -> float:
+    import re
+
+    return float(re.search(r"rounding the inputs to FP16 alone gives cosine ([0-9.]+)", text)[1])
+
+
+def test_a_proof_short_only_by_the_inputs_rounding_says_so_for_a_module():
+    model, x, inherent = _rounding_case()
+    report = fp16lens.scan(model, [(x,)], progress=False)
+    assert not report.clean
+    with pytest.warns(PatchWarning, match="rounding the inputs to FP16 alone") as caught:
+        patched = fp16lens.patch(model, report, batches=[(x,)])
+    said = " ".join(str(w.message) for w in caught)
+    assert _said_cosine(said) == pytest.approx(inherent, abs=1e-5) and "min_cosine=" in said
+    assert not get_plan(patched).proven
+
+
+def test_a_proof_short_only_by_the_inputs_rounding_says_so_for_an_onnx_graph(tmp_path):
+    onnx = pytest.importorskip("onnx")
+    pytest.importorskip("onnxruntime")
+    model, x, inherent = _rounding_case()
+    path = str(tmp_path / "m.onnx")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model, (x,), path, opset_version=17, dynamo=False)
+    name = onnx.load(path).graph.input[0].name
+    report = fp16lens.scan(path, [x.numpy()], progress=False)
+    assert not report.clean
+    with pytest.warns(PatchWarning, match="rounding the inputs to FP16 alone") as caught:
+        fp16lens.patch(path, report, batches=[{name: x.numpy()}])
+    said = " ".join(str(w.message) for w in caught)
+    assert _said_cosine(said) == pytest.approx(inherent, abs=1e-5) and "min_cosine=" in said

@@ -90,6 +90,25 @@ def _cosine(a: np.ndarray, b: np.ndarray) -> float:
     return float(a @ b / (na * nb))
 
 
+def input_rounding_cosine(original, feed: dict) -> float:
+    """The original graph in FP32 on ``feed`` rounded to FP16 against it on ``feed`` (worst
+    float output; an input FP16 cannot hold keeps its values): what rounding the input
+    alone costs any FP16 run (``patch._prove.input_rounding_cosine`` for a module)."""
+    ref = _session(original)
+    held = {
+        k: r if np.isfinite(r[np.isfinite(feed[k])]).all() else feed[k]
+        for k, r in _round_feed(feed).items()
+    }
+    want, got = ref.run(None, feed), ref.run(None, held)
+    cos = 1.0
+    for a, b in zip(want, got):
+        a, b = np.asarray(a), np.asarray(b)
+        if np.issubdtype(a.dtype, np.floating):
+            ok = np.isfinite(a) & np.isfinite(b)
+            cos = min(cos, _cosine(a[ok], b[ok]))
+    return cos
+
+
 def prove_graph(original, patched, feeds: list[dict]) -> list[BatchProof]:
     """Per batch: the patched graph's FP32 outputs against the original's, and its FP16
     (storage) outputs against the original's FP32 ones; the first node whose rounded
