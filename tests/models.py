@@ -1876,3 +1876,31 @@ def silu_pair(peak: float = 1e5):
     with torch.no_grad():
         m[0].weight.mul_(peak / m[0](x).max())
     return m, (x,)
+
+
+class _LogSquare(nn.Module):
+    def forward(self, x):
+        return torch.log(x * x + 1e-10)  # x² of a quiet signal flushes in FP16: log(0)
+
+
+class _Offset(nn.Module):
+    def forward(self, x):
+        return x - 1000.0  # FP16's spacing at 1000 is 0.5: the rounded input moves it
+
+
+class RoundingSensitive(nn.Module):
+    """An underflow (log of a flushed square) beside an output that rounding the input to
+    FP16 alone moves: no FP16 run of it meets cosine 0.999, with any part in FP32."""
+
+    def __init__(self):
+        super().__init__()
+        self.log, self.offset = _LogSquare(), _Offset()
+
+    def forward(self, x):
+        return self.log(x[:, :8]), self.offset(x[:, 8:])
+
+
+def rounding_sensitive():
+    quiet = 10.0 ** torch.linspace(-6, 0, 8)
+    near = 1000.3 + 0.02 * torch.arange(8.0)  # all round to 1000.5 in FP16
+    return RoundingSensitive().eval(), (torch.cat([quiet, near])[None],)

@@ -155,7 +155,7 @@ def run_onnx(args: argparse.Namespace) -> int:
             highlight=False,
         )
         for u in left:
-            con.print(f"  {u['site']}: {u['reason']}", markup=False, highlight=False)
+            con.print(f"  {u['site']}: {cli_words(u['reason'])}", markup=False, highlight=False)
     if plan.fp32_modules:
         con.print(
             f"FP32 nodes (metadata fp16lens.fp32_nodes, read by the FP16 export): "
@@ -174,18 +174,24 @@ def _unchecked(plan) -> list[str]:
     from fp16lens.patch import PRECISION_NOTE
 
     return [
-        re.sub(
-            r"patch\(\.\.\., ([^)]*)\)",
-            lambda m: re.sub(
-                r"(\w+)=", lambda k: "--" + k.group(1).replace("_", "-") + " ", m.group(1)
-            ).replace(",", ""),
-            n,
-        )
+        cli_words(n)
         for n in getattr(plan, "notes", [])
         if n.startswith(
             ("FP32 equivalence not checked", "the FP16 check did not run", PRECISION_NOTE)
         )
     ]
+
+
+def cli_words(text: str) -> str:
+    """A library message as a terminal user acts on it: ``patch(..., min_cosine=0.998)``
+    becomes ``--min-cosine 0.998``."""
+    return re.sub(
+        r"patch\(\.\.\., ([^)]*)\)",
+        lambda m: re.sub(
+            r"(\w+)=", lambda k: "--" + k.group(1).replace("_", "-") + " ", m.group(1)
+        ).replace(",", ""),
+        text,
+    )
 
 
 def unfixed(plan, model) -> list[dict]:
@@ -212,7 +218,7 @@ def finish_lines(left: list[dict], islands: list[str], saved) -> list[str]:
     lines = []
     if left:
         lines.append(f"NOT FIXED: {len(left)} problem(s) stay out of FP16 range after the patch:")
-        lines += [f"  {u['site']}: {u['reason']}" for u in left]
+        lines += [f"  {u['site']}: {cli_words(u['reason'])}" for u in left]
     if islands == [""]:
         lines.append(
             f"the whole model is kept FP32: fp16lens export {saved} -o model.onnx keeps it FP32"

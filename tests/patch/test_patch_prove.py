@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import warnings
 
 import numpy as np
@@ -550,33 +551,14 @@ def test_ppocr_through_onnx2torch_on_a_raw_sentence_the_planners_islands_reach_t
 
 
 # ---- what rounding the input alone costs ------------------------------------------------------
-class _Log(nn.Module):
-    def forward(self, x):
-        return torch.log(x * x + 1e-10)  # x² of a quiet signal flushes in FP16: log(0)
-
-
-class _Offset(nn.Module):
-    def forward(self, x):
-        return x - 1000.0  # FP16's spacing at 1000 is 0.5: the rounded input moves it
-
-
-class _RoundingSensitive(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.log, self.offset = _Log(), _Offset()
-
-    def forward(self, x):
-        return self.log(x[:, :8]), self.offset(x[:, 8:])
-
-
 def _rounding_case():
-    quiet = 10.0 ** torch.linspace(-6, 0, 8)
-    near = 1000.3 + 0.02 * torch.arange(8.0)  # all round to 1000.5 in FP16
-    x = torch.cat([quiet, near])[None]
-    (_, b), (_, b16) = (_RoundingSensitive()(v) for v in (x, x.half().float()))
+    import models
+
+    model, (x,) = models.rounding_sensitive()
+    (_, b), (_, b16) = (model(v) for v in (x, x.half().float()))
     inherent = float(torch.nn.functional.cosine_similarity(b.double(), b16.double()))
     assert inherent < 0.999  # ground truth: the rounded input alone, in FP32
-    return _RoundingSensitive().eval(), x, inherent
+    return model, x, inherent
 
 
 def _said_cosine(text: str) -> float:
@@ -611,3 +593,28 @@ def test_a_proof_short_only_by_the_inputs_rounding_says_so_for_an_onnx_graph(tmp
         fp16lens.patch(path, report, batches=[{name: x.numpy()}])
     said = " ".join(str(w.message) for w in caught)
     assert _said_cosine(said) == pytest.approx(inherent, abs=1e-5) and "min_cosine=" in said
+
+
+def test_cli_patch_says_what_rounding_the_input_costs_in_terminal_words(tmp_path, capsys):
+    from fp16lens.cli import main
+
+    model, x, inherent = _rounding_case()
+    torch.save([x], tmp_path / "in.pt")
+    fp16lens.scan(model, [x], progress=False).save(tmp_path / "r.json")
+    code = main(
+        [
+            "patch",
+            "models:rounding_sensitive",
+            "--report",
+            str(tmp_path / "r.json"),
+            "-o",
+            str(tmp_path / "p.pt2"),
+            "--input",
+            str(tmp_path / "in.pt"),
+        ]
+    )
+    out = " ".join(capsys.readouterr().out.split())  # as printed, whatever the width
+    finish = out[out.index("NOT FIXED:") :]  # what the terminal user is told to do
+    assert code == 1 and "rounding the inputs to FP16 alone gives cosine" in finish
+    tolerance = math.floor(inherent * 1e4) / 1e4
+    assert f"--min-cosine {tolerance} accepts" in finish and "patch(..." not in finish
