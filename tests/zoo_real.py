@@ -890,6 +890,25 @@ def pesto_audio() -> nn.Module:
     return PestoAudio(copy.deepcopy(_pesto())).eval()
 
 
+def check_pesto_fixed(model: nn.Module, patched: nn.Module, x: torch.Tensor) -> None:
+    """Ground truth without fp16lens, on ``x``'s device: the original under ``.half()``
+    gives a non-finite confidence; the patched one under ``.half()`` is finite, within 5
+    cents of FP32's pitch where voiced and 0.01 of its confidence. FP32 runs on the input
+    rounded to FP16, what any FP16 run is compared with (the input's rounding alone moves a
+    frame at the tone's edge by ~10 cents)."""
+    with torch.no_grad():
+        ref = model(x.half().float())
+        before = copy.deepcopy(model).half()(x.half())
+        after = [o.float() for o in copy.deepcopy(patched).half()(x.half())]
+    assert not before[1].isfinite().all()
+    assert all(o.isfinite().all() for o in after)
+    voiced = ref[1] > 0.5
+    assert voiced.sum() > 50
+    cents = 100 * (after[0] - ref[0])[voiced].abs().max()
+    assert cents < 5, cents  # pitch in semitones: within 5 cents where voiced
+    assert (after[1] - ref[1]).abs().max() < 0.01  # confidence
+
+
 def gated_tone(n: int, hz: float = 220.0) -> torch.Tensor:
     """A 220 Hz tone at 0.5 for half of every second, silence between: (1, n) at 16 kHz."""
     t = torch.arange(n)

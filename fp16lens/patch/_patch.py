@@ -163,14 +163,15 @@ def _proven(model: nn.Module, report: Report, opts: PatchOptions, batches: list 
         opts = nxt
     worst = failed[0]
     _precision_note(the_plan, first, opts)
-    why = (
+    assert batches is not None  # the proof ran on them (without, the loop returned)
+    # finite, short of the tolerance: is it the input's own rounding?
+    rounding = worst.finite and rounding_reason(
+        input_rounding_cosine(model, batches[worst.batch]), opts.min_cosine
+    )
+    why = rounding or (
         "the inputs may be out of FP16 range themselves (scale them), or the model is not "
         "FP16-safe anywhere; run it in FP32"
     )
-    if worst.finite and batches:  # short of the tolerance: is it the input's own rounding?
-        inherent = input_rounding_cosine(model, batches[worst.batch])
-        if not inherent >= opts.min_cosine:
-            why = rounding_reason(inherent, opts.min_cosine)
     the_plan.unresolved.append(
         Unresolved(
             PROOF_SITE,

@@ -187,6 +187,7 @@ def prove_batches(
 def fp16_rounded(batch):
     """``batch`` with each float input rounded to FP16 and back, as an FP16 run receives it
     (an input FP16 cannot hold, beyond 65504, keeps its values)."""
+    from torch.utils._pytree import tree_map
 
     def rounded(t):
         if not (torch.is_tensor(t) and t.is_floating_point()):
@@ -194,11 +195,7 @@ def fp16_rounded(batch):
         r = t.to(torch.float16).to(t.dtype)
         return r if bool((torch.isfinite(r) | ~torch.isfinite(t)).all()) else t
 
-    if isinstance(batch, dict):
-        return {k: rounded(v) for k, v in batch.items()}
-    if isinstance(batch, (tuple, list)):
-        return tuple(rounded(a) for a in batch)
-    return rounded(batch)
+    return tree_map(rounded, batch)
 
 
 @torch.no_grad()
@@ -216,8 +213,11 @@ def input_rounding_cosine(model: nn.Module, batch) -> float:
     return cos
 
 
-def rounding_reason(inherent: float, min_cosine: float) -> str:
-    """Why no FP16 run passes a batch whose FP16-rounded input alone gives ``inherent``."""
+def rounding_reason(inherent: float, min_cosine: float) -> str | None:
+    """Why no FP16 run passes a batch whose FP16-rounded input alone gives ``inherent``
+    (``input_rounding_cosine``); None when the rounding alone meets ``min_cosine``."""
+    if inherent >= min_cosine:
+        return None
     return (
         f"rounding the inputs to FP16 alone gives cosine {inherent:.6f} (the original in "
         f"FP32 on FP16-rounded inputs), so no FP16 run meets min_cosine {min_cosine} on this "

@@ -89,19 +89,7 @@ def test_pesto_patched_is_finite_in_real_fp16():
     (island,) = get_plan(patched).islands
     assert island.module == "pesto" and "underflow: pesto.confidence:div" in island.reason
     for x in inputs:
-        with torch.no_grad():
-            # the FP32 model on the FP16 input: what any FP16 run is compared with (the
-            # input's rounding alone moves a frame at the tone's edge by ~10 cents)
-            ref = model(x.half().float())
-            before = copy.deepcopy(model).half()(x.half())
-            after = [o.float() for o in copy.deepcopy(patched).half()(x.half())]
-        assert not before[1].isfinite().all()
-        assert all(o.isfinite().all() for o in after)
-        voiced = ref[1] > 0.5
-        assert voiced.sum() > 50
-        cents = 100 * (after[0] - ref[0])[voiced].abs().max()
-        assert cents < 5, cents  # pitch in semitones: within 5 cents where voiced
-        assert (after[1] - ref[1]).abs().max() < 0.01  # confidence
+        zoo_real.check_pesto_fixed(model, patched, x)
 
 
 def test_pesto_proof_names_what_rounding_the_input_costs_and_its_tolerance_proves_it():

@@ -294,17 +294,17 @@ def _proven(original, report, options, feeds, m, the_plan, drop):
         ]
         m, the_plan, drop = m2, plan2, nxt
     worst = failed[0]
-    why = (
+    from fp16lens.patch._prove import rounding_reason
+    from fp16lens.patch.onnx._fp16 import input_rounding_cosine
+
+    # finite, short of the tolerance: is it the input's own rounding?
+    rounding = worst.finite and rounding_reason(
+        input_rounding_cosine(original, feeds[worst.batch]), options.min_cosine
+    )
+    why = rounding or (
         "the inputs may be out of FP16 range themselves, or the graph is not FP16-safe; run it "
         "in FP32"
     )
-    if worst.finite:  # short of the tolerance: is it the input's own rounding?
-        from fp16lens.patch._prove import rounding_reason
-        from fp16lens.patch.onnx._fp16 import input_rounding_cosine
-
-        inherent = input_rounding_cosine(original, feeds[worst.batch])
-        if not inherent >= options.min_cosine:
-            why = rounding_reason(inherent, options.min_cosine)
     the_plan.unresolved.append(
         Unresolved(
             PROOF_SITE,
