@@ -8,6 +8,7 @@ says the FP16 check did not run. Exit 1 when anything is left unresolved."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import re
 import warnings
 from pathlib import Path
@@ -104,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
         )
         return 1 if left else 0
     con = console()
-    con.print(plan)
+    con.print(terminal_plan(plan))
     con.print(f"patched model saved to {escape(str(saved))}")
     for line in finish_lines(left, islands, saved):
         con.print(line, markup=False, highlight=False)
@@ -146,7 +147,7 @@ def run_onnx(args: argparse.Namespace) -> int:
         )
         return 1 if left else 0
     con = console()
-    con.print(plan)
+    con.print(terminal_plan(plan))
     con.print(f"patched model saved to {escape(str(out))}")
     if left:
         con.print(
@@ -191,6 +192,16 @@ def cli_words(text: str) -> str:
             r"(\w+)=", lambda k: "--" + k.group(1).replace("_", "-") + " ", m.group(1)
         ).replace(",", ""),
         text,
+    )
+
+
+def terminal_plan(plan):
+    """The plan as the terminal prints it: its notes and reasons in flags (cli_words)."""
+    return dataclasses.replace(
+        plan,
+        notes=[cli_words(n) for n in plan.notes],
+        unresolved=[dataclasses.replace(u, reason=cli_words(u.reason)) for u in plan.unresolved],
+        widened=[dataclasses.replace(w, reason=cli_words(w.reason)) for w in plan.widened],
     )
 
 
