@@ -107,13 +107,13 @@ SEARCH_BATCHES = [2]  # calibration items each candidate is measured on (--quick
 def _searcher(case, proto, choose=True, equalize=True, centre=True):
     """(the search of ``case`` for these choices, seconds it took, whether made now): made
     once per case and choice, reused by the rows that read it."""
-    from fp16lens.export._int8_search import Searcher
+    from fp16lens.export._int8_search import searcher as make_searcher
 
     key = (case.name, choose, equalize, centre)
     first = key not in _SEARCHED
     if first:
         t0 = time.perf_counter()
-        searcher = Searcher(
+        searcher = make_searcher(
             proto,
             list(case.cal),
             choose=choose,

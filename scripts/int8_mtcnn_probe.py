@@ -71,7 +71,7 @@ def probe(name: str) -> None:
     from fp16lens.export import ExportError, Int8Target
     from fp16lens.export._int8 import prepared
     from fp16lens.export._int8_place import name_nodes
-    from fp16lens.export._int8_search import Searcher, write_qdq
+    from fp16lens.export._int8_search import searcher, write_qdq
 
     case = int8_zoo.MODELS[name](8, 24)
     refs = int8_zoo.run_outputs(case.path, case.eval)
@@ -94,8 +94,8 @@ def probe(name: str) -> None:
         return q, ev, cal
 
     searchers = {
-        "chosen": Searcher(proto, list(case.cal), search_batches=2),
-        "max": Searcher(
+        "chosen": searcher(proto, list(case.cal), search_batches=2),
+        "max": searcher(
             proto,
             list(case.cal),
             search_batches=2,

@@ -459,7 +459,6 @@ class Searcher:
         choose: bool = True,
         correct_bias: bool = True,
         equalize: bool = True,
-        centre: bool = True,
     ):
         name_nodes(proto.graph)
         units = find_units(proto.graph, set(exclude), residual)
@@ -479,8 +478,7 @@ class Searcher:
         self._source = (proto, feeds, exclude, options)
         self._twin: Searcher | None = None
         self._memo: dict = {}  # a task metric's per-unit losses, kept across targets
-        if centre and self._centred(proto, units, feeds, exclude, options):
-            return
+        self.found = units  # the units as found, before equalization and FLOPs
         notes = []
         graph, equalized = None, []
         if equalize:
@@ -568,34 +566,6 @@ class Searcher:
             graph=graph,
             equalized=[p.reader for p in equalized],
         )
-
-    def _centred(self, proto, units, feeds, exclude, options) -> bool:
-        """Centring (``_int8_equalize.centre``): the whole search made on the graph as it is
-        and on the centred one, the one whose all-INT8 output error over every calibration
-        batch is lower kept (a shift can leave a constant rounding error that only bias
-        correction takes off, so it is judged after the rest). False when nothing centres."""
-        from fp16lens.export import _int8_equalize as eq
-
-        centred, shifts, change = eq.centre(proto, units, feeds)
-        if not shifts:
-            return False
-        plain = Searcher(proto, feeds, exclude, centre=False, **options)
-        moved = Searcher(centred, feeds, exclude, centre=False, **options)
-        errors = [s.all_int8_error() for s in (plain, moved)]
-        keep = errors[1] < errors[0]
-        best = moved if keep else plain
-        self.__dict__.update(best.__dict__)
-        self.plan.runs = plain.switch.runs + moved.switch.runs
-        if keep:
-            self.plan.graph = self.plan.graph if self.plan.graph is not None else centred
-            self.plan.centred = [s.reader for s in shifts]
-            self.plan.cache_amax = {s.tensor: s.amax for s in shifts}
-        self.plan.notes.insert(
-            0,
-            f"centring {'kept' if keep else 'left out'} ({len(shifts)} inputs; all-INT8 "
-            f"output error {errors[0]:.2e} -> {errors[1]:.2e}; FP32 change {change:.1e})",
-        )
-        return True
 
     def all_int8_error(self) -> float:
         """The output error (normalized MSE) with every unit in INT8, over every
@@ -697,9 +667,41 @@ class Searcher:
         """The same search with every range at its calibration max (made once)."""
         if self._twin is None:
             proto, feeds, exclude, options = self._source
-            options = {**options, "choose": False, "centre": False}
-            self._twin = Searcher(proto, feeds, exclude, **options)
+            self._twin = Searcher(proto, feeds, exclude, **{**options, "choose": False})
         return self._twin
+
+
+def searcher(
+    proto, feeds: list[Feed], exclude: AbstractSet[str] = frozenset(), *, centre=True, **options
+) -> Searcher:
+    """The ``Searcher`` of the graph as it is or, with ``centre`` where centring
+    (``_int8_equalize.centre``) shifts any input, of the centred graph: the whole search made
+    on both and the one whose all-INT8 output error over every calibration batch is lower
+    kept (a shift can leave a constant rounding error that only bias correction takes off,
+    so it is judged after the rest)."""
+    from fp16lens.export import _int8_equalize as eq
+
+    plain = Searcher(proto, feeds, exclude, **options)
+    if not centre:
+        return plain
+    centred, shifts, change = eq.centre(proto, plain.found, feeds)
+    if not shifts:
+        return plain
+    moved = Searcher(centred, feeds, exclude, **options)
+    errors = [s.all_int8_error() for s in (plain, moved)]
+    keep = errors[1] < errors[0]
+    best = moved if keep else plain
+    best.plan.runs = plain.switch.runs + moved.switch.runs
+    if keep:
+        best.plan.graph = best.plan.graph if best.plan.graph is not None else centred
+        best.plan.centred = [s.reader for s in shifts]
+        best.plan.cache_amax = {s.tensor: s.amax for s in shifts}
+    best.plan.notes.insert(
+        0,
+        f"centring {'kept' if keep else 'left out'} ({len(shifts)} inputs; all-INT8 "
+        f"output error {errors[0]:.2e} -> {errors[1]:.2e}; FP32 change {change:.1e})",
+    )
+    return best
 
 
 @dataclass
@@ -735,7 +737,7 @@ def search(
     was not fitted on (IoU 0.960 against 0.973; docs/int8.md)."""
     if centre is None:
         centre = target is None
-    searcher = Searcher(
+    found = searcher(
         proto,
         feeds,
         exclude,
@@ -747,8 +749,8 @@ def search(
         centre=centre,
     )
     if target is None:
-        return searcher.plan
-    return searcher.fallback(target, evaluation, max_fallback)
+        return found.plan
+    return found.fallback(target, evaluation, max_fallback)
 
 
 def _fallback(

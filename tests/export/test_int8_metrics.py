@@ -69,7 +69,8 @@ def test_ctc_margin_target_holds_on_held_out_lines_and_names_what_it_keeps():
     from fp16lens.export import Int8Target
     from fp16lens.export._int8 import prepared
     from fp16lens.export._int8_place import name_nodes
-    from fp16lens.export._int8_search import Searcher, write_qdq
+    from fp16lens.export._int8_search import searcher as make_searcher
+    from fp16lens.export._int8_search import write_qdq
 
     try:
         case = int8_zoo.recognizer(8, 24)
@@ -77,7 +78,7 @@ def test_ctc_margin_target_holds_on_held_out_lines_and_names_what_it_keeps():
         pytest.skip(str(exc))
     proto = prepared(onnx.load(case.path))
     name_nodes(proto.graph)
-    searcher = Searcher(proto, list(case.cal), search_batches=2)
+    searcher = make_searcher(proto, list(case.cal), search_batches=2)
     target = Int8Target(0.96, ctc_margin, "CTC margin kept")
     plan = searcher.fallback(target, max_fallback=0.1)
 

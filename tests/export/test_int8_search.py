@@ -44,10 +44,10 @@ def _prepared(case):
 
 
 def _search(case, search_batches: int = 1):
-    from fp16lens.export._int8_search import Searcher
+    from fp16lens.export._int8_search import searcher
 
     proto = _prepared(case)
-    return proto, Searcher(proto, list(case.cal), search_batches=search_batches)
+    return proto, searcher(proto, list(case.cal), search_batches=search_batches)
 
 
 def _compare(case, searched):
@@ -92,6 +92,10 @@ def test_detector_int8_beats_entropy_everywhere(detector, det_search):
         if node.op_type == "Conv":
             assert all(producer[t].op_type == "DequantizeLinear" for t in node.input[:2]), node.name
     assert plan.int8_flop_share == 1.0
+    # centring was tried (PaddlePaddle's affine blocks before 1x1 convs): both searches
+    # made, the one kept named first
+    assert plan.notes[0].startswith(("centring kept (13 inputs", "centring left out (13")), plan
+    assert bool(plan.centred) == plan.notes[0].startswith("centring kept")
     assert len(plan.method_counts()) >= 3  # the ranges are chosen per tensor, not one method
     quantizers = sum(n.op_type == "QuantizeLinear" for n in ours.graph.node)
     assert quantizers < 100  # ORT's all-op placement writes 331 on this graph
