@@ -253,7 +253,10 @@ def test_the_journey_as_a_user_runs_it(spec, tmp_path):
 
     (tmp_path / "fam.py").write_text(FAMILIES)
     tests = str(Path(__file__).parents[1])
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), tests])}
+    # the caller's PYTHONPATH kept: where fp16lens runs from the checkout (the torch
+    # matrix) the processes import it from there
+    paths = [str(tmp_path), tests, *filter(None, [os.environ.get("PYTHONPATH")])]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
 
     def fp16lens_cli(*argv):
         done = subprocess.run(
