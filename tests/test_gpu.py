@@ -252,6 +252,9 @@ def test_trained_model_verdict_matches_real_fp16_on_cuda(name):
     assert report.clean == fine, (name, [(f.site, f.mechanism, f.kind) for f in report.findings])
     if fine:
         return
+    if zoo_real.CASES[name].beyond:  # the input itself is beyond FP16: named, not patched
+        assert ("input[0]", "input") in [(f.site, f.mechanism.value) for f in report.findings]
+        return
     if first_inf is not None:
         assert first_inf in [s.start for s in report.spans]
     patched = _proven(gm, report, [gx])

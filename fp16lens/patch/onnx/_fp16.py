@@ -74,10 +74,12 @@ def _session(proto):
 
 
 def _round_feed(feed: dict) -> dict:
-    return {
-        k: (v.astype(np.float16).astype(v.dtype) if np.issubdtype(v.dtype, np.floating) else v)
-        for k, v in feed.items()
-    }
+    """The feed as an FP16 graph receives it (inf where FP16 overflows, said nowhere else)."""
+    with np.errstate(over="ignore"):
+        return {
+            k: (v.astype(np.float16).astype(v.dtype) if np.issubdtype(v.dtype, np.floating) else v)
+            for k, v in feed.items()
+        }
 
 
 def _cosine(a: np.ndarray, b: np.ndarray) -> float:

@@ -294,16 +294,17 @@ def _proven(original, report, options, feeds, m, the_plan, drop):
         ]
         m, the_plan, drop = m2, plan2, nxt
     worst = failed[0]
-    from fp16lens.patch._prove import rounding_reason
+    from fp16lens.patch._prove import input_range_reason, rounding_reason
     from fp16lens.patch.onnx._fp16 import input_rounding_cosine
 
     # finite, short of the tolerance: is it the input's own rounding?
     rounding = worst.finite and rounding_reason(
         input_rounding_cosine(original, feeds[worst.batch]), options.min_cosine
     )
-    why = rounding or (
-        "the inputs may be out of FP16 range themselves, or the graph is not FP16-safe; run it "
-        "in FP32"
+    why = (
+        rounding
+        or input_range_reason(feeds[worst.batch])
+        or "the graph is not FP16-safe; run it in FP32"
     )
     the_plan.unresolved.append(
         Unresolved(
