@@ -168,7 +168,7 @@ def real_row(name: str) -> dict:
             if report.clean
             else f"{len(starts)} spans, {len(problems)} problems",
             "first": f"{starts[0] if starts else '-'} / {truth or '-'}",
-            "agree": _agreement(report, run["cosine"], truth, starts),
+            "agree": _agreement(report, run["cosine"], truth, starts, case.beyond),
             "watch_ok": _same(run["ref"], run["watched"]) and run["left"] == 0,
         }
     )
@@ -187,9 +187,12 @@ def real_row(name: str) -> dict:
     return row
 
 
-def _agreement(report, cos: float, truth, starts: list) -> str:
-    if truth is None:
-        return "yes" if report.clean and cos >= 0.999 else "no"
+def _agreement(report, cos: float, truth, starts: list, beyond: bool = False) -> str:
+    if truth is None:  # finite in real FP16: clean exactly where it keeps parity
+        return "yes" if report.clean == (cos >= 0.999) else "no"
+    if beyond:  # the input itself is beyond FP16: the verdict must name it
+        named = any(f.mechanism == "input" for f in report.findings)
+        return "yes (the input itself)" if named else "no"
     if starts and starts[0] == truth:
         return "yes"
     return "site among the span starts, not first" if truth in starts else "no"

@@ -44,3 +44,21 @@ def test_fast_zoo_row(rows, name):
 
 def test_fast_subset_is_what_the_sweep_calls_fast():
     assert set(zoo.FAST) <= set(zoo.ZOO) and len(zoo.FAST) >= 5
+
+
+def test_real_rows_agree_where_the_verdict_matches_real_fp16():
+    """The trained-zoo table's agreement column: a finite real FP16 run agrees with a clean
+    verdict only at parity, and with a verdict that is not clean only below it; an input
+    FP16 cannot hold agrees when the verdict names the input."""
+    from types import SimpleNamespace as NS
+
+    agreement = _sweep_module()._agreement
+    clean, broken = NS(clean=True, findings=[]), NS(clean=False, findings=[NS(mechanism="output")])
+    named = NS(clean=False, findings=[NS(mechanism="input")])
+    assert agreement(clean, 0.9999, None, []) == "yes"
+    assert agreement(clean, 0.16, None, []) == "no"  # finite garbage called clean
+    assert agreement(broken, 0.16, None, ["conv"]) == "yes"  # finite garbage found
+    assert agreement(broken, 0.9999, None, ["conv"]) == "no"  # a false alarm
+    assert agreement(named, float("nan"), "lstm", [], beyond=True) == "yes (the input itself)"
+    assert agreement(broken, float("nan"), "lstm", [], beyond=True) == "no"
+    assert agreement(broken, float("nan"), "conv", ["conv"]) == "yes"

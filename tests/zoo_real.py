@@ -588,7 +588,7 @@ CASES: dict[str, RealCase] = {
     "resemblyzer/quiet": RealCase(
         "Resemblyzer speaker encoder",
         "resemblyzer",
-        "speech at -40 dB (mel powers down to 1e-15, FP16 zeros)",
+        "speech at -40 dB (mel powers down to 5e-15, FP16 zeros)",
         _speaker_case(False, gain=0.01),
     ),
     "resemblyzer/raw": RealCase(
