@@ -99,7 +99,8 @@ def run(args: argparse.Namespace) -> int:
             }
         )
     else:
-        print_report(report)
+        saved = [p for p in args.save or [] if Path(p).suffix.lower() not in PLOT_SUFFIXES]
+        print_report(report, saved=saved[0] if saved else None)
         _print_gate(failed, args)
     return 1 if failed else 0
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 
 from fp16lens.cli._output import console, emit_json
 from fp16lens.cli._summary import report_summary
@@ -22,10 +23,16 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         emit_json(report_summary(report, full=args.full))
     else:
-        print_report(report, full=args.full)
+        print_report(report, full=args.full, saved=args.report)
     return 0
 
 
-def print_report(report: Report, full: bool = False) -> None:
-    """The report's rich rendering on stdout (`full`: every site)."""
-    report.print(full=full, console=console())
+def print_report(report: Report, full: bool = False, saved: str | None = None) -> None:
+    """The report's rich rendering on stdout (`full`: every site); what it hides is shown by
+    `fp16lens show` of the ``saved`` file with --full."""
+    hint = (
+        f"fp16lens show {shlex.quote(saved)} --full shows all"
+        if saved
+        else "scan with --save report.json, then fp16lens show report.json --full shows all"
+    )
+    report.print(full=full, console=console(), full_hint=hint)

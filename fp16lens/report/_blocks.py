@@ -20,6 +20,7 @@ class ViewOptions:
     full: bool = False
     top: int = 10
     path_keep: int = 9  # sites shown per span path before the middle collapses
+    full_hint: str = "report.print(full=True) shows all"  # how the reader sees everything
 
     def __post_init__(self):
         if not isinstance(self.top, int) or self.top < 1:
@@ -42,10 +43,13 @@ def heading(title: str, note: str = "") -> Text:
     return Text.assemble(("\n" + title, "bold underline"), (f"  {note}" if note else "", "dim"))
 
 
-def more(shown: int, total: int, what: str) -> list[Text]:
+def more(shown: int, total: int, what: str, hint: str) -> list[Text]:
+    """The line that says how many items are hidden, and how to see them (``hint``)."""
     if total <= shown:
         return []
-    return [Text(f"  … {total - shown} more {what}: report.print(full=True) shows all", "dim")]
+    hidden = total - shown
+    what = what.removesuffix("s") if hidden == 1 else what  # "spans", "internal risks"
+    return [Text(f"  … {hidden} more {what}: {hint}", "dim")]
 
 
 def peak_key(peak: float) -> float:

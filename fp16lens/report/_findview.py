@@ -37,7 +37,7 @@ def findings(report: Report, view: ViewOptions, mechanism: str) -> list[Renderab
     out: list[RenderableType] = [heading(f"{title} ({len(items)})", note)]
     for f in shown:
         out += _finding_block(report, f, _label(f))
-    return out + more(len(shown), len(items), title.lower())
+    return out + more(len(shown), len(items), title.lower(), view.full_hint)
 
 
 _TITLES = {

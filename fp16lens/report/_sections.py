@@ -152,4 +152,4 @@ def spans(report: Report, view: ViewOptions) -> list[RenderableType]:
             indent(span_path(span, view.path_keep)),
             fix_line(report, span),
         ]
-    return out + more(len(shown), len(report.spans), "spans")
+    return out + more(len(shown), len(report.spans), "spans", view.full_hint)

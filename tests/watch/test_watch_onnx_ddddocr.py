@@ -161,3 +161,22 @@ def test_text_detector_on_raw_pixels_is_clean_as_real_fp16(source):
     assert _same_text(ref, out16)[1] >= 0.9999
     report = _scan(path, {"images": x})
     assert report.clean and report.spans == [], [f.site for f in report.findings]
+
+
+def test_cli_scan_says_how_to_see_the_spans_it_hides(tmp_path, capsys):
+    """From a terminal: the quantized OCR has 11 spans, the view shows the top 10 and names
+    the command that shows the rest (not the Python call), and that command shows it."""
+    from fp16lens.cli import main
+
+    path = _model("common_old.onnx")
+    np.savez(tmp_path / "line.npz", input1=_line("/255"))
+    report = tmp_path / "r.json"
+    args = ["scan", path, "--input", str(tmp_path / "line.npz"), "--no-progress"]
+    assert main([*args, "--save", str(report)]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "Overflow spans (11)" in out and " 4. peak " not in out  # the lowest peak: hidden
+    assert f"… 1 more span: fp16lens show {report} --full shows all" in out
+    assert "report.print(" not in out
+    assert main(["show", str(report), "--full"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert " 4. peak " in out and "more span" not in out
