@@ -233,18 +233,16 @@ def input_range_reason(batch) -> str | None:
     """Why no FP16 run passes ``batch`` when one of its float inputs (torch tensors, or the
     numpy arrays of an ONNX feed) holds finite values beyond 65504: rounded to FP16 they
     are inf before the first op, whatever runs in FP32 inside. None when every input fits."""
-    import numpy as np
-
     named = batch.items() if isinstance(batch, Mapping) else enumerate(tree_flatten(batch)[0])
     k = 0
     for key, x in named:
-        arr = x.detach().cpu().numpy() if torch.is_tensor(x) else np.asarray(x)
-        if arr.dtype.kind != "f":
+        t = x.detach() if torch.is_tensor(x) else torch.as_tensor(x)  # numpy: an ONNX feed
+        if not t.is_floating_point():
             continue
         name = repr(key) if isinstance(batch, Mapping) else str(k)
         k += 1
-        finite = np.abs(arr[np.isfinite(arr)])
-        peak = float(finite.max()) if finite.size else 0.0
+        finite = t[torch.isfinite(t)].abs()
+        peak = float(finite.max()) if finite.numel() else 0.0
         if peak > FP16_MAX:
             return (
                 f"input {name} holds values up to {peak:.3g}, {INPUT_BEYOND}; scale it into "
