@@ -5,7 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from rich.padding import Padding
+from rich.measure import Measurement
+from rich.segment import Segment
 from rich.text import Text
 
 from fp16lens._core import OptionError
@@ -29,12 +30,38 @@ class ViewOptions:
             raise OptionError(f"path_keep must be an integer >= 3, got {self.path_keep!r}")
 
 
-def indent(text: Text, left: int = 4) -> Padding:
+class Indented:
+    """``text`` wrapped to the width left after ``left`` spaces, every line indented, and no
+    line padded on the right (rich's Padding fills each line to the widest one: trailing
+    blanks in a log, a pipe or a copied line)."""
+
+    def __init__(self, text: Text, left: int):
+        self.text, self.left = text, left
+
+    def __rich_console__(self, console, options):
+        width = max(1, options.max_width - self.left)
+        lines = console.render_lines(self.text, options.update_width(width), pad=False)
+        for line in lines:
+            while line and not line[-1].text.rstrip():  # blank segments at the end
+                line = line[:-1]
+            if line:  # the space a wrap leaves at the break
+                last = line[-1]
+                line = [*line[:-1], Segment(last.text.rstrip(), last.style, last.control)]
+            yield Segment(" " * self.left)
+            yield from line
+            yield Segment.line()
+
+    def __rich_measure__(self, console, options):
+        measured = Measurement.get(console, options, self.text)
+        return Measurement(measured.minimum + self.left, measured.maximum + self.left)
+
+
+def indent(text: Text, left: int = 4) -> Indented:
     """Continuation lines of a wrapped paragraph stay indented."""
-    return Padding(text, (0, 0, 0, left), expand=False)
+    return Indented(text, left)
 
 
-def fix_line(report: Report, item: Span | Finding) -> Padding:
+def fix_line(report: Report, item: Span | Finding) -> Indented:
     fix = suggest_fix(report, item)
     return indent(Text.assemble(("fix: ", "bold green"), fix))
 

@@ -13,12 +13,11 @@ from typing import Any, Literal
 
 from rich.console import Console, ConsoleOptions, Group, RenderableType
 from rich.measure import Measurement
-from rich.padding import Padding
 from rich.text import Text
 
 from fp16lens._core import OptionError, ReportError
 from fp16lens.report import _findview, _sections, _tables
-from fp16lens.report._blocks import ViewOptions
+from fp16lens.report._blocks import Indented, ViewOptions
 from fp16lens.report._model import Report
 
 EXPORT_WIDTH = 100
@@ -102,7 +101,7 @@ def content_width(report: Report, view: ViewOptions) -> int:
         (
             Measurement.get(console, console.options, part).maximum
             for part in parts(report, view)
-            if not isinstance(part, (Text, Padding, Group))
+            if not isinstance(part, (Text, Indented, Group))
         ),
         default=EXPORT_WIDTH,
     )

@@ -188,3 +188,14 @@ def test_a_narrow_terminal_keeps_headroom_and_bars_and_shortens_names(width):
         assert f"{site.headroom:+.1f} bits" in row
         name = row.split()[0]
         assert "…" in name and site.name.endswith(name.split("…")[1])  # its tail kept
+
+
+def test_wrapped_paragraphs_stay_indented_with_no_trailing_blanks():
+    """At 60 columns the spans' paths and fixes wrap: every continuation line keeps the
+    indent, and no paragraph line is padded on the right (a log, a pipe, a copied line)."""
+    text = view(samples.all_kinds_report(), width=60)
+    spans = section(text, "Overflow spans").splitlines()[1:]
+    fixes = [i for i, line in enumerate(spans) if line.startswith("    fix: ")]
+    assert fixes and any(spans[i + 1].startswith("    ") for i in fixes if i + 1 < len(spans))
+    assert all(line == line.rstrip() for line in spans), [ln for ln in spans if ln != ln.rstrip()]
+    assert all(len(line) <= 60 for line in spans)
