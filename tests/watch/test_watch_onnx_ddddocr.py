@@ -110,10 +110,9 @@ def _fixed_reads_held_out(path: str, batches: list, held_out: list, text: bool =
     import tempfile
 
     feeds = [{"input1": x} for x in batches]
-    report = _scan(path, feeds[0]) if len(feeds) == 1 else None
     with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        report = report or fp16lens.scan(path, feeds, progress=False)
+        warnings.simplefilter("ignore")  # ONNX Runtime's shape warnings
+        report = fp16lens.scan(path, feeds, progress=False)
         warnings.simplefilter("error", fp16lens.PatchWarning)  # proven: nothing to warn
         fp16lens.patch(path, report, batches=feeds, out=f"{tmp}/fixed.onnx")
         art = fp16lens.export(f"{tmp}/fixed.onnx", None, f"{tmp}/fixed16.onnx")
