@@ -76,7 +76,12 @@ def verdict(report: Report) -> RenderableType:
         else "inf/NaN already in FP32"
     )
     lines: list[RenderableType] = [
-        Text.assemble(("✗ ", "bold red"), f"{name}: {_verdict_counts(report)}; {where} ({share})"),
+        indent(  # wrapped with no trailing blank, as every paragraph
+            Text.assemble(
+                ("✗ ", "bold red"), f"{name}: {_verdict_counts(report)}; {where} ({share})"
+            ),
+            0,
+        ),
         indent(Text.assemble(("Next: ", "bold"), next_step(report)), 2),
     ]
     if report.advice is not None and report.advice.error:

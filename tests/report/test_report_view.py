@@ -199,3 +199,5 @@ def test_wrapped_paragraphs_stay_indented_with_no_trailing_blanks():
     assert fixes and any(spans[i + 1].startswith("    ") for i in fixes if i + 1 < len(spans))
     assert all(line == line.rstrip() for line in spans), [ln for ln in spans if ln != ln.rstrip()]
     assert all(len(line) <= 60 for line in spans)
+    verdict = text.split("\n\n")[0].splitlines()  # the verdict and its next step
+    assert len(verdict) > 2 and all(line == line.rstrip() for line in verdict), verdict
