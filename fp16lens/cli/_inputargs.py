@@ -207,6 +207,11 @@ def _graph_inputs(path: str) -> list[str]:
 def npz_batch(path: Path, np) -> dict | tuple:
     from fp16lens.cli._batchfile import load_batches
 
+    if not path.is_file():
+        raise Fp16LensError(
+            f"cannot read --input {path}: no such file; give a .npz of the graph's inputs "
+            "(numpy.savez(path, name=array)) or shapes such as 1x3x224x224"
+        )
     with np.load(path) as data:
         named = {k: data[k] for k in data.files}
     if all(k.startswith("arr_") for k in named):  # numpy.savez(path, a, b): positional

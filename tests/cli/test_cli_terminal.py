@@ -669,3 +669,14 @@ def test_an_onnx_npz_whose_names_are_not_the_graphs_matches_by_position(capsys, 
     capsys.readouterr()
     code = main(["scan", str(onnx_file), "--input", str(tmp_path / "named.npz"), "--no-progress"])
     assert code == 0, capsys.readouterr().err
+
+
+def test_onnx_scan_with_a_missing_npz_is_one_line_and_exit_2(tmp_path, capsys):
+    pytest.importorskip("onnx")
+    import fp16lens
+
+    path = tmp_path / "m.onnx"
+    fp16lens.export(torch.nn.Linear(2, 2), (torch.ones(1, 2),), path, "fp32")
+    assert main(["scan", str(path), "--input", str(tmp_path / "nope.npz")]) == 2
+    err = capsys.readouterr().err
+    assert "cannot read --input" in err and "Traceback" not in err and len(err.splitlines()) == 1
