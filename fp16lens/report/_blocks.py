@@ -11,6 +11,7 @@ from rich.text import Text
 
 from fp16lens._core import OptionError
 from fp16lens.report._advice import suggest_fix
+from fp16lens.report._fmt import plural
 from fp16lens.report._model import Finding, Report, Span
 
 
@@ -70,13 +71,12 @@ def heading(title: str, note: str = "") -> Text:
     return Text.assemble(("\n" + title, "bold underline"), (f"  {note}" if note else "", "dim"))
 
 
-def more(shown: int, total: int, what: str, hint: str) -> list[Text]:
-    """The line that says how many items are hidden, and how to see them (``hint``)."""
+def more(shown: int, total: int, noun: str, hint: str) -> list[Text]:
+    """The line that says how many items (``noun``, singular) are hidden, and how to see
+    them (``hint``): "… 1 more span", "… 3 more internal risks"."""
     if total <= shown:
         return []
-    hidden = total - shown
-    what = what.removesuffix("s") if hidden == 1 else what  # "spans", "internal risks"
-    return [Text(f"  … {hidden} more {what}: {hint}", "dim")]
+    return [Text(f"  … {plural(total - shown, 'more ' + noun)}: {hint}", "dim")]
 
 
 def peak_key(peak: float) -> float:

@@ -32,24 +32,24 @@ def findings(report: Report, view: ViewOptions, mechanism: str) -> list[Renderab
     items = report.findings_by(mechanism)
     if not items:
         return []
-    title, note = _TITLES[mechanism]
+    noun, note = _TITLES[mechanism]
     shown = items if view.full else sorted(items, key=lambda f: -peak_key(f.peak))[: view.top]
-    out: list[RenderableType] = [heading(f"{title} ({len(items)})", note)]
+    out: list[RenderableType] = [heading(f"{noun[0].upper()}{noun[1:]}s ({len(items)})", note)]
     for f in shown:
         out += _finding_block(report, f, _label(f))
-    return out + more(len(shown), len(items), title.lower(), view.full_hint)
+    return out + more(len(shown), len(items), noun, view.full_hint)
 
 
-_TITLES = {
-    "input": ("Input problems", "in the data, not in the model"),
-    "internal": ("Internal risks", "inside an op, invisible at its output"),
+_TITLES = {  # by mechanism: the noun (singular), a note under the heading
+    "input": ("input problem", "in the data, not in the model"),
+    "internal": ("internal risk", "inside an op, invisible at its output"),
     "underflow": (
-        "Underflow problems",
+        "underflow problem",
         "values FP16 makes 0 reach a log, a divide or an rsqrt: inf/NaN",
     ),
-    "parameter": ("Parameter problems", "weights and buffers FP16 cannot hold"),
-    "output": ("Other output problems", ""),
-    "note": ("Notes", "not overflow today, but worth knowing before TensorRT"),
+    "parameter": ("parameter problem", "weights and buffers FP16 cannot hold"),
+    "output": ("other output problem", ""),
+    "note": ("note", "not overflow today, but worth knowing before TensorRT"),
 }
 
 

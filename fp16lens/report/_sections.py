@@ -157,4 +157,4 @@ def spans(report: Report, view: ViewOptions) -> list[RenderableType]:
             indent(span_path(span, view.path_keep)),
             fix_line(report, span),
         ]
-    return out + more(len(shown), len(report.spans), "spans", view.full_hint)
+    return out + more(len(shown), len(report.spans), "span", view.full_hint)

@@ -97,6 +97,13 @@ def test_top_limits_every_part_and_says_how_many_are_hidden():
     assert "… 2 more spans: report.print(full=True) shows all" in text
 
 
+def test_one_hidden_item_is_named_in_the_singular():
+    text = view(samples.all_kinds_report(), top=4)
+    assert "Internal risks (5)" in text and "Overflow spans (4)" in text
+    assert "… 1 more internal risk: report.print(full=True) shows all" in text
+    assert "more span" not in text
+
+
 def test_clean_report_is_one_line():
     lines = view(samples.clean_report()).strip().splitlines()
     assert lines == [
