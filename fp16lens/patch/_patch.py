@@ -17,10 +17,16 @@ from fp16lens._core.sites import PLAN_ATTR
 from fp16lens.patch._apply import apply_plan
 from fp16lens.patch._check import NOT_CHECKED, check_equivalent
 from fp16lens.patch._options import PatchOptions
-from fp16lens.patch._plan import PRECISION_NOTE, PROOF_SITE, BatchProof, Plan, Unresolved
+from fp16lens.patch._plan import (
+    INPUT_CAUSE,
+    PRECISION_NOTE,
+    PROOF_SITE,
+    BatchProof,
+    Plan,
+    Unresolved,
+)
 from fp16lens.patch._planner import build_plan
 from fp16lens.patch._prove import (
-    INPUT_BEYOND,
     as_batches,
     input_range_reason,
     input_rounding_cosine,
@@ -170,11 +176,8 @@ def _proven(model: nn.Module, report: Report, opts: PatchOptions, batches: list 
     rounding = worst.finite and rounding_reason(
         input_rounding_cosine(model, batches[worst.batch]), opts.min_cosine
     )
-    why = (
-        rounding
-        or input_range_reason(batches[worst.batch])
-        or "the model is not FP16-safe anywhere; run it in FP32"
-    )
+    beyond = None if rounding else input_range_reason(batches[worst.batch])
+    why = rounding or beyond or "the model is not FP16-safe anywhere; run it in FP32"
     the_plan.unresolved.append(
         Unresolved(
             PROOF_SITE,
@@ -184,6 +187,7 @@ def _proven(model: nn.Module, report: Report, opts: PatchOptions, batches: list 
                 f"({'non-finite at ' + (worst.first_nonfinite or '?') if not worst.finite else f'cosine {worst.cosine:.6f}'}): "
                 f"{why}"
             ),
+            INPUT_CAUSE if beyond else "",
         )
     )
     return patched, the_plan
@@ -316,7 +320,7 @@ def finish(the_plan: Plan, opts: PatchOptions) -> None:
         warnings.warn(PatchWarning(msg), stacklevel=3)
     if any("" in w.modules for w in the_plan.widened):
         precision = [n for n in the_plan.notes if n.startswith(PRECISION_NOTE)]
-        beyond = [u.reason for u in the_plan.unresolved if INPUT_BEYOND in u.reason]
+        beyond = any(u.cause == INPUT_CAUSE for u in the_plan.unresolved)
         why = (
             precision[0]
             if precision

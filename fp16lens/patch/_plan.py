@@ -94,10 +94,17 @@ class UnderflowRule:
 
 @dataclass(frozen=True)
 class Unresolved:
-    """A problem patch() cannot fix; ``reason`` says why and what to do."""
+    """A problem patch() cannot fix; ``reason`` says why and what to do, ``cause`` names
+    a cause the caller can act on (``INPUT_CAUSE``), "" otherwise."""
 
     site: str
     reason: str
+    cause: str = ""
+
+
+INPUT_CAUSE = "input beyond FP16"
+"""The cause of an Unresolved proof failure where an input holds finite values beyond 65504:
+no FP16 run can take it, whatever patch keeps in FP32 (``_prove.input_range_reason``)."""
 
 
 @dataclass(frozen=True)

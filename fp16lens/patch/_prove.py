@@ -226,9 +226,6 @@ def rounding_reason(inherent: float, min_cosine: float) -> str | None:
     )
 
 
-INPUT_BEYOND = "beyond FP16's largest value 65504, so no FP16 run can take it as it is"
-
-
 def input_range_reason(batch) -> str | None:
     """Why no FP16 run passes ``batch`` when one of its float inputs (torch tensors, or the
     numpy arrays of an ONNX feed) holds finite values beyond 65504: rounded to FP16 they
@@ -245,7 +242,8 @@ def input_range_reason(batch) -> str | None:
         peak = float(finite.max()) if finite.numel() else 0.0
         if peak > FP16_MAX:
             return (
-                f"input {name} holds values up to {peak:.3g}, {INPUT_BEYOND}; scale it into "
+                f"input {name} holds values up to {peak:.3g}, beyond FP16's largest value 65504, "
+                "so no FP16 run can take it as it is; scale it into "
                 "range before the model, or run the model in FP32"
             )
     return None

@@ -22,6 +22,7 @@ import fp16lens
 from fp16lens._core import PatchError
 from fp16lens._core.compat import TORCH_VERSION
 from fp16lens.patch import PatchWarning, get_plan
+from fp16lens.patch._plan import INPUT_CAUSE
 
 
 def _half(model, *inputs):
@@ -588,6 +589,7 @@ def test_a_proof_short_only_by_the_inputs_rounding_says_so_for_a_module():
     said = " ".join(str(w.message) for w in caught)
     assert _said_cosine(said) == pytest.approx(inherent, abs=1e-5) and "min_cosine=" in said
     assert not get_plan(patched).proven
+    assert get_plan(patched).unresolved[-1].cause == ""  # the rounding, not a range
 
 
 def test_a_proof_short_only_by_the_inputs_rounding_says_so_for_an_onnx_graph(tmp_path):
@@ -652,7 +654,10 @@ def test_an_input_beyond_fp16_is_named_as_why_the_proof_fails(tmp_path):
     said = " ".join(str(w.message) for w in caught)
     assert "input 0 holds values up to 2e+05, beyond FP16's largest value 65504" in said
     assert "move the failing ops" not in said and "the model, the model" not in said
+    assert "an input is out of FP16 range (see the unresolved reason)" in said
     assert not get_plan(patched).proven
+    assert get_plan(patched).unresolved[-1].cause == INPUT_CAUSE
+    assert get_plan(patched).to_dict()["unresolved"][-1]["cause"] == INPUT_CAUSE
     path, name, report = _onnx_scanned(model, x, tmp_path)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

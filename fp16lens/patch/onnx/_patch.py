@@ -23,7 +23,7 @@ from fp16lens._core.sites import Mechanism
 from fp16lens.patch._check import NOT_CHECKED, relative_error, report_batch
 from fp16lens.patch._check import TOLERANCE as AFFINE_TOLERANCE
 from fp16lens.patch._options import PatchOptions
-from fp16lens.patch._plan import PROOF_SITE, Island, Plan, Unresolved
+from fp16lens.patch._plan import INPUT_CAUSE, PROOF_SITE, Island, Plan, Unresolved
 from fp16lens.patch._planner import build_plan
 from fp16lens.patch.onnx._apply import apply
 from fp16lens.patch.onnx._binding import OnnxBinding
@@ -301,11 +301,8 @@ def _proven(original, report, options, feeds, m, the_plan, drop):
     rounding = worst.finite and rounding_reason(
         input_rounding_cosine(original, feeds[worst.batch]), options.min_cosine
     )
-    why = (
-        rounding
-        or input_range_reason(feeds[worst.batch])
-        or "the graph is not FP16-safe; run it in FP32"
-    )
+    beyond = None if rounding else input_range_reason(feeds[worst.batch])
+    why = rounding or beyond or "the graph is not FP16-safe; run it in FP32"
     the_plan.unresolved.append(
         Unresolved(
             PROOF_SITE,
@@ -314,6 +311,7 @@ def _proven(original, report, options, feeds, m, the_plan, drop):
                 f"({'non-finite at ' + (worst.first_nonfinite or '?') if not worst.finite else f'cosine {worst.cosine:.6f}'}) "
                 f"with every span kept FP32: {why}"
             ),
+            INPUT_CAUSE if beyond else "",
         )
     )
     return m, the_plan
