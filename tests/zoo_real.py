@@ -875,6 +875,32 @@ def onnx_real_fp16(path: str, feed: dict[str, np.ndarray], expose: tuple[str, ..
     return dict(zip(names, sess.run(names, feed)))
 
 
+def onnx_rounded_before(path: str, feed: dict[str, np.ndarray], op_type: str) -> list:
+    """The FP32 graph with only the first input of each ``op_type`` node stored in FP16
+    (a Cast to FLOAT16 and back before it), built here without fp16lens, run by ONNX
+    Runtime with graph optimizations off: its outputs."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    m = onnx.load(path)
+    nodes = []
+    for k, n in enumerate(m.graph.node):
+        if n.op_type == op_type:
+            src, half, back = n.input[0], f"rounded16_{k}", f"rounded32_{k}"
+            nodes.append(helper.make_node("Cast", [src], [half], to=TensorProto.FLOAT16))
+            nodes.append(helper.make_node("Cast", [half], [back], to=TensorProto.FLOAT))
+            n.input[0] = back
+        nodes.append(n)
+    del m.graph.node[:]
+    m.graph.node.extend(nodes)
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.log_severity_level = 3
+    sess = ort.InferenceSession(m.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return sess.run(None, feed)
+
+
 def onnx_fp16_truth(path: str, feed: dict) -> tuple[dict, str | None]:
     """(the outputs under real FP16 storage, ``onnx_real_fp16``, every tensor exposed; the
     first node in graph order whose output holds inf/NaN, named as scan names sites: the

@@ -174,7 +174,7 @@ def _proven(model: nn.Module, report: Report, opts: PatchOptions, batches: list 
     assert batches is not None  # the proof ran on them (without, the loop returned)
     # finite, short of the tolerance: is it the input's own rounding?
     rounding = worst.finite and rounding_reason(
-        input_rounding_cosine(model, batches[worst.batch]), opts.min_cosine
+        input_rounding_cosine(model, batches[worst.batch]), opts.min_cosine, worst.cosine
     )
     beyond = None if rounding else input_range_reason(batches[worst.batch])
     why = rounding or beyond or "the model is not FP16-safe anywhere; run it in FP32"

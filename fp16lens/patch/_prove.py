@@ -213,17 +213,23 @@ def input_rounding_cosine(model: nn.Module, batch) -> float:
     return cos
 
 
-def rounding_reason(inherent: float, min_cosine: float) -> str | None:
+def rounding_reason(inherent: float, min_cosine: float, reached: float) -> str | None:
     """Why no FP16 run passes a batch whose FP16-rounded input alone gives ``inherent``
-    (``input_rounding_cosine``); None when the rounding alone meets ``min_cosine``."""
+    (``input_rounding_cosine``); None when the rounding alone meets ``min_cosine``.
+    ``reached``: the cosine the widest patch got, which the advised tolerance admits."""
     if inherent >= min_cosine:
         return None
     return (
         f"rounding the inputs to FP16 alone gives cosine {inherent:.6f} (the original in "
         f"FP32 on FP16-rounded inputs), so no FP16 run meets min_cosine {min_cosine} on this "
-        f"batch; patch(..., min_cosine={math.floor(inherent * 1e4) / 1e4}) accepts what the "
+        f"batch; patch(..., min_cosine={admitting(inherent, reached)}) accepts what the "
         "input's rounding costs"
     )
+
+
+def admitting(*cosines: float) -> float:
+    """The tolerance, to 4 decimals, that every one of ``cosines`` meets."""
+    return math.floor(min(cosines) * 1e4) / 1e4
 
 
 def input_range_reason(batch) -> str | None:

@@ -173,7 +173,7 @@ class Advice:
     reparametrized: list[dict[str, Any]] = field(
         default_factory=list
     )  # module, rule, s_in, s_out, detail
-    unresolved: list[dict[str, Any]] = field(default_factory=list)  # site, reason
+    unresolved: list[dict[str, Any]] = field(default_factory=list)  # site, reason, cause
     input_scales: dict[str, float] = field(
         default_factory=dict
     )  # input index -> 2^k the caller divides by

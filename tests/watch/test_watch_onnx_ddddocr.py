@@ -137,11 +137,38 @@ def test_quantized_ocr_all_nan_in_real_fp16_is_found(kind):
 def test_quantized_ocr_fixed_on_two_inputs_reads_two_others_as_fp32():
     """As ddddocr feeds it (divided by 255): patch proves its fix on a line and a photograph
     strip, and the exported FP16 file reads two lines it never saw as FP32 does. (On raw
-    0-255 pixels the proof fails and says so: its DynamicQuantizeLinear computes the INT8
-    grid from the input's range, which FP16 rounding moves.)"""
+    0-255 pixels the proof fails and says why: the next test.)"""
     path = _model("common_old.onnx")
     cal = [_line("/255"), _line("/255", "photo")]
     _fixed_reads_held_out(path, cal, [_line("/255", "Another line, 42"), _line("/255", "Fix it")])
+
+
+def test_quantized_ocr_on_raw_pixels_names_the_quantizers_no_fp16_run_passes():
+    """On raw 0-255 pixels, with every span kept FP32, real FP16 is finite but short of
+    cosine 0.999. Ground truth without fp16lens: the FP32 graph with only the inputs of its
+    DynamicQuantizeLinear nodes stored in FP16 reads other text already (cosine 0.992):
+    each quantizer turns a rounding of its input into a whole INT8 step. patch names those
+    ops and that cosine, advises FP32, and the tolerance it names is then proven."""
+    import re
+
+    path = _model("common_old.onnx")
+    feed = {"input1": _line("raw")}
+    (truth,) = zoo_real.onnx_rounded_before(path, feed, "DynamicQuantizeLinear")
+    same, inherent = _same_text(_run(path, feed["input1"]), truth)
+    assert not same and inherent < 0.995  # ground truth: no FP16 run reads this line
+    report = _scan(path, feed)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fp16lens.patch(path, report, batches=[feed])
+    said = " ".join(str(w.message) for w in caught if w.category is fp16lens.PatchWarning)
+    found = re.search(r"step ops \(22 DynamicQuantizeLinear, .*gives cosine ([0-9.]+)", said)
+    assert found and float(found[1]) == pytest.approx(inherent, abs=1e-3), said
+    assert "run the graph in FP32" in said and "graph is not FP16-safe" not in said
+    tolerance = re.search(r"min_cosine=([0-9.]+)\) accepts", said)[1]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # ONNX Runtime's shape warnings
+        warnings.simplefilter("error", fp16lens.PatchWarning)  # proven: nothing to warn
+        fp16lens.patch(path, report, batches=[feed], min_cosine=float(tolerance))
 
 
 @pytest.mark.parametrize("source", ["page", "line"])

@@ -15,6 +15,7 @@ import torch
 
 from fp16lens.patch._check import relative_error
 from fp16lens.patch._plan import BatchProof
+from fp16lens.patch._prove import admitting
 from fp16lens.patch.onnx._graph import onnx_module, read
 
 _FLOAT, _HALF = 1, 10
@@ -101,7 +102,11 @@ def input_rounding_cosine(original, feed: dict) -> float:
         k: r if np.isfinite(r[np.isfinite(feed[k])]).all() else feed[k]
         for k, r in _round_feed(feed).items()
     }
-    want, got = ref.run(None, feed), ref.run(None, held)
+    return _worst_cosine(ref.run(None, feed), ref.run(None, held))
+
+
+def _worst_cosine(want: list, got: list) -> float:
+    """The lowest cosine over the float outputs, on the values finite in both."""
     cos = 1.0
     for a, b in zip(want, got):
         a, b = np.asarray(a), np.asarray(b)
@@ -109,6 +114,65 @@ def input_rounding_cosine(original, feed: dict) -> float:
             ok = np.isfinite(a) & np.isfinite(b)
             cos = min(cos, _cosine(a[ok], b[ok]))
     return cos
+
+
+STEP_OPS = ("DynamicQuantizeLinear", "QuantizeLinear", "Floor", "Ceil", "Round")
+"""Ops whose output moves by a whole step (an INT8 level, an integer) when their float
+input moves by as little as a rounding; a Cast from float to an integer type is one too."""
+_INTEGERS = {2, 3, 4, 5, 6, 7, 9, 12, 13}  # ONNX TensorProto: (u)int8/16/32/64, bool
+
+
+def step_rounding(original, feed: dict) -> tuple[float, dict[str, int]]:
+    """The original graph in FP32 with only the float inputs of its step ops (``STEP_OPS``
+    and float-to-integer Casts) rounded to FP16, against it in FP32 on ``feed`` (worst
+    float output), and how many step ops of each type it holds: what FP16 storage in
+    front of those ops alone costs, whatever runs in FP32 around them."""
+    onnx = onnx_module()
+    helper = onnx.helper
+    out = onnx.ModelProto()
+    out.CopyFrom(original)
+    elem = read(out).elem
+    nodes: list = []
+    counts: dict[str, int] = {}
+    for k, node in enumerate(list(out.graph.node)):
+        step = node.op_type in STEP_OPS or (
+            node.op_type == "Cast"
+            and any(a.name == "to" and a.i in _INTEGERS for a in node.attribute)
+        )
+        src = node.input[0] if node.input else ""
+        if step and elem.get(src) == _FLOAT:
+            half, back = f"{src}__fp16lens_step16_{k}", f"{src}__fp16lens_step32_{k}"
+            nodes += [
+                helper.make_node("Cast", [src], [half], to=_HALF),
+                helper.make_node("Cast", [half], [back], to=_FLOAT),
+            ]
+            node.input[0] = back
+            kind = "float-to-integer Cast" if node.op_type == "Cast" else node.op_type
+            counts[kind] = counts.get(kind, 0) + 1
+        nodes.append(node)
+    if not counts:
+        return 1.0, counts
+    del out.graph.node[:]
+    out.graph.node.extend(nodes)
+    return _worst_cosine(_session(original).run(None, feed), _session(out).run(None, feed)), counts
+
+
+def step_reason(
+    cosine: float, counts: dict[str, int], min_cosine: float, reached: float
+) -> str | None:
+    """Why no FP16 run passes a batch when FP16 rounding in front of the graph's step ops
+    alone gives ``cosine`` (``step_rounding``); None when that meets ``min_cosine``.
+    ``reached``: the cosine the widest patch got, which the advised tolerance admits."""
+    if cosine >= min_cosine:
+        return None
+    ops = ", ".join(f"{n} {op}" for op, n in counts.items())
+    return (
+        f"rounding only the inputs of its step ops ({ops}) to FP16, the rest in FP32, gives "
+        f"cosine {cosine:.6f}: each turns FP16's rounding of its input into a whole step of "
+        f"its output, so no FP16 run meets min_cosine {min_cosine} on this batch; run the "
+        f"graph in FP32, or patch(..., min_cosine={admitting(cosine, reached)}) accepts "
+        "what that costs"
+    )
 
 
 def prove_graph(original, patched, feeds: list[dict]) -> list[BatchProof]:

@@ -295,14 +295,22 @@ def _proven(original, report, options, feeds, m, the_plan, drop):
         m, the_plan, drop = m2, plan2, nxt
     worst = failed[0]
     from fp16lens.patch._prove import input_range_reason, rounding_reason
-    from fp16lens.patch.onnx._fp16 import input_rounding_cosine
+    from fp16lens.patch.onnx._fp16 import input_rounding_cosine, step_reason, step_rounding
 
     # finite, short of the tolerance: is it the input's own rounding?
     rounding = worst.finite and rounding_reason(
-        input_rounding_cosine(original, feeds[worst.batch]), options.min_cosine
+        input_rounding_cosine(original, feeds[worst.batch]), options.min_cosine, worst.cosine
     )
     beyond = None if rounding else input_range_reason(feeds[worst.batch])
-    why = rounding or beyond or "the graph is not FP16-safe; run it in FP32"
+    # finite and short with every span FP32: FP16 in front of a step op (a quantizer)?
+    steps = (
+        worst.finite
+        and not (rounding or beyond)
+        and step_reason(
+            *step_rounding(original, feeds[worst.batch]), options.min_cosine, worst.cosine
+        )
+    )
+    why = rounding or beyond or steps or "the graph is not FP16-safe; run it in FP32"
     the_plan.unresolved.append(
         Unresolved(
             PROOF_SITE,
