@@ -836,7 +836,6 @@ def onnx_real_fp16(path: str, feed: dict[str, np.ndarray], expose: tuple[str, ..
     FP16 and back, in ONNX Runtime with graph optimizations off (they would drop the Cast
     pairs). Returns the graph outputs and the ``expose``d float tensors by name."""
     import onnx
-    import onnxruntime as ort
     from onnx import helper, numpy_helper
 
     m = onnx.load(path)
@@ -867,12 +866,66 @@ def onnx_real_fp16(path: str, feed: dict[str, np.ndarray], expose: tuple[str, ..
     del g.node[:]
     g.node.extend(nodes)
     g.output.extend(helper.make_tensor_value_info(t, 1, None) for t in expose if t in floats)
+    return _run_unoptimized(m, feed)
+
+
+def _run_unoptimized(m, feed: dict) -> dict:
+    """``m`` in ONNX Runtime with graph optimizations off (they would drop Cast pairs):
+    its outputs by name."""
+    import onnxruntime as ort
+
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     options.log_severity_level = 3
     sess = ort.InferenceSession(m.SerializeToString(), options, providers=["CPUExecutionProvider"])
     names = [o.name for o in sess.get_outputs()]
     return dict(zip(names, sess.run(names, feed)))
+
+
+def onnx_fp16_file_real(path: str, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """An FP16 ONNX file (FP16 tensors between its nodes, FP32 islands behind Casts) with
+    its FP16 storage real, built here without fp16lens. ONNX Runtime's CPU provider runs
+    most FP16 ops as FP32 kernels and drops the FP16 between two of them, so the file as
+    it is computes more in FP32 than an FP16 GPU runtime does. Here the graph is made
+    FP32 (its FP16 constants, inputs, outputs and Casts widened, values unchanged) and
+    every tensor the file holds in FP16 is stored through a Cast to FP16 and back; FP16
+    inputs are rounded. Returns the outputs by name, as float32."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    half, full = onnx.TensorProto.FLOAT16, onnx.TensorProto.FLOAT
+    m = onnx.load(path)
+    g = m.graph
+    inferred = onnx.shape_inference.infer_shapes(m).graph
+    halves = {
+        v.name
+        for v in (*inferred.value_info, *inferred.output, *inferred.input)
+        if v.type.tensor_type.elem_type == half
+    }
+    for t in [*g.initializer, *(a.t for n in g.node for a in n.attribute if a.HasField("t"))]:
+        if t.data_type == half:
+            t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(t).astype(np.float32), t.name))
+    for v in (*g.input, *g.output):
+        if v.type.tensor_type.elem_type == half:
+            v.type.tensor_type.elem_type = full
+    del g.value_info[:]
+    feed = {
+        k: v.astype(np.float16).astype(np.float32) if k in halves else v for k, v in feed.items()
+    }
+    nodes = []
+    for node in g.node:
+        for a in node.attribute:
+            if node.op_type == "Cast" and a.name == "to" and a.i == half:
+                a.i = full  # its output is in ``halves``: rounded below
+        nodes.append(node)
+        for i, out in enumerate(node.output):
+            if out in halves:
+                node.output[i] = f"{out}__raw"
+                nodes.append(helper.make_node("Cast", [f"{out}__raw"], [f"{out}__h"], to=half))
+                nodes.append(helper.make_node("Cast", [f"{out}__h"], [out], to=full))
+    del g.node[:]
+    g.node.extend(nodes)
+    return {k: np.asarray(v, np.float32) for k, v in _run_unoptimized(m, feed).items()}
 
 
 def onnx_rounded_before(path: str, feed: dict[str, np.ndarray], op_type: str) -> list:
@@ -959,17 +1012,19 @@ def basic_pitch_onnx() -> str:
 
 def pitch_frame(kind: str) -> np.ndarray:
     """One (1, 43844, 1) frame at 22050 Hz, zero-padded: ``speech`` (the spoken sentence
-    resampled linearly, scaled to [-1, 1]), ``raw`` (the same as int16 values: the user's
-    mistake) or ``tone`` (a 440 Hz sine with its octave, amplitude 0.5)."""
+    resampled linearly, scaled to [-1, 1]), ``quiet`` (the same 40 dB lower),
+    ``speaker2`` (the other speaker's sentence, scaled to [-1, 1]), ``raw`` (the first as
+    int16 values: the user's mistake) or ``tone`` (a 440 Hz sine with its octave,
+    amplitude 0.5)."""
     out = np.zeros((1, BASIC_PITCH_SAMPLES, 1), np.float32)
     if kind == "tone":
         t = np.arange(BASIC_PITCH_SAMPLES) / 22050
         out[0, :, 0] = 0.35 * np.sin(2 * np.pi * 440 * t) + 0.15 * np.sin(2 * np.pi * 880 * t)
         return out
-    w = speech().numpy()[0]
+    w = speech(path=SPEECH2_WAV if kind == "speaker2" else SPEECH_WAV).numpy()[0]
     n = min(int(len(w) * 22050 / 16000), BASIC_PITCH_SAMPLES)
     x = np.interp(np.arange(n) * 16000 / 22050, np.arange(len(w)), w)
-    out[0, :n, 0] = x / 32768 if kind == "speech" else x
+    out[0, :n, 0] = x if kind == "raw" else x / 32768 * (0.01 if kind == "quiet" else 1.0)
     return out
 
 

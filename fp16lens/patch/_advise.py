@@ -104,6 +104,8 @@ def _keys(report: Report, item: Span | Finding) -> tuple[set[str], tuple[str, ..
         return sites, (f"{item.site}.{item.tensor} beyond FP16",)
     if item.mechanism == Mechanism.INTERNAL:
         return sites, (f"{item.kind} in {item.site} (",)
+    if item.mechanism == Mechanism.UNDERFLOW:  # each island of the chain before it names it
+        return sites, (f" {item.site} run in FP32", f"in the FP32 chain to {item.site}")
     if item.mechanism == Mechanism.OUTPUT:  # the span that starts there names it
         return sites, tuple(
             f"span {s.start} -> {s.end or 'output'}" for s in report.spans if s.start == item.site

@@ -11,20 +11,26 @@ from __future__ import annotations
 from fp16lens._core.sites import Mechanism
 from fp16lens._core.underflow import ONNX_GUARDS, ONNX_SINGULAR_ARG, ONNX_ZERO_KEEPING
 from fp16lens.patch._plan import Island
-from fp16lens.patch.onnx._graph import OnnxModel
+from fp16lens.patch.onnx._graph import FLOAT_TYPES, OnnxModel
 
 # the singular input of each singular op, the guards and the zero-keeping nodes: the
 # tables watch/onnx/_underflow.py judges by (one home, _core/underflow.py)
 _SLOT = ONNX_SINGULAR_ARG
 _GUARDS = ONNX_GUARDS
 _PASS = ONNX_ZERO_KEEPING
-_STEPS = 8  # nodes walked back from the singular node to the producer
+_STEPS = 8  # nodes walked back from the singular node to the producer, and behind it
 
 
-def _members(m: OnnxModel, site: str) -> list[str]:
-    """Sites from the producer to the singular node ``site``, in graph order: the chain of
-    the singular input back through guards (an Add/Sub of a constant, Max/Min/Clip bounds)
-    and value-keeping nodes (Sqrt, Abs, moves) to the first other node, the producer."""
+def _members(m: OnnxModel, site: str, sites: dict | None = None) -> list[str]:
+    """Sites from where the flushes start to the singular node ``site``, in graph order:
+    the chain of the singular input back through guards (an Add/Sub of a constant,
+    Max/Min/Clip bounds) and value-keeping nodes (Sqrt, Abs, moves) to the first other
+    node, the producer; then on back through one-input nodes to the earliest that
+    creates flushes (``_creates``, by the scan's ``sites``), if any. basic-pitch's
+    ``x² -> sum -> sqrt -> x²`` before its log: the first square already flushes 16% of the
+    values on speech and 67% on quiet speech, which the magnitude then carries as zeros,
+    so an island from the last square on leaves real FP16 at cosine 0.966 (quiet) where
+    one from the first square gives 0.99998."""
     names = {id(n): s for s, n in m.nodes.items()}
     node = m.nodes[site]
     chain = [site]
@@ -41,7 +47,59 @@ def _members(m: OnnxModel, site: str) -> list[str]:
             t = live[0]
         else:
             break
+    if sites:
+        behind = _one_input_chain(m, m.nodes[chain[-1]], names)
+        creators = [k for k, s in enumerate(behind) if _creates(m, s, sites, names)]
+        if creators:
+            chain += behind[: creators[-1] + 1]
     return chain[::-1]
+
+
+_FLUSH_MIN = 0.01  # a node creates flushes: at least 1% of its non-zero outputs below 2^-24,
+_FLUSH_GAIN = 2.0  # and at least twice its input's share
+
+
+def _live(m: OnnxModel, node) -> list[str]:
+    """The float tensors ``node`` reads that are not constants (an axes input is not one)."""
+    return list(
+        dict.fromkeys(
+            i
+            for i in node.input
+            if i and i not in m.consts and i not in m.inits and m.elem.get(i) in FLOAT_TYPES
+        )
+    )
+
+
+def _one_input_chain(m: OnnxModel, node, names: dict) -> list[str]:
+    """The nodes behind ``node`` while each reads one tensor that is not a constant
+    (``x * x`` reads one), nearest first, at most ``_STEPS``."""
+    out: list[str] = []
+    for _ in range(_STEPS):
+        live = _live(m, node)
+        up = m.producer.get(live[0]) if len(live) == 1 else None
+        if up is None or id(up) not in names or up.op_type == "Constant":
+            break
+        out.append(names[id(up)])
+        node = up
+    return out
+
+
+def _creates(m: OnnxModel, site: str, sites: dict, names: dict) -> bool:
+    """Whether ``site`` pushes values below 2^-24 that its input held above it: its
+    flushed share (the scan's, over non-zero FP32 outputs) is at least ``_FLUSH_MIN`` and
+    ``_FLUSH_GAIN`` times its input's (0 for a graph input; a node of several inputs, or
+    one whose input the scan did not see, is not judged)."""
+    stats = sites.get(site)
+    if stats is None or stats.underflow_share < _FLUSH_MIN:
+        return False
+    live = _live(m, m.nodes[site])
+    if len(live) != 1:  # several inputs: which one flushes is not known here
+        return False
+    up = m.producer.get(live[0])
+    before = sites.get(names.get(id(up), "")) if up is not None else None
+    if up is not None and before is None:
+        return False
+    return stats.underflow_share >= _FLUSH_GAIN * (before.underflow_share if before else 0.0)
 
 
 def underflow_islands(m: OnnxModel, report, taken: set[str]) -> list[Island]:
@@ -51,7 +109,7 @@ def underflow_islands(m: OnnxModel, report, taken: set[str]) -> list[Island]:
     for f in report.findings:
         if f.mechanism != Mechanism.UNDERFLOW or f.site not in m.nodes:
             continue
-        chain = _members(m, f.site)
+        chain = _members(m, f.site, report.sites)
         why = (
             f"underflow: the {len(chain)} nodes from {chain[0]} to {m.nodes[f.site].op_type} "
             f"{f.site} run in FP32, so the values FP16 flushes to 0 and the eps it loses "
@@ -61,5 +119,5 @@ def underflow_islands(m: OnnxModel, report, taken: set[str]) -> list[Island]:
             if s not in taken:
                 taken.add(s)
                 out.append(Island(module=s, in_scale=1.0, out_scale=1.0, reason=why))
-                why = f"underflow: with {chain[0]} (above)"
+                why = f"underflow: with {chain[0]}, in the FP32 chain to {f.site}"
     return out
