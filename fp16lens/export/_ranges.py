@@ -16,7 +16,7 @@ class RangeIssues:
     """What converting one FP32 array to FP16 does to it."""
 
     absmax: float
-    overflow: int  # becomes inf/NaN in FP16 (|v| >= 65520 after rounding, or already)
+    overflow: int  # finite, becomes inf in FP16 (|v| >= 65520); an inf or NaN stays as it is
     subnormal: int  # non-zero values below 2**-14 in FP16 (precision lost), zeroed included
     zeroed: int  # non-zero values that round to 0
     lost_rel: float = 0.0  # the most a slice (output channel) loses below 2**-14, over its sum |w|
@@ -33,9 +33,9 @@ def range_issues(array: np.ndarray) -> RangeIssues:
     subnormal = int(((h != 0) & (np.abs(h) < FP16_MIN_NORMAL)).sum()) + zeroed
     # ONNX keeps the output channel first (Conv, Gemm with transB) or last (MatMul): both
     lost = flush_loss(torch.from_numpy(a.copy()), (0, -1)).rel if subnormal else 0.0
-    return RangeIssues(
-        float(np.abs(a).max()), int((~np.isfinite(h)).sum()), subnormal, zeroed, lost
-    )
+    finite = np.isfinite(a)
+    peak = float(np.abs(a[finite]).max()) if finite.any() else 0.0
+    return RangeIssues(peak, int((finite & ~np.isfinite(h)).sum()), subnormal, zeroed, lost)
 
 
 SATURATED = 1e30

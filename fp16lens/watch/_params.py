@@ -1,6 +1,7 @@
 """Parameters and buffers that FP16 cannot hold: beyond 65504, subnormal, flushed to 0.
 
-Overflow is always a problem (.half() makes the value inf). A value that becomes subnormal
+Overflow is always a problem (.half() makes a finite value inf; an inf or NaN it keeps as it
+is, so those are no FP16 problem). A value that becomes subnormal
 or 0 is judged by what its loss does to the values the parameter joins (``judge``): it is a
 problem only where the change is visible at the FP16 precision of those values, else a note.
 """
@@ -40,11 +41,15 @@ def _owner(name: str) -> tuple[str, str]:
 
 
 def _overflow(name: str, t: torch.Tensor, a: torch.Tensor, threshold: float) -> Finding | None:
+    """Finite values beyond ``threshold``. An inf or NaN stays what it is in FP16 (a clip
+    bound of -inf, as JAX exports write for max(x, -inf)): .half() changes nothing there."""
+    if not bool(torch.isfinite(a).all()):
+        a = torch.where(torch.isfinite(a), a, torch.zeros((), dtype=a.dtype, device=a.device))
     peak = float(a.max())
     if peak <= threshold:
         return None
     module, tensor = _owner(name)
-    over = int((a > threshold).sum()) + int(a.isnan().sum())
+    over = int((a > threshold).sum())
     return Finding(
         site=module,
         mechanism=Mechanism.PARAMETER,

@@ -117,3 +117,29 @@ def test_parameter_overflow_stays_a_problem():
     assert (f.site, f.tensor, f.kind) == ("bn", "running_var", "param-overflow")
     with torch.no_grad():
         assert torch.isinf(copy.deepcopy(model).half().bn.running_var).all()
+
+
+class _CausalMask(torch.nn.Module):
+    """Attention scores masked by a buffer of -inf above the diagonal (a causal mask as
+    many decoders register it): FP16 holds -inf as it is."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(8, 8)
+        self.register_buffer("mask", torch.full((6, 6), -torch.inf).triu(1))
+
+    def forward(self, x):
+        q = self.proj(x)
+        return torch.softmax(q @ q.transpose(-1, -2) / 8**0.5 + self.mask, -1) @ x
+
+
+def test_an_inf_buffer_is_no_parameter_problem():
+    model, inputs = _CausalMask().eval(), (torch.randn(2, 6, 8),)
+    report, out = _watch(model, inputs)
+    half = _fp16(model, inputs)
+    assert torch.isfinite(half).all() and torch.allclose(half, out, atol=5e-3)  # ground truth
+    assert not [f for f in report.findings if f.mechanism == "parameter"]
+    assert report.clean, [f.detail for f in report.findings]
+    from fp16lens.export._ranges import range_issues
+
+    assert range_issues(model.mask.numpy()).overflow == 0  # export keeps it too

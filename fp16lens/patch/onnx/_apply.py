@@ -91,9 +91,9 @@ class Editor:
             before.setdefault(id(anchor), []).append(node)
         nodes = []
         for node in self.g.node:
-            nodes += before.pop(id(node), [])
+            nodes += _ordered(before.pop(id(node), []))
             nodes.append(node)
-        nodes += before.pop(id(None), [])  # after the last node
+        nodes += _ordered(before.pop(id(None), []))  # after the last node
         read = {t for n in nodes for t in n.input} | self.m.outputs
         nodes = [
             n
@@ -104,6 +104,23 @@ class Editor:
         ]  # constants no longer read
         del self.g.node[:]
         self.g.node.extend(nodes)
+
+
+def _ordered(inserted: list) -> list:
+    """The nodes inserted before one node, each after those of them it reads (an island's
+    output multiply before the next island's input multiply of that output), else in the
+    order they were made."""
+    made = {o for n in inserted for o in n.output}
+    out: list = []
+    pending = list(inserted)
+    while pending:
+        done = {o for n in out for o in n.output}
+        ready = [n for n in pending if all(i not in made or i in done for i in n.input)]
+        if not ready:  # a cycle cannot come from multiplies; keep the order rather than loop
+            return out + pending
+        out += ready
+        pending = [n for n in pending if all(n is not r for r in ready)]
+    return out
 
 
 def apply(m: OnnxModel, plan: Plan, units: dict[str, Unit]) -> list[str]:
@@ -146,7 +163,7 @@ def _island(ed: Editor, units: dict[str, Unit], island, regions) -> list[str]:
         for node in nodes:
             for slot, t in enumerate(node.input):
                 if t and t not in own and t not in m.consts and m.elem.get(t) in FLOAT_TYPES:
-                    mul = ed.multiply(t, island.in_scale, nodes[0])
+                    mul = ed.multiply(t, island.in_scale, node)  # after t's producer
                     node.input[slot] = mul.output[0]
                     made.append(mul.name)
             made += _unscale_branch_reads(ed, units, island, node, regions)
