@@ -342,3 +342,19 @@ def test_cli_patches_an_onnx_file(tmp_path, capsys):
         == 2
     )
     assert "saved as ONNX" in capsys.readouterr().err
+
+
+def test_nodes_inserted_before_one_node_come_after_those_they_read():
+    """One island's output multiply and the next island's input multiply of that output,
+    both inserted before the same node and made in the other order (the order of the
+    plan's islands): the first one written reads what the second makes (magika's GELU
+    island after its LayerNorm island, tests/patch/test_patch_onnx_magika.py)."""
+    from onnx import helper
+
+    from fp16lens.patch.onnx._apply import _ordered
+
+    reads = helper.make_node("Mul", ["t", "k2"], ["u"], name="reads")
+    makes = helper.make_node("Mul", ["t_inner", "k1"], ["t"], name="makes")
+    apart = helper.make_node("Mul", ["x", "k3"], ["v"], name="apart")
+    assert [n.name for n in _ordered([reads, apart, makes])] == ["apart", "makes", "reads"]
+    assert [n.name for n in _ordered([apart, makes, reads])] == ["apart", "makes", "reads"]
