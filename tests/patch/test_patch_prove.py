@@ -665,3 +665,54 @@ def test_an_input_beyond_fp16_is_named_as_why_the_proof_fails(tmp_path):
     assert not [w for w in caught if issubclass(w.category, RuntimeWarning)]  # numpy's casts
     said = " ".join(str(w.message) for w in caught)
     assert f"input {name!r} holds values up to 2e+05, beyond FP16's largest value" in said
+
+
+def _cancelling_graph():
+    """y = (x + 1000) - 1000, which FP16 keeps to steps of 0.5 (x in 0.1-1: precision, not
+    range), beside z = (x * 1e5) * 1e-5, a span patch fixes."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    consts = [
+        numpy_helper.from_array(np.array(v, np.float32), n)
+        for n, v in (("k1000", 1000.0), ("k1e5", 1e5), ("k1e-5", 1e-5))
+    ]
+    nodes = [
+        helper.make_node("Add", ["x", "k1000"], ["a"], name="shift"),
+        helper.make_node("Sub", ["a", "k1000"], ["y"], name="back"),
+        helper.make_node("Mul", ["x", "k1e5"], ["b"], name="up"),
+        helper.make_node("Mul", ["b", "k1e-5"], ["z"], name="down"),
+    ]
+    io = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, 64]) for n in "xyz"]
+    graph = helper.make_graph(nodes, "cancel", io[:1], io[1:], consts)
+    return onnx.helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def test_an_onnx_proof_short_only_in_precision_says_so_and_the_tolerance_it_names_holds(
+    tmp_path,
+):
+    import re
+
+    import onnx
+    import zoo_real
+
+    path = str(tmp_path / "cancel.onnx")
+    onnx.save(_cancelling_graph(), path)
+    x = np.random.default_rng(0).uniform(0.1, 1, (1, 64)).astype(np.float32)
+    feed = {"x": x}
+    y = zoo_real.onnx_real_fp16(path, feed)["y"]  # ground truth: FP16 storage, no fp16lens
+    y32 = (x.astype(np.float64) + 1000) - 1000
+    truth = float((y32 * y).sum() / np.linalg.norm(y32) / np.linalg.norm(y))
+    assert truth < 0.99
+    report = fp16lens.scan(path, [feed], progress=False)
+    assert [(s.start, s.end) for s in report.spans] == [("up", "down")]
+    with pytest.warns(PatchWarning) as caught:
+        fp16lens.patch(path, report, batches=[feed])
+    said = " ".join(str(w.message) for w in caught)
+    found = re.search(r"cosine ([0-9.]+)\) with every span kept FP32: real FP16 of the", said)
+    assert found and float(found[1]) == pytest.approx(truth, abs=1e-4), said
+    assert "short only in precision" in said and "not FP16-safe;" not in said
+    tolerance = float(re.search(r"min_cosine=([0-9.]+)\) accepts", said)[1])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PatchWarning)  # proven at that tolerance
+        fp16lens.patch(path, report, batches=[feed], min_cosine=tolerance)

@@ -294,7 +294,7 @@ def _proven(original, report, options, feeds, m, the_plan, drop):
         ]
         m, the_plan, drop = m2, plan2, nxt
     worst = failed[0]
-    from fp16lens.patch._prove import input_range_reason, rounding_reason
+    from fp16lens.patch._prove import admitting, input_range_reason, rounding_reason
     from fp16lens.patch.onnx._fp16 import input_rounding_cosine, step_reason, step_rounding
 
     # finite, short of the tolerance: is it the input's own rounding?
@@ -310,7 +310,12 @@ def _proven(original, report, options, feeds, m, the_plan, drop):
             *step_rounding(original, feeds[worst.batch]), options.min_cosine, worst.cosine
         )
     )
-    why = rounding or beyond or steps or "the graph is not FP16-safe; run it in FP32"
+    precision = worst.finite and (
+        "real FP16 of the patched graph is finite, short only in precision (FP16 keeps 11 "
+        "significant bits, which no island around a span changes); run the graph in FP32, "
+        f"or patch(..., min_cosine={admitting(worst.cosine)}) accepts what that costs"
+    )
+    why = rounding or beyond or steps or precision or "the graph is not FP16-safe; run it in FP32"
     the_plan.unresolved.append(
         Unresolved(
             PROOF_SITE,
