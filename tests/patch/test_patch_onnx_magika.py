@@ -9,7 +9,6 @@ made real (``zoo_real.onnx_fp16_file_real``), on files the patch never saw."""
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import os
 import sys
@@ -31,10 +30,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 @pytest.fixture(scope="module")
 def magika():
-    try:
-        return zoo_real.magika_model()
-    except zoo_real.Missing as exc:
-        pytest.skip(str(exc))
+    return zoo_real.or_skip(zoo_real.magika_model)
 
 
 def _files() -> dict[str, bytes]:
@@ -45,10 +41,7 @@ def _files() -> dict[str, bytes]:
         with open(os.path.join(ROOT, *parts), "rb") as f:
             return f.read()
 
-    skimage = importlib.util.find_spec("skimage")  # its data, without importing it
-    if skimage is None:
-        pytest.skip(f"pip install {zoo_real.PINS['scikit-image']}")
-    with open(os.path.join(skimage.submodule_search_locations[0], "data", "coffee.png"), "rb") as f:
+    with open(zoo_real.or_skip(zoo_real.skimage_file, "coffee.png"), "rb") as f:
         png = f.read()
     with open(os.path.realpath(sys.executable), "rb") as f:
         elf = f.read()

@@ -29,10 +29,7 @@ import fp16lens  # noqa: E402
 
 
 def _model(name: str) -> str:
-    try:
-        return zoo_real.ddddocr_model(name)
-    except zoo_real.Missing as exc:
-        pytest.skip(str(exc))
+    return zoo_real.or_skip(zoo_real.ddddocr_model, name)
 
 
 def _line(kind: str, text: str = zoo_real.SENTENCE) -> np.ndarray:
