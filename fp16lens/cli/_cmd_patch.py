@@ -107,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
     con = console()
     con.print(terminal_plan(plan))
     con.print(f"patched model saved to {escape(str(saved))}")
-    for line in finish_lines(left, islands, saved):
+    for line in finish_lines(left, islands, saved, plan.proven):
         con.print(line, markup=False, highlight=False)
     for line in _unchecked(plan):
         con.print(f"warning: {line}", markup=False, highlight=False)
@@ -149,14 +149,8 @@ def run_onnx(args: argparse.Namespace) -> int:
     con = console()
     con.print(terminal_plan(plan))
     con.print(f"patched model saved to {escape(str(out))}")
-    if left:
-        con.print(
-            f"NOT FIXED: {len(left)} problem(s) stay out of FP16 range after the patch:",
-            markup=False,
-            highlight=False,
-        )
-        for u in left:
-            con.print(f"  {u['site']}: {cli_words(u['reason'])}", markup=False, highlight=False)
+    for line in not_fixed_lines(left, plan.proven):
+        con.print(line, markup=False, highlight=False)
     if plan.fp32_modules:
         con.print(
             f"FP32 nodes (metadata fp16lens.fp32_nodes, read by the FP16 export): "
@@ -224,12 +218,24 @@ def fp32_modules(plan, left: list[dict]) -> list[str]:
     return list(dict.fromkeys(modules + [u["module"] for u in left if u["module"]]))
 
 
-def finish_lines(left: list[dict], islands: list[str], saved) -> list[str]:
+def not_fixed_lines(left: list[dict], proven: bool) -> list[str]:
+    """What the patch left out of FP16 range, each with its reason in CLI words; where real
+    FP16 still passed on the given inputs, that is said too (plain text, no markup)."""
+    if not left:
+        return []
+    passed = (
+        " (real FP16 passed on the --input batches, so there they did no harm; other "
+        "inputs may differ)"
+        if proven
+        else ""
+    )
+    head = f"NOT FIXED: {len(left)} problem(s) stay out of FP16 range after the patch{passed}:"
+    return [head, *(f"  {u['site']}: {cli_words(u['reason'])}" for u in left)]
+
+
+def finish_lines(left: list[dict], islands: list[str], saved, proven: bool) -> list[str]:
     """The exact export options that finish the job (plain text, no markup)."""
-    lines = []
-    if left:
-        lines.append(f"NOT FIXED: {len(left)} problem(s) stay out of FP16 range after the patch:")
-        lines += [f"  {u['site']}: {cli_words(u['reason'])}" for u in left]
+    lines = not_fixed_lines(left, proven)
     if islands == [""]:
         lines.append(
             f"the whole model is kept FP32: fp16lens export {saved} -o model.onnx keeps it FP32"

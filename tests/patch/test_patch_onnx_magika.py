@@ -24,6 +24,7 @@ ort = pytest.importorskip("onnxruntime")
 import zoo_real  # noqa: E402
 
 import fp16lens  # noqa: E402
+from fp16lens.cli import main  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -71,7 +72,7 @@ def _cosine(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def test_magika_broken_in_real_fp16_is_found_and_the_exported_fix_reads_unseen_files(
-    magika, tmp_path
+    magika, tmp_path, capsys
 ):
     """Real FP16 names every file wrongly; the scan says so (a span at the LayerNorm's
     sum); patch, proven on two files, writes a valid graph, and its FP16 export, in real
@@ -99,6 +100,14 @@ def test_magika_broken_in_real_fp16_is_found_and_the_exported_fix_reads_unseen_f
     said = " ".join(str(w.message) for w in caught if w.category is fp16lens.PatchWarning)
     assert "yet real FP16 of the patched model passed on every batch given" in said
     assert "ApplyActivation_1/Tanh" in said and "not FP16-safe" not in said
+    np.savez(tmp_path / "wav.npz", **feeds["wav"])  # from a terminal: the same, in its words
+    saved = tmp_path / "r.json"
+    report.save(saved)
+    wav, fixed = str(tmp_path / "wav.npz"), str(tmp_path / "cli.onnx")
+    code = main(["patch", path, "--report", str(saved), "--input", wav, "-o", fixed])
+    out = " ".join(capsys.readouterr().out.split())
+    assert code == 1 and "proven" in out  # 1: a problem is left, as the help says
+    assert "stay out of FP16 range after the patch (real FP16 passed on the --input" in out
     art = fp16lens.export(str(tmp_path / "patched.onnx"), None, tmp_path / "fp16.onnx")
     for kind, feed in feeds.items():
         ref = refs[kind]
