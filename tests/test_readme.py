@@ -96,4 +96,21 @@ def test_the_demo_output_is_the_real_one(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     got = {line.rstrip() for line in done.stdout.splitlines()}
     shown = _shown_lines(_blocks(_section("The 60-second demo"), "text")[0])
-    assert len(shown) > 10 and [line for line in shown if line not in got] == []
+    assert len(shown) > 10 and [line for line in shown if not _printed(line, got)] == []
+
+
+_COSINE = re.compile(r"0\.99\d{4}")
+
+
+def _printed(line: str, got: set[str]) -> bool:
+    """``line`` is among ``got``, its 6-decimal cosines within 5e-6 (the last digit of an
+    FP16 cosine differs between CPUs: 0.999971 on one, 0.999969 on an AMD EPYC)."""
+    if line in got:
+        return True
+    want = [float(v) for v in _COSINE.findall(line)]
+    for other in got:
+        if _COSINE.sub("#", other) == _COSINE.sub("#", line) and want:
+            have = [float(v) for v in _COSINE.findall(other)]
+            if len(have) == len(want) and all(abs(a - b) <= 5e-6 for a, b in zip(have, want)):
+                return True
+    return False

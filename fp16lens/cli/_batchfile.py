@@ -1,8 +1,10 @@
-"""Batches from files: ``.pt``/``.pth`` (torch.load, weights only) and ``.npz`` (numpy).
+"""Batches from files: ``.pt``/``.pth`` (torch.load, weights only), ``.npz`` and ``.npy``
+(numpy).
 
 ``.pt``: a tensor is one batch with one input; a tuple is one batch with several inputs;
 a list is a list of batches (each a tensor or a tuple/list of tensors).
 ``.npz``: the arrays, in file order, are the model's positional inputs of one batch.
+``.npy``: one array, one batch of a model with one input.
 ``batch_size`` splits a single batch along its first axis into several batches.
 """
 
@@ -22,6 +24,8 @@ def load_batches(path: str | Path, batch_size: int | None = None) -> list[Batch]
         raise Fp16LensError(f"input file {path} does not exist; check the path")
     if path.suffix.lower() == ".npz":
         batches = [_load_npz(path)]
+    elif path.suffix.lower() == ".npy":
+        batches = [_load_npy(path)]
     else:
         batches = _from_object(_load_pt(path), path)
     if batch_size is not None and len(batches) == 1:
@@ -53,6 +57,18 @@ def _load_npz(path: Path) -> Batch:
     if not arrays:
         raise Fp16LensError(f"{path} holds no arrays; save inputs with numpy.savez(path, x=array)")
     return tuple(torch.from_numpy(a) for a in arrays)
+
+
+def _load_npy(path: Path) -> Batch:
+    import numpy as np
+
+    try:
+        array = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        raise Fp16LensError(
+            f"cannot read {path} as .npy ({exc}); save an input with numpy.save(path, array)"
+        ) from exc
+    return (torch.from_numpy(np.ascontiguousarray(array)),)
 
 
 def _from_object(obj, path: Path) -> list[Batch]:

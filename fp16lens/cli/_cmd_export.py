@@ -51,7 +51,7 @@ def add_parser(sub) -> None:
         "--calibration",
         metavar="FILE",
         default=None,
-        help="INT8 calibration batches (.pt/.npz); default: the --input batches",
+        help="INT8 calibration batches (.pt/.npz/.npy); default: the --input batches",
     )
     p.add_argument(
         "--target",

@@ -1,7 +1,7 @@
 """`fp16lens patch MODEL --report report.json -o patched.pt`: print the fix plan,
 apply it, and save the patched model (.pt TorchScript or .pt2 torch.export program; an
 ONNX MODEL is saved as ONNX: `fp16lens patch model.onnx --report r.json -o fixed.onnx`).
-With --input (a .pt/.npz file of the user's batches, or shapes) the patched model is proven
+With --input (a .pt/.npz/.npy file of the user's batches, or shapes) the patched model is proven
 in real FP16 on those inputs and the fix widened until it passes; without it, a warning
 says the FP16 check did not run. Exit 1 when anything is left unresolved."""
 

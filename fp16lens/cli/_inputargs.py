@@ -39,7 +39,7 @@ def add_input_arguments(parser: argparse.ArgumentParser, batches: bool = True) -
         "--input",
         nargs="+",
         metavar="SPEC",
-        help="a shape per positional input (1x3x224x224 1x10), or one .pt/.npz file of batches; "
+        help="a shape per positional input (1x3x224x224 1x10), or one .pt/.npz/.npy file of batches; "
         "optional for `demo` and for callables that return (model, inputs)",
     )
     group.add_argument(
@@ -127,7 +127,7 @@ def _batches(args: argparse.Namespace, default: Batch | None) -> Sequence[Batch]
         if default is None:
             raise Fp16LensError(
                 f"{args.model} needs example inputs: give --input with a shape per input "
-                "(e.g. --input 1x3x224x224) or a .pt/.npz file of batches"
+                "(e.g. --input 1x3x224x224) or a .pt/.npz/.npy file of batches"
             )
         if getattr(args, "batches", 1) > 1:
             import sys
@@ -142,7 +142,7 @@ def _batches(args: argparse.Namespace, default: Batch | None) -> Sequence[Batch]
     if files:
         if len(specs) != 1:
             raise Fp16LensError(
-                "--input takes either shapes or one .pt/.npz file of batches, not both or "
+                "--input takes either shapes or one .pt/.npz/.npy file of batches, not both or "
                 f"several files (got {' '.join(specs)})"
             )
         return load_batches(files[0], args.batch_size)

@@ -1,4 +1,4 @@
-"""Model inputs for the CLI: generated from shape specs, or loaded from .pt/.npz files.
+"""Model inputs for the CLI: generated from shape specs, or loaded from .pt/.npz/.npy files.
 
 A batch is a tuple of positional arguments for ``model(*batch)``.
 """
@@ -22,7 +22,7 @@ DTYPES = {
     "int32": torch.int32,
     "bool": torch.bool,
 }
-FILE_SUFFIXES = (".pt", ".pth", ".npz")
+FILE_SUFFIXES = (".pt", ".pth", ".npz", ".npy")
 Batch = tuple[torch.Tensor, ...]
 
 
@@ -36,7 +36,7 @@ def parse_shape(spec: str) -> tuple[int, ...]:
     if not dims or any(d <= 0 for d in dims):
         raise Fp16LensError(
             f"bad input shape {spec!r}: write positive sizes joined by 'x', e.g. 1x3x224x224 "
-            "(or give a .pt/.npz file of batches)"
+            "(or give a .pt/.npz/.npy file of batches)"
         )
     return dims
 

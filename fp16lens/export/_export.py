@@ -7,12 +7,12 @@ import copy
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from fp16lens._core import ExportError, import_optional
-from fp16lens._core.onnx_types import is_onnx
+from fp16lens._core.onnx_types import check_graph, is_onnx
 from fp16lens._core.options import given, one_form
 from fp16lens._core.paths import check_writable
 from fp16lens._core.weights import missing_weights
@@ -139,7 +139,7 @@ def _export_onnx(model, path, opts: ExportOptions, calibration, evaluation) -> E
     proto, origins, islands = prepare(model, opts.fp32_nodes, opts.fp32_modules or None)
     recorded = sorted({origins[n].module for n in islands})  # a node is its own module
     opts = replace(opts, fp32_modules=tuple(recorded))
-    job = _Job(opts, ONNX_EXPORTER, [], calibration, (), evaluation)
+    job = _Job(opts, ONNX_EXPORTER, [], calibration, (), evaluation, source=model)
     return _typed(proto, path, job, islands)
 
 
@@ -226,6 +226,7 @@ class _Job:
     calibration: Iterable | None
     fp32_out: tuple[str, ...] = ()  # islands whose outputs stay FP32 (a graph output too)
     evaluation: Iterable | None = None  # INT8: the batches the target is checked on
+    source: Any = None  # the ONNX graph exported from (a path or ModelProto); None: PyTorch
 
 
 def _check_calibration(opts: ExportOptions, calibration) -> None:
@@ -283,7 +284,7 @@ def _typed(proto, path: Path, job: _Job, island_nodes: set[str] | None = None) -
     for node, origin in zip(proto.graph.node, map_nodes(proto.graph, set(), [])):
         stamp(node, origin)  # Casts and Q/DQ nodes take their neighbours' modules
     meta = {PRECISION_KEY: options.precision, EXPORTER_KEY: job.exporter}
-    _finish(proto, {**meta, ISLANDS_KEY: ",".join(islands)})
+    _finish(proto, {**meta, ISLANDS_KEY: ",".join(islands)}, job.source)
     _save(proto, path)
     return ExportArtifact(
         path=path,
@@ -330,8 +331,9 @@ def _name_nodes(graph) -> None:
         seen.add(name)
 
 
-def _finish(proto, meta: dict[str, str]) -> None:
-    """IR version ONNX Runtime reads (<= 13; metadata on nodes needs >= 10), provenance, check."""
+def _finish(proto, meta: dict[str, str], source=None) -> None:
+    """IR version ONNX Runtime reads (<= 13; metadata on nodes needs >= 10), provenance,
+    check (as strict as the ONNX ``source`` passes: ``check_graph``)."""
     onnx = import_optional("onnx", "onnx", "ONNX export")
     proto.ir_version = max(
         10, onnx.helper.find_min_ir_version_for(list(proto.opset_import), ignore_unknown=True)
@@ -343,7 +345,7 @@ def _finish(proto, meta: dict[str, str]) -> None:
         )
         entry.key, entry.value = key, value
     if proto.ByteSize() < _TWO_GB:
-        onnx.checker.check_model(proto, full_check=True)
+        check_graph(onnx, proto, source)
 
 
 def _save(proto, path: Path) -> None:

@@ -33,6 +33,8 @@ _BIAS_SLOT = {
         "GroupNormalization",
     )
 }
+_MEAN_SLOT = {"BatchNormalization": 3}
+"""A running mean is subtracted from the values it joins: its loss is a bias's."""
 
 
 @dataclass
@@ -182,14 +184,21 @@ class _Rewriter:
         return needs
 
     def _additive(self, name: str) -> bool:
-        """Whether every use of ``name`` adds it to the values it joins (a bias slot)."""
+        """Whether every use of ``name`` adds it to the values it joins (a bias slot, an
+        Add/Sub operand, a BatchNormalization's running mean)."""
         uses = [
             (n.op_type, i)
             for n in self.consumers.get(name, [])
             for i, t in enumerate(n.input)
             if t == name
         ]
-        return bool(uses) and all(op in ("Add", "Sub") or _BIAS_SLOT.get(op) == i for op, i in uses)
+        return bool(uses) and all(
+            op in ("Add", "Sub") or i in (_BIAS_SLOT.get(op), _MEAN_SLOT.get(op)) for op, i in uses
+        )
+
+    def _added(self, node) -> bool:
+        """Whether a Constant node's value is only added (an eps, a bias): ``_additive``."""
+        return node.op_type == "Constant" and self._additive(node.output[0])
 
     def _half(
         self, name: str, array: np.ndarray, modules: list[str], additive: bool = False
@@ -266,7 +275,8 @@ class _Rewriter:
                 attr.i = FLOAT16
             elif attr.name == "value" and attr.type == attr.TENSOR and attr.t.data_type == FLOAT:
                 array = numpy_helper.to_array(attr.t)
-                self._replace(attr.t, self._half(node.name, array, self._readers(node)))
+                half = self._half(node.name, array, self._readers(node), self._added(node))
+                self._replace(attr.t, half)
         if node.op_type == "Constant":
             self._constant_scalars(node)
         _explicit_default_dtype(node)
@@ -277,7 +287,7 @@ class _Rewriter:
                 values = np.array(
                     attr.f if attr.name == "value_float" else list(attr.floats), dtype=np.float32
                 )
-                half = self._half(node.name, values, self._readers(node))
+                half = self._half(node.name, values, self._readers(node), self._added(node))
                 node.attribute.remove(attr)
                 node.attribute.append(helper.make_attribute("value", numpy_helper.from_array(half)))
 

@@ -95,15 +95,23 @@ def advice_of(the_plan: Plan) -> Advice:
 
 
 # ---- which plan entries fix an item ---------------------------------------------------
-def _keys(report: Report, item: Span | Finding) -> tuple[set[str], tuple[str, ...]]:
-    """The item's sites and the phrases by which the planner's reasons name it."""
+def _keys(
+    report: Report, item: Span | Finding, aliases: dict[str, str] | None = None
+) -> tuple[set[str], tuple[str, ...]]:
+    """The item's sites and the phrases by which the planner's reasons name it (a site
+    the planner knows by another name, ``Plan.aliases``, by that name too)."""
     if isinstance(item, Span):
-        return set(item.sites), (f"span {item.start} -> {item.end or 'output'}",)
+        keys: tuple[str, ...] = (f"span {item.start} -> {item.end or 'output'}",)
+        merged = {(aliases or {}).get(s, s) for s in item.sites}
+        if aliases and len(merged) == 1:  # a decomposed norm's own (x-mean)^2: its finding
+            keys += (f"{FindingKind.NORM_VARIANCE} in {merged.pop()} (",)
+        return set(item.sites), keys
     sites = {item.site} | ({item.tensor} if item.tensor in report.sites else set())
     if item.mechanism == Mechanism.PARAMETER:
         return sites, (f"{item.site}.{item.tensor} beyond FP16",)
     if item.mechanism == Mechanism.INTERNAL:
-        return sites, (f"{item.kind} in {item.site} (",)
+        known = dict.fromkeys((item.site, (aliases or {}).get(item.site, item.site)))
+        return sites, tuple(f"{item.kind} in {name} (" for name in known)
     if item.mechanism == Mechanism.UNDERFLOW:  # each island of the chain before it names it
         return sites, (f" {item.site} run in FP32", f"in the FP32 chain to {item.site}")
     if item.mechanism == Mechanism.OUTPUT:  # the span that starts there names it
@@ -139,7 +147,7 @@ def _names(reasons, keys: tuple[str, ...]) -> bool:
 
 
 def _fixing(report: Report, the_plan: Plan, item: Span | Finding):
-    sites, keys = _keys(report, item)
+    sites, keys = _keys(report, item, the_plan.aliases)
     regions = [
         r
         for r in the_plan.regions
@@ -208,23 +216,53 @@ def _rule_words(u) -> str:
     )
 
 
-def _island_words(i: Island) -> str:
+def _island_name(i: Island) -> str:
     what = i.module or "the whole model"
-    if i.site and i.module != i.site:
-        what = f"{i.site} (as {i.module})"
+    return f"{i.site} (as {i.module})" if i.site and i.module != i.site else what
+
+
+def _island_parts(i: Island, handing: bool = True) -> list[str]:
     parts = []
     if i.in_scale != 1:
         parts.append(f"its input × 2^{_k(i.in_scale)}")
     if i.out_scale != 1:
         parts.append(f"its output × 2^-{_k(i.out_scale)}")
-    if i.fp32_out:
+    if handing and i.fp32_out:
         parts.append("handing its output on in FP32")
-    if i.fp32_in:
+    if handing and i.fp32_in:
         parts.append("fed FP32 by the island before it")
     rule = _RULE.search(i.reason)
     if rule:
         parts.append(rule.group(0)[1:-1])
-    return f"FP32 island {what}" + (f" ({', '.join(parts)})" if parts else "")
+    return parts
+
+
+def _island_words(i: Island) -> str:
+    parts = _island_parts(i)
+    return f"FP32 island {_island_name(i)}" + (f" ({', '.join(parts)})" if parts else "")
+
+
+_CHAIN = 3
+"""More islands than this for one item are worded as one list, in the model's order."""
+
+
+def _islands_words(report: Report, islands: list[Island]) -> list[str]:
+    """The islands fixing one item, in the order the model runs them; more than ``_CHAIN``
+    as one list whose FP32 hand-overs are said once."""
+    first: dict[str, int] = {}
+    for k, (name, st) in enumerate(report.sites.items()):
+        for key in (name, st.module):
+            first.setdefault(key, k)
+    islands = sorted(islands, key=lambda i: first.get(i.site or i.module, len(first)))
+    if len(islands) <= _CHAIN:
+        return [_island_words(i) for i in islands]
+    names = []
+    for i in islands:
+        parts = _island_parts(i, handing=False)
+        names.append(_island_name(i) + (f" ({', '.join(parts)})" if parts else ""))
+    handed = sum(i.fp32_in for i in islands)
+    tail = f"; {handed} of them fed FP32 by the island before" if handed else ""
+    return [f"FP32 islands ({len(islands)}, in order): {', '.join(names)}{tail}"]
 
 
 def _input_words(report: Report, the_plan: Plan, f: Finding) -> str | None:
@@ -256,7 +294,7 @@ def plan_words(report: Report, the_plan: Plan, item: Span | Finding) -> str:
         for r in reparams
         if not (r.rule in _ABSORB_RULES and r.module in ends)
     ]  # said by its region
-    parts += [_island_words(i) for i in islands]
+    parts += _islands_words(report, islands)
     parts += [f"{_list(w.modules) or 'the whole model'} kept FP32 end to end" for w in widened]
     if (regions or rules) and not islands and not unresolved:
         parts[-1] += "; exact in FP32, no run-time cost"

@@ -27,6 +27,7 @@ from fp16lens.patch._plan import (
 )
 from fp16lens.patch._planner import build_plan
 from fp16lens.patch._prove import (
+    admitting,
     as_batches,
     input_range_reason,
     input_rounding_cosine,
@@ -204,7 +205,7 @@ def _precision_note(the_plan: Plan, first: list[BatchProof] | None, opts: PatchO
     rel = max(b.max_rel for b in first)
     keep = []
     if worst.cosine < opts.min_cosine:
-        keep.append(f"min_cosine={math.floor(worst.cosine * 1e4) / 1e4}")
+        keep.append(f"min_cosine={admitting(worst.cosine)}")
     if opts.max_rel is not None and rel > opts.max_rel:
         keep.append(f"max_rel={math.ceil(rel * 1e3) / 1e3}")
     tolerance = f"min_cosine {opts.min_cosine}" + (

@@ -155,6 +155,8 @@ class Plan:
     )  # spans kept FP32 end to end (the proof's last resort)
     underflow_rules: list[UnderflowRule] = field(default_factory=list)  # underflow fixed exactly
     proof: list[BatchProof] = field(default_factory=list)  # per batch, the final check's findings
+    aliases: dict[str, str] = field(default_factory=dict)  # a report site -> the site the
+    # planner knows it by (ONNX: a decomposed norm's nodes -> its norm site); its reasons name that
     fp16_checked: bool = False  # whether real FP16 ran on the caller's batches
     fp32_checked: bool = (
         False  # whether the FP32 equivalence check ran (batches or recorded inputs)

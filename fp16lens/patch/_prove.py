@@ -227,9 +227,16 @@ def rounding_reason(inherent: float, min_cosine: float, reached: float) -> str |
     )
 
 
+SPARE = 0.1
+"""The share of the error an advised tolerance leaves to spare: FP16 runtimes differ in how
+they accumulate and round inside an op. On the raw-pixel demo the storage emulation of the
+proof gives cosine 0.998159 and an AMD EPYC's ``.half()`` 0.997995 (1 - cosine 9% more)."""
+
+
 def admitting(*cosines: float) -> float:
-    """The tolerance, to 4 decimals, that every one of ``cosines`` meets."""
-    return math.floor(min(cosines) * 1e4) / 1e4
+    """The tolerance, to 4 decimals, that every one of ``cosines`` meets with ``SPARE`` of
+    its error to spare (0.998159 -> 0.9979)."""
+    return math.floor((1 - (1 + SPARE) * (1 - min(cosines))) * 1e4) / 1e4
 
 
 def input_range_reason(batch) -> str | None:

@@ -127,12 +127,17 @@ def _input_fix(f: Finding) -> str:
 
 
 def headline(fix: str) -> str:
-    """The first clause of a fix (before ": ", "; " or " (k = "), for one-line summaries;
-    a plan's words keep their "patch: " and their first step."""
+    """The first clause of a fix (before ": ", "; " or " (k = " outside parentheses), for
+    one-line summaries; a plan's words keep their "patch: " and their first step, with
+    its parenthesis whole ("Pow_5 re-parametrized (norm: eps / 4096)")."""
     if fix.startswith(PATCH_SAYS):
         return PATCH_SAYS + headline(fix[len(PATCH_SAYS) :])
-    cuts = [i for i in (fix.find(": "), fix.find("; "), fix.find(" (k = ")) if i > 0]
-    return fix[: min(cuts)] if cuts else fix
+    depth = 0
+    for i, c in enumerate(fix):
+        if depth == 0 and i > 0 and fix.startswith((": ", "; ", " (k = "), i):
+            return fix[:i]
+        depth += (c == "(") - (c == ")")
+    return fix
 
 
 def suggest_fix(report: Report, item: Span | Finding) -> str:

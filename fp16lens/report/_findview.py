@@ -62,9 +62,8 @@ def _label(f: Finding) -> str:
         return f"[{PARAM_LABELS[f.kind]} ×{f.count} · harmless]"
     if f.mechanism == Mechanism.UNDERFLOW:
         return f"[{f.site} · {f.count} inf/NaN · {100 * f.peak:.3g}% flushed]"
-    if f.mechanism in (Mechanism.INTERNAL, Mechanism.NOTE):
-        return f"[{f.site} · {f.kind}]"
-    return f"[{f.site} · {f.kind or f.mechanism}]"
+    what = f.kind if f.mechanism in (Mechanism.INTERNAL, Mechanism.NOTE) else f.kind or f.mechanism
+    return f"[{f.site} · {what}]" if f.site else f"[{what}]"  # a note on the whole graph: no site
 
 
 def orphan_outputs(report: Report, view: ViewOptions) -> list[RenderableType]:

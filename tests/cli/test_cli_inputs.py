@@ -71,6 +71,26 @@ def test_npz_arrays_are_the_positional_inputs(tmp_path):
     assert len(load_batches(tmp_path / "x.npz", batch_size=1)) == 4
 
 
+def test_an_npy_array_is_one_batch_of_one_input(tmp_path, capsys):
+    """numpy.save's .npy, the commonest array file, is one input: loaded as it is, split
+    by --batch-size, and a scan from the terminal reads it."""
+    from fp16lens.cli import main
+
+    np.save(tmp_path / "x.npy", np.arange(12, dtype=np.float32).reshape(4, 3))
+    ((x,),) = load_batches(tmp_path / "x.npy")
+    assert x.dtype == torch.float32 and x.tolist()[1] == [3.0, 4.0, 5.0]
+    assert [b[0].shape[0] for b in load_batches(tmp_path / "x.npy", batch_size=3)] == [3, 1]
+    (tmp_path / "m.py").write_text(
+        "import torch\n\ndef build():\n    return torch.nn.Linear(3, 2)\n"
+    )
+    model = f"{tmp_path / 'm.py'}:build"
+    assert main(["scan", model, "--input", str(tmp_path / "x.npy"), "--no-progress"]) == 0
+    assert "FP16-safe" in capsys.readouterr().out
+    (tmp_path / "junk.npy").write_bytes(b"not numpy")
+    with pytest.raises(Fp16LensError, match=r"cannot read .* as \.npy.*numpy\.save"):
+        load_batches(tmp_path / "junk.npy")
+
+
 def test_bad_batch_files_are_user_errors(tmp_path):
     with pytest.raises(Fp16LensError, match="does not exist"):
         load_batches(tmp_path / "missing.pt")

@@ -162,3 +162,6 @@ def test_headline_is_the_first_clause():
     assert headline("rescale by 2^-6 folded into x parameters (k = ceil(..)) = 6") == (
         "rescale by 2^-6 folded into x parameters"
     )
+    # a clause inside parentheses is not the end of the first one: the parenthesis stays whole
+    words = "patch: Pow_5 re-parametrized (norm: eps / 4096); FP32 island a"
+    assert headline(words) == "patch: Pow_5 re-parametrized (norm: eps / 4096)"

@@ -100,6 +100,10 @@ class OnnxBinding:
             "decomposed norm", weight=get(u.weight), bias=get(u.bias), eps=float(eps.reshape(-1)[0])
         )
 
+    def aliases(self) -> dict[str, str]:
+        """Each node of a decomposed norm -> the norm's site (its findings move there)."""
+        return {s: u.name for u in self.units.values() for s in u.members if s != u.name}
+
     def contract(self, report: Report) -> Report:
         """Each decomposed norm one NORM site; its stored (x-mean)^2 an internal finding of
         the norm (as a PyTorch LayerNorm's); constants named by their role at a weighted node."""

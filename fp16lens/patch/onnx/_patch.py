@@ -19,6 +19,7 @@ import torch
 from fp16lens._core import PatchError, StaleReportError, import_optional
 from fp16lens._core.feeds import feed_items
 from fp16lens._core.fingerprint import onnx_changed
+from fp16lens._core.onnx_types import check_graph
 from fp16lens._core.sites import Mechanism
 from fp16lens.patch._check import NOT_CHECKED, relative_error, report_batch
 from fp16lens.patch._check import TOLERANCE as AFFINE_TOLERANCE
@@ -137,7 +138,7 @@ def _attempt(original, report: Report, options: PatchOptions, drop: tuple[int | 
     if fp32:
         _set_fp32_nodes(m.proto, [*fp32_nodes(original), *fp32])
     try:
-        onnx.checker.check_model(m.proto, full_check=True)
+        check_graph(onnx, m.proto, original)
     except Exception as exc:
         raise PatchError(
             f"the patched graph fails onnx.checker ({str(exc).splitlines()[0][:300]}); the "
@@ -337,6 +338,7 @@ def _plan(m: OnnxModel, report: Report, options: PatchOptions):
     the_plan = build_plan(None, report, options, binding)
     taken = {i.module for i in the_plan.islands} | set(fp32_nodes(m.proto))
     the_plan.islands.extend(underflow_islands(m, report, taken))
+    the_plan.aliases = binding.aliases()
     return the_plan, binding
 
 

