@@ -122,6 +122,7 @@ class FindingKind(_Names):
     UNSCANNED = "unscanned"  # values the scan could not see (ONNX If/Loop/Scan bodies)
     INLINED = "inlined-branch"  # ONNX If branches the scan saw inlined into the main graph
     COMPILE_FALLBACK = "compile-fallback"  # scan(compile=True) watched batches eagerly
+    FP16_RUN = "fp16-run"  # the graph in real FP16 fails though no value leaves range
 
 
 class Backend(_Names):

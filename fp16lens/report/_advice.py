@@ -132,6 +132,9 @@ def headline(fix: str) -> str:
     its parenthesis whole ("Pow_5 re-parametrized (norm: eps / 4096)")."""
     if fix.startswith(PATCH_SAYS):
         return PATCH_SAYS + headline(fix[len(PATCH_SAYS) :])
+    by_hand = fix.find("; by hand: ")
+    if fix.startswith("patch ") and by_hand > 0:  # patch does nothing: the step by hand
+        return "by hand: " + headline(fix[by_hand + len("; by hand: ") :])
     depth = 0
     for i, c in enumerate(fix):
         if depth == 0 and i > 0 and fix.startswith((": ", "; ", " (k = "), i):
@@ -163,6 +166,13 @@ def words_fix(report: Report, item: Span | Finding) -> str:
         )
     if item.mechanism == Mechanism.NOTE:
         return _note_fix(item)
+    if item.kind == FindingKind.FP16_RUN:
+        where = f"{item.site} and the nodes the detail names" if item.site else "the graph"
+        return (
+            f"keep {where} in FP32 (export(..., fp32_nodes=[...])); or scale the values up "
+            "by 2^k before them and down after, then check parity with "
+            "fp16lens.verify(..., backend='onnx-fp16'); or run the graph in FP32"
+        )
     return _output_fix(report, item)
 
 

@@ -165,3 +165,6 @@ def test_headline_is_the_first_clause():
     # a clause inside parentheses is not the end of the first one: the parenthesis stays whole
     words = "patch: Pow_5 re-parametrized (norm: eps / 4096); FP32 island a"
     assert headline(words) == "patch: Pow_5 re-parametrized (norm: eps / 4096)"
+    # where patch does nothing, the first step by hand
+    words = "patch plans nothing for it; by hand: keep square in FP32 (export(...)); or that"
+    assert headline(words) == "by hand: keep square in FP32 (export(...))"

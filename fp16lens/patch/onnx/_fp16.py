@@ -2,7 +2,8 @@
 
 A copy of the FP32 graph where each FP32 output of a node that is not an FP32 node
 (``fp16lens.fp32_nodes``) goes through Cast(FLOAT16) and Cast(FLOAT) before anyone reads
-it, the float initializers read by such nodes are rounded to FP16, and so are the float
+it (an FP32 node's output too, for the readers that are not FP32 nodes: export casts it
+to FP16 for them), the float initializers read by such nodes are rounded to FP16, and so are the float
 inputs. ONNX Runtime runs it with its optimizations off, so that no Cast pair is
 removed: what a real FP16 runtime stores overflows to inf here too (inside one op the
 arithmetic stays FP32, as on a GPU's FP16 kernels that accumulate in FP32).
@@ -44,6 +45,10 @@ def fp16_storage(proto):
                 init.CopyFrom(numpy_helper.from_array(arr, init.name))
     nodes, rounded = [], []
     names = {id(n): s for s, n in m.nodes.items()}
+    readers: dict[str, list] = {}
+    for node in g.node:
+        for t in node.input:
+            readers.setdefault(t, []).append(node)
     for k, node in enumerate(list(g.node)):
         nodes.append(node)
         if node.op_type == "Constant" and not all(fp32_readers.get(node.output[0], [False])):
@@ -52,7 +57,10 @@ def fp16_storage(proto):
                     with np.errstate(over="ignore"):
                         arr = numpy_helper.to_array(a.t).astype(np.float16).astype(np.float32)
                     a.t.CopyFrom(numpy_helper.from_array(arr, a.t.name))
-        if (node.name or node.output[0]) in keep or node.op_type == "Constant":
+        if node.op_type == "Constant":
+            continue
+        if (node.name or node.output[0]) in keep:
+            nodes += _handed_to_fp16(helper, node, k, m, readers, keep)
             continue
         for slot, t in enumerate(node.output):
             if not t or m.elem.get(t) != _FLOAT:
@@ -66,6 +74,26 @@ def fp16_storage(proto):
     del g.node[:]
     g.node.extend(nodes)
     return out, rounded
+
+
+def _handed_to_fp16(helper, node, k: int, m, readers: dict, keep: set) -> list:
+    """An FP32 node's float outputs as its FP16 readers get them: through a Cast to FP16
+    and back (export casts them so), while its FP32 readers keep the FP32 value."""
+    casts = []
+    for t in node.output:
+        halves = [r for r in readers.get(t, []) if (r.name or r.output[0]) not in keep]
+        if not t or m.elem.get(t) != _FLOAT or not halves:
+            continue
+        half, back = f"{t}__fp16lens_to16_{k}", f"{t}__fp16lens_as16_{k}"
+        casts += [
+            helper.make_node("Cast", [t], [half], to=_HALF),
+            helper.make_node("Cast", [half], [back], to=_FLOAT),
+        ]
+        for r in halves:
+            for i, name in enumerate(r.input):
+                if name == t:
+                    r.input[i] = back
+    return casts
 
 
 def _session(proto):
@@ -179,7 +207,6 @@ def prove_graph(original, patched, feeds: list[dict]) -> list[BatchProof]:
     """Per batch: the patched graph's FP32 outputs against the original's, and its FP16
     (storage) outputs against the original's FP32 ones; the first node whose rounded
     output is non-finite where it is finite in FP32."""
-    onnx = onnx_module()
     emulated, rounded = fp16_storage(patched)
     ref, fp32, half = _session(original), _session(patched), _session(emulated)
     out = []
@@ -210,22 +237,50 @@ def prove_graph(original, patched, feeds: list[dict]) -> list[BatchProof]:
         first = ""
         if not finite:
             cos, rel = float("nan"), float("inf")
-            first = _first_nonfinite(onnx, emulated, rounded, _round_feed(feed))
+            first = _first_nonfinite(emulated, rounded, feed)
         out.append(BatchProof(k, finite, cos, rel, fp32_rel, first))
     return out
 
 
-def _first_nonfinite(onnx, emulated, rounded, feed) -> str:
-    """The first node (in graph order) whose FP16 output is inf/NaN."""
+def run_exposed(proto, tensors: list[str], feed: dict) -> dict[str, np.ndarray]:
+    """``proto`` run on ``feed`` (rounded to FP16 as an FP16 graph receives it) with
+    ``tensors`` exposed as outputs too: every output by name."""
+    onnx = onnx_module()
     probe = onnx.ModelProto()
-    probe.CopyFrom(emulated)
+    probe.CopyFrom(proto)
     have = {o.name for o in probe.graph.output}
-    for _, t in rounded:
+    for t in dict.fromkeys(tensors):
         if t not in have:
             probe.graph.output.append(onnx.helper.make_empty_tensor_value_info(t))
     sess = _session(probe)
     names = [o.name for o in sess.get_outputs()]
-    values = dict(zip(names, sess.run(None, feed)))
+    return dict(zip(names, sess.run(None, _round_feed(feed))))
+
+
+def storage_pairs(emulated) -> list[tuple[str, str, str]]:
+    """Per stored tensor of an ``fp16_storage`` graph: (the node's site, the tensor as the
+    node computed it, as FP16 stores it)."""
+    m = read(emulated)
+    names = {id(n): s for s, n in m.nodes.items()}
+    producer = {o: n for n in emulated.graph.node for o in n.output}
+    back = {n.input[0]: n.output[0] for n in emulated.graph.node if n.op_type == "Cast"}
+    out = []
+    for node in emulated.graph.node:
+        for raw in node.output:
+            if "__fp16lens_fp32_" in raw and raw in back and back[raw] in back:
+                site = names.get(id(producer[raw]), node.name or raw)
+                out.append((site, raw, back[back[raw]]))
+        if node.op_type == "Cast" and "__fp16lens_to16_" in node.output[0]:  # FP32 node's
+            raw = node.input[0]  # output, as its FP16 readers get it
+            up = producer.get(raw)
+            site = names.get(id(up), raw) if up is not None else raw
+            out.append((site, raw, back[node.output[0]]))
+    return out
+
+
+def _first_nonfinite(emulated, rounded, feed) -> str:
+    """The first node (in graph order) whose FP16 output is inf/NaN."""
+    values = run_exposed(emulated, [t for _, t in rounded], feed)
     for site, t in rounded:
         v = values.get(t)
         if (
@@ -235,3 +290,62 @@ def _first_nonfinite(onnx, emulated, rounded, feed) -> str:
         ):
             return site
     return ""
+
+
+_FLUSH_SHARE = 0.01  # a node's FP16 storage flushes: at least 1% of its non-zero outputs
+
+
+def _share(raw: np.ndarray | None, kept: np.ndarray | None) -> float:
+    """Of ``raw``'s non-zero values, the share ``kept`` holds as 0 (0 for under 16)."""
+    if raw is None or kept is None or not np.issubdtype(raw.dtype, np.floating):
+        return 0.0
+    live = raw != 0
+    n = int(np.count_nonzero(live))
+    return int(np.count_nonzero(live & (kept == 0))) / n if n >= 16 else 0.0
+
+
+def flushing_nodes(proto, feed_: dict) -> tuple[list[tuple[str, float]], list[str]]:
+    """(the nodes whose FP16 storage rounds at least ``_FLUSH_SHARE`` of their non-zero
+    outputs to 0, given FP16 inputs, largest share first: (site, share); the nodes an FP32
+    island needs: those, and after each the readers on to the first whose FP32 outputs
+    FP16 holds, in graph order)."""
+    emulated, _ = fp16_storage(proto)
+    pairs = storage_pairs(emulated)  # (site, value before rounding, after)
+    values = run_exposed(emulated, [t for _, a, b in pairs for t in (a, b)], feed_)
+    out = [(site, _share(values.get(a), values.get(b))) for site, a, b in pairs]
+    flushing = sorted(((s, v) for s, v in out if v >= _FLUSH_SHARE), key=lambda p: -p[1])
+    if not flushing:
+        return [], []
+    # forward from each flushing node, judged by the FP32 values FP16 would store there
+    fp32 = _fp32_values(proto, [site for site, _, _ in pairs], feed_)
+    readers: dict[str, list[str]] = {}
+    made = {a.split("__fp16lens_fp32_")[0]: site for site, a, _ in pairs}
+    for node in proto.graph.node:
+        site = node.name or node.output[0]
+        for t in node.input:
+            if t in made:
+                readers.setdefault(made[t], []).append(site)
+    island: list[str] = []
+    todo = [s for s, _ in flushing]
+    while todo:
+        site = todo.pop()
+        if site in island:
+            continue
+        island.append(site)
+        for nxt in readers.get(site, []):
+            v = fp32.get(nxt)
+            if v is not None and np.issubdtype(v.dtype, np.floating):
+                h = v.astype(np.float16)
+                if _share(v, h) >= _FLUSH_SHARE:
+                    todo.append(nxt)  # still flushing in FP16: on
+                    continue
+            island.append(nxt)  # back in range: it reads the island's FP32
+    order = {n.name or n.output[0]: k for k, n in enumerate(proto.graph.node)}
+    return flushing, sorted(dict.fromkeys(island), key=lambda s: order.get(s, len(order)))
+
+
+def _fp32_values(proto, sites: list[str], feed_: dict) -> dict[str, np.ndarray]:
+    """Each node's first float output in FP32, by site."""
+    first = {n.name or n.output[0]: n.output[0] for n in proto.graph.node if n.output}
+    values = run_exposed(proto, [first[s] for s in sites if s in first], feed_)
+    return {s: values[first[s]] for s in sites if s in first and first[s] in values}

@@ -176,7 +176,16 @@ def _without(report: Report, drop: tuple[int | str, ...]) -> tuple[Report, dict[
         else:
             kept.append(f)
     out.findings = kept
+    for d in drop:  # nodes whose FP16 storage flushes what reaches the outputs
+        if isinstance(d, str) and d.startswith(_FLUSH_KEY):
+            sites.setdefault(
+                d[len(_FLUSH_KEY) :],
+                "FP16 storage rounds its non-zero values to 0 (or it reads them): kept FP32",
+            )
     return out, sites
+
+
+_FLUSH_KEY = "flush "
 
 
 def _fp32_checked(original, report, options, feeds, m, the_plan, binding):
@@ -250,6 +259,37 @@ def _statistics(original, report, options, feeds, m, the_plan, drop):
     return m, the_plan
 
 
+def _flush_islands(original, report, options, feeds, m, the_plan, drop, worst):
+    """Where real FP16 of the patched graph is finite but short and its storage rounds
+    non-zero values to 0 (``flushing_nodes``): those nodes and their readers up to where
+    the values are back in range become FP32 nodes; the patch with them when it passes
+    on every batch (else None). DNSMOS-like: a square of small values times a gain."""
+    from fp16lens.patch._prove import passes
+    from fp16lens.patch.onnx._fp16 import flushing_nodes, prove_graph
+
+    flushing, island = flushing_nodes(m.proto, feeds[worst.batch])
+    if not island:
+        return None
+    nxt = tuple(dict.fromkeys([*drop, *(_FLUSH_KEY + s for s in island)]))
+    m2, plan2, binding2 = _attempt(original, report, options, nxt)
+    try:
+        _checks(original, m2.proto, plan2, binding2, feeds, report)
+    except PatchError:
+        return None
+    proof = prove_graph(original, m2.proto, feeds)
+    if not all(passes(b, options) for b in proof):
+        return None
+    plan2.proof, plan2.fp16_checked, plan2.fp32_checked = proof, True, True
+    names = ", ".join(f"{s} ({100 * share:.3g}%)" for s, share in flushing[:4])
+    plan2.notes = [
+        *the_plan.notes,
+        f"real FP16 was finite but short (cosine {worst.cosine:.6f}): FP16 storage rounds "
+        f"non-zero values to 0 at {names}; kept FP32 from there to where the values are "
+        f"back in range: {', '.join(island)}",
+    ]
+    return m2, plan2
+
+
 def _what(report: Report, key) -> str:
     if isinstance(key, str):
         return key.replace("finding ", "the finding at ")
@@ -295,6 +335,10 @@ def _proven(original, report, options, feeds, m, the_plan, drop):
         ]
         m, the_plan, drop = m2, plan2, nxt
     worst = failed[0]
+    if worst.finite:  # finite and short: do FP16's flushes reach the outputs?
+        flushed = _flush_islands(original, report, options, feeds, m, the_plan, drop, worst)
+        if flushed is not None:
+            return flushed
     from fp16lens.patch._prove import admitting, input_range_reason, rounding_reason
     from fp16lens.patch.onnx._fp16 import input_rounding_cosine, step_reason, step_rounding
 

@@ -22,6 +22,7 @@ from fp16lens.watch._options import WatchOptions
 from fp16lens.watch._params import ParamCheck
 from fp16lens.watch.onnx._checks import decomposed_norm
 from fp16lens.watch.onnx._dead import DeadConstants
+from fp16lens.watch.onnx._fp16run import Fp16Run
 from fp16lens.watch.onnx._graph import analyse
 from fp16lens.watch.onnx._inline import node_site
 from fp16lens.watch.onnx._params import check_constants, guard_constants
@@ -62,6 +63,7 @@ class OnnxScan:
         self.acc = Accumulator(options.threshold, self.graphs.sites)
         self.under = UnderflowScan()
         self.dead = DeadConstants(self.graph, options.threshold) if options.params else None
+        self.fp16 = Fp16Run(self.graph)
 
     def session(self) -> contextlib.nullcontext:
         return contextlib.nullcontext()
@@ -73,6 +75,7 @@ class OnnxScan:
         )
         if self.dead is not None:
             self.dead.step(batch)
+        self.fp16.step(batch)
 
     def report(self, complete: bool) -> Report | None:
         acc, graphs, options = self.acc, self.graphs, self.options
@@ -89,6 +92,7 @@ class OnnxScan:
         guard_constants(report, self.under.guards())
         _note_inlined(report, graphs)
         _note_hidden_subgraphs(report, [v.graph.proto for v in graphs.variants.values()])
+        self.fp16.settle(report)
         return advised(
             self.graph.proto, _name_decomposed_norms(report, graphs), options.advise
         )  # data loaded

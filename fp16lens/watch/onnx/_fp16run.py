@@ -1,0 +1,73 @@
+"""The verdict checked in real FP16: a scan that finds nothing runs the graph once more per
+batch with every stored tensor rounded to FP16 (``patch.onnx._fp16``: FP16 storage,
+arithmetic inside an op in FP32, as a GPU's FP16 kernels accumulate), against its FP32
+outputs. Where that run is not finite, or its worst output's cosine is below ``MIN_COSINE``,
+the report gets a finding instead of "FP16-safe": it names the nodes whose FP16 storage
+rounds at least 1% of their non-zero outputs to 0 (values below 2^-24 that reach no log or
+divide, but whose loss still reaches the outputs), else FP16's precision."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fp16lens._core.sites import FindingKind, Mechanism
+from fp16lens.report import Finding, Report
+from fp16lens.watch.onnx._graph import OnnxGraph
+from fp16lens.watch.onnx._run import feed
+
+MIN_COSINE = 0.999  # patch's default tolerance: what "FP16-safe" promises
+MAX_BATCHES = 8  # the first batches are kept for the check (the feeds are held until then)
+
+
+class Fp16Run:
+    """Holds the first ``MAX_BATCHES`` feeds; ``settle`` checks the verdict on them."""
+
+    def __init__(self, graph: OnnxGraph):
+        self.graph = graph
+        self.feeds: list[dict] = []
+
+    def step(self, batch: Any) -> None:
+        if len(self.feeds) < MAX_BATCHES:
+            self.feeds.append(feed(self.graph, batch))
+
+    def settle(self, report: Report) -> None:
+        """A finding where the report is clean but real FP16 is not."""
+        if not self.feeds or not report.clean:
+            return  # a problem is already named (and patch proves its fix in real FP16)
+        from fp16lens.patch.onnx._fp16 import flushing_nodes, prove_graph
+
+        proto = self.graph.proto
+        proofs = prove_graph(proto, proto, self.feeds)
+        worst = min(proofs, key=lambda p: (p.finite, p.cosine))
+        if worst.finite and worst.cosine >= MIN_COSINE:
+            return
+        got = (
+            f"cosine {worst.cosine:.6f} < {MIN_COSINE}"
+            if worst.finite
+            else f"inf/NaN at the outputs (first at {worst.first_nonfinite or '?'})"
+        )
+        flushing, island = flushing_nodes(proto, self.feeds[worst.batch])
+        if flushing:
+            names = ", ".join(f"{s} ({100 * share:.3g}%)" for s, share in flushing[:4])
+            more = f" and {len(flushing) - 4} more" if len(flushing) > 4 else ""
+            cause = (
+                f"its FP16 storage rounds non-zero values below 2^-24 to 0 at {names}{more}, "
+                "and what they carried reaches the outputs; in FP32 from there to where the "
+                f"values are back in FP16's range: fp32_nodes={island}"
+            )
+        else:
+            cause = "FP16's precision (11 significant bits) is what it loses"
+        report.findings.append(
+            Finding(
+                site=flushing[0][0] if flushing else worst.first_nonfinite,
+                mechanism=Mechanism.OUTPUT,
+                kind=FindingKind.FP16_RUN,
+                peak=worst.cosine if worst.finite else float("nan"),
+                batch=worst.batch,
+                detail=(
+                    f"the graph with every stored tensor in FP16 gives {got} on batch "
+                    f"{worst.batch}, though no stored value passes 65504 and no flushed value "
+                    f"reaches a log or divide: {cause}"
+                ),
+            )
+        )

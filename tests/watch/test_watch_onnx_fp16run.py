@@ -1,0 +1,103 @@
+"""The ONNX verdict checked in real FP16: a graph whose stored values all fit FP16 and
+whose flushed values reach no log or divide can still be wrong in FP16. ``square -> gain``
+(x² times 6e4) on x in [2e-5, 3e-4]: half the squares fall below 2^-24 and FP16 stores them
+as 0, so the output loses them. The scan must not call it FP16-safe; what it advises
+(fp32_nodes) must fix it. Ground truth: ``zoo_real.onnx_real_fp16`` and the exported
+file's real FP16 storage (``zoo_real.onnx_fp16_file_real``), built without fp16lens."""
+
+from __future__ import annotations
+
+import ast
+import re
+
+import numpy as np
+import pytest
+
+pytest.importorskip("onnx")
+pytest.importorskip("onnxruntime")
+
+import zoo_real
+from onnx import TensorProto, helper, numpy_helper
+
+import fp16lens
+
+
+def _graph():
+    g = helper.make_graph(
+        [
+            helper.make_node("Mul", ["x", "x"], ["sq"], name="square"),
+            helper.make_node("Mul", ["sq", "k"], ["y"], name="gain"),
+        ],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 64])],
+        initializer=[numpy_helper.from_array(np.array([6e4], np.float32), "k")],
+    )
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def _cosine(a: np.ndarray, b: np.ndarray) -> float:
+    a, b = a.astype(np.float64).ravel(), b.astype(np.float64).ravel()
+    return float(a @ b / np.linalg.norm(a) / np.linalg.norm(b))
+
+
+def _feed(low: float, high: float) -> dict:
+    return {"x": np.random.default_rng(0).uniform(low, high, (4, 64)).astype(np.float32)}
+
+
+def test_flushes_that_reach_the_output_are_no_clean_verdict_and_the_advice_fixes_them(tmp_path):
+    path = str(tmp_path / "g.onnx")
+    import onnx
+
+    onnx.save(_graph(), path)
+    feed = _feed(2e-5, 3e-4)
+    want = feed["x"].astype(np.float64) ** 2 * 6e4
+    (half,) = zoo_real.onnx_real_fp16(path, feed).values()
+    truth = _cosine(want, half)
+    assert truth < 0.99  # ground truth: real FP16 loses the small squares
+    report = fp16lens.scan(path, [feed], progress=False)
+    assert not report.clean
+    (f,) = report.findings
+    assert (f.site, f.kind) == ("square", "fp16-run") and f.peak == pytest.approx(truth, abs=1e-4)
+    nodes = ast.literal_eval(re.search(r"fp32_nodes=(\[[^\]]*\])", f.detail).group(1))
+    assert nodes == ["square", "gain"]
+    art = fp16lens.export(path, None, tmp_path / "fp16.onnx", fp32_nodes=nodes)
+    (got,) = zoo_real.onnx_fp16_file_real(str(art.path), feed).values()
+    assert _cosine(want, got) > 0.9999  # the advice, followed, fixes it
+    (alone,) = zoo_real.onnx_fp16_file_real(
+        str(fp16lens.export(path, None, tmp_path / "a.onnx", fp32_nodes=["square"]).path), feed
+    ).values()
+    assert _cosine(want, alone) < 0.99  # the square alone hands FP16 its zeros again
+
+
+def test_the_same_graph_on_values_fp16_holds_is_clean(tmp_path):
+    path = str(tmp_path / "g.onnx")
+    import onnx
+
+    onnx.save(_graph(), path)
+    report = fp16lens.scan(path, [_feed(0.01, 0.5)], progress=False)
+    assert report.clean and not report.findings
+
+
+def test_patch_keeps_fp32_where_fp16_storage_flushes_and_proves_it(tmp_path):
+    """patch, given the batch, keeps the square and the gain FP32 (the scan's fp32_nodes)
+    and proves it; the patched graph's FP16 export, in real FP16 storage, is right on a
+    batch it never saw."""
+    import warnings
+
+    import onnx
+
+    path = str(tmp_path / "g.onnx")
+    onnx.save(_graph(), path)
+    feed = _feed(2e-5, 3e-4)
+    report = fp16lens.scan(path, [feed], progress=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", fp16lens.PatchWarning)  # proven, or the test fails
+        plan = fp16lens.patch(path, report, batches=[feed], out=tmp_path / "p.onnx")
+    del plan
+    kept = fp16lens.patch.onnx.fp32_nodes(onnx.load(str(tmp_path / "p.onnx")))
+    assert sorted(kept) == ["gain", "square"]
+    art = fp16lens.export(str(tmp_path / "p.onnx"), None, tmp_path / "fp16.onnx")
+    unseen = {"x": np.random.default_rng(1).uniform(1e-5, 2e-4, (4, 64)).astype(np.float32)}
+    (got,) = zoo_real.onnx_fp16_file_real(str(art.path), unseen).values()
+    assert _cosine(unseen["x"].astype(np.float64) ** 2 * 6e4, got) > 0.9999
