@@ -71,14 +71,28 @@ CASES = [  # (name, graph, input, real FP16 breaks)
         False,
     ),
     ("conv", square_into_conv(), quiet((4, 1, 16)), False),
-    # a row FP16 flushes whole: ONNX Runtime's LpNormalization gives 0 for a zero norm
-    (
-        "lpnorm",
-        lp_norm(),
-        np.random.default_rng(2).uniform(-1e-4, 1e-4, (4, 16)).astype(np.float32),
-        False,
-    ),
 ]
+
+
+def test_a_row_fp16_flushes_whole_is_no_singular_op_but_no_clean_verdict(tmp_path):
+    """x * 1e-4 on x below 1e-4 is below 2^-24: FP16 stores 0, and ONNX Runtime's
+    LpNormalization gives 0 for a zero norm, so real FP16 holds no inf/NaN (no underflow
+    finding) but outputs zeros where FP32 outputs unit rows: the verdict's own real-FP16
+    run says so, and names the scale as where the values flush."""
+    import zoo_real
+
+    x = np.random.default_rng(2).uniform(-1e-4, 1e-4, (4, 16)).astype(np.float32)
+    model = lp_norm()
+    assert not _real_breaks(model, x, tmp_path)
+    path = str(tmp_path / "lp.onnx")
+    onnx.save(model, path)
+    (half,) = zoo_real.onnx_real_fp16(path, {"x": x}).values()
+    assert not half.any()  # ground truth: zeros for rows of norm 1
+    report = fp16lens.scan(model, [x], progress=False)
+    assert not report.findings_by("underflow") and not report.clean
+    (f,) = report.findings
+    assert (f.kind, f.site) == ("fp16-run", "scale")
+    assert "fp32_nodes=['scale', 'lpnorm']" in f.detail
 
 
 @pytest.mark.parametrize(("name", "model", "x", "breaks"), CASES, ids=[c[0] for c in CASES])
