@@ -30,8 +30,8 @@ def _tokens(outputs) -> np.ndarray:
 
 def test_slanet_clean_as_fed_gets_a_clean_verdict_and_exports(tmp_path, capsys):
     """Normalized: real FP16 decodes FP32's tokens; the scan finds no problem, notes the
-    Loop's two dead 1.77e27 constants as harmless (measured: FP16's inf there changes no
-    output), and the FP16 export, from the terminal, writes a file (no traceback from
+    Loop's two dead 1.77e27 constants as harmless (measured: with FP16's inf there no
+    output changes by a bit), and the FP16 export, from the terminal, writes a file (no traceback from
     the checker) whose real FP16 storage decodes FP32's tokens."""
     path = zoo_real.or_skip(zoo_real.slanet_plus)
     feeds = {
@@ -79,11 +79,34 @@ def _graph(big: float, op: str):
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
+def test_of_two_constants_beyond_fp16_only_the_one_that_changes_an_output_is_a_problem():
+    """Max(x, -1e30) then Add(., 1e5): together their FP16 values change the output, so each
+    is run alone: the bound stays harmless, the addend a problem."""
+    g = helper.make_graph(
+        [
+            helper.make_node("Max", ["x", "lo"], ["m"], name="max"),
+            helper.make_node("Add", ["m", "big"], ["y"], name="add"),
+        ],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])],
+        initializer=[
+            numpy_helper.from_array(np.array([-1e30], np.float32), "lo"),
+            numpy_helper.from_array(np.array([1e5], np.float32), "big"),
+        ],
+    )
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    x = {"x": np.linspace(-2, 2, 6, dtype=np.float32).reshape(2, 3)}
+    report = fp16lens.scan(model, [x, x], progress=False)
+    by = {f.tensor: f.mechanism for f in report.findings if f.kind == "param-overflow"}
+    assert by == {"lo": "note", "big": "parameter"}
+
+
 def test_a_constant_beyond_fp16_is_a_problem_only_where_it_reaches_an_output():
     x = {"x": np.linspace(-2, 2, 6, dtype=np.float32).reshape(2, 3)}
     dead = fp16lens.scan(_graph(-1e30, "Max"), [x], progress=False)
     (f,) = dead.findings
-    assert f.mechanism == "note" and f.tensor == "c" and "reaches no output" in f.fix
+    assert f.mechanism == "note" and f.tensor == "c" and "gives the same outputs" in f.fix
     live = fp16lens.scan(_graph(1e5, "Add"), [x], progress=False)
     (f,) = [f for f in live.findings if f.tensor == "c"]
     assert f.mechanism == "parameter" and f.kind == "param-overflow"

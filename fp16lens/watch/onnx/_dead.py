@@ -1,13 +1,15 @@
-"""Constants beyond FP16 that no output depends on: checked in ONNX Runtime, per batch.
+"""Constants beyond FP16 whose FP16 value (inf) changes no output: checked in ONNX
+Runtime, per batch.
 
 A float constant beyond 65504 becomes inf in FP16, which ``watch._params`` calls a
 problem. Some exporters write constants that are never read for their value: Paddle2ONNX
 hands a Loop uninitialized "undefined_var" state (1.77e27 in PP-Structure's SLANet-plus
-table recognizer) that the first iteration overwrites. For each such constant of the
-main graph (at most ``MAX_CHECKED``), the graph runs once more per batch with that
-constant as FP16 makes it (±inf, NaN where FP16 cannot hold it at all), everything else
-FP32; a constant with which every output of every batch stays bit for bit what it was
-reaches no output, and ``settle`` makes its finding a note that says how it was measured."""
+table recognizer) that the first iteration overwrites. For the main graph's constants
+beyond FP16 (at most ``MAX_CHECKED``), the graph runs once more per batch with them as
+FP16 makes them (±inf), everything else FP32: all at once first, one by one only where
+that changes an output. A constant with which every output of every batch stays bit for
+bit what it was is harmless, and ``settle`` makes its finding a note that says how it
+was measured."""
 
 from __future__ import annotations
 
@@ -43,30 +45,38 @@ class DeadConstants:
         self.names = [n for n, a in graph.consts.items() if _beyond(a, threshold)][:MAX_CHECKED]
         self.changed: set[str] = set()
         self.batches = 0
-        self._sessions: dict[str, Any] = {}
+        self._sessions: dict[tuple[str, ...], Any] = {}
 
-    def _session(self, name: str | None):
-        key = name or ""
-        if key not in self._sessions:
+    def _session(self, names: tuple[str, ...]):
+        if names not in self._sessions:
             proto = type(self.graph.proto)()
             proto.CopyFrom(self.graph.proto)
-            if name is not None:
+            for name in names:
                 _replace(proto, name, _as_fp16(self.graph.consts[name]))
-            self._sessions[key] = ort_session(proto, self.graph.name)
-        return self._sessions[key]
+            self._sessions[names] = ort_session(proto, self.graph.name)
+        return self._sessions[names]
 
     def step(self, batch: Any) -> None:
-        if not self.names:
+        """One more run with every open constant as FP16 holds it; only where that changes
+        an output, one run per constant to find which (a changed one is not run again)."""
+        open_ = tuple(n for n in self.names if n not in self.changed)
+        self.batches += 1
+        if not open_:
             return
         inputs = feed(self.graph, batch)
-        want = self._session(None).run(None, inputs)
-        for name in self.names:
-            if name in self.changed:
-                continue
-            got = self._session(name).run(None, inputs)
-            if not all(_same(a, b) for a, b in zip(want, got)):
+        want = self._session(()).run(None, inputs)
+        if self._same_outputs(want, open_, inputs):
+            return
+        if len(open_) == 1:
+            self.changed.add(open_[0])
+            return
+        for name in open_:
+            if not self._same_outputs(want, (name,), inputs):
                 self.changed.add(name)
-        self.batches += 1
+
+    def _same_outputs(self, want: list, names: tuple[str, ...], inputs: dict) -> bool:
+        got = self._session(names).run(None, inputs)
+        return all(_same(a, b) for a, b in zip(want, got))
 
     def settle(self, report: Report) -> None:
         """Each overflow finding of a constant that changed no output: a note."""
@@ -82,11 +92,11 @@ class DeadConstants:
                     mechanism=Mechanism.NOTE,
                     detail=(
                         f"{f.detail}; harmless: run with it as FP16 holds it, every output "
-                        f"of the {self.batches} batch(es) stays bit for bit the same, so its "
-                        "value reaches no output (a Loop's initial state its first "
-                        "iteration overwrites, say)"
+                        f"of the {self.batches} batch(es) stays bit for bit the same (a "
+                        "Loop's initial state its first iteration overwrites; a bound that "
+                        "inf serves as well)"
                     ),
-                    fix="none: its value reaches no output",
+                    fix="none: FP16's value of it gives the same outputs",
                 )
 
 
