@@ -125,6 +125,11 @@ class FindingKind(_Names):
     FP16_RUN = "fp16-run"  # the graph in real FP16 fails though no value leaves range
 
 
+FP16_RUN_FLUSHED = "values flushed to 0"
+"""An ``fp16-run`` finding's ``tensor`` where FP16 storage flushes what the outputs need
+(else "precision"): ``--fail-on underflow`` fails on it."""
+
+
 class Backend(_Names):
     """Where ``verify`` runs a candidate."""
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fp16lens._core.sites import Mechanism
+from fp16lens._core.sites import FP16_RUN_FLUSHED, FindingKind, Mechanism
 from fp16lens.report import Report
 
 POLICIES = ("overflow", "internal", "parameter", "underflow", "any")
@@ -10,7 +10,8 @@ POLICY_HELP = (
     "exit 1 when the report has: overflow (a stored value beyond the FP16 range: a span or "
     "an output/input finding), internal (overflow inside an op, or a span TensorRT fuses "
     "away), parameter (a weight/buffer FP16 cannot hold), underflow (values FP16 flushes to zero "
-    "reaching a log, a divide, an rsqrt or a negative power), any (anything at all); repeatable"
+    "reaching a log, a divide, an rsqrt or a negative power, or the outputs), any (anything at "
+    "all, a graph whose real FP16 run fails included); repeatable"
 )
 
 
@@ -45,6 +46,10 @@ def _check(report: Report, policy: str) -> list[str]:
     }[policy]
     in_spans = {site for span in report.spans for site in span.sites}
     for f in report.findings:
+        if f.kind == FindingKind.FP16_RUN:  # no value out of range: flushes, or precision
+            if policy == "any" or (policy == "underflow" and f.tensor == FP16_RUN_FLUSHED):
+                lines.append(f"fp16-run at {f.site or 'the outputs'} (cosine {f.peak:.4g})")
+            continue
         if f.mechanism == Mechanism.OUTPUT and f.site in in_spans:
             continue  # the span above already says it
         if f.mechanism in wanted and not report.margin_finding(f):

@@ -59,6 +59,11 @@ def test_flushes_that_reach_the_output_are_no_clean_verdict_and_the_advice_fixes
     assert not report.clean
     (f,) = report.findings
     assert (f.site, f.kind) == ("square", "fp16-run") and f.peak == pytest.approx(truth, abs=1e-4)
+    from fp16lens.cli import main
+
+    np.savez(tmp_path / "x.npz", **feed)
+    scan = ["scan", path, "--input", str(tmp_path / "x.npz"), "--fail-on"]
+    assert main([*scan, "overflow"]) == 0 and main([*scan, "underflow"]) == 1  # flushes
     nodes = ast.literal_eval(re.search(r"fp32_nodes=(\[[^\]]*\])", f.detail).group(1))
     assert nodes == ["square", "gain"]
     art = fp16lens.export(path, None, tmp_path / "fp16.onnx", fp32_nodes=nodes)

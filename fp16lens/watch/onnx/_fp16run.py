@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fp16lens._core.sites import FindingKind, Mechanism
+from fp16lens._core.sites import FP16_RUN_FLUSHED, FindingKind, Mechanism
 from fp16lens.report import Finding, Report
 from fp16lens.watch.onnx._graph import OnnxGraph
 from fp16lens.watch.onnx._run import feed
@@ -64,6 +64,7 @@ class Fp16Run:
                 kind=FindingKind.FP16_RUN,
                 peak=worst.cosine if worst.finite else float("nan"),
                 batch=worst.batch,
+                tensor=FP16_RUN_FLUSHED if flushing else "precision",
                 detail=(
                     f"the graph with every stored tensor in FP16 gives {got} on batch "
                     f"{worst.batch}, though no stored value passes 65504 and no flushed value "
