@@ -65,8 +65,9 @@ def _load_npy(path: Path) -> Batch:
     try:
         array = np.load(path, allow_pickle=False)
     except (OSError, ValueError) as exc:
+        why = "not an array file" if "pickle" in str(exc) else str(exc).splitlines()[0]
         raise Fp16LensError(
-            f"cannot read {path} as .npy ({exc}); save an input with numpy.save(path, array)"
+            f"cannot read {path} as .npy ({why}); save an input with numpy.save(path, array)"
         ) from exc
     return (torch.from_numpy(np.ascontiguousarray(array)),)
 
