@@ -22,6 +22,23 @@ import fp16lens  # noqa: E402
 PHOTOS = ("astronaut", "coffee", "chelsea", "motorcycle_left")
 
 
+def _called_clean(path: str, feeds: list[dict], folder) -> list:
+    """Scan ``feeds``: a clean verdict; then, per feed, (FP32, real FP16 of the graph, the
+    FP16 export's real FP16 storage) outputs."""
+    sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    report = fp16lens.scan(path, feeds, progress=False)
+    assert report.clean and not report.spans, [(f.mechanism, f.site) for f in report.findings]
+    art = str(fp16lens.export(path, None, folder / "fp16.onnx").path)
+    return [
+        (
+            sess.run(None, feed)[0],
+            next(iter(zoo_real.onnx_real_fp16(path, feed).values())),
+            next(iter(zoo_real.onnx_fp16_file_real(art, feed).values())),
+        )
+        for feed in feeds
+    ]
+
+
 def _detections(out: np.ndarray) -> set[tuple[int, int]]:
     """(anchor, class) of every score >= 0.25 (NudeNet keeps >= 0.2, then NMS at 0.25)."""
     scores = out[0, 4:].T  # (anchors, classes)
@@ -39,16 +56,10 @@ def test_yolov8_detector_clean_in_real_fp16_is_called_clean(raw, tmp_path):
     FP16-safe; the FP16 export, with its storage real, does too."""
     path = zoo_real.or_skip(zoo_real.nudenet_yolo)
     feeds = [{"images": zoo_real.or_skip(zoo_real.yolo_image, p, raw)} for p in PHOTOS]
-    sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
-    refs = [sess.run(None, f)[0] for f in feeds]
+    runs = _called_clean(path, feeds, tmp_path)
     if not raw:
-        assert (refs[0][0, 4 + 1].max()) > 0.5  # FACE_FEMALE on the astronaut
-    report = fp16lens.scan(path, feeds, progress=False)
-    assert report.clean and not report.spans, [(f.mechanism, f.site) for f in report.findings]
-    art = fp16lens.export(path, None, tmp_path / "fp16.onnx")
-    for feed, ref in zip(feeds, refs):
-        (half,) = zoo_real.onnx_real_fp16(path, feed).values()
-        (got,) = zoo_real.onnx_fp16_file_real(str(art.path), feed).values()
+        assert runs[0][0][0, 4 + 1].max() > 0.5  # FACE_FEMALE on the astronaut
+    for ref, half, got in runs:
         for out in (half, got):  # ground truth, then the file
             assert np.isfinite(out).all()
             assert _detections(out) ^ _detections(ref) <= _near_threshold(ref)
@@ -64,14 +75,8 @@ def test_orientation_classifier_clean_in_real_fp16_is_called_clean(tmp_path):
         for turn in (0, 90, 180)
         for raw in (False, True)
     ]
-    sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
-    refs = [sess.run(None, f)[0] for f in feeds]
-    assert refs[0].argmax() == 0 and refs[2].argmax() == 3  # the page upright; turned 90°
-    report = fp16lens.scan(path, feeds, progress=False)
-    assert report.clean and not report.spans, [(f.mechanism, f.site) for f in report.findings]
-    art = fp16lens.export(path, None, tmp_path / "fp16.onnx")
-    for feed, ref in zip(feeds, refs):
-        (half,) = zoo_real.onnx_real_fp16(path, feed).values()
-        (got,) = zoo_real.onnx_fp16_file_real(str(art.path), feed).values()
+    runs = _called_clean(path, feeds, tmp_path)
+    assert runs[0][0].argmax() == 0 and runs[2][0].argmax() == 3  # page upright; turned 90°
+    for ref, half, got in runs:
         assert half.argmax() == ref.argmax() == got.argmax()
         assert np.abs(got - ref).max() < 0.02

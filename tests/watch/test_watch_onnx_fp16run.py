@@ -17,23 +17,21 @@ pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
 
 import zoo_real
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper, numpy_helper
+from underflow_graphs import _model
 
 import fp16lens
 
 
 def _graph():
-    g = helper.make_graph(
+    return _model(
         [
             helper.make_node("Mul", ["x", "x"], ["sq"], name="square"),
             helper.make_node("Mul", ["sq", "k"], ["y"], name="gain"),
         ],
-        "g",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 64])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 64])],
-        initializer=[numpy_helper.from_array(np.array([6e4], np.float32), "k")],
+        [numpy_helper.from_array(np.array([6e4], np.float32), "k")],
+        shape=(4, 64),
     )
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
 def _cosine(a: np.ndarray, b: np.ndarray) -> float:

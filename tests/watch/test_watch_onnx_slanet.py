@@ -18,7 +18,8 @@ onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
 
 import zoo_real  # noqa: E402
-from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+from onnx import helper, numpy_helper  # noqa: E402
+from underflow_graphs import _model  # noqa: E402
 
 import fp16lens  # noqa: E402
 from fp16lens.cli import main  # noqa: E402
@@ -69,33 +70,27 @@ def test_slanet_on_raw_pixels_is_found_broken():
 def _graph(big: float, op: str):
     """y = op(x, c) with c = ``big``: Max(x, -1e30) never takes c where x is finite (FP16
     makes it -inf, and Max gives x all the same); Add(x, 1e5) takes it everywhere."""
-    g = helper.make_graph(
+    return _model(
         [helper.make_node(op, ["x", "c"], ["y"], name="n")],
-        "g",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])],
-        initializer=[numpy_helper.from_array(np.array([big], np.float32), "c")],
+        [numpy_helper.from_array(np.array([big], np.float32), "c")],
+        shape=(2, 3),
     )
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
 def test_of_two_constants_beyond_fp16_only_the_one_that_changes_an_output_is_a_problem():
     """Max(x, -1e30) then Add(., 1e5): together their FP16 values change the output, so each
     is run alone: the bound stays harmless, the addend a problem."""
-    g = helper.make_graph(
+    model = _model(
         [
             helper.make_node("Max", ["x", "lo"], ["m"], name="max"),
             helper.make_node("Add", ["m", "big"], ["y"], name="add"),
         ],
-        "g",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])],
-        initializer=[
+        [
             numpy_helper.from_array(np.array([-1e30], np.float32), "lo"),
             numpy_helper.from_array(np.array([1e5], np.float32), "big"),
         ],
+        shape=(2, 3),
     )
-    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     x = {"x": np.linspace(-2, 2, 6, dtype=np.float32).reshape(2, 3)}
     report = fp16lens.scan(model, [x, x], progress=False)
     by = {f.tensor: f.mechanism for f in report.findings if f.kind == "param-overflow"}
