@@ -88,6 +88,18 @@ def fp16lens_watch(model):
 
 
 @contextlib.contextmanager
+def fp16lens_watch_report(model):
+    """watch, with its report read when the block ends: the report built and, for a model
+    found clean, its verdict checked in real FP16 (one emulated FP16 run of each batch kept,
+    up to 8; ``.half()`` on CUDA)."""
+    import fp16lens
+
+    with fp16lens.watch(model) as lens:
+        yield
+    assert lens.report is not None
+
+
+@contextlib.contextmanager
 def seed_hooks(model):
     """The seed article's FInspect.hook_all + fp16_check: a forward hook on every module
     comparing max |input| and max |output| with 65504 (module outputs only)."""
@@ -142,6 +154,7 @@ def plain(model):
 METHODS = {
     "plain": plain,
     "fp16lens.watch": fp16lens_watch,
+    "fp16lens.watch + report": fp16lens_watch_report,
     "seed hooks": seed_hooks,
     "DebugUnderflowOverflow": debug_underflow_overflow,
 }

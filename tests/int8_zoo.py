@@ -19,8 +19,10 @@ disjoint strings, images and crop positions (different seeds, different word lis
 
 from __future__ import annotations
 
+import atexit
 import functools
 import os
+import shutil
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -312,6 +314,7 @@ def _fp32_onnx(model, shape: tuple, name: str) -> str:
     from fp16lens.export import export
 
     folder = tempfile.mkdtemp(prefix="fp16lens_int8_")
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)  # no files left in /tmp
     return str(export(model, (torch.zeros(*shape),), os.path.join(folder, name), "fp32").path)
 
 

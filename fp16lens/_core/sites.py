@@ -123,6 +123,7 @@ class FindingKind(_Names):
     INLINED = "inlined-branch"  # ONNX If branches the scan saw inlined into the main graph
     COMPILE_FALLBACK = "compile-fallback"  # scan(compile=True) watched batches eagerly
     FP16_RUN = "fp16-run"  # the graph in real FP16 fails though no value leaves range
+    UNCHECKED = "unchecked"  # the clean verdict could not be run again in real FP16
 
 
 FP16_RUN_FLUSHED = "values flushed to 0"

@@ -15,7 +15,13 @@ torch backends; patch's proof runs them on the caller's batches).
 from fp16lens._core.callable_module import StageModule, stage_module
 from fp16lens.patch._advise import advise
 from fp16lens.patch._check import check_equivalent, relative_error
-from fp16lens.patch._emulate import StorageRounding, round_fp16_, round_module_
+from fp16lens.patch._emulate import (
+    StorageRounding,
+    emulated_copy,
+    flushing_sites,
+    round_fp16_,
+    round_module_,
+)
 from fp16lens.patch._island import Fp32Island
 from fp16lens.patch._options import PatchOptions
 from fp16lens.patch._patch import get_plan, patch, plan
@@ -40,6 +46,7 @@ from fp16lens.patch._portable import (
     read_islands,
     rehydrate,
 )
+from fp16lens.patch._prove import Fp16Runner
 from fp16lens.patch._rules import bn_affine, scale_bn, scale_linear, scale_norm_eps
 from fp16lens.patch._trace import SiteTracer, Trace, traced
 from fp16lens.patch._warn import PatchWarning
@@ -50,6 +57,7 @@ __all__ = [
     "PRECISION_NOTE",
     "PROOF_SITE",
     "BatchProof",
+    "Fp16Runner",
     "Fp32Island",
     "Fp32Span",
     "Island",
@@ -68,6 +76,8 @@ __all__ = [
     "advise",
     "bn_affine",
     "check_equivalent",
+    "emulated_copy",
+    "flushing_sites",
     "get_plan",
     "islands_metadata",
     "mark_islands",

@@ -22,6 +22,7 @@ from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakIdKeyDictionary
 
 from fp16lens._core.sites import is_island as is_fp32_island
+from fp16lens._core.sites import site_name
 from fp16lens._trace import call_model, compute_index, fp32_compute_ops, op_name
 from fp16lens.patch._trace import SiteTracer, Trace
 
@@ -33,6 +34,9 @@ _CHAIN = {
     "add": frozenset({"relu"}),
 }
 _HEADS = frozenset({"convolution", "addmm"})
+FLUSH_SHARE = (
+    0.01  # a site flushes where FP16 storage rounds this share of its non-zero outputs to 0
+)
 
 
 def round_fp16_(t: torch.Tensor) -> None:
@@ -156,12 +160,17 @@ def emulated_copy(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def run_emulated(
-    model: torch.nn.Module, batch, trace: Trace | None = None, fp32_ops: set[int] | None = None
+    model: torch.nn.Module,
+    batch,
+    trace: Trace | None = None,
+    fp32_ops: set[int] | None = None,
+    rounding: type[StorageRounding] = StorageRounding,
 ):
     """One forward of ``model`` (from ``emulated_copy``) on ``batch`` with FP16 storage of
     every stored tensor: the inputs rounded to FP16, each op's float output rounded (see
     the module docstring). ``trace`` (default: no copies) names the first non-finite op.
-    ``fp32_ops``: the ops a ``.half()`` model runs in FP32 (None: found here on ``meta``)."""
+    ``fp32_ops``: the ops a ``.half()`` model runs in FP32 (None: found here on ``meta``);
+    ``rounding``: the mode that stores each op's outputs (a subclass may also count them)."""
     from fp16lens.patch._trace import traced
 
     x = _cast_floats(_cast_floats(batch, torch.float16), torch.float32)
@@ -171,9 +180,54 @@ def run_emulated(
         )
         fp32_ops = fp32_compute_ops(model, args, kwargs) or set()
     trace = trace if trace is not None else Trace(keep=False)
-    mode = StorageRounding(trace, fp32_ops=fp32_ops)
+    mode = rounding(trace, fp32_ops=fp32_ops)
     with torch.no_grad():
         with traced(model, mode):
             out = call_model(model, x)
         mode.flush(out)
     return out
+
+
+class _FlushCounting(StorageRounding):
+    """StorageRounding that counts, per site, the non-zero float outputs its rounding makes
+    0 (at most 2^-25 in magnitude), and those an FP32 island's rounded output loses."""
+
+    def __init__(self, trace: Trace, fusions: bool = False, fp32_ops: set[int] | None = None):
+        super().__init__(trace, fusions, fp32_ops)
+        self.counts: dict[str, list[int]] = {}
+
+    def _count(self, site: str, tensors) -> None:
+        for t in tensors:
+            if torch.is_tensor(t) and t.dtype in _STORED and t.numel():
+                nz = t != 0
+                c = self.counts.setdefault(site, [0, 0])
+                c[0] += int((nz & (t.abs() <= 2.0**-25)).sum())
+                c[1] += int(nz.sum())
+
+    def store(self, func, outputs: list[torch.Tensor]) -> None:
+        frame = self.tracker.top if self.tracker is not None else None
+        k = None if frame is None else compute_index(func, outputs, [self.count[0]])
+        if frame is not None and not self.in_island and (k is None or k not in self.fp32_ops):
+            name = op_name(func)
+            nth = frame.counts.get(name, 0) + 1  # _note numbers the call after this
+            self._count(frame.name if frame.leaf else site_name(frame.name, name, nth), outputs)
+        super().store(func, outputs)
+
+    def leave(self, frame, output) -> None:
+        if frame.island and not self.in_island and not getattr(frame.module, "fp32_out", False):
+            self._count(frame.name, tree_flatten(output)[0])
+        super().leave(frame, output)
+
+
+def flushing_sites(emulated: torch.nn.Module, batch) -> list[tuple[str, float]]:
+    """The sites whose FP16 storage rounds at least ``FLUSH_SHARE`` of their non-zero
+    outputs to 0 on ``batch`` (``emulated``: an ``emulated_copy``), with that share, in
+    run order: what real FP16 loses below 2^-24 without any value leaving range."""
+    modes: list[_FlushCounting] = []
+
+    def counting(*args, **kwargs) -> _FlushCounting:
+        modes.append(_FlushCounting(*args, **kwargs))
+        return modes[0]
+
+    run_emulated(emulated, batch, Trace(keep=False), rounding=counting)  # type: ignore[arg-type]
+    return [(s, f / n) for s, (f, n) in modes[0].counts.items() if n and f / n >= FLUSH_SHARE]

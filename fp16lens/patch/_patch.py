@@ -29,6 +29,7 @@ from fp16lens.patch._planner import build_plan
 from fp16lens.patch._prove import (
     admitting,
     as_batches,
+    flush_widening,
     input_range_reason,
     input_rounding_cosine,
     next_widening,
@@ -166,7 +167,12 @@ def _proven(model: nn.Module, report: Report, opts: PatchOptions, batches: list 
         if not failed:
             _precision_note(the_plan, first, opts)
             return patched, the_plan
-        nxt = next_widening(report, patched, failed, opts, model)
+        nxt = None
+        if all(b.finite for b in failed):  # off, not broken: what FP16 flushes, kept FP32
+            nxt = flush_widening(
+                patched, batches[failed[0].batch], opts, model, the_plan.input_scales
+            )
+        nxt = nxt or next_widening(report, patched, failed, opts, model)
         if nxt is None or _ == opts.max_rounds:
             break
         opts = nxt

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from fp16lens._core import FP16_MAX, PatchError
@@ -109,6 +110,29 @@ class Fp16Runner:
         return [t.float() for t in _floats(out)], trace.first_nonfinite or ""
 
 
+# ops whose CPU and CUDA kernels refuse float operands of two dtypes (meta kernels accept them)
+_ONE_DTYPE = frozenset(
+    {"mm", "bmm", "addmm", "addmv", "mv", "dot", "baddbmm", "addbmm", "convolution"}
+)
+
+
+class _SameDtype(TorchDispatchMode):
+    """Raise, as a real kernel does, where a matmul or convolution meets two float dtypes."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        if name in _ONE_DTYPE or "scaled_dot_product" in name:
+            dtypes = {
+                t.dtype
+                for t in tree_flatten((args, kwargs or {}))[0]
+                if torch.is_tensor(t) and t.is_floating_point()
+            }
+            if len(dtypes) > 1:
+                got = " and ".join(sorted(str(d).removeprefix("torch.") for d in dtypes))
+                raise RuntimeError(f"{name}: operands must have the same dtype, got {got}")
+        return func(*args, **(kwargs or {}))
+
+
 def _half_fails(model: nn.Module, args, kwargs) -> str:
     """Why ``model.half()`` cannot run at all ("" when it can, or when the forward cannot
     run on ``meta``): an FP32 tensor meeting FP16 weights. Emulated FP16 computes in FP32
@@ -124,7 +148,7 @@ def _half_fails(model: nn.Module, args, kwargs) -> str:
 
     try:
         half = copy.deepcopy(model).half().to("meta")
-        with torch.no_grad(), torch.device("meta"):
+        with torch.no_grad(), torch.device("meta"), _SameDtype():
             half(*tree_map(meta, tuple(args)), **tree_map(meta, dict(kwargs)))
     except RuntimeError as exc:
         text = str(exc)
@@ -314,6 +338,28 @@ def next_widening(
     if "" not in modules and failed:
         return dataclasses.replace(opts, fp32_modules=(*modules, ""))
     return None
+
+
+def flush_widening(
+    patched: nn.Module,
+    batch,
+    opts: PatchOptions,
+    model: nn.Module,
+    input_scales: dict[int, float] | None = None,
+) -> PatchOptions | None:
+    """Where real FP16 was finite but off: the modules whose FP16 storage flushes non-zero
+    values to 0 on ``batch`` (and which the outputs miss: the proof failed) kept FP32 next,
+    as the scan's ``fp16-run`` finding advises; None when no such module is left."""
+    import dataclasses
+
+    from fp16lens._core.sites import site_module
+    from fp16lens.patch._emulate import flushing_sites
+
+    names = set(dict(model.named_modules()))
+    sites = flushing_sites(emulated_copy(patched), scale_batch(batch, input_scales))
+    mods = [site_module(_report_name(patched, s)) for s, _ in sites]
+    new = [m for m in dict.fromkeys(mods) if m and m in names and m not in opts.fp32_modules]
+    return dataclasses.replace(opts, fp32_modules=(*opts.fp32_modules, *new)) if new else None
 
 
 def _spans_of(report: Report, site: str) -> list[int]:

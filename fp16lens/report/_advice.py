@@ -198,6 +198,11 @@ def _note_fix(f: Finding) -> str:
             "for ground truth inside those bodies run verify(..., backend='onnx-fp16'), or export "
             "the model with the branch taken (no If/Loop) and scan that file"
         )
+    if f.kind == FindingKind.UNCHECKED:
+        return (
+            "check it yourself: run the model's .half() copy on your inputs against FP32, or "
+            "fp16lens.verify(model, batches) (backend='torch-fp16')"
+        )
     if f.kind == FindingKind.INLINED:
         return "none: the report names those branches' nodes '<If>/<branch>/<node>'"
     if f.kind == FindingKind.COMPILE_FALLBACK:

@@ -35,6 +35,7 @@ from fp16lens.watch._compiled import (
     run_compiled,
     signature,
 )
+from fp16lens.watch._fp16run import TorchFp16Run
 from fp16lens.watch._loop import call_batch, scan_with
 from fp16lens.watch._options import WatchOptions
 from fp16lens.watch._session import ACTIVE, check_model, finished_report, parameters
@@ -68,6 +69,7 @@ class CompiledScan:
         self.backend = backend
         self.graphs: dict[tuple, Captured] = {}
         self.timings = Timings()
+        self.fp16 = TorchFp16Run(model)  # the clean verdict checked in real FP16
 
     def _add(self, fw) -> None:
         self.acc.add(fw)
@@ -84,6 +86,7 @@ class CompiledScan:
     def step(self, index: int, batch: Any) -> None:
         from fp16lens._trace import call_model
 
+        self.fp16.step(batch)
         if self.rec.forwards == 0:
             return self._eager(batch)
         key = signature(batch)
@@ -150,9 +153,12 @@ class CompiledScan:
             )
             for why in self.timings.fallbacks
         ]
-        return finished_report(
+        report = finished_report(
             self.acc, self.rec.sites, self.params, self.model, self.options, notes
         )
+        if complete:
+            self.fp16.settle(report)
+        return report
 
 
 def _device_of(batch: Any, model: torch.nn.Module) -> torch.device:

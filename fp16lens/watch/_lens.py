@@ -12,6 +12,7 @@ from fp16lens._core.options import one_form
 from fp16lens.report import Report
 from fp16lens.watch._accumulate import Accumulator
 from fp16lens.watch._build import build_report
+from fp16lens.watch._fp16run import TorchFp16Run
 from fp16lens.watch._options import WatchOptions
 from fp16lens.watch._recorder import Recorder
 from fp16lens.watch._session import ACTIVE, check_model, finished_report, parameters
@@ -29,6 +30,7 @@ class Lens:
         self._params: list = []
         self._report: Report | None = None
         self._entered = contextlib.ExitStack()
+        self._fp16 = TorchFp16Run(model)  # the clean verdict checked in real FP16
 
     def __enter__(self) -> Lens:
         check_model(self.model)
@@ -38,7 +40,9 @@ class Lens:
         self._recorder = rec
         ACTIVE.add(self.model)
         self._entered = contextlib.ExitStack()
+        self._fp16 = TorchFp16Run(self.model)
         try:
+            self._entered.enter_context(self._fp16.kept_from(self.model))  # the first batches
             self._entered.enter_context(rec.tracker)  # module hooks
             self._entered.enter_context(rec)  # the dispatch mode
         except BaseException:
@@ -86,6 +90,7 @@ class Lens:
             raise WatchError(
                 "no report yet: use `with fp16lens.watch(model) as lens:` and run the model inside"
             )
+        self._fp16.settle(self._report)  # once, when the verdict is first read
         return self._report
 
 

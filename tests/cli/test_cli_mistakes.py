@@ -171,8 +171,15 @@ def test_a_model_that_casts_float64_itself_still_scans():
         def forward(self, x):
             return self.fc(x.float())
 
-    report = fp16lens.scan(Casts().eval(), [torch.rand(3, 4, dtype=torch.float64)], progress=False)
-    assert report.clean
+    model = Casts().eval()
+    report = fp16lens.scan(model, [torch.rand(3, 4, dtype=torch.float64)], progress=False)
+    assert not report.spans  # it scans; its values are all in range
+    # but its forward casts to FP32 itself, so its .half() cannot run (ground truth), and the
+    # clean verdict's check in real FP16 says so instead of "FP16-safe"
+    with pytest.raises(RuntimeError, match="same dtype"):
+        copy.deepcopy(model).half()(torch.rand(3, 4).half())
+    (f,) = report.findings
+    assert f.kind == "fp16-run" and "cannot run in FP16" in f.detail
 
 
 # ---- 2. unwritable output paths: named, before the work, nothing written ---------------

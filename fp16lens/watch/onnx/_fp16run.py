@@ -19,6 +19,17 @@ MIN_COSINE = 0.999  # patch's default tolerance: what "FP16-safe" promises
 MAX_BATCHES = 8  # the first batches are kept for the check (the feeds are held until then)
 
 
+def flushed_at(flushing: list[tuple[str, float]]) -> str:
+    """What an ``fp16-run`` finding says of the sites whose FP16 storage flushes (site,
+    share of its non-zero values made 0), the first four named."""
+    names = ", ".join(f"{s} ({100 * share:.3g}%)" for s, share in flushing[:4])
+    more = f" and {len(flushing) - 4} more" if len(flushing) > 4 else ""
+    return (
+        f"its FP16 storage rounds non-zero values below 2^-24 to 0 at {names}{more}, and what "
+        "they carried reaches the outputs"
+    )
+
+
 class Fp16Run:
     """Holds the first ``MAX_BATCHES`` feeds; ``settle`` checks the verdict on them."""
 
@@ -48,12 +59,9 @@ class Fp16Run:
         )
         flushing, island = flushing_nodes(proto, self.feeds[worst.batch])
         if flushing:
-            names = ", ".join(f"{s} ({100 * share:.3g}%)" for s, share in flushing[:4])
-            more = f" and {len(flushing) - 4} more" if len(flushing) > 4 else ""
             cause = (
-                f"its FP16 storage rounds non-zero values below 2^-24 to 0 at {names}{more}, "
-                "and what they carried reaches the outputs; in FP32 from there to where the "
-                f"values are back in FP16's range: fp32_nodes={island}"
+                f"{flushed_at(flushing)}; in FP32 from there to where the values are back in "
+                f"FP16's range: fp32_nodes={island}"
             )
         else:
             cause = "FP16's precision (11 significant bits) is what it loses"

@@ -1,0 +1,205 @@
+"""The verdict of a torch scan checked in real FP16, as ``watch/onnx/_fp16run.py`` checks an
+ONNX scan's: a scan that finds nothing runs the model once more on its first batches in
+FP16 (``.half()`` on a GPU; on the CPU FP16 storage emulated, ``patch._emulate``: every
+stored tensor rounded to FP16, arithmetic inside an op in FP32) against the FP32 outputs
+the scan saw. Where that run is not finite, or its worst output's cosine is below
+``MIN_COSINE``, the report gets an ``fp16-run`` finding instead of "FP16-safe": it names
+the sites whose FP16 storage rounds at least 1% of their non-zero outputs to 0 (values
+below 2^-24 that reach no log or divide, but whose loss still reaches the outputs), and the
+modules that hold them, else FP16's precision."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_map
+
+from fp16lens._core.sites import FP16_RUN_FLUSHED, FindingKind, Mechanism, site_module
+from fp16lens._trace import call_model
+from fp16lens.report import Finding, Report
+from fp16lens.watch.onnx._fp16run import MAX_BATCHES, MIN_COSINE, flushed_at
+
+NORMAL = 2.0**-14  # FP16's smallest normal: two outputs both below it count as equal
+
+
+def _copy(a: Any) -> Any:
+    """A tensor input kept for the check: detached and copied (a loader may reuse it)."""
+    return a.detach().clone() if torch.is_tensor(a) else a
+
+
+def _floats(out: Any) -> list[torch.Tensor]:
+    return [t for t in tree_flatten(out)[0] if torch.is_tensor(t) and t.is_floating_point()]
+
+
+def _stored(a: torch.Tensor) -> torch.Tensor:
+    """FP32 outputs as an FP16 output holds them below 2^-14 (a score of 1e-8 is 0 in any
+    FP16 model: a cosine of 0 against it says nothing); elsewhere as they are."""
+    return torch.where(a.abs() < NORMAL, a.half().double(), a)
+
+
+def compare(want: list[torch.Tensor], got: list[torch.Tensor]) -> tuple[bool, float]:
+    """(finite, worst cosine) of FP16 outputs ``got`` against FP32 outputs ``want``, where
+    FP32 is finite; outputs both below FP16's normal range count as equal."""
+    if len(got) != len(want):
+        return False, float("nan")
+    cos = 1.0
+    for a, b in zip(want, got):
+        a, b = a.detach().double().cpu(), b.detach().double().cpu()
+        if a.shape != b.shape:
+            return False, float("nan")
+        ok = torch.isfinite(a)
+        a, b = _stored(a[ok]), b[ok]
+        if not bool(torch.isfinite(b).all()):
+            return False, float("nan")
+        if not a.numel() or (a.abs().max() < NORMAL and b.abs().max() < NORMAL):
+            continue
+        na, nb = float(a.norm()), float(b.norm())
+        cos = min(cos, 0.0 if na == 0 or nb == 0 else float(a @ b) / (na * nb))
+    return True, cos
+
+
+class TorchFp16Run:
+    """Holds the first ``MAX_BATCHES`` batches (and the FP32 outputs the watched forward
+    gave); ``settle`` checks the verdict on them."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.model = model
+        self.kept: list[tuple[Any, list[torch.Tensor] | None]] = []
+
+    @contextlib.contextmanager
+    def kept_from(self, model: torch.nn.Module) -> Iterator[None]:
+        """Keep (copies of) the first batches ``model`` is called with inside the block and
+        its outputs, through a forward hook on it that is removed on exit, also on an error."""
+
+        def hook(module, args, kwargs, output) -> None:
+            if len(self.kept) < MAX_BATCHES and not (args and kwargs):
+                batch = kwargs if kwargs else args
+                tensors = [t for t in tree_flatten(batch)[0] if torch.is_tensor(t)]
+                if not any(t.is_meta for t in tensors):  # not a trace on meta
+                    self.step(batch, output)
+
+        handle = model.register_forward_hook(hook, with_kwargs=True)
+        try:
+            yield
+        finally:
+            handle.remove()
+
+    def step(self, batch: Any, out: Any = None) -> None:
+        """Keep ``batch`` and its FP32 outputs ``out`` (None: computed by ``settle``)."""
+        if len(self.kept) < MAX_BATCHES:
+            outs = None if out is None else [t.detach().clone() for t in _floats(out)]
+            self.kept.append((tree_map(_copy, batch), outs))
+
+    @torch.no_grad()
+    def settle(self, report: Report) -> None:
+        """A finding where the report is clean but the model in real FP16 is not. The
+        user's model is not run again: what runs is a copy (and its FP16 twin)."""
+        kept, self.kept = self.kept, []
+        if not kept or not report.clean:
+            return  # a problem is already named (and patch proves its fix in real FP16)
+        try:
+            worst, runner, model = self._worst(kept)
+        except Exception as exc:  # the model's own forward refused a second run
+            why = str(exc).splitlines()[0][:160] if str(exc) else ""
+            report.findings.append(
+                Finding(
+                    site="",
+                    mechanism=Mechanism.NOTE,
+                    kind=FindingKind.UNCHECKED,
+                    peak=0.0,
+                    detail=(
+                        "the clean verdict was not checked in real FP16: running a copy of the "
+                        f"model again raised {type(exc).__name__}: {why}"
+                    ),
+                )
+            )
+            return
+        finite, cos, k, first = worst
+        if k < 0 or (finite and cos >= MIN_COSINE):
+            return
+        broken = first.startswith("(.half() fails")
+        what = (
+            f"cosine {cos:.6f} < {MIN_COSINE}"
+            if finite
+            else f"inf/NaN at the outputs (first at {first or '?'})"
+        )
+        from fp16lens.patch import emulated_copy, flushing_sites
+
+        emulated = emulated_copy(model) if runner.gpu else runner.model
+        try:
+            flushing = [] if broken else flushing_sites(emulated, kept[k][0])
+        except Exception:  # the verdict stands; only the sites go unnamed
+            flushing = []
+        modules = list(dict.fromkeys(site_module(s) for s, _ in flushing if site_module(s)))
+        if flushing:
+            cause = flushed_at(flushing)
+        else:
+            cause = "FP16's precision (11 significant bits) is what it loses"
+        if modules:
+            fix = (
+                f"keep {', '.join(modules[:4])} in FP32 (patch(model, batches, "
+                f"fp32_modules={modules[:4]!r}) makes them FP32 islands and proves it), or "
+                "scale the values up by 2^k before them and down after"
+            )
+        elif flushing:
+            fix = (
+                "the flushing ops run in the model's own forward: move them into a submodule "
+                "and keep it in FP32 (patch(..., fp32_modules=[it])), or scale the values up "
+                "by 2^k before them and down after"
+            )
+        elif broken:
+            fix = (
+                "make the forward follow the model's dtype (a tensor it creates in FP32 meets "
+                "FP16 weights: create it with dtype=x.dtype, or cast it with .to(x.dtype))"
+            )
+        else:
+            fix = (
+                "FP16 keeps 11 significant bits at any scale: check the task metric in FP16 "
+                "(fp16lens.verify), or keep in FP32 what the tolerance needs "
+                "(patch(model, report, batches=...) widens FP32 until its proof passes)"
+            )
+        report.findings.append(
+            Finding(
+                site=flushing[0][0] if flushing else (first if not (finite or broken) else ""),
+                mechanism=Mechanism.OUTPUT,
+                kind=FindingKind.FP16_RUN,
+                peak=cos if finite else float("nan"),
+                batch=k,
+                tensor=FP16_RUN_FLUSHED if flushing else "precision",
+                detail=(
+                    f"the model cannot run in FP16 on batch {k}: {first[1:-1]}"
+                    if broken
+                    else f"the model in FP16 gives {what} on batch {k}, though no value passes "
+                    f"65504 and no flushed value reaches a log or divide: {cause}"
+                ),
+                fix=fix,
+            )
+        )
+
+    def _worst(self, kept: list) -> tuple[tuple[bool, float, int, str], Any, torch.nn.Module]:
+        """(finite, worst cosine, batch, first non-finite site) over the kept batches, the
+        FP16 runner and the FP32 model it copies. FP32 outputs are the watched forward's; a
+        model in training mode (dropout, batch statistics) is compared as an eval copy
+        with itself, as ``.half()`` deploys it."""
+        from fp16lens.patch import Fp16Runner
+
+        training = any(m.training for m in self.model.modules())
+        model = self.model
+        if training or any(out is None for _, out in kept):
+            model = copy.deepcopy(self.model).eval()
+        wants = [
+            out if out is not None and not training else _floats(call_model(model, batch))
+            for batch, out in kept
+        ]
+        runner = Fp16Runner(model)
+        worst = (True, 1.0, -1, "")
+        for k, ((batch, _), want) in enumerate(zip(kept, wants)):
+            got, first = runner.run(batch)
+            finite, cos = compare(want, got)
+            if (finite, cos) < worst[:2]:
+                worst = (finite, cos, k, first)
+        return worst, runner, model

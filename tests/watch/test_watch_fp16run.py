@@ -1,0 +1,193 @@
+"""The verdict of a torch scan checked in real FP16 (``watch/_fp16run.py``), as an ONNX
+scan's is (``test_watch_onnx_fp16run.py``): a model whose values all fit FP16 and whose
+flushed values reach no log or divide can still be wrong in FP16. Ground truth is the
+model's own ``.half()`` on the CPU, run without fp16lens; a clean model keeps its clean
+verdict, and what the finding advises (and patch does by itself) fixes the model in
+real FP16, also in the file ``fp16lens patch -o`` writes."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import fp16lens
+from fp16lens.cli import main
+from fp16lens.report._triage import next_step
+
+
+class Squares(nn.Module):
+    """lin(x) * 1e-4, squared, times 6e4: most squares fall below 2^-24, and FP16 stores
+    them as 0 (no log, no divide after them: only the output misses them)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(16, 16)
+
+    def forward(self, x):
+        y = self.lin(x) * 1e-4
+        return (y * y) * 6e4
+
+
+class Flushing(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.block = Squares()
+        self.head = nn.Linear(16, 4, bias=False)
+
+    def forward(self, x):
+        return self.head(self.block(x))
+
+
+class Cancelling(nn.Module):
+    """(lin(x) + 1000) - 1000: FP16 holds 1000 + y to 0.5, so y keeps about one bit."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(16, 16)
+
+    def forward(self, x):
+        return (self.lin(x) + 1000.0) - 1000.0
+
+
+class Mixed(nn.Module):
+    """A tensor made in FP32 inside forward meets the FP16 weights: .half() cannot run."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(16, 16)
+
+    def forward(self, x):
+        return self.lin(x) @ torch.eye(16)
+
+
+class Clean(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.LayerNorm(32), nn.Linear(32, 4))
+
+    def forward(self, x):
+        return self.net(x)
+
+
+def _build(cls):
+    torch.manual_seed(0)
+    return cls().eval(), [torch.randn(4, 16), torch.randn(4, 16)]
+
+
+@torch.no_grad()
+def _real_fp16_cosine(model: nn.Module, x: torch.Tensor) -> float:
+    """Ground truth: the model's own .half() on the CPU against its FP32 output."""
+    want = model(x).double().flatten()
+    got = copy.deepcopy(model).half()(x.half()).double().flatten()
+    if not bool(torch.isfinite(got).all()):
+        return float("nan")
+    return float(F.cosine_similarity(want, got, dim=0))
+
+
+def test_flushes_that_reach_the_outputs_are_no_clean_verdict_and_patch_follows_the_advice():
+    model, batches = _build(Flushing)
+    truth = min(_real_fp16_cosine(model, x) for x in batches)
+    assert truth < 0.9  # ground truth: real FP16 loses the small squares
+    report = fp16lens.scan(model, batches, progress=False)
+    assert not report.clean
+    (f,) = [f for f in report.findings if f.kind == "fp16-run"]
+    assert f.site == "block:mul#2" and f.tensor == "values flushed to 0"
+    assert f.peak == pytest.approx(truth, abs=0.02)  # emulated storage against .half()
+    assert "fp32_modules=['block']" in f.fix
+    assert "fp32_modules=['block']" in next_step(report)  # what the report leads with
+    # patch follows the advice by itself: block in FP32, nothing else, proven
+    patched = fp16lens.patch(model, report, batches=batches)
+    plan = fp16lens.get_plan(patched)
+    assert plan.proven and [m for w in plan.widened for m in w.modules] == ["block"]
+    assert all(_real_fp16_cosine(patched, x) >= 0.999 for x in batches)
+    assert bool((model(batches[0]) == patched(batches[0])).all())  # FP32 unchanged
+
+
+def test_the_saved_patched_model_keeps_the_fix_in_real_fp16(tmp_path, capsys, monkeypatch):
+    """The CLI journey: scan fails the underflow gate, patch -o with the batches writes a
+    file that keeps the fix when torch alone loads it and runs it in FP16."""
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    src = tmp_path / "flushing.py"
+    src.write_text(
+        "import torch\nfrom test_watch_fp16run import Flushing\n\n\n"
+        "def build():\n    torch.manual_seed(0)\n    return Flushing().eval()\n"
+    )
+    model, batches = _build(Flushing)  # the same weights: the same seed
+    torch.save(batches[0], tmp_path / "x.pt")
+    x, report, out = str(tmp_path / "x.pt"), str(tmp_path / "r.json"), tmp_path / "fixed.pt"
+    scan = ["scan", f"{src}:build", "--input", x, "--save", report]
+    assert main([*scan, "--fail-on", "underflow", "--json"]) == 1
+    data = json.loads(capsys.readouterr().out)
+    assert any(line.startswith("fp16-run at block:mul#2") for line in data["failed"])
+    assert main(["patch", f"{src}:build", "--report", report, "--input", x, "-o", str(out)]) == 0
+    capsys.readouterr()
+    saved = torch.jit.load(str(out))
+    with torch.no_grad():  # the file the user takes home, run by torch alone in FP16
+        got = saved.half()(batches[0].half()).double().flatten()
+        want = model(batches[0]).double().flatten()
+    assert float(F.cosine_similarity(want, got, dim=0)) >= 0.999
+
+
+def test_precision_loss_is_named_as_precision():
+    model, batches = _build(Cancelling)
+    assert _real_fp16_cosine(model, batches[0]) < 0.99
+    report = fp16lens.scan(model, batches, progress=False)
+    (f,) = [f for f in report.findings if f.kind == "fp16-run"]
+    assert f.tensor == "precision" and "11 significant bits" in f.detail
+
+
+def test_a_forward_that_half_cannot_run_is_no_clean_verdict():
+    model, batches = _build(Mixed)
+    with pytest.raises(RuntimeError):  # ground truth
+        copy.deepcopy(model).half()(batches[0].half())
+    report = fp16lens.scan(model, batches, progress=False)
+    (f,) = [f for f in report.findings if f.kind == "fp16-run"]
+    assert "cannot run in FP16" in f.detail and "dtype=x.dtype" in f.fix
+
+
+@pytest.mark.parametrize("training", [False, True])
+def test_a_clean_model_keeps_its_clean_verdict(training):
+    model, batches = _build(Clean)
+    assert all(_real_fp16_cosine(model, x) >= 0.999 for x in batches)  # ground truth
+    model.train(training)
+    report = fp16lens.scan(model, batches, progress=False)
+    assert report.clean and not report.findings
+    assert model.training is training  # the check ran on a copy
+
+
+def test_in_training_mode_the_check_runs_as_deployed():
+    """Dropout makes two training-mode runs differ: the check compares eval with eval."""
+    model, batches = _build(Flushing)
+    model.block = nn.Sequential(nn.Dropout(0.5), model.block)
+    model.train()
+    report = fp16lens.scan(model, batches, progress=False)
+    (f,) = [f for f in report.findings if f.kind == "fp16-run"]
+    assert f.site == "block.1:mul#2" and model.training
+
+
+def test_a_watch_block_checks_its_clean_verdict_and_leaves_nothing_behind():
+    model, batches = _build(Flushing)
+    with torch.no_grad():
+        plain = [model(x) for x in batches]
+    with fp16lens.watch(model) as lens, torch.no_grad():
+        seen = [model(x) for x in batches]
+    assert all(bool((a == b).all()) for a, b in zip(plain, seen))  # bit-identical
+    (f,) = [f for f in lens.report.findings if f.kind == "fp16-run"]
+    assert f.site == "block:mul#2"
+    assert not model._forward_hooks and not model._forward_hooks_with_kwargs
+    with pytest.raises(RuntimeError), fp16lens.watch(model):
+        model(torch.randn(4, 15))  # the forward raises: the hook goes all the same
+    assert not model._forward_hooks and not model._forward_hooks_with_kwargs
+
+
+def test_a_compiled_scan_checks_its_clean_verdict_too():
+    model, batches = _build(Flushing)
+    report = fp16lens.scan(model, batches * 2, progress=False, compile=True)
+    (f,) = [f for f in report.findings if f.kind == "fp16-run"]
+    assert f.site == "block:mul#2" and "fp32_modules=['block']" in f.fix
