@@ -718,3 +718,28 @@ def test_an_onnx_proof_short_only_in_precision_says_so_and_the_tolerance_it_name
     with warnings.catch_warnings():
         warnings.simplefilter("error", PatchWarning)  # proven at that tolerance
         fp16lens.patch(path, report, batches=[feed], min_cosine=tolerance)
+
+
+def test_outputs_both_below_fp16s_normal_range_count_as_equal():
+    """A score of 3e-9 in FP32 is 0 in any FP16 model (ground truth: .half() gives 0); a
+    cosine of 0 between them says nothing, so the proof passes such an output, as the ONNX
+    proof and the scan's verdict check do. One real output alongside is still judged."""
+    from fp16lens.patch import PatchOptions
+    from fp16lens.patch._prove import prove_batches
+
+    class Scores(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(8, 4)
+
+        def forward(self, x):
+            y = self.lin(x)
+            return torch.sigmoid(y - 20.0), y
+
+    torch.manual_seed(0)
+    model, x = Scores().eval(), torch.randn(2, 8)
+    with torch.no_grad():
+        tiny, _ = copy.deepcopy(model).half()(x.half())
+        assert bool((tiny == 0).all()) and 0 < float(model(x)[0].max()) < 2.0**-14
+    (proof,) = prove_batches(model, model, [x], PatchOptions())
+    assert proof.finite and proof.cosine > 0.999

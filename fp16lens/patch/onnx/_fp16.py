@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from fp16lens.patch._check import relative_error
+from fp16lens.patch._emulate import FLUSH_SHARE
 from fp16lens.patch._plan import BatchProof
 from fp16lens.patch._prove import admitting
 from fp16lens.patch.onnx._graph import onnx_module, read
@@ -308,9 +309,6 @@ def _first_nonfinite(emulated, rounded, feed) -> str:
     return ""
 
 
-_FLUSH_SHARE = 0.01  # a node's FP16 storage flushes: at least 1% of its non-zero outputs
-
-
 def _share(raw: np.ndarray | None, kept: np.ndarray | None) -> float:
     """Of ``raw``'s non-zero values, the share ``kept`` holds as 0 (0 for under 16)."""
     if raw is None or kept is None or not np.issubdtype(raw.dtype, np.floating):
@@ -321,7 +319,7 @@ def _share(raw: np.ndarray | None, kept: np.ndarray | None) -> float:
 
 
 def flushing_nodes(proto, feed_: dict) -> tuple[list[tuple[str, float]], list[str]]:
-    """(the nodes whose FP16 storage rounds at least ``_FLUSH_SHARE`` of their non-zero
+    """(the nodes whose FP16 storage rounds at least ``FLUSH_SHARE`` of their non-zero
     outputs to 0, given FP16 inputs, largest share first: (site, share); the nodes an FP32
     island needs: those, and after each the readers on to the first whose FP32 outputs
     FP16 holds, in graph order)."""
@@ -329,7 +327,7 @@ def flushing_nodes(proto, feed_: dict) -> tuple[list[tuple[str, float]], list[st
     pairs = storage_pairs(emulated)  # (site, value before rounding, after)
     values = run_exposed(emulated, [t for _, a, b in pairs for t in (a, b)], feed_)
     out = [(site, _share(values.get(a), values.get(b))) for site, a, b in pairs]
-    flushing = sorted(((s, v) for s, v in out if v >= _FLUSH_SHARE), key=lambda p: -p[1])
+    flushing = sorted(((s, v) for s, v in out if v >= FLUSH_SHARE), key=lambda p: -p[1])
     if not flushing:
         return [], []
     # forward from each flushing node, judged by the FP32 values FP16 would store there
@@ -352,7 +350,7 @@ def flushing_nodes(proto, feed_: dict) -> tuple[list[tuple[str, float]], list[st
             v = fp32.get(nxt)
             if v is not None and np.issubdtype(v.dtype, np.floating):
                 h = v.astype(np.float16)
-                if _share(v, h) >= _FLUSH_SHARE:
+                if _share(v, h) >= FLUSH_SHARE:
                     todo.append(nxt)  # still flushing in FP16: on
                     continue
             island.append(nxt)  # back in range: it reads the island's FP32
