@@ -7,7 +7,7 @@ import math
 from rich.console import Group, RenderableType
 from rich.text import Text
 
-from fp16lens._core.sites import FindingKind, Mechanism
+from fp16lens._core.sites import FP16_RUN_FLUSHED, FindingKind, Mechanism
 from fp16lens.report import _fmt
 from fp16lens.report._blocks import ViewOptions, fix_line, heading, indent, more, peak_key
 from fp16lens.report._model import Report, SiteStats, Span
@@ -27,6 +27,9 @@ def _verdict_counts(report: Report) -> str:
     underflow = report.findings_by(Mechanism.UNDERFLOW)
     if underflow:
         parts.insert(0, _fmt.plural(len(underflow), "underflow problem"))
+    run = next((f for f in report.findings if f.kind == FindingKind.FP16_RUN), None)
+    if run is not None:  # every value in range, yet real FP16 is off: said first
+        parts.insert(0, _fp16_run_words(run))
     inputs = report.findings_by(Mechanism.INPUT)
     if inputs:
         parts.append(_fmt.plural(len(inputs), "input problem"))
@@ -41,6 +44,14 @@ def _verdict_counts(report: Report) -> str:
     return ", ".join(parts)
 
 
+def _fp16_run_words(f) -> str:
+    """What the verdict's check in real FP16 found, in a few words."""
+    if not math.isfinite(f.peak):
+        return "cannot run in FP16" if "cannot run" in f.detail else "not finite in real FP16"
+    what = "values FP16 flushes to 0" if f.tensor == FP16_RUN_FLUSHED else "FP16 precision"
+    return f"{what}: cosine {f.peak:.4g} in real FP16"
+
+
 def verdict(report: Report) -> RenderableType:
     """One line that says clean or how bad, plus the single most important next step."""
     name = report.meta.model_class or "model"
@@ -51,6 +62,13 @@ def verdict(report: Report) -> RenderableType:
     where = f"worst headroom {_fmt.bits(worst.headroom)} bits at {worst.name}"
     if report.clean:
         notes = report.findings_by(Mechanism.NOTE)
+        if any(f.kind == FindingKind.UNCHECKED for f in notes):
+            return Text.assemble(
+                ("? ", "bold yellow"),
+                f"{name}: {len(report.sites)} sites in range over {batches}, but the verdict "
+                f"was not checked in real FP16 (see the notes); {where} "
+                f"(|x| ≤ {_fmt.value(worst.absmax)})",
+            )
         if any(f.kind == FindingKind.UNSCANNED for f in notes):
             return Text.assemble(
                 ("? ", "bold yellow"),

@@ -18,6 +18,7 @@ from torch import nn
 
 import fp16lens
 from fp16lens.cli import main
+from fp16lens.report._sections import verdict
 from fp16lens.report._triage import next_step
 
 
@@ -75,6 +76,17 @@ class Clean(nn.Module):
         return self.net(x)
 
 
+def _verdict(report) -> str:
+    """The report's verdict line as the terminal shows it (one wide line)."""
+    import io
+
+    from rich.console import Console
+
+    console = Console(width=400, record=True, file=io.StringIO())
+    console.print(verdict(report))
+    return console.export_text()
+
+
 def _build(cls):
     torch.manual_seed(0)
     return cls().eval(), [torch.randn(4, 16), torch.randn(4, 16)]
@@ -101,6 +113,7 @@ def test_flushes_that_reach_the_outputs_are_no_clean_verdict_and_patch_follows_t
     assert f.peak == pytest.approx(truth, abs=0.02)  # emulated storage against .half()
     assert "fp32_modules=['block']" in f.fix
     assert "fp32_modules=['block']" in next_step(report)  # what the report leads with
+    assert _verdict(report).startswith("✗ Flushing: values FP16 flushes to 0: cosine")
     # patch follows the advice by itself: block in FP32, nothing else, proven
     patched = fp16lens.patch(model, report, batches=batches)
     plan = fp16lens.get_plan(patched)
@@ -149,6 +162,7 @@ def test_a_forward_that_half_cannot_run_is_no_clean_verdict():
     report = fp16lens.scan(model, batches, progress=False)
     (f,) = [f for f in report.findings if f.kind == "fp16-run"]
     assert "cannot run in FP16" in f.detail and "dtype=x.dtype" in f.fix
+    assert _verdict(report).startswith("✗ Mixed: cannot run in FP16,")
 
 
 @pytest.mark.parametrize("training", [False, True])
@@ -191,3 +205,29 @@ def test_a_compiled_scan_checks_its_clean_verdict_too():
     report = fp16lens.scan(model, batches * 2, progress=False, compile=True)
     (f,) = [f for f in report.findings if f.kind == "fp16-run"]
     assert f.site == "block:mul#2" and "fp32_modules=['block']" in f.fix
+
+
+class OneRun(nn.Module):
+    """A forward that refuses a second run (a stateful model): the check cannot run."""
+
+    runs = 0
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(16, 4)
+
+    def forward(self, x):
+        OneRun.runs += 1
+        if OneRun.runs > 1:
+            raise RuntimeError("this model runs once")
+        return self.lin(x)
+
+
+def test_a_verdict_the_check_cannot_run_says_so_and_the_scan_still_ends():
+    model, batches = _build(OneRun)
+    report = fp16lens.scan(model, batches[:1], progress=False)
+    (f,) = report.findings
+    assert (f.mechanism, f.kind) == ("note", "unchecked") and "runs once" in f.detail
+    assert _verdict(report).startswith("? OneRun: ") and "not checked in real FP16" in (
+        _verdict(report)
+    )
