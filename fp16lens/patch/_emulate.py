@@ -17,6 +17,8 @@ found by one FP16 run on ``meta``) are not rounded either.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakIdKeyDictionary
@@ -34,9 +36,8 @@ _CHAIN = {
     "add": frozenset({"relu"}),
 }
 _HEADS = frozenset({"convolution", "addmm"})
-FLUSH_SHARE = (
-    0.01  # a site flushes where FP16 storage rounds this share of its non-zero outputs to 0
-)
+# a site flushes where FP16 storage rounds this share of its non-zero outputs to 0
+FLUSH_SHARE = 0.01
 
 
 def round_fp16_(t: torch.Tensor) -> None:
@@ -164,13 +165,13 @@ def run_emulated(
     batch,
     trace: Trace | None = None,
     fp32_ops: set[int] | None = None,
-    rounding: type[StorageRounding] = StorageRounding,
+    rounding: Callable[..., StorageRounding] = StorageRounding,
 ):
     """One forward of ``model`` (from ``emulated_copy``) on ``batch`` with FP16 storage of
     every stored tensor: the inputs rounded to FP16, each op's float output rounded (see
     the module docstring). ``trace`` (default: no copies) names the first non-finite op.
     ``fp32_ops``: the ops a ``.half()`` model runs in FP32 (None: found here on ``meta``);
-    ``rounding``: the mode that stores each op's outputs (a subclass may also count them)."""
+    ``rounding``: makes the mode that stores each op's outputs (a subclass may count them)."""
     from fp16lens.patch._trace import traced
 
     x = _cast_floats(_cast_floats(batch, torch.float16), torch.float32)
@@ -229,5 +230,5 @@ def flushing_sites(emulated: torch.nn.Module, batch) -> list[tuple[str, float]]:
         modes.append(_FlushCounting(*args, **kwargs))
         return modes[0]
 
-    run_emulated(emulated, batch, Trace(keep=False), rounding=counting)  # type: ignore[arg-type]
+    run_emulated(emulated, batch, Trace(keep=False), rounding=counting)
     return [(s, f / n) for s, (f, n) in modes[0].counts.items() if n and f / n >= FLUSH_SHARE]

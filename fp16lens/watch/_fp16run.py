@@ -1,12 +1,14 @@
-"""The verdict of a torch scan checked in real FP16, as ``watch/onnx/_fp16run.py`` checks an
-ONNX scan's: a scan that finds nothing runs the model once more on its first batches in
-FP16 (``.half()`` on a GPU; on the CPU FP16 storage emulated, ``patch._emulate``: every
-stored tensor rounded to FP16, arithmetic inside an op in FP32) against the FP32 outputs
-the scan saw. Where that run is not finite, or its worst output's cosine is below
-``MIN_COSINE``, the report gets an ``fp16-run`` finding instead of "FP16-safe": it names
-the sites whose FP16 storage rounds at least 1% of their non-zero outputs to 0 (values
-below 2^-24 that reach no log or divide, but whose loss still reaches the outputs), and the
-modules that hold them, else FP16's precision."""
+"""The verdict of a torch watch or scan checked in real FP16, as ``watch/onnx/_fp16run.py``
+checks an ONNX scan's: where nothing is found, reading the report runs a copy of the model
+once more on its first batches in FP16 (``.half()`` on a GPU; on the CPU FP16 storage
+emulated, ``patch._emulate``: every stored tensor rounded to FP16, arithmetic inside an op
+in FP32) against the FP32 outputs the watched forwards gave. Where that run is not finite,
+or its worst output's cosine is below ``MIN_COSINE``, the report gets an ``fp16-run``
+finding instead of "FP16-safe": it names the sites whose FP16 storage rounds at least 1% of
+their non-zero outputs to 0 (values below 2^-24 that reach no log or divide, but whose loss
+still reaches the outputs) and the modules that hold them, else FP16's precision, else a
+``.half()`` that cannot run. Where the copy itself cannot run again, a note says the
+verdict went unchecked."""
 
 from __future__ import annotations
 
