@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+from torch.utils._pytree import tree_flatten
+
 
 def call_model(model, batch: Any):
     """A batch is a tensor, a tuple/list of positional arguments, or a dict of keywords."""
@@ -12,3 +15,8 @@ def call_model(model, batch: Any):
     if isinstance(batch, (tuple, list)):
         return model(*batch)
     return model(batch)
+
+
+def float_outputs(out: Any) -> list[torch.Tensor]:
+    """The floating-point tensors of a model's output, in pytree order."""
+    return [t for t in tree_flatten(out)[0] if torch.is_tensor(t) and t.is_floating_point()]

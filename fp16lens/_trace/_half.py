@@ -19,17 +19,19 @@ from __future__ import annotations
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_map
+from torch.utils._pytree import tree_flatten, tree_map
 
 from fp16lens._core.sites import is_island
 from fp16lens._trace._ops import FACTORY, PASSTHROUGH, op_name
 
 
 def _fp32_owned(model: torch.nn.Module) -> set[str]:
-    """Names of parameters/buffers that ``.half()`` leaves in FP32 (fp16lens islands)."""
+    """Names of parameters/buffers that ``.half()`` leaves in FP32: those under an island
+    whose ``_apply`` keeps FP32 (``Fp32Island``); an island without one (``PortableIsland``,
+    whose FP32 values are int32 bits) has its float buffers cast as any module's."""
     keep: set[str] = set()
     for prefix, m in model.named_modules(remove_duplicate=False):
-        if is_island(m):
+        if is_island(m) and type(m)._apply is not torch.nn.Module._apply:
             dot = f"{prefix}." if prefix else ""
             keep.update(dot + n for n, _ in m.named_parameters(remove_duplicate=False))
             keep.update(dot + n for n, _ in m.named_buffers(remove_duplicate=False))
@@ -52,6 +54,9 @@ def run_half_on_meta(model: torch.nn.Module, args, kwargs) -> None:
     margs = tree_map(_to_meta, tuple(args))
     mkwargs = tree_map(_to_meta, dict(kwargs or {}))
     saved = _snapshot(model)
+    for m in model.modules():  # an island hands back the dtype .half() casts it to
+        if is_island(m) and hasattr(m, "outside_dtype"):
+            m.outside_dtype = torch.float16
     try:
         # tensors the forward creates without a device land on meta too
         with torch.no_grad(), torch.device("meta"):
@@ -116,16 +121,55 @@ class FirstCall:
             _restore(now, training=True)
 
 
-def fp32_compute_ops(model: torch.nn.Module, args, kwargs=None) -> set[int] | None:
+# ops whose CPU and CUDA kernels refuse float operands of two dtypes (meta kernels accept them)
+_ONE_DTYPE = frozenset(
+    {"mm", "bmm", "addmm", "addmv", "mv", "dot", "baddbmm", "addbmm", "convolution"}
+)
+
+
+HALF_FAILS = "(.half() fails"
+"""How an FP16 run names a ``.half()`` that cannot run, where it would name a site."""
+
+
+class HalfFails(RuntimeError):
+    """A ``.half()`` forward cannot run: an FP32 tensor meets FP16 weights in an op whose
+    real kernels refuse two float dtypes."""
+
+    def words(self) -> str:
+        """Where an FP16 run names its first non-finite site: ``(.half() fails: why)``."""
+        return f"{HALF_FAILS}: {self})"
+
+
+def _refuse_mixed(func, args, kwargs) -> None:
+    name = func.overloadpacket.__name__
+    if name in _ONE_DTYPE or "scaled_dot_product" in name:
+        dtypes = {
+            t.dtype
+            for t in tree_flatten((args, kwargs or {}))[0]
+            if torch.is_tensor(t) and t.is_floating_point()
+        }
+        if len(dtypes) > 1:
+            got = " and ".join(sorted(str(d).removeprefix("torch.") for d in dtypes))
+            raise HalfFails(f"{name}: operands must have the same dtype, got {got}")
+
+
+def fp32_compute_ops(
+    model: torch.nn.Module, args, kwargs=None, *, refuse_mixed: bool = False
+) -> set[int] | None:
     """Positions (among the ops that compute new float values: no views, copies, casts
     or factories) of the ops a ``.half()`` model runs in FP32; None when the forward
     cannot run on meta. An FP32 run of the same code dispatches the same compute ops
-    in the same order (a cast to float32 is not dispatched there, and not counted here)."""
+    in the same order (a cast to float32 is not dispatched there, and not counted here).
+    ``refuse_mixed``: raise ``HalfFails`` where the real ``.half()`` cannot run (a matmul,
+    convolution or attention of two float dtypes, or an op refusing its dtypes), which
+    meta kernels alone let pass: one trace answers both questions."""
     found: set[int] = set()
     count = [0]
 
     class Count(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, a=(), kw=None):
+            if refuse_mixed:
+                _refuse_mixed(func, a, kw)
             out = func(*a, **(kw or {}))
             k = compute_index(func, out, count)
             if k is not None and first_float(out).dtype != torch.float16:
@@ -135,6 +179,13 @@ def fp32_compute_ops(model: torch.nn.Module, args, kwargs=None) -> set[int] | No
     try:
         with Count():
             run_half_on_meta(model, args, kwargs)
+    except HalfFails:
+        raise
+    except RuntimeError as exc:
+        text = str(exc)
+        if refuse_mixed and "type" in text and ("same" in text or "expected" in text.lower()):
+            raise HalfFails(text.splitlines()[0][:160]) from exc
+        return None
     except Exception:
         return None
     return found

@@ -9,9 +9,9 @@ import copy
 
 import torch
 from torch import nn
-from torch.utils._pytree import tree_flatten
 
 from fp16lens._core import PatchError
+from fp16lens._trace import float_outputs
 from fp16lens.report import Report
 
 TOLERANCE = 1e-4
@@ -171,13 +171,13 @@ def _compare(want, got, floor: float = 0.0, exact=None) -> None:
     from exact arithmetic than the original, give or take TOLERANCE (a model whose values
     reach 1e8 rounds away its small outputs' digits; rescaling by 2^k only moves that)."""
     exact_outs = None
-    for i, (a, b) in enumerate(zip(_floats(want), _floats(got))):
+    for i, (a, b) in enumerate(zip(float_outputs(want), float_outputs(got))):
         err = relative_error(a, b, floor)
         if err <= TOLERANCE:
             continue
         if exact_outs is None and exact is not None:
             found = exact()
-            exact_outs = _floats(found) if found is not None else []
+            exact_outs = float_outputs(found) if found is not None else []
         if exact_outs and i < len(exact_outs):
             ref = exact_outs[i].to(a.dtype)
             if relative_error(ref, b, floor) <= TOLERANCE + relative_error(ref, a, floor):
@@ -205,7 +205,3 @@ def relative_error(a: torch.Tensor, b: torch.Tensor, floor: float = 0.0) -> floa
     scale = max(float(a.abs().max()) if a.numel() else 0.0, floor)
     diff = float((a - b).abs().max()) if a.numel() else 0.0
     return diff / scale if scale > 0 else diff
-
-
-def _floats(out) -> list[torch.Tensor]:
-    return [t for t in tree_flatten(out)[0] if torch.is_tensor(t) and t.is_floating_point()]

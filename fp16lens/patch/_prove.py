@@ -19,12 +19,11 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from fp16lens._core import FP16_MAX, PatchError
+from fp16lens._core import FP16_MAX, FP16_MIN_NORMAL, PatchError
 from fp16lens._core.sites import is_island
-from fp16lens._trace import call_model, fp32_compute_ops
+from fp16lens._trace import HalfFails, call_model, float_outputs, fp32_compute_ops
 from fp16lens.patch._check import relative_error, scale_batch
 from fp16lens.patch._emulate import emulated_copy, run_emulated
 from fp16lens.patch._options import PatchOptions
@@ -74,10 +73,6 @@ def _to(batch, dtype=None, device=None):
     return cast(batch)
 
 
-def _floats(out) -> list[torch.Tensor]:
-    return [t for t in tree_flatten(out)[0] if torch.is_tensor(t) and t.is_floating_point()]
-
-
 class Fp16Runner:
     """The patched model in real FP16: ``.half()`` on a GPU, FP16 storage emulated on the CPU."""
 
@@ -102,65 +97,55 @@ class Fp16Runner:
                 args, kwargs = (
                     ((), x) if isinstance(x, dict) else ((x if isinstance(x, tuple) else (x,)), {})
                 )
-                broken = _half_fails(self.model, args, kwargs)
-                if broken:
-                    return [], broken
-                self.fp32_ops = fp32_compute_ops(self.model, args, kwargs) or set()
+                try:  # one meta trace: the ops .half() runs in FP32, or why it cannot run
+                    found = fp32_compute_ops(self.model, args, kwargs, refuse_mixed=True)
+                except HalfFails as exc:
+                    return [], exc.words()
+                self.fp32_ops = found or set()
             out = run_emulated(self.model, _to(batch, device=self.device), trace, self.fp32_ops)
-        return [t.float() for t in _floats(out)], trace.first_nonfinite or ""
+        return [t.float() for t in float_outputs(out)], trace.first_nonfinite or ""
 
-
-# ops whose CPU and CUDA kernels refuse float operands of two dtypes (meta kernels accept them)
-_ONE_DTYPE = frozenset(
-    {"mm", "bmm", "addmm", "addmv", "mv", "dot", "baddbmm", "addbmm", "convolution"}
-)
-
-
-class _SameDtype(TorchDispatchMode):
-    """Raise, as a real kernel does, where a matmul or convolution meets two float dtypes."""
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        name = func.overloadpacket.__name__
-        if name in _ONE_DTYPE or "scaled_dot_product" in name:
-            dtypes = {
-                t.dtype
-                for t in tree_flatten((args, kwargs or {}))[0]
-                if torch.is_tensor(t) and t.is_floating_point()
-            }
-            if len(dtypes) > 1:
-                got = " and ".join(sorted(str(d).removeprefix("torch.") for d in dtypes))
-                raise RuntimeError(f"{name}: operands must have the same dtype, got {got}")
-        return func(*args, **(kwargs or {}))
+    @staticmethod
+    def parity(want: list[torch.Tensor], got: list[torch.Tensor]) -> tuple[bool, float, float]:
+        """(finite, worst cosine, worst relative error) of FP16 outputs ``got`` against FP32
+        outputs ``want``, where FP32 is finite. Outputs both below FP16's normal range count as
+        equal (a score of 0 against 6e-8), and the cosine reads FP32 below 2^-14 as FP16 holds
+        it. The one comparison of patch's proof and of the verdict's check in real FP16."""
+        if len(got) != len(want):
+            return False, float("nan"), float("inf")
+        cos, rel = 1.0, 0.0
+        for a, b in zip(want, got):
+            a, b = a.detach().float(), b.detach().float().to(a.device)
+            if a.shape != b.shape:
+                return False, float("nan"), float("inf")
+            ok = torch.isfinite(a)
+            a, b = a[ok], b[ok]
+            if not bool(torch.isfinite(b).all()):
+                return False, float("nan"), float("inf")
+            if not a.numel() or (
+                float(a.abs().max()) < FP16_MIN_NORMAL and float(b.abs().max()) < FP16_MIN_NORMAL
+            ):
+                continue
+            cos = min(cos, _cosine(_stored(a), b))
+            rel = max(rel, relative_error(a, b))
+        return True, cos, rel
 
 
 def _half_fails(model: nn.Module, args, kwargs) -> str:
     """Why ``model.half()`` cannot run at all ("" when it can, or when the forward cannot
     run on ``meta``): an FP32 tensor meeting FP16 weights. Emulated FP16 computes in FP32
-    and would not see it; this runs a ``.half()`` copy on ``meta`` (no arithmetic)."""
-    from torch.utils._pytree import tree_map
-
-    def meta(t):
-        if not torch.is_tensor(t):
-            return t
-        return t.detach().to(
-            device="meta", dtype=torch.float16 if t.is_floating_point() else t.dtype
-        )
-
+    and would not see it; the ``meta`` trace of a ``.half()`` copy does (no arithmetic)."""
     try:
-        half = copy.deepcopy(model).half().to("meta")
-        with torch.no_grad(), torch.device("meta"), _SameDtype():
-            half(*tree_map(meta, tuple(args)), **tree_map(meta, dict(kwargs)))
-    except RuntimeError as exc:
-        text = str(exc)
-        if "type" in text and ("same" in text or "expected" in text.lower()):
-            return f"(.half() fails: {text.splitlines()[0][:160]})"
-    except Exception:
-        return ""
+        fp32_compute_ops(model, args, kwargs, refuse_mixed=True)
+    except HalfFails as exc:
+        return exc.words()
     return ""
 
 
-def _below_normal(t: torch.Tensor) -> bool:
-    return not t.numel() or float(t.abs().max()) < 2.0**-14
+def _stored(a: torch.Tensor) -> torch.Tensor:
+    """FP32 outputs as an FP16 output holds them below 2^-14 (a score of 1e-8 is 0 in any
+    FP16 model: a cosine of 0 against it says nothing); elsewhere as they are."""
+    return torch.where(a.abs() < FP16_MIN_NORMAL, a.half().to(a.dtype), a)
 
 
 def _cosine(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -188,28 +173,12 @@ def prove_batches(
     device = _device(original)
     out = []
     for k, batch in enumerate(batches):
-        want = [t.float() for t in _floats(call_model(original, _to(batch, device=device)))]
+        want = [t.float() for t in float_outputs(call_model(original, _to(batch, device=device)))]
         scaled = scale_batch(batch, input_scales)
-        got32 = _floats(call_model(patched, _to(scaled, device=device)))
+        got32 = float_outputs(call_model(patched, _to(scaled, device=device)))
         fp32_rel = max((relative_error(a, b.float()) for a, b in zip(want, got32)), default=0.0)
         got16, first = runner.run(scaled)
-        finite, cos, rel = bool(got16) or not want, 1.0, 0.0
-        for a, b in zip(want, got16):
-            b = b.to(a.device)
-            ok = torch.isfinite(a)
-            if not bool(torch.isfinite(b)[ok].all()):
-                finite = False
-            if a.shape != b.shape:
-                finite, cos, rel = False, float("nan"), float("inf")
-                continue
-            a2, b2 = a[ok], b[ok]
-            if finite and _below_normal(a2) and _below_normal(b2):
-                continue  # both below FP16's normal range (a score of 0 against 6e-8): equal
-            if finite:
-                cos = min(cos, _cosine(a2, b2))
-                rel = max(rel, relative_error(a2, b2))
-        if not finite:
-            cos, rel = float("nan"), float("inf")
+        finite, cos, rel = runner.parity(want, got16)
         out.append(BatchProof(k, finite, cos, rel, fp32_rel, first if not finite else ""))
     return out
 
@@ -234,8 +203,8 @@ def input_rounding_cosine(model: nn.Module, batch) -> float:
     float output): what rounding the input alone costs any FP16 run, which no patch changes
     (PESTO on a gated tone: 0.998 with the whole model in FP32)."""
     device = _device(model)
-    want = _floats(call_model(model, _to(batch, device=device)))
-    got = _floats(call_model(model, _to(fp16_rounded(batch), device=device)))
+    want = float_outputs(call_model(model, _to(batch, device=device)))
+    got = float_outputs(call_model(model, _to(fp16_rounded(batch), device=device)))
     cos = 1.0
     for a, b in zip(want, got):
         ok = torch.isfinite(a) & torch.isfinite(b)

@@ -20,48 +20,21 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
-from fp16lens._core.sites import FP16_RUN_FLUSHED, FindingKind, Mechanism, site_module
-from fp16lens._trace import call_model
+from fp16lens._core.sites import (
+    FP16_RUN_FLUSHED,
+    FP16_RUN_HALF_FAILS,
+    FindingKind,
+    Mechanism,
+    site_module,
+)
+from fp16lens._trace import HALF_FAILS, call_model, float_outputs
 from fp16lens.report import Finding, Report
 from fp16lens.watch.onnx._fp16run import MAX_BATCHES, MIN_COSINE, flushed_at
-
-NORMAL = 2.0**-14  # FP16's smallest normal: two outputs both below it count as equal
 
 
 def _copy(a: Any) -> Any:
     """A tensor input kept for the check: detached and copied (a loader may reuse it)."""
     return a.detach().clone() if torch.is_tensor(a) else a
-
-
-def _floats(out: Any) -> list[torch.Tensor]:
-    return [t for t in tree_flatten(out)[0] if torch.is_tensor(t) and t.is_floating_point()]
-
-
-def _stored(a: torch.Tensor) -> torch.Tensor:
-    """FP32 outputs as an FP16 output holds them below 2^-14 (a score of 1e-8 is 0 in any
-    FP16 model: a cosine of 0 against it says nothing); elsewhere as they are."""
-    return torch.where(a.abs() < NORMAL, a.half().double(), a)
-
-
-def compare(want: list[torch.Tensor], got: list[torch.Tensor]) -> tuple[bool, float]:
-    """(finite, worst cosine) of FP16 outputs ``got`` against FP32 outputs ``want``, where
-    FP32 is finite; outputs both below FP16's normal range count as equal."""
-    if len(got) != len(want):
-        return False, float("nan")
-    cos = 1.0
-    for a, b in zip(want, got):
-        a, b = a.detach().double().cpu(), b.detach().double().cpu()
-        if a.shape != b.shape:
-            return False, float("nan")
-        ok = torch.isfinite(a)
-        a, b = _stored(a[ok]), b[ok]
-        if not bool(torch.isfinite(b).all()):
-            return False, float("nan")
-        if not a.numel() or (a.abs().max() < NORMAL and b.abs().max() < NORMAL):
-            continue
-        na, nb = float(a.norm()), float(b.norm())
-        cos = min(cos, 0.0 if na == 0 or nb == 0 else float(a @ b) / (na * nb))
-    return True, cos
 
 
 class TorchFp16Run:
@@ -93,7 +66,7 @@ class TorchFp16Run:
     def step(self, batch: Any, out: Any = None) -> None:
         """Keep ``batch`` and its FP32 outputs ``out`` (None: computed by ``settle``)."""
         if len(self.kept) < MAX_BATCHES:
-            outs = None if out is None else [t.detach().clone() for t in _floats(out)]
+            outs = None if out is None else [t.detach().clone() for t in float_outputs(out)]
             self.kept.append((tree_map(_copy, batch), outs))
 
     @torch.no_grad()
@@ -123,7 +96,7 @@ class TorchFp16Run:
         finite, cos, k, first = worst
         if k < 0 or (finite and cos >= MIN_COSINE):
             return
-        broken = first.startswith("(.half() fails")
+        broken = first.startswith(HALF_FAILS)
         what = (
             f"cosine {cos:.6f} < {MIN_COSINE}"
             if finite
@@ -171,7 +144,9 @@ class TorchFp16Run:
                 kind=FindingKind.FP16_RUN,
                 peak=cos if finite else float("nan"),
                 batch=k,
-                tensor=FP16_RUN_FLUSHED if flushing else "precision",
+                tensor=(
+                    FP16_RUN_FLUSHED if flushing else FP16_RUN_HALF_FAILS if broken else "precision"
+                ),
                 detail=(
                     f"the model cannot run in FP16 on batch {k}: {first[1:-1]}"
                     if broken
@@ -194,14 +169,14 @@ class TorchFp16Run:
         if training or any(out is None for _, out in kept):
             model = copy.deepcopy(self.model).eval()
         wants = [
-            out if out is not None and not training else _floats(call_model(model, batch))
+            out if out is not None and not training else float_outputs(call_model(model, batch))
             for batch, out in kept
         ]
         runner = Fp16Runner(model)
         worst = (True, 1.0, -1, "")
         for k, ((batch, _), want) in enumerate(zip(kept, wants)):
             got, first = runner.run(batch)
-            finite, cos = compare(want, got)
+            finite, cos, _ = runner.parity(want, got)
             if (finite, cos) < worst[:2]:
                 worst = (finite, cos, k, first)
         return worst, runner, model

@@ -30,7 +30,7 @@ class Lens:
         self._params: list = []
         self._report: Report | None = None
         self._entered = contextlib.ExitStack()
-        self._fp16 = TorchFp16Run(model)  # the clean verdict checked in real FP16
+        self._fp16: TorchFp16Run | None = None  # the clean verdict's check: made on entry
 
     def __enter__(self) -> Lens:
         check_model(self.model)
@@ -40,7 +40,7 @@ class Lens:
         self._recorder = rec
         ACTIVE.add(self.model)
         self._entered = contextlib.ExitStack()
-        self._fp16 = TorchFp16Run(self.model)
+        self._fp16 = TorchFp16Run(self.model)  # the clean verdict checked in real FP16
         try:
             self._entered.enter_context(self._fp16.kept_from(self.model))  # the first batches
             self._entered.enter_context(rec.tracker)  # module hooks
@@ -90,6 +90,7 @@ class Lens:
             raise WatchError(
                 "no report yet: use `with fp16lens.watch(model) as lens:` and run the model inside"
             )
+        assert self._fp16 is not None  # a report exists only after a block
         self._fp16.settle(self._report)  # once, when the verdict is first read
         return self._report
 

@@ -743,3 +743,45 @@ def test_outputs_both_below_fp16s_normal_range_count_as_equal():
         assert bool((tiny == 0).all()) and 0 < float(model(x)[0].max()) < 2.0**-14
     (proof,) = prove_batches(model, model, [x], PatchOptions())
     assert proof.finite and proof.cosine > 0.999
+
+
+def test_the_cpu_proof_rounds_what_runs_after_an_fp32_span_as_half_does():
+    """An island kept FP32 by ``fp32_modules`` hands FP16 back after ``.half()``: what runs
+    after it is FP16 arithmetic, and the CPU proof must round it. It once traced ``.half()``
+    on ``meta`` without the cast, so the island handed FP32 on and every later op counted
+    as FP32: the proof read cosine 1.0 and called the fix proven where real ``.half()``
+    gives 0.92. Ground truth: the patched model's own ``.half()`` on the CPU."""
+    from fp16lens.patch import Fp16Runner
+
+    class Tail(nn.Module):  # FP16 holds 1000 + y to 0.5: y keeps about one bit
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(16, 16)
+
+        def forward(self, y):
+            return (self.lin(y) + 1000.0) - 1000.0
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.block = nn.Sequential(nn.Linear(16, 16), nn.Tanh())
+            self.tail = Tail()
+
+        def forward(self, x):
+            return self.tail(self.block(x))
+
+    torch.manual_seed(0)
+    model, x = Model().eval(), torch.randn(4, 16)
+    report = fp16lens.scan(model, [x], progress=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PatchWarning)  # no batches: not proven, says so
+        kept = fp16lens.patch(model, report, fp32_modules=["block"])
+    truth = _cos(model(x), _half(kept, x))
+    assert truth < 0.99  # the tail's FP16 precision, which no island upstream changes
+    got, first = Fp16Runner(kept).run(x)
+    assert not first and _cos(model(x), got[0]) == pytest.approx(truth, abs=1e-4)
+    # with batches, patch does not stop at the island: its proof fails there and it widens
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PatchWarning)
+        proven = fp16lens.patch(model, report, batches=[x], fp32_modules=["block"])
+    assert get_plan(proven).proven and _cos(model(x), _half(proven, x)) >= 0.999
