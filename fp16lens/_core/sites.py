@@ -129,6 +129,8 @@ class FindingKind(_Names):
 FP16_RUN_FLUSHED = "values flushed to 0"
 """An ``fp16-run`` finding's ``tensor`` where FP16 storage flushes what the outputs need
 (else "precision"): ``--fail-on underflow`` fails on it."""
+FP16_RUN_SHAPE = "output shape"
+"""An ``fp16-run`` finding's ``tensor`` where FP16 changes an output's shape (a loop's length)."""
 FP16_RUN_HALF_FAILS = "half fails"
 """An ``fp16-run`` finding's ``tensor`` where the model's ``.half()`` cannot run at all."""
 

@@ -36,6 +36,11 @@ _CHAIN = {
     "add": frozenset({"relu"}),
 }
 _HEADS = frozenset({"convolution", "addmm"})
+# ops whose FP16 CPU kernels read a scalar operand (a Python number, a 0-dim tensor, add's
+# alpha) as FP16, measured on torch 2.4 to 2.15 (mul and div keep it FP32): `s > 0.3`
+# compares with 0.2998, `x + 1000.3` adds 1000.5
+_COMPARE = frozenset({"gt", "ge", "lt", "le", "eq", "ne"})
+_FP16_SCALAR = _COMPARE | {"add", "sub", "rsub", "pow"}
 # a site flushes where FP16 storage rounds this share of its non-zero outputs to 0
 FLUSH_SHARE = 0.01
 
@@ -109,7 +114,32 @@ class StorageRounding(SiteTracer):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         self._continues = self.fusions and bool(self.pending) and self._chained(func, args, kwargs)
+        if op_name(func) in _FP16_SCALAR and not self.in_island:
+            args, kwargs = self._fp16_scalars(func, args, kwargs or {})
         return super().__torch_dispatch__(func, types, args, kwargs)
+
+    def _fp16_scalars(self, func, args, kwargs: dict) -> tuple[tuple, dict]:
+        """The scalar operands of an add, sub, pow or comparison as an FP16 kernel reads
+        them: rounded to FP16, where the op computes in FP16 (not where ``.half()`` runs it
+        in FP32; a comparison is judged by its tensor operand holding FP16 values)."""
+        tensors = [a for a in args if torch.is_tensor(a) and a.is_floating_point() and a.dim()]
+        if not tensors or tensors[0].dtype not in _STORED:
+            return args, kwargs
+        if op_name(func) in _COMPARE:
+            t = tensors[0]
+            if not torch.equal(t.to(torch.float16).to(t.dtype), t):
+                return args, kwargs  # an FP32 operand (the model's own upcast)
+        elif self.count[0] in self.fp32_ops:
+            return args, kwargs
+
+        def fp16(v):
+            if isinstance(v, float):
+                return float(torch.tensor(v, dtype=torch.float16))
+            if torch.is_tensor(v) and v.dim() == 0 and v.dtype in _STORED:
+                return v.to(torch.float16).to(v.dtype)
+            return v
+
+        return tuple(fp16(a) for a in args), {k: fp16(v) for k, v in kwargs.items()}
 
     def _chained(self, func, args, kwargs) -> bool:
         """Whether an input of this op is a pending tensor whose chain this op continues."""

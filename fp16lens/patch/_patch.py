@@ -36,6 +36,7 @@ from fp16lens.patch._prove import (
     passes,
     prove_batches,
     rounding_reason,
+    shape_reason,
     spans_for_sites,
     statistics_problems,
 )
@@ -184,14 +185,19 @@ def _proven(model: nn.Module, report: Report, opts: PatchOptions, batches: list 
         input_rounding_cosine(model, batches[worst.batch]), opts.min_cosine, worst.cosine
     )
     beyond = None if rounding else input_range_reason(batches[worst.batch])
-    why = rounding or beyond or "the model is not FP16-safe anywhere; run it in FP32"
+    why = (
+        shape_reason(worst)
+        or rounding
+        or beyond
+        or "the model is not FP16-safe anywhere; run it in FP32"
+    )
     the_plan.unresolved.append(
         Unresolved(
             PROOF_SITE,
             (
                 f"real FP16 still fails on batch {worst.batch} after keeping "
                 f"{', '.join(dict.fromkeys(m or 'the model' for w in the_plan.widened for m in w.modules)) or 'nothing'} in FP32 "
-                f"({'non-finite at ' + (worst.first_nonfinite or '?') if not worst.finite else f'cosine {worst.cosine:.6f}'}): "
+                f"({worst.failure()}): "
                 f"{why}"
             ),
             INPUT_CAUSE if beyond else "",
@@ -203,7 +209,7 @@ def _proven(model: nn.Module, report: Report, opts: PatchOptions, batches: list 
 def _precision_note(the_plan: Plan, first: list[BatchProof] | None, opts: PatchOptions) -> None:
     """When the whole model ended FP32 although the first plan's real FP16 was finite on
     every batch, only short of the tolerance: say that it is precision, not range."""
-    if not first or not all(b.finite for b in first):
+    if not first or not all(b.finite and not b.shape for b in first):
         return
     if not any("" in w.modules for w in the_plan.widened):
         return

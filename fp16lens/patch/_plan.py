@@ -131,6 +131,16 @@ class BatchProof:
     max_rel: float  # largest |fp16 - fp32| over the FP32 output's largest |value| (worst output)
     fp32_rel: float  # the patched model's FP32 outputs against the original's (rescaling is exact)
     first_nonfinite: str = ""  # the first site whose FP16 output is inf/NaN ("" if none)
+    shape: str = ""  # an output whose shape FP16 changes (a loop's length), else ""
+
+    def failure(self) -> str:
+        """What failed, in a few words: the output whose shape FP16 changed, the first
+        non-finite site, or the cosine."""
+        if self.shape:
+            return self.shape
+        if not self.finite:
+            return f"non-finite at {self.first_nonfinite or '?'}"
+        return f"cosine {self.cosine:.6f}"
 
 
 @dataclass

@@ -15,7 +15,7 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -73,6 +73,15 @@ def _to(batch, dtype=None, device=None):
     return cast(batch)
 
 
+class Parity(NamedTuple):
+    """FP16 outputs against FP32 ones (``Fp16Runner.parity``)."""
+
+    finite: bool
+    cosine: float
+    max_rel: float
+    shape: str = ""  # an output whose shape FP16 changed, else ""
+
+
 class Fp16Runner:
     """The patched model in real FP16: ``.half()`` on a GPU, FP16 storage emulated on the CPU."""
 
@@ -106,29 +115,36 @@ class Fp16Runner:
         return [t.float() for t in float_outputs(out)], trace.first_nonfinite or ""
 
     @staticmethod
-    def parity(want: list[torch.Tensor], got: list[torch.Tensor]) -> tuple[bool, float, float]:
-        """(finite, worst cosine, worst relative error) of FP16 outputs ``got`` against FP32
-        outputs ``want``, where FP32 is finite. Outputs both below FP16's normal range count as
-        equal (a score of 0 against 6e-8), and the cosine reads FP32 below 2^-14 as FP16 holds
-        it. The one comparison of patch's proof and of the verdict's check in real FP16."""
+    def parity(want: list[torch.Tensor], got: list[torch.Tensor]) -> Parity:
+        """FP16 outputs ``got`` against FP32 outputs ``want``, where FP32 is finite. Outputs
+        both below FP16's normal range count as equal (a score of 0 against 6e-8), and the
+        cosine reads FP32 below 2^-14 as FP16 holds it. An output whose shape FP16 changed
+        (a decoder's loop stopping at another step) has no cosine: -1, and ``shape`` says
+        which. The one comparison of patch's proofs (torch and ONNX) and of the verdict's
+        check in real FP16."""
         if len(got) != len(want):
-            return False, float("nan"), float("inf")
-        cos, rel = 1.0, 0.0
-        for a, b in zip(want, got):
+            return Parity(False, float("nan"), float("inf"))
+        cos, rel, shape = 1.0, 0.0, ""
+        for i, (a, b) in enumerate(zip(want, got)):
             a, b = a.detach().float(), b.detach().float().to(a.device)
             if a.shape != b.shape:
-                return False, float("nan"), float("inf")
+                if not bool(torch.isfinite(b).all()) and bool(torch.isfinite(a).all()):
+                    return Parity(False, float("nan"), float("inf"))
+                shape = shape or (
+                    f"output {i} is {tuple(b.shape)} in FP16 against {tuple(a.shape)} in FP32"
+                )
+                cos, rel = -1.0, float("inf")
+                continue
             ok = torch.isfinite(a)
             a, b = a[ok], b[ok]
             if not bool(torch.isfinite(b).all()):
-                return False, float("nan"), float("inf")
-            if not a.numel() or (
-                float(a.abs().max()) < FP16_MIN_NORMAL and float(b.abs().max()) < FP16_MIN_NORMAL
-            ):
+                return Parity(False, float("nan"), float("inf"))
+            tiny = float(a.abs().max()) < FP16_MIN_NORMAL and float(b.abs().max()) < FP16_MIN_NORMAL
+            if not a.numel() or tiny:
                 continue
             cos = min(cos, _cosine(_stored(a), b))
             rel = max(rel, relative_error(a, b))
-        return True, cos, rel
+        return Parity(True, cos, rel, shape)
 
 
 def _half_fails(model: nn.Module, args, kwargs) -> str:
@@ -178,8 +194,9 @@ def prove_batches(
         got32 = float_outputs(call_model(patched, _to(scaled, device=device)))
         fp32_rel = max((relative_error(a, b.float()) for a, b in zip(want, got32)), default=0.0)
         got16, first = runner.run(scaled)
-        finite, cos, rel = runner.parity(want, got16)
-        out.append(BatchProof(k, finite, cos, rel, fp32_rel, first if not finite else ""))
+        p = runner.parity(want, got16)
+        first = first if not p.finite else ""
+        out.append(BatchProof(k, p.finite, p.cosine, p.max_rel, fp32_rel, first, p.shape))
     return out
 
 
@@ -207,9 +224,22 @@ def input_rounding_cosine(model: nn.Module, batch) -> float:
     got = float_outputs(call_model(model, _to(fp16_rounded(batch), device=device)))
     cos = 1.0
     for a, b in zip(want, got):
+        if a.shape != b.shape:  # the rounding alone changes an output's length
+            return -1.0
         ok = torch.isfinite(a) & torch.isfinite(b)
         cos = min(cos, _cosine(a[ok].float(), b[ok].float()))
     return cos
+
+
+def shape_reason(proof: BatchProof) -> str | None:
+    """Why a proof whose output changed its shape in FP16 fails (None where none did)."""
+    if not proof.shape:
+        return None
+    return (
+        "FP16's rounding changes a decision that sets an output's length (a decoder's stop, "
+        "a data-dependent shape), so no cosine can compare it; check the task metric in "
+        "FP16 (fp16lens.verify), or run it in FP32"
+    )
 
 
 def rounding_reason(inherent: float, min_cosine: float, reached: float) -> str | None:

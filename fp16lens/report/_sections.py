@@ -7,7 +7,13 @@ import math
 from rich.console import Group, RenderableType
 from rich.text import Text
 
-from fp16lens._core.sites import FP16_RUN_FLUSHED, FP16_RUN_HALF_FAILS, FindingKind, Mechanism
+from fp16lens._core.sites import (
+    FP16_RUN_FLUSHED,
+    FP16_RUN_HALF_FAILS,
+    FP16_RUN_SHAPE,
+    FindingKind,
+    Mechanism,
+)
 from fp16lens.report import _fmt
 from fp16lens.report._blocks import ViewOptions, fix_line, heading, indent, more, peak_key
 from fp16lens.report._model import Report, SiteStats, Span
@@ -50,6 +56,8 @@ def _fp16_run_words(f) -> str:
         return (
             "cannot run in FP16" if f.tensor == FP16_RUN_HALF_FAILS else "not finite in real FP16"
         )
+    if f.tensor == FP16_RUN_SHAPE:
+        return "an output's length changes in real FP16"
     what = "values FP16 flushes to 0" if f.tensor == FP16_RUN_FLUSHED else "FP16 precision"
     return f"{what}: cosine {f.peak:.4g} in real FP16"
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import copy
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
@@ -23,13 +23,17 @@ from torch.utils._pytree import tree_flatten, tree_map
 from fp16lens._core.sites import (
     FP16_RUN_FLUSHED,
     FP16_RUN_HALF_FAILS,
+    FP16_RUN_SHAPE,
     FindingKind,
     Mechanism,
     site_module,
 )
 from fp16lens._trace import HALF_FAILS, call_model, float_outputs
 from fp16lens.report import Finding, Report
-from fp16lens.watch.onnx._fp16run import MAX_BATCHES, MIN_COSINE, flushed_at
+
+if TYPE_CHECKING:
+    from fp16lens.patch import BatchProof
+from fp16lens.watch.onnx._fp16run import MAX_BATCHES, MIN_COSINE, flushed_at, lost_cause
 
 
 def _copy(a: Any) -> Any:
@@ -93,12 +97,14 @@ class TorchFp16Run:
                 )
             )
             return
-        finite, cos, k, first = worst
-        if k < 0 or (finite and cos >= MIN_COSINE):
+        if worst is None or (worst.finite and worst.cosine >= MIN_COSINE):
             return
+        finite, cos, k, first = worst.finite, worst.cosine, worst.batch, worst.first_nonfinite
         broken = first.startswith(HALF_FAILS)
         what = (
-            f"cosine {cos:.6f} < {MIN_COSINE}"
+            worst.failure()
+            if worst.shape
+            else f"cosine {cos:.6f} < {MIN_COSINE}"
             if finite
             else f"inf/NaN at the outputs (first at {first or '?'})"
         )
@@ -110,10 +116,7 @@ class TorchFp16Run:
         except Exception:  # the verdict stands; only the sites go unnamed
             flushing = []
         modules = list(dict.fromkeys(site_module(s) for s, _ in flushing if site_module(s)))
-        if flushing:
-            cause = flushed_at(flushing)
-        else:
-            cause = "FP16's precision (11 significant bits) is what it loses"
+        cause = flushed_at(flushing) if flushing else lost_cause(worst)
         if modules:
             fix = (
                 f"keep {', '.join(modules[:4])} in FP32 (patch(model, batches, "
@@ -133,7 +136,8 @@ class TorchFp16Run:
             )
         else:
             fix = (
-                "FP16 keeps 11 significant bits at any scale: check the task metric in FP16 "
+                "FP16 keeps 11 significant bits at any scale and a decision near a tie can "
+                "flip: check the task metric in FP16 "
                 "(fp16lens.verify), or keep in FP32 what the tolerance needs "
                 "(patch(model, report, batches=...) widens FP32 until its proof passes)"
             )
@@ -145,7 +149,13 @@ class TorchFp16Run:
                 peak=cos if finite else float("nan"),
                 batch=k,
                 tensor=(
-                    FP16_RUN_FLUSHED if flushing else FP16_RUN_HALF_FAILS if broken else "precision"
+                    FP16_RUN_FLUSHED
+                    if flushing
+                    else FP16_RUN_HALF_FAILS
+                    if broken
+                    else FP16_RUN_SHAPE
+                    if worst.shape
+                    else "precision"
                 ),
                 detail=(
                     f"the model cannot run in FP16 on batch {k}: {first[1:-1]}"
@@ -157,12 +167,12 @@ class TorchFp16Run:
             )
         )
 
-    def _worst(self, kept: list) -> tuple[tuple[bool, float, int, str], Any, torch.nn.Module]:
-        """(finite, worst cosine, batch, first non-finite site) over the kept batches, the
-        FP16 runner and the FP32 model it copies. FP32 outputs are the watched forward's; a
-        model in training mode (dropout, batch statistics) is compared as an eval copy
-        with itself, as ``.half()`` deploys it."""
-        from fp16lens.patch import Fp16Runner
+    def _worst(self, kept: list) -> tuple[BatchProof | None, Any, torch.nn.Module]:
+        """The worst kept batch's proof (None without batches), the FP16 runner and the
+        FP32 model it copies. FP32 outputs are the watched forward's; a model in training
+        mode (dropout, batch statistics) is compared as an eval copy with itself, as
+        ``.half()`` deploys it."""
+        from fp16lens.patch import BatchProof, Fp16Runner
 
         training = any(m.training for m in self.model.modules())
         model = self.model
@@ -173,10 +183,11 @@ class TorchFp16Run:
             for batch, out in kept
         ]
         runner = Fp16Runner(model)
-        worst = (True, 1.0, -1, "")
+        worst = None
         for k, ((batch, _), want) in enumerate(zip(kept, wants)):
             got, first = runner.run(batch)
-            finite, cos, _ = runner.parity(want, got)
-            if (finite, cos) < worst[:2]:
-                worst = (finite, cos, k, first)
+            p = runner.parity(want, got)
+            proof = BatchProof(k, p.finite, p.cosine, p.max_rel, 0.0, first, p.shape)
+            if worst is None or (p.finite, p.cosine) < (worst.finite, worst.cosine):
+                worst = proof
         return worst, runner, model

@@ -139,7 +139,13 @@ def _mypy(paths: list[Path], cache: Path) -> subprocess.CompletedProcess:
     )
 
 
-def test_readme_and_docs_python_pass_mypy(tmp_path):
+@pytest.fixture(scope="module")
+def mypy_cache(tmp_path_factory) -> Path:
+    """One mypy cache for both runs: the second reads torch's and numpy's analysis from it."""
+    return tmp_path_factory.mktemp("mypy-cache")
+
+
+def test_readme_and_docs_python_pass_mypy(tmp_path, mypy_cache):
     pytest.importorskip("mypy", reason="pip install -e '.[test]' (or mypy==1.18.2)")
     scripts = []
     for page in PAGES:
@@ -148,11 +154,11 @@ def test_readme_and_docs_python_pass_mypy(tmp_path):
             scripts.append(tmp_path / f"{page.stem.lower()}_snippets.py")
             scripts[-1].write_text(text)
     assert any(p.name == "readme_snippets.py" for p in scripts) and len(scripts) >= 3
-    done = _mypy(scripts, tmp_path / "cache")
+    done = _mypy(scripts, mypy_cache)
     assert done.returncode == 0, done.stdout + done.stderr
 
 
-def test_mypy_sees_the_entry_points_signatures(tmp_path):
+def test_mypy_sees_the_entry_points_signatures(tmp_path, mypy_cache):
     """The check can fail: a wrong call of each entry point is an error mypy reports."""
     pytest.importorskip("mypy", reason="pip install -e '.[test]' (or mypy==1.18.2)")
     bad = tmp_path / "bad.py"
@@ -168,7 +174,7 @@ def test_mypy_sees_the_entry_points_signatures(tmp_path):
             "n: int = fp16lens.verify(model, model, batches)\n"
         )
     )
-    done = _mypy([bad], tmp_path / "cache")
+    done = _mypy([bad], mypy_cache)
     lines = {int(m.group(1)) for m in re.finditer(r"bad\.py:(\d+): error", done.stdout)}
     first = PRELUDE.count("\n") + 1
     assert lines == set(range(first, first + 7)), done.stdout + done.stderr

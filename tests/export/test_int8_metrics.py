@@ -78,7 +78,9 @@ def test_ctc_margin_target_holds_on_held_out_lines_and_names_what_it_keeps():
         pytest.skip(str(exc))
     proto = prepared(onnx.load(case.path))
     name_nodes(proto.graph)
-    searcher = make_searcher(proto, list(case.cal), search_batches=2)
+    # as export(..., target=) searches, without centring (with it, centring is left out
+    # on this graph: the same plan, in twice the time)
+    searcher = make_searcher(proto, list(case.cal), search_batches=2, centre=False)
     target = Int8Target(0.96, ctc_margin, "CTC margin kept")
     plan = searcher.fallback(target, max_fallback=0.1)
 

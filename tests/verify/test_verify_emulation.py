@@ -127,3 +127,32 @@ def test_emulation_respects_fp32_islands_like_half_does():
     torch.testing.assert_close(emulated, real, rtol=2e-3, atol=0)
     trace = TorchEmulated(model).first_nonfinite((x,))
     assert trace.first_nonfinite is None
+
+
+class _Scalars(nn.Module):
+    """FP16 kernels read the scalar of an add, sub, pow or comparison as FP16 (0.3 is
+    0.2998, 1000.3 is 1000.5) and that of a mul or div as FP32; each output here moves
+    where the emulation reads the scalar the other way."""
+
+    def forward(self, x):
+        s = x * 8.0 + 1000.0  # values on FP16's 0.5 grid near 1000
+        keep = (s > 1000.3).float()  # 1000.5 passes only with an FP32 threshold
+        shifted = (x + 1000.3) - 1000.0  # 1000.3 adds as 1000.5
+        root = x.abs() ** 0.1  # 0.1 as FP16 is 0.09998
+        mixed = torch.add(x, x, alpha=0.3) - torch.tensor(0.3)  # alpha and a 0-dim tensor
+        return keep, shifted, root, mixed, x * 1.0004  # mul keeps its FP32 scalar
+
+
+def test_emulation_reads_scalar_operands_as_fp16_kernels_do():
+    """Ground truth: the model's own ``.half()`` on the CPU, bit for bit (the same kernels
+    on torch 2.4 to 2.15). Reading every scalar as FP32 got the threshold's mask, the
+    shift and the root wrong: a mask of 85 kept values against real FP16's 20 in a model
+    that keeps scores above a threshold."""
+    torch.manual_seed(0)
+    model, x = _Scalars().eval(), torch.randn(4, 256)
+    real = [t.float() for t in TorchFp16(model).run((x,))]
+    emulated = TorchEmulated(model).run((x,))
+    for k, (a, b) in enumerate(zip(real, emulated)):
+        assert torch.equal(a, b.float()), k
+    fp32 = model(x)
+    assert not torch.equal(fp32[0], real[0])  # the threshold's premise: the mask moves

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import json
+import warnings
 from pathlib import Path
 
 import pytest
@@ -65,6 +66,19 @@ class Mixed(nn.Module):
 
     def forward(self, x):
         return self.lin(x) @ torch.eye(16)
+
+
+class Stops(nn.Module):
+    """Keeps the scores of lin(x) + 1000 above 1000.3: FP16 holds them to 0.5 and reads the
+    threshold as 1000.5, so its output has another length (as a decoder stops elsewhere)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(16, 64)
+
+    def forward(self, x):
+        s = self.lin(x) + 1000.0
+        return s[s > 1000.3] - 1000.0
 
 
 class Clean(nn.Module):
@@ -162,7 +176,29 @@ def test_a_forward_that_half_cannot_run_is_no_clean_verdict():
     report = fp16lens.scan(model, batches, progress=False)
     (f,) = [f for f in report.findings if f.kind == "fp16-run"]
     assert "cannot run in FP16" in f.detail and "dtype=x.dtype" in f.fix
+    assert f.tensor == "half fails"  # what the verdict line reads, not the detail's words
     assert _verdict(report).startswith("✗ Mixed: cannot run in FP16,")
+
+
+def test_an_output_whose_length_fp16_changes_is_named_so_and_patch_proves_the_fix():
+    """Not 'inf/NaN at ?': the output's shape, FP16's against FP32's (ground truth: the
+    model's own .half()); patch with batches keeps FP32 what it must and the fixed model's
+    .half() gives FP32's length."""
+    model, batches = _build(Stops)
+    with torch.no_grad():
+        want, half = model(batches[0]), copy.deepcopy(model).half()(batches[0].half())
+    assert want.shape != half.shape  # ground truth
+    report = fp16lens.scan(model, batches, progress=False)
+    (f,) = [f for f in report.findings if f.kind == "fp16-run"]
+    assert f.tensor == "output shape" and "inf/NaN" not in f.detail
+    assert f"is {tuple(half.shape)} in FP16 against {tuple(want.shape)} in FP32" in f.detail
+    assert _verdict(report).startswith("✗ Stops: an output's length changes in real FP16,")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # it says it kept the whole model FP32
+        patched = fp16lens.patch(model, report, batches=batches)
+    assert fp16lens.get_plan(patched).proven
+    with torch.no_grad():
+        assert copy.deepcopy(patched).half()(batches[0].half()).shape == want.shape
 
 
 @pytest.mark.parametrize("training", [False, True])

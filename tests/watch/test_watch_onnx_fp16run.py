@@ -104,3 +104,47 @@ def test_patch_keeps_fp32_where_fp16_storage_flushes_and_proves_it(tmp_path):
     unseen = {"x": np.random.default_rng(1).uniform(1e-5, 2e-4, (4, 64)).astype(np.float32)}
     (got,) = zoo_real.onnx_fp16_file_real(str(art.path), unseen).values()
     assert _cosine(unseen["x"].astype(np.float64) ** 2 * 6e4, got) > 0.9999
+
+
+def test_an_output_whose_length_fp16_changes_is_named_so_by_scan_and_patch(tmp_path):
+    """Compress keeps the values of x·8 + 1000 above 1000.3: FP16 stores them on a 0.5 grid
+    and the threshold as 1000.5, so its output is shorter (as a decoder's loop stops
+    elsewhere; SLANet-plus on raw pixels: 501 steps against 163). Ground truth: the graph's
+    real FP16 storage. Not 'non-finite at ?': the scan and patch's proof name the shapes."""
+    import warnings
+
+    import onnx
+
+    graph = _model(
+        [
+            helper.make_node("Mul", ["x", "eight"], ["x8"], name="gain"),
+            helper.make_node("Add", ["x8", "thousand"], ["s"], name="shift"),
+            helper.make_node("Greater", ["s", "bar"], ["keep"], name="above"),
+            helper.make_node("Compress", ["s", "keep"], ["y"], name="kept"),
+        ],
+        [
+            numpy_helper.from_array(np.array(8.0, np.float32), "eight"),
+            numpy_helper.from_array(np.array(1000.0, np.float32), "thousand"),
+            numpy_helper.from_array(np.array(1000.3, np.float32), "bar"),
+        ],
+        shape=(4, 64),
+        out_shape=("n",),
+    )
+    path = str(tmp_path / "g.onnx")
+    onnx.save(graph, path)
+    feed = {"x": np.random.default_rng(0).standard_normal((4, 64)).astype(np.float32)}
+    import onnxruntime as ort
+
+    (fp32,) = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, feed)
+    (half,) = zoo_real.onnx_real_fp16(path, feed).values()
+    assert half.shape != fp32.shape  # ground truth
+    report = fp16lens.scan(path, [feed], progress=False)
+    (f,) = report.findings
+    assert (f.kind, f.tensor) == ("fp16-run", "output shape") and "inf/NaN" not in f.detail
+    assert f"is {half.shape} in FP16 against {fp32.shape} in FP32" in f.detail
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fp16lens.patch(path, report, batches=[feed])
+    said = " ".join(str(w.message) for w in caught)
+    assert "non-finite" not in said and f"against {fp32.shape} in FP32" in said
+    assert "changes a decision that sets an output's length" in said

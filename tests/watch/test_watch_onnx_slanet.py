@@ -57,14 +57,29 @@ def test_slanet_clean_as_fed_gets_a_clean_verdict_and_exports(tmp_path, capsys):
         assert np.array_equal(_tokens(got), _tokens(refs[kind])), kind
 
 
-def test_slanet_on_raw_pixels_is_found_broken():
-    """Raw 0-255 pixels: real FP16 is NaN; the scan says so with spans in the backbone."""
+def test_slanet_on_raw_pixels_is_found_broken_and_patch_says_why_it_stays_so():
+    """Raw 0-255 pixels: real FP16 is NaN; the scan says so with spans in the backbone.
+    With every span FP32 the patched graph is finite but its decoder stops elsewhere (163
+    steps in FP32, 501 in FP16): FP32 itself is that chaotic on raw pixels (0.1% noise on
+    the input stops it after 18 steps), so no FP16 run can follow it. patch says so, with
+    the shapes, not "non-finite at ?" as it did."""
+    import warnings
+
     path = zoo_real.or_skip(zoo_real.slanet_plus)
     feed = {"x": zoo_real.or_skip(zoo_real.table_image, True)}
     half = list(zoo_real.onnx_real_fp16(path, feed).values())
     assert not np.isfinite(half[1]).all()
     report = fp16lens.scan(path, [feed], progress=False)
     assert report.spans and not report.clean
+    sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    steps = sess.run(None, feed)[1].shape
+    noisy = feed["x"] * (1 + 1e-3 * np.random.default_rng(0).standard_normal(feed["x"].shape))
+    assert sess.run(None, {"x": noisy.astype(np.float32)})[1].shape != steps  # chaotic
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fp16lens.patch(path, report, batches=[feed])
+    said = " ".join(str(w.message) for w in caught)
+    assert f"against (1, {steps[1]}, " in said and "non-finite" not in said
 
 
 def _graph(big: float, op: str):

@@ -17,7 +17,7 @@ import torch
 from fp16lens.patch._check import relative_error
 from fp16lens.patch._emulate import FLUSH_SHARE
 from fp16lens.patch._plan import BatchProof
-from fp16lens.patch._prove import admitting
+from fp16lens.patch._prove import Fp16Runner, admitting
 from fp16lens.patch.onnx._graph import onnx_module, read
 
 _FLOAT, _HALF = 1, 10
@@ -140,6 +140,8 @@ def _worst_cosine(want: list, got: list) -> float:
     for a, b in zip(want, got):
         a, b = np.asarray(a), np.asarray(b)
         if np.issubdtype(a.dtype, np.floating):
+            if a.shape != b.shape:  # an output's length changed
+                return -1.0
             ok = np.isfinite(a) & np.isfinite(b)
             cos = min(cos, _cosine(a[ok], b[ok]))
     return cos
@@ -228,22 +230,12 @@ def prove_graph(original, patched, feeds: list[dict]) -> list[BatchProof]:
             ),
             default=0.0,
         )
-        finite, cos, rel = True, 1.0, 0.0
-        for i in floats:
-            a, b = _stored(np.asarray(want[i], dtype=np.float64)), np.asarray(got16[i], np.float64)
-            ok = np.isfinite(a)
-            if a.shape != b.shape or not np.isfinite(b[ok]).all():
-                finite = False
-                continue
-            if _below_fp16(a[ok]) and _below_fp16(b[ok]):
-                continue  # both below FP16's normal range (a score of 0 against 6e-8): equal
-            cos = min(cos, _cosine(a[ok], b[ok]))
-            rel = max(rel, relative_error(torch.from_numpy(a[ok]), torch.from_numpy(b[ok])))
-        first = ""
-        if not finite:
-            cos, rel = float("nan"), float("inf")
-            first = _first_nonfinite(emulated, rounded, feed)
-        out.append(BatchProof(k, finite, cos, rel, fp32_rel, first))
+        p = Fp16Runner.parity(
+            [torch.from_numpy(np.asarray(want[i], dtype=np.float64)) for i in floats],
+            [torch.from_numpy(np.asarray(got16[i], dtype=np.float64)) for i in floats],
+        )
+        first = "" if p.finite else _first_nonfinite(emulated, rounded, feed)
+        out.append(BatchProof(k, p.finite, p.cosine, p.max_rel, fp32_rel, first, p.shape))
     return out
 
 
@@ -281,18 +273,6 @@ def storage_pairs(emulated) -> list[tuple[str, str, str]]:
             site = names.get(id(up), raw) if up is not None else raw
             out.append((site, raw, back[node.output[0]]))
     return out
-
-
-def _below_fp16(a: np.ndarray) -> bool:
-    return a.size == 0 or float(np.abs(a).max()) < 2.0**-14
-
-
-def _stored(a: np.ndarray) -> np.ndarray:
-    """FP32 outputs as an FP16 output holds them where they are below 2^-14 (a score of
-    1e-8 is 0 in any FP16 graph: against it, a cosine of 0 says nothing); elsewhere as
-    they are, so an output beyond 65504 stays a failure."""
-    tiny = np.abs(a) < 2.0**-14
-    return np.where(tiny, a.astype(np.float16).astype(np.float64), a)
 
 
 def _first_nonfinite(emulated, rounded, feed) -> str:

@@ -283,7 +283,7 @@ def _flush_islands(original, report, options, feeds, m, the_plan, drop, worst):
     names = ", ".join(f"{s} ({100 * share:.3g}%)" for s, share in flushing[:4])
     plan2.notes = [
         *the_plan.notes,
-        f"real FP16 was finite but short (cosine {worst.cosine:.6f}): FP16 storage rounds "
+        f"real FP16 was finite but short ({worst.failure()}): FP16 storage rounds "
         f"non-zero values to 0 at {names}; kept FP32 from there to where the values are "
         f"back in range: {', '.join(island)}",
     ]
@@ -330,7 +330,7 @@ def _proven(original, report, options, feeds, m, the_plan, drop):
         plan2.fp32_checked = True
         plan2.notes = [
             *the_plan.notes,
-            f"real FP16 failed ({failed[0].first_nonfinite or 'parity'}); kept "
+            f"real FP16 failed ({failed[0].failure()}); kept "
             f"{'every span' if nxt == (-1,) else 'spans ' + ', '.join(map(str, nxt))} as FP32 nodes",
         ]
         m, the_plan, drop = m2, plan2, nxt
@@ -339,7 +339,12 @@ def _proven(original, report, options, feeds, m, the_plan, drop):
         flushed = _flush_islands(original, report, options, feeds, m, the_plan, drop, worst)
         if flushed is not None:
             return flushed
-    from fp16lens.patch._prove import admitting, input_range_reason, rounding_reason
+    from fp16lens.patch._prove import (
+        admitting,
+        input_range_reason,
+        rounding_reason,
+        shape_reason,
+    )
     from fp16lens.patch.onnx._fp16 import input_rounding_cosine, step_reason, step_rounding
 
     # finite, short of the tolerance: is it the input's own rounding?
@@ -355,18 +360,29 @@ def _proven(original, report, options, feeds, m, the_plan, drop):
             *step_rounding(original, feeds[worst.batch]), options.min_cosine, worst.cosine
         )
     )
-    precision = worst.finite and (
-        "real FP16 of the patched graph is finite, short only in precision (FP16 keeps 11 "
-        "significant bits, which no island around a span changes); run the graph in FP32, "
-        f"or patch(..., min_cosine={admitting(worst.cosine)}) accepts what that costs"
+    precision = (
+        worst.finite
+        and not worst.shape
+        and (
+            "real FP16 of the patched graph is finite, short only in precision (FP16 keeps 11 "
+            "significant bits, which no island around a span changes); run the graph in FP32, "
+            f"or patch(..., min_cosine={admitting(worst.cosine)}) accepts what that costs"
+        )
     )
-    why = rounding or beyond or steps or precision or "the graph is not FP16-safe; run it in FP32"
+    why = (
+        shape_reason(worst)
+        or rounding
+        or beyond
+        or steps
+        or precision
+        or "the graph is not FP16-safe; run it in FP32"
+    )
     the_plan.unresolved.append(
         Unresolved(
             PROOF_SITE,
             (
                 f"the patched graph in FP16 still fails on batch {worst.batch} "
-                f"({'non-finite at ' + (worst.first_nonfinite or '?') if not worst.finite else f'cosine {worst.cosine:.6f}'}) "
+                f"({worst.failure()}) "
                 f"with every span kept FP32: {why}"
             ),
             INPUT_CAUSE if beyond else "",

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fp16lens._core.sites import FP16_RUN_FLUSHED, FindingKind, Mechanism
+from fp16lens._core.sites import FP16_RUN_FLUSHED, FP16_RUN_SHAPE, FindingKind, Mechanism
 from fp16lens.report import Finding, Report
 from fp16lens.watch.onnx._graph import OnnxGraph
 from fp16lens.watch.onnx._run import feed
@@ -28,6 +28,17 @@ def flushed_at(flushing: list[tuple[str, float]]) -> str:
         f"its FP16 storage rounds non-zero values below 2^-24 to 0 at {names}{more}, and what "
         "they carried reaches the outputs"
     )
+
+
+def lost_cause(proof) -> str:
+    """What an ``fp16-run`` finding says FP16 loses where nothing flushes: an output's
+    length (``proof.shape``), else precision."""
+    if proof.shape:
+        return (
+            "FP16's rounding changes a decision that sets that length (a decoder's stop, a "
+            "data-dependent shape)"
+        )
+    return "FP16's precision (11 significant bits) is what it loses"
 
 
 class Fp16Run:
@@ -53,7 +64,9 @@ class Fp16Run:
         if worst.finite and worst.cosine >= MIN_COSINE:
             return
         got = (
-            f"cosine {worst.cosine:.6f} < {MIN_COSINE}"
+            worst.failure()
+            if worst.shape
+            else f"cosine {worst.cosine:.6f} < {MIN_COSINE}"
             if worst.finite
             else f"inf/NaN at the outputs (first at {worst.first_nonfinite or '?'})"
         )
@@ -64,7 +77,7 @@ class Fp16Run:
                 f"FP16's range: fp32_nodes={island}"
             )
         else:
-            cause = "FP16's precision (11 significant bits) is what it loses"
+            cause = lost_cause(worst)
         report.findings.append(
             Finding(
                 site=flushing[0][0] if flushing else worst.first_nonfinite,
@@ -72,7 +85,9 @@ class Fp16Run:
                 kind=FindingKind.FP16_RUN,
                 peak=worst.cosine if worst.finite else float("nan"),
                 batch=worst.batch,
-                tensor=FP16_RUN_FLUSHED if flushing else "precision",
+                tensor=(
+                    FP16_RUN_FLUSHED if flushing else FP16_RUN_SHAPE if worst.shape else "precision"
+                ),
                 detail=(
                     f"the graph with every stored tensor in FP16 gives {got} on batch "
                     f"{worst.batch}, though no stored value passes 65504 and no flushed value "
