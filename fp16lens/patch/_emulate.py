@@ -40,7 +40,7 @@ _HEADS = frozenset({"convolution", "addmm"})
 # alpha) as FP16, measured on torch 2.4 to 2.15 (mul and div keep it FP32): `s > 0.3`
 # compares with 0.2998, `x + 1000.3` adds 1000.5
 _COMPARE = frozenset({"gt", "ge", "lt", "le", "eq", "ne"})
-_FP16_SCALAR = _COMPARE | {"add", "sub", "rsub", "pow"}
+_FP16_SCALAR = _COMPARE | {"add", "sub", "rsub", "pow", "fmod", "remainder"}
 # a site flushes where FP16 storage rounds this share of its non-zero outputs to 0
 FLUSH_SHARE = 0.01
 
