@@ -36,6 +36,7 @@ from fp16lens.patch._prove import (
     passes,
     prove_batches,
     rounding_reason,
+    shape_jitter,
     shape_reason,
     spans_for_sites,
     statistics_problems,
@@ -185,8 +186,9 @@ def _proven(model: nn.Module, report: Report, opts: PatchOptions, batches: list 
         input_rounding_cosine(model, batches[worst.batch]), opts.min_cosine, worst.cosine
     )
     beyond = None if rounding else input_range_reason(batches[worst.batch])
+    jittered = shape_jitter(model, batches[worst.batch]) if worst.shape else 0
     why = (
-        shape_reason(worst)
+        shape_reason(worst, jittered)
         or rounding
         or beyond
         or "the model is not FP16-safe anywhere; run it in FP32"

@@ -231,15 +231,52 @@ def input_rounding_cosine(model: nn.Module, batch) -> float:
     return cos
 
 
-def shape_reason(proof: BatchProof) -> str | None:
-    """Why a proof whose output changed its shape in FP16 fails (None where none did)."""
+JITTER_DRAWS = 4  # draws of the input moved by FP16's resolution, for a changed length
+FP16_RESOLUTION = 2.0**-11  # FP16's relative spacing: a value moves this much in storage
+
+
+def shape_reason(proof: BatchProof, jittered: int = 0) -> str | None:
+    """Why a proof whose output changed its shape in FP16 fails (None where none did);
+    ``jittered``: of ``JITTER_DRAWS`` draws of the input moved by FP16's resolution, how
+    many change the length in FP32 itself (``shape_jitter``)."""
     if not proof.shape:
         return None
+    if jittered:
+        return (
+            f"FP32 itself gives another length on {jittered} of {JITTER_DRAWS} draws of this "
+            f"input moved by FP16's resolution ({FP16_RESOLUTION:.2g} of each value): a decision "
+            "that sets the length sits on an edge for this input, so no FP16 run can follow "
+            "it; feed the inputs the model expects (its preprocessing), check the task metric "
+            "in FP16 (fp16lens.verify), or run it in FP32"
+        )
     return (
         "FP16's rounding changes a decision that sets an output's length (a decoder's stop, "
         "a data-dependent shape), so no cosine can compare it; check the task metric in "
         "FP16 (fp16lens.verify), or run it in FP32"
     )
+
+
+@torch.no_grad()
+def shape_jitter(model: nn.Module, batch) -> int:
+    """Of ``JITTER_DRAWS`` draws of ``batch`` with each float value moved by up to FP16's
+    resolution (seeded), how many change an output's shape in FP32 itself."""
+    from torch.utils._pytree import tree_map
+
+    device = _device(model)
+    shapes = [t.shape for t in float_outputs(call_model(model, _to(batch, device=device)))]
+
+    def moved(t, g: torch.Generator):
+        if not (torch.is_tensor(t) and t.is_floating_point()):
+            return t
+        r = torch.rand(t.shape, generator=g, dtype=torch.float64) * 2 - 1
+        return (t.double().cpu() * (1 + FP16_RESOLUTION * r)).to(t.dtype).to(device)
+
+    changed = 0
+    for seed in range(JITTER_DRAWS):
+        g = torch.Generator().manual_seed(seed)
+        draw = tree_map(lambda t, g=g: moved(t, g), _to(batch, device=device))
+        changed += [t.shape for t in float_outputs(call_model(model, draw))] != shapes
+    return changed
 
 
 def rounding_reason(inherent: float, min_cosine: float, reached: float) -> str | None:

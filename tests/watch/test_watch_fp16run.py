@@ -267,3 +267,30 @@ def test_a_verdict_the_check_cannot_run_says_so_and_the_scan_still_ends():
     assert _verdict(report).startswith("? OneRun: ") and "not checked in real FP16" in (
         _verdict(report)
     )
+
+
+class Edge(nn.Module):
+    """An output length that the inputs' last bits decide (a decoder on inputs it was not
+    trained for): FP32 itself changes it when the input moves by FP16's resolution."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(16, 16)
+
+    def forward(self, x):
+        y = self.lin(x)
+        n = 4 + int(y.sum() * 1e4) % 9
+        return y.flatten()[:n]
+
+
+def test_where_fp32_itself_changes_the_length_under_fp16s_resolution_patch_says_so():
+    model, batches = _build(Edge)
+    with torch.no_grad():  # ground truth: real FP16's length is not FP32's
+        assert any(model(x).shape != copy.deepcopy(model).half()(x.half()).shape for x in batches)
+    report = fp16lens.scan(model, batches, progress=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        patched = fp16lens.patch(model, report, batches=batches)
+    said = " ".join(str(w.message) for w in caught)
+    assert not fp16lens.get_plan(patched).proven
+    assert "FP32 itself gives another length on" in said and "in FP16 against" in said

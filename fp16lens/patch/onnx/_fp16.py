@@ -103,6 +103,27 @@ def _session(proto):
     return session(proto)
 
 
+def shape_jitter(proto, feed: dict) -> int:
+    """Of ``JITTER_DRAWS`` draws of ``feed`` with each float value moved by up to FP16's
+    resolution (seeded), how many change an output's shape in FP32 itself (the ONNX twin
+    of ``patch._prove.shape_jitter``)."""
+    from fp16lens.patch._prove import FP16_RESOLUTION, JITTER_DRAWS
+
+    sess = _session(proto)
+    shapes = [np.shape(o) for o in sess.run(None, feed)]
+    changed = 0
+    for seed in range(JITTER_DRAWS):
+        rng = np.random.default_rng(seed)
+        moved = {
+            k: (v * (1 + FP16_RESOLUTION * rng.uniform(-1, 1, np.shape(v)))).astype(v.dtype)
+            if np.issubdtype(np.asarray(v).dtype, np.floating)
+            else v
+            for k, v in feed.items()
+        }
+        changed += [np.shape(o) for o in sess.run(None, moved)] != shapes
+    return changed
+
+
 def _round_feed(feed: dict) -> dict:
     """The feed as an FP16 graph receives it (inf where FP16 overflows, said nowhere else)."""
     with np.errstate(over="ignore"):

@@ -345,7 +345,12 @@ def _proven(original, report, options, feeds, m, the_plan, drop):
         rounding_reason,
         shape_reason,
     )
-    from fp16lens.patch.onnx._fp16 import input_rounding_cosine, step_reason, step_rounding
+    from fp16lens.patch.onnx._fp16 import (
+        input_rounding_cosine,
+        shape_jitter,
+        step_reason,
+        step_rounding,
+    )
 
     # finite, short of the tolerance: is it the input's own rounding?
     rounding = worst.finite and rounding_reason(
@@ -369,8 +374,9 @@ def _proven(original, report, options, feeds, m, the_plan, drop):
             f"or patch(..., min_cosine={admitting(worst.cosine)}) accepts what that costs"
         )
     )
+    jittered = shape_jitter(original, feeds[worst.batch]) if worst.shape else 0
     why = (
-        shape_reason(worst)
+        shape_reason(worst, jittered)
         or rounding
         or beyond
         or steps
