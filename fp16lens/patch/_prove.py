@@ -243,16 +243,23 @@ def shape_reason(proof: BatchProof, jittered: int = 0) -> str | None:
         return None
     if jittered:
         return (
-            f"FP32 itself gives another length on {jittered} of {JITTER_DRAWS} draws of this "
-            f"input moved by FP16's resolution ({FP16_RESOLUTION:.2g} of each value): a decision "
-            "that sets the length sits on an edge for this input, so no FP16 run can follow "
-            "it; feed the inputs the model expects (its preprocessing), check the task metric "
-            "in FP16 (fp16lens.verify), or run it in FP32"
+            f"{jitter_words(jittered)}, so no FP16 run can follow it; feed the inputs the model "
+            "expects (its preprocessing), check the task metric in FP16 (fp16lens.verify), or "
+            "run it in FP32"
         )
     return (
         "FP16's rounding changes a decision that sets an output's length (a decoder's stop, "
         "a data-dependent shape), so no cosine can compare it; check the task metric in "
         "FP16 (fp16lens.verify), or run it in FP32"
+    )
+
+
+def jitter_words(jittered: int) -> str:
+    """What ``jittered`` draws (of ``JITTER_DRAWS``) changing FP32's length say."""
+    return (
+        f"FP32 itself gives another length on {jittered} of {JITTER_DRAWS} draws of this input "
+        f"moved by FP16's resolution ({FP16_RESOLUTION:.2g} of each value): a decision that "
+        "sets the length sits on an edge for this input"
     )
 
 

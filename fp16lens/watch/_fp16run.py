@@ -116,7 +116,13 @@ class TorchFp16Run:
         except Exception:  # the verdict stands; only the sites go unnamed
             flushing = []
         modules = list(dict.fromkeys(site_module(s) for s, _ in flushing if site_module(s)))
-        cause = flushed_at(flushing) if flushing else lost_cause(worst)
+        if flushing:
+            cause = flushed_at(flushing)
+        else:
+            from fp16lens.patch._prove import shape_jitter
+
+            jittered = shape_jitter(model, kept[k][0]) if worst.shape else 0
+            cause = lost_cause(worst, jittered)
         if modules:
             fix = (
                 f"keep {', '.join(modules[:4])} in FP32 (patch(model, batches, "

@@ -283,11 +283,13 @@ class Edge(nn.Module):
         return y.flatten()[:n]
 
 
-def test_where_fp32_itself_changes_the_length_under_fp16s_resolution_patch_says_so():
+def test_where_fp32_itself_changes_the_length_under_fp16s_resolution_scan_and_patch_say_so():
     model, batches = _build(Edge)
     with torch.no_grad():  # ground truth: real FP16's length is not FP32's
         assert any(model(x).shape != copy.deepcopy(model).half()(x.half()).shape for x in batches)
     report = fp16lens.scan(model, batches, progress=False)
+    (f,) = [f for f in report.findings if f.kind == "fp16-run"]
+    assert f.tensor == "output shape" and "FP32 itself gives another length on" in f.detail
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         patched = fp16lens.patch(model, report, batches=batches)

@@ -30,9 +30,14 @@ def flushed_at(flushing: list[tuple[str, float]]) -> str:
     )
 
 
-def lost_cause(proof) -> str:
+def lost_cause(proof, jittered: int = 0) -> str:
     """What an ``fp16-run`` finding says FP16 loses where nothing flushes: an output's
-    length (``proof.shape``), else precision."""
+    length (``proof.shape``; ``jittered``: draws of the input moved by FP16's resolution on
+    which FP32 itself changes it, ``patch._prove.shape_jitter``), else precision."""
+    if proof.shape and jittered:
+        from fp16lens.patch._prove import jitter_words
+
+        return f"{jitter_words(jittered)} (is it preprocessed as the model expects?)"
     if proof.shape:
         return (
             "FP16's rounding changes a decision that sets that length (a decoder's stop, a "
@@ -77,7 +82,10 @@ class Fp16Run:
                 f"FP16's range: fp32_nodes={island}"
             )
         else:
-            cause = lost_cause(worst)
+            from fp16lens.patch.onnx._fp16 import shape_jitter
+
+            jittered = shape_jitter(proto, self.feeds[worst.batch]) if worst.shape else 0
+            cause = lost_cause(worst, jittered)
         report.findings.append(
             Finding(
                 site=flushing[0][0] if flushing else worst.first_nonfinite,
