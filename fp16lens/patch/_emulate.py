@@ -119,8 +119,8 @@ class StorageRounding(SiteTracer):
         return super().__torch_dispatch__(func, types, args, kwargs)
 
     def _fp16_scalars(self, func, args, kwargs: dict) -> tuple[tuple, dict]:
-        """The scalar operands of an add, sub, pow or comparison as an FP16 kernel reads
-        them: rounded to FP16, where the op computes in FP16 (not where ``.half()`` runs it
+        """The scalar operands of an add, sub, pow, fmod, remainder or comparison as an FP16
+        kernel reads them: rounded to FP16, where the op computes in FP16 (not where ``.half()`` runs it
         in FP32; a comparison is judged by its tensor operand holding FP16 values)."""
         tensors = [a for a in args if torch.is_tensor(a) and a.is_floating_point() and a.dim()]
         if not tensors or tensors[0].dtype not in _STORED:

@@ -121,7 +121,13 @@ class TorchFp16Run:
         else:
             from fp16lens.patch._prove import shape_jitter
 
-            jittered = shape_jitter(model, kept[k][0]) if worst.shape else 0
+            # on a copy: the user's model is not run again
+            mine = model is self.model
+            jittered = (
+                shape_jitter(copy.deepcopy(model) if mine else model, kept[k][0])
+                if worst.shape
+                else 0
+            )
             cause = lost_cause(worst, jittered)
         if modules:
             fix = (
