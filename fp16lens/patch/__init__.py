@@ -46,7 +46,7 @@ from fp16lens.patch._portable import (
     read_islands,
     rehydrate,
 )
-from fp16lens.patch._prove import Fp16Runner
+from fp16lens.patch._prove import Fp16Runner, jitter_words, shape_jitter
 from fp16lens.patch._rules import bn_affine, scale_bn, scale_linear, scale_norm_eps
 from fp16lens.patch._trace import SiteTracer, Trace, traced
 from fp16lens.patch._warn import PatchWarning
@@ -80,6 +80,7 @@ __all__ = [
     "flushing_sites",
     "get_plan",
     "islands_metadata",
+    "jitter_words",
     "mark_islands",
     "patch",
     "plan",
@@ -92,6 +93,7 @@ __all__ = [
     "scale_bn",
     "scale_linear",
     "scale_norm_eps",
+    "shape_jitter",
     "traced",
 ]
 

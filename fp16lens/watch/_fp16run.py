@@ -119,7 +119,7 @@ class TorchFp16Run:
         if flushing:
             cause = flushed_at(flushing)
         else:
-            from fp16lens.patch._prove import shape_jitter
+            from fp16lens.patch import shape_jitter
 
             # on a copy: the user's model is not run again
             mine = model is self.model

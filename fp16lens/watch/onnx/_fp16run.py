@@ -33,9 +33,9 @@ def flushed_at(flushing: list[tuple[str, float]]) -> str:
 def lost_cause(proof, jittered: int = 0) -> str:
     """What an ``fp16-run`` finding says FP16 loses where nothing flushes: an output's
     length (``proof.shape``; ``jittered``: draws of the input moved by FP16's resolution on
-    which FP32 itself changes it, ``patch._prove.shape_jitter``), else precision."""
+    which FP32 itself changes it, ``fp16lens.patch.shape_jitter``), else precision."""
     if proof.shape and jittered:
-        from fp16lens.patch._prove import jitter_words
+        from fp16lens.patch import jitter_words
 
         return f"{jitter_words(jittered)} (is it preprocessed as the model expects?)"
     if proof.shape:
