@@ -102,7 +102,7 @@ class TorchFp16Run:
         finite, cos, k, first = worst.finite, worst.cosine, worst.batch, worst.first_nonfinite
         broken = first.startswith(HALF_FAILS)
         what = (
-            worst.failure()
+            f"another length ({worst.failure()})"
             if worst.shape
             else f"cosine {cos:.6f} < {MIN_COSINE}"
             if finite

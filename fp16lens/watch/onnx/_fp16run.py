@@ -69,7 +69,7 @@ class Fp16Run:
         if worst.finite and worst.cosine >= MIN_COSINE:
             return
         got = (
-            worst.failure()
+            f"another length ({worst.failure()})"
             if worst.shape
             else f"cosine {worst.cosine:.6f} < {MIN_COSINE}"
             if worst.finite
