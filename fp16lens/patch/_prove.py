@@ -22,6 +22,7 @@ from torch import nn
 from torch.utils._pytree import tree_flatten
 
 from fp16lens._core import FP16_MAX, FP16_MIN_NORMAL, PatchError
+from fp16lens._core.flush import REL_STEP
 from fp16lens._core.sites import is_island
 from fp16lens._trace import HalfFails, call_model, float_outputs, fp32_compute_ops
 from fp16lens.patch._check import relative_error, scale_batch
@@ -232,7 +233,6 @@ def input_rounding_cosine(model: nn.Module, batch) -> float:
 
 
 JITTER_DRAWS = 4  # draws of the input moved by FP16's resolution, for a changed length
-FP16_RESOLUTION = 2.0**-11  # FP16's relative spacing: a value moves this much in storage
 
 
 def shape_reason(proof: BatchProof, jittered: int = 0) -> str | None:
@@ -258,7 +258,7 @@ def jitter_words(jittered: int) -> str:
     """What ``jittered`` draws (of ``JITTER_DRAWS``) changing FP32's length say."""
     return (
         f"FP32 itself gives another length on {jittered} of {JITTER_DRAWS} draws of this input "
-        f"moved by FP16's resolution ({FP16_RESOLUTION:.2g} of each value): a decision that "
+        f"moved by FP16's resolution ({REL_STEP:.2g} of each value): a decision that "
         "sets the length sits on an edge for this input"
     )
 
@@ -276,7 +276,7 @@ def shape_jitter(model: nn.Module, batch) -> int:
         if not (torch.is_tensor(t) and t.is_floating_point()):
             return t
         r = torch.rand(t.shape, generator=g, dtype=torch.float64) * 2 - 1
-        return (t.double().cpu() * (1 + FP16_RESOLUTION * r)).to(t.dtype).to(device)
+        return (t.double().cpu() * (1 + REL_STEP * r)).to(t.dtype).to(device)
 
     changed = 0
     for seed in range(JITTER_DRAWS):

@@ -8,6 +8,7 @@ import functools
 import pytest
 import torch
 from torch import nn
+from underflow_models import Fn
 
 from fp16lens._trace import is_builtin_leaf, op_name
 from fp16lens.patch._emulate import round_fp16_
@@ -192,22 +193,13 @@ OPS = {  # one op each, scalar parameters included, on values where FP16 rounds 
 }
 
 
-class _One(nn.Module):
-    def __init__(self, f):
-        super().__init__()
-        self.f = f
-
-    def forward(self, x):
-        return self.f(x)
-
-
 @pytest.mark.parametrize("name", sorted(OPS))
 def test_emulation_is_half_bit_for_bit_op_by_op(name):
     """Each op, scalar parameters included, as the model's own ``.half()`` computes it on
     the CPU (torch 2.4 to 2.15 alike; log_softmax, 1 ulp apart on 8% of its values, is left
     out): what the proof and the verdict check read is what FP16 gives."""
     torch.manual_seed(0)
-    model, x = _One(OPS[name]).eval(), torch.randn(16, 64) * 3
+    model, x = Fn(OPS[name]).eval(), torch.randn(16, 64) * 3
     real = TorchFp16(model).run((x,))[0].float()
     emulated = TorchEmulated(model).run((x,))[0].float()
     assert torch.equal(real.isnan(), emulated.isnan())

@@ -107,7 +107,8 @@ def shape_jitter(proto, feed: dict) -> int:
     """Of ``JITTER_DRAWS`` draws of ``feed`` with each float value moved by up to FP16's
     resolution (seeded), how many change an output's shape in FP32 itself (the ONNX twin
     of ``patch._prove.shape_jitter``)."""
-    from fp16lens.patch._prove import FP16_RESOLUTION, JITTER_DRAWS
+    from fp16lens._core.flush import REL_STEP
+    from fp16lens.patch._prove import JITTER_DRAWS
 
     sess = _session(proto)
     shapes = [np.shape(o) for o in sess.run(None, feed)]
@@ -115,7 +116,7 @@ def shape_jitter(proto, feed: dict) -> int:
     for seed in range(JITTER_DRAWS):
         rng = np.random.default_rng(seed)
         moved = {
-            k: (v * (1 + FP16_RESOLUTION * rng.uniform(-1, 1, np.shape(v)))).astype(v.dtype)
+            k: (v * (1 + REL_STEP * rng.uniform(-1, 1, np.shape(v)))).astype(v.dtype)
             if np.issubdtype(np.asarray(v).dtype, np.floating)
             else v
             for k, v in feed.items()
