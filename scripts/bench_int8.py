@@ -503,7 +503,7 @@ def main(argv=None) -> int:
     if why:
         print(f"\n{why}")
     if args.json:
-        with open(args.json, "w") as f:
+        with open(args.json, "w", encoding="utf-8") as f:
             json.dump(rows, f, indent=1)
     return 0
 

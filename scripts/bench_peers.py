@@ -234,7 +234,7 @@ def main(argv=None) -> int:
     result = run_tables(_csv(args.tables), args.quick, models_)
     mode = "quick" if args.quick else "full"
     if args.markdown:
-        with open(args.markdown, "w") as f:
+        with open(args.markdown, "w", encoding="utf-8") as f:
             f.write(compared_with(result, mode, argv if argv is not None else sys.argv[1:]))
     if args.json:
         print(json.dumps(result, indent=1))

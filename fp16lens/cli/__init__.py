@@ -21,8 +21,10 @@ __all__ = ["main"]
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI on ``argv`` (default ``sys.argv[1:]``) and return the exit status."""
     from fp16lens.cli._inputargs import attach_negative_values
+    from fp16lens.cli._output import plain_streams
     from fp16lens.cli._parser import build_parser
 
+    plain_streams()
     parser = build_parser()
     argv = attach_negative_values(list(sys.argv[1:] if argv is None else argv))
     try:

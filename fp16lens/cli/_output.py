@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
+import codecs
 import json
 import math
 import sys
+import unicodedata
 from typing import IO, Any, cast
 
 from rich.console import Console
@@ -23,6 +25,69 @@ def console(quiet: bool = False) -> Console:
     if not con.is_terminal:
         con.width = max(con.width, PIPE_WIDTH)
     return con
+
+
+ASCII_ERRORS = "fp16lens-ascii"
+"""The encoding error handler ``plain_streams`` gives a stream that cannot hold the
+report's symbols: each becomes ASCII that reads the same (``✓`` -> ``OK``, ``≤`` -> ``<=``)."""
+
+_ASCII = {
+    "✓": "OK",
+    "✗": "X",
+    "≤": "<=",
+    "≥": ">=",
+    "≈": "~",
+    "±": "+-",
+    "×": "x",
+    "·": ".",
+    "•": "*",
+    "…": "...",
+    "→": "->",
+    "←": "<-",
+    "—": "--",
+    "–": "-",
+    "−": "-",
+    "²": "^2",
+    "Σ": "sum ",
+    "░": ".",
+    "▒": ":",
+    "▓": "#",
+    "█": "#",
+}
+
+
+def _ascii_of(ch: str) -> str:
+    if ch in _ASCII:
+        return _ASCII[ch]
+    name = unicodedata.name(ch, "")
+    if name.startswith("BOX DRAWINGS"):  # rich's rules and bars
+        return "-" if "HORIZONTAL" in name else "|" if "VERTICAL" in name else "+"
+    plain = unicodedata.normalize("NFKD", ch).encode("ascii", "ignore").decode()
+    return plain or "?"  # é -> e; anything else (a spinner's braille) -> ?
+
+
+def _to_ascii(exc: UnicodeError) -> tuple[str, int]:
+    if not isinstance(exc, UnicodeEncodeError):
+        raise exc
+    return "".join(_ascii_of(c) for c in exc.object[exc.start : exc.end]), exc.end
+
+
+codecs.register_error(ASCII_ERRORS, _to_ascii)
+
+
+def plain_streams() -> None:
+    """Let stdout and stderr take every character fp16lens prints, whatever the terminal's
+    encoding: where it cannot hold ``✓`` (a Windows console piped to a file writes cp1252,
+    ``PYTHONIOENCODING=ascii``), the symbols are written as ASCII instead of raising
+    UnicodeEncodeError half-way through a report."""
+    for stream in (sys.stdout, sys.stderr):
+        encoding = getattr(stream, "encoding", None) or "ascii"
+        try:
+            "✓✗≤…".encode(encoding)
+        except (UnicodeEncodeError, LookupError):
+            reconfigure = getattr(stream, "reconfigure", None)
+            if reconfigure is not None:
+                reconfigure(errors=ASCII_ERRORS)
 
 
 def err_console() -> Console:

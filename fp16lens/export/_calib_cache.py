@@ -78,13 +78,13 @@ def write_calibration_cache(
     """Write ``scales`` as a TensorRT cache for ``trt_version`` (default: installed, else 10.0)."""
     version = trt_version or installed_trt_version() or DEFAULT_TRT_VERSION
     path = Path(path)
-    path.write_text(format_calibration_cache(scales, version))
+    path.write_text(format_calibration_cache(scales, version), encoding="utf-8")
     return path
 
 
 def read_calibration_cache(path: str | Path) -> dict[str, float]:
     """Tensor name -> INT8 scale from a TensorRT calibration cache file."""
-    return parse_calibration_cache(Path(path).read_text())
+    return parse_calibration_cache(Path(path).read_text(encoding="utf-8"))
 
 
 def retag_cache(text: str, version: str) -> str:

@@ -73,7 +73,9 @@ def _calibrator(pg, config: EngineConfig, version: str, tmp: Path):
     if config.calibration_cache is None:
         return None
     cache = tmp / "calibration.cache"
-    cache.write_text(retag_cache(config.calibration_cache.read_text(), version))
+    cache.write_text(
+        retag_cache(config.calibration_cache.read_text(encoding="utf-8"), version), encoding="utf-8"
+    )
     return pg.Calibrator(data_loader=[], cache=str(cache))
 
 

@@ -307,7 +307,7 @@ class Report:
     def load(cls, path: str | Path) -> Report:
         path = Path(path)
         try:
-            text = path.read_text()
+            text = path.read_text(encoding="utf-8")
         except OSError as exc:
             raise ReportError(
                 f"cannot read report {path}: {exc.strerror}; check the path, or create a "

@@ -685,3 +685,47 @@ def test_onnx_scan_with_a_missing_npz_is_one_line_and_exit_2(tmp_path, capsys):
     assert main(["scan", str(path), "--input", str(tmp_path / "nope.npz")]) == 2
     err = capsys.readouterr().err
     assert "cannot read --input" in err and "Traceback" not in err and len(err.splitlines()) == 1
+
+
+def _overflowing_report(path: Path) -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2)
+    ).eval()
+    with torch.no_grad():
+        model[0].weight.mul_(3e4)
+    from fp16lens import watch
+
+    with watch(model) as lens, torch.no_grad():
+        model(torch.randn(8, 4) * 10)
+    lens.report.save(path)
+
+
+@pytest.mark.parametrize("encoding", ["ascii", "cp1252"])
+def test_a_terminal_that_cannot_hold_the_symbols_gets_them_in_ascii(tmp_path, encoding):
+    """A Windows console piped to a file writes cp1252, a CI log may be ASCII: the report's
+    symbols (✗, ≤, →, the headroom bars) are written as ASCII that reads the same, never a
+    UnicodeEncodeError half-way through; an error is still one line and exit 2."""
+    import os
+    import subprocess
+    import sys
+
+    report = tmp_path / "r.json"
+    _overflowing_report(report)
+    env = {**os.environ, "PYTHONIOENCODING": encoding}
+    run = [sys.executable, "-m", "fp16lens", "show", str(report)]
+    done = subprocess.run(run, capture_output=True, env=env, timeout=300)
+    out, err = done.stdout.decode(encoding), done.stderr.decode(encoding)
+    assert done.returncode == 0, err
+    assert "Traceback" not in err
+    assert out.startswith("X Sequential: 1 overflow span"), out[:200]
+    assert "->" in out and "?" not in out.replace("?)", "")
+    utf8 = subprocess.run(run, capture_output=True, env={**env, "PYTHONIOENCODING": "utf-8"})
+    assert utf8.stdout.decode("utf-8").startswith("✗ Sequential: 1 overflow span")
+
+    missing = subprocess.run(
+        [*run[:-1], str(tmp_path / "nosuch.json")], capture_output=True, env=env, timeout=300
+    )
+    assert missing.returncode == 2
+    lines = missing.stderr.decode(encoding).strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("fp16lens: error: cannot read report")
