@@ -17,6 +17,8 @@ on ``meta``: then nothing is known and every op counts as FP16, as before.
 
 from __future__ import annotations
 
+import re
+
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
@@ -140,17 +142,64 @@ class HalfFails(RuntimeError):
         return f"{HALF_FAILS}: {self})"
 
 
+_DTYPE_WORDS = re.compile(r"(?i)dtype|scalar type|type promot|\bhalf\b|float16|same type")
+_MISSING_KERNEL = re.compile(r"(?i)not implemented for '")
+"""A kernel's own error that refuses its operands' dtypes says so in ``_DTYPE_WORDS``;
+"not implemented for 'Half'" is another matter (a CPU kernel missing, which the CPU
+emulation does not need and a GPU has)."""
+
+
+def dtype_refusal(text: str) -> str | None:
+    """The first line of an error ``text`` when it refuses operands' dtypes, else None."""
+    line = text.strip().splitlines()[0] if text.strip() else ""
+    if _DTYPE_WORDS.search(line) and not _MISSING_KERNEL.search(line):
+        return line[:160]
+    return None
+
+
+_PROBE_NUMEL = 1 << 22
+"""Operands up to this size are probed as real zeros (an in-place op can write them);
+larger ones as one zero expanded to the shape (no memory)."""
+
+
+def _on_cpu(t):
+    if isinstance(t, torch.Tensor) and t.device.type == "meta":
+        if t.numel() <= _PROBE_NUMEL:
+            return torch.zeros(t.shape, dtype=t.dtype, device="cpu")
+        return torch.zeros((), dtype=t.dtype, device="cpu").expand(t.shape)
+    return torch.device("cpu") if isinstance(t, torch.device) and t.type == "meta" else t
+
+
+def _real_kernel_refuses(func, args, kwargs) -> str | None:
+    """Why the CPU kernel of ``func`` refuses these operands' dtypes, or None: the op run
+    once on real zeros of the same shapes and dtypes. Any other refusal (a value, a
+    layout, a kernel missing for FP16) is not about mixed dtypes and says nothing."""
+    try:
+        func(*tree_map(_on_cpu, tuple(args)), **tree_map(_on_cpu, dict(kwargs or {})))
+    except Exception as exc:  # noqa: BLE001 - any refusal; only a dtype one counts
+        return dtype_refusal(str(exc))
+    return None
+
+
 def _refuse_mixed(func, args, kwargs) -> None:
+    """Raise ``HalfFails`` where the real ``.half()`` kernel refuses an op's float operands
+    of two dtypes (meta kernels accept them): matmuls, convolutions and attention always;
+    any other op (``prelu`` with an FP32 weight made in forward) when its CPU kernel,
+    run once on these shapes, refuses them."""
+    dtypes = {
+        t.dtype
+        for t in tree_flatten((args, kwargs or {}))[0]
+        if torch.is_tensor(t) and t.is_floating_point()
+    }
+    if len(dtypes) < 2:
+        return
     name = func.overloadpacket.__name__
     if name in _ONE_DTYPE or "scaled_dot_product" in name:
-        dtypes = {
-            t.dtype
-            for t in tree_flatten((args, kwargs or {}))[0]
-            if torch.is_tensor(t) and t.is_floating_point()
-        }
-        if len(dtypes) > 1:
-            got = " and ".join(sorted(str(d).removeprefix("torch.") for d in dtypes))
-            raise HalfFails(f"{name}: operands must have the same dtype, got {got}")
+        got = " and ".join(sorted(str(d).removeprefix("torch.") for d in dtypes))
+        raise HalfFails(f"{name}: operands must have the same dtype, got {got}")
+    why = _real_kernel_refuses(func, args, kwargs)
+    if why is not None:
+        raise HalfFails(f"{name}: {why}")
 
 
 def fp32_compute_ops(
@@ -183,8 +232,9 @@ def fp32_compute_ops(
         raise
     except RuntimeError as exc:
         text = str(exc)
-        if refuse_mixed and "type" in text and ("same" in text or "expected" in text.lower()):
-            raise HalfFails(text.splitlines()[0][:160]) from exc
+        why = dtype_refusal(text) if refuse_mixed else None
+        if why is not None:
+            raise HalfFails(why) from exc
         return None
     except Exception:
         return None

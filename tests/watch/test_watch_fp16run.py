@@ -180,6 +180,63 @@ def test_a_forward_that_half_cannot_run_is_no_clean_verdict():
     assert _verdict(report).startswith("✗ Mixed: cannot run in FP16,")
 
 
+class MadeInForward(nn.Module):
+    """``lin(x)`` through one op that also reads a float tensor the forward makes in FP32
+    (``torch.tensor``, ``torch.ones``): under ``.half()`` the op meets FP16 and FP32."""
+
+    def __init__(self, op):
+        super().__init__()
+        self.lin = nn.Linear(16, 16)
+        self.op = op
+
+    def forward(self, x):
+        return self.op(self.lin(x))
+
+
+def _grid(y):
+    grid = torch.zeros(4, 2, 2, 2)  # FP32 sampling positions
+    return F.grid_sample(y.view(4, 1, 4, 4), grid, align_corners=False).flatten(1)
+
+
+def _lstm_cell(y):
+    w_ih, w_hh = torch.full((16, 16), 0.01), torch.full((16, 4), 0.01)
+    return torch.lstm_cell(y, (y[:, :4], y[:, :4]), w_ih, w_hh)[0]
+
+
+MIXED_OPS = {  # op: whether the CPU's .half() refuses it (checked against .half() below)
+    "prelu": (lambda y: F.prelu(y, torch.tensor([0.25])), True),
+    "grid_sample": (_grid, True),
+    "index_add": (lambda y: y.index_add(0, torch.tensor([0]), torch.ones(1, 16)), True),
+    "lstm_cell": (_lstm_cell, True),
+    "where": (lambda y: torch.where(y > 0, y, torch.zeros(16)), False),
+    "cat": (lambda y: torch.cat([y, torch.ones(4, 16)], 1), False),
+    "layer_norm": (lambda y: F.layer_norm(y, (16,), torch.ones(16), torch.zeros(16)), False),
+    "mul": (lambda y: y * torch.full((16,), 2.0), False),
+}
+
+
+@pytest.mark.parametrize("name", list(MIXED_OPS))
+def test_an_op_that_refuses_two_dtypes_under_half_is_found_as_half_finds_it(name):
+    """Meta kernels accept what real ones refuse (prelu, grid_sample, index_add,
+    lstm_cell with FP32 operands made in forward): the verdict's check says "cannot run
+    in FP16" exactly where the model's own ``.half()`` raises, and keeps a clean verdict
+    where ``.half()`` promotes and runs."""
+    op, refuses = MIXED_OPS[name]
+    torch.manual_seed(0)
+    model, x = MadeInForward(op).eval(), torch.randn(4, 16)
+    try:  # ground truth, without fp16lens
+        with torch.no_grad():
+            copy.deepcopy(model).half()(x.half())
+        raised = False
+    except RuntimeError:
+        raised = True
+    assert raised is refuses
+    report = fp16lens.scan(model, [x], progress=False)
+    found = [f for f in report.findings if f.kind == "fp16-run"]
+    assert [f.tensor for f in found] == (["half fails"] if refuses else []), found
+    assert report.clean is not refuses
+
+
 def test_an_output_whose_length_fp16_changes_is_named_so_and_patch_proves_the_fix():
     """Not 'inf/NaN at ?': the output's shape, FP16's against FP32's (ground truth: the
     model's own .half()); patch with batches keeps FP32 what it must and the fixed model's
