@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import math
+import re
 
 from rich.console import RenderableType
 from rich.text import Text
 
 from fp16lens._core.sites import FindingKind, Mechanism
-from fp16lens.report._blocks import ViewOptions, fix_line, heading, indent, more, peak_key
+from fp16lens.report._advice import suggest_fix
+from fp16lens.report._blocks import ViewOptions, heading, indent, more, peak_key
 from fp16lens.report._model import Finding, Report
 from fp16lens.report._triage import trt_consequence
 
@@ -19,13 +21,53 @@ PARAM_LABELS: dict[str, str] = {  # by Finding.kind (a str)
 }
 
 
-def _finding_block(report: Report, f: Finding, label: str) -> list[RenderableType]:
+def _finding_block(report: Report, group: list[Finding]) -> list[RenderableType]:
+    """One finding, or several that read the same but for a layer's number in their site
+    (each layer of a transformer masks its attention the same way): one block, the site
+    written once with the numbers that vary (``encoder.layer.{0-5}.attention:where``)."""
+    f = group[0]
+    site = sites_pattern([g.site for g in group]) if len(group) > 1 else f.site
+    label = _label(f).replace(f.site, site) if f.site else _label(f)
     head = Text.assemble(("• ", "bold"), (label, "bold yellow"), " ", f.detail)
     out: list[RenderableType] = [indent(head, 2)]
     consequence = trt_consequence(f)
     if consequence:
         out.append(indent(Text(consequence, "italic")))
-    return [*out, fix_line(report, f)]
+    fix = suggest_fix(report, f).replace(f.site, site) if f.site else suggest_fix(report, f)
+    return [*out, indent(Text.assemble(("fix: ", "bold green"), fix))]
+
+
+_DIGITS = re.compile(r"(\d+)")
+
+
+def _same_but_numbers(report: Report, f: Finding) -> tuple:
+    """What must be equal for two findings to share a block: all they say, with the site
+    taken out, and the site with its numbers taken out."""
+    if not f.site:
+        return (id(f),)
+    words = [_label(f), f.detail, suggest_fix(report, f)]
+    return (
+        f.mechanism,
+        f.kind,
+        _DIGITS.sub("#", f.site),
+        *(w.replace(f.site, "\0") for w in words),
+    )
+
+
+def sites_pattern(names: list[str]) -> str:
+    """Names that differ only in their numbers, written once: ``layer.{0-5}.attn``
+    (a run of consecutive numbers) or ``layer.{0,2,7}.attn``."""
+    parts = [_DIGITS.split(n) for n in names]
+    out = []
+    for i, first in enumerate(parts[0]):
+        values = list(dict.fromkeys(p[i] for p in parts))
+        if len(values) == 1 or i % 2 == 0:
+            out.append(first)
+            continue
+        nums = sorted(int(v) for v in values)
+        run = nums == list(range(nums[0], nums[0] + len(nums))) and len(nums) > 2
+        out.append(f"{{{nums[0]}-{nums[-1]}}}" if run else "{" + ",".join(map(str, nums)) + "}")
+    return "".join(out)
 
 
 def findings(report: Report, view: ViewOptions, mechanism: str) -> list[RenderableType]:
@@ -33,11 +75,17 @@ def findings(report: Report, view: ViewOptions, mechanism: str) -> list[Renderab
     if not items:
         return []
     noun, note = _TITLES[mechanism]
-    shown = items if view.full else sorted(items, key=lambda f: -peak_key(f.peak))[: view.top]
+    groups: dict[tuple, list[Finding]] = {}
+    for f in items:
+        groups.setdefault(_same_but_numbers(report, f), []).append(f)
+    blocks = list(groups.values())
+    if not view.full:
+        blocks = sorted(blocks, key=lambda g: -peak_key(g[0].peak))[: view.top]
     out: list[RenderableType] = [heading(f"{noun[0].upper()}{noun[1:]}s ({len(items)})", note)]
-    for f in shown:
-        out += _finding_block(report, f, _label(f))
-    return out + more(len(shown), len(items), noun, view.full_hint)
+    for group in blocks:
+        out += _finding_block(report, group)
+    shown = sum(len(g) for g in blocks)
+    return out + more(shown, len(items), noun, view.full_hint)
 
 
 _TITLES = {  # by mechanism: the noun (singular), a note under the heading

@@ -208,3 +208,43 @@ def test_wrapped_paragraphs_stay_indented_with_no_trailing_blanks():
     assert all(len(line) <= 60 for line in spans)
     verdict = text.split("\n\n")[0].splitlines()  # the verdict and its next step
     assert len(verdict) > 2 and all(line == line.rstrip() for line in verdict), verdict
+
+
+def _mask_note(site: str, count: int = 450) -> Finding:
+    return Finding(
+        site=site,
+        mechanism="note",
+        kind="mask-constant",
+        peak=3.4e38,
+        batch=0,
+        count=count,
+        detail=f"{count} values at |v| >= 1e30 (a masking constant)",
+        fix=f"write the mask constant of {site} as torch.finfo(x.dtype).min",
+    )
+
+
+def test_findings_that_differ_only_by_a_layer_number_share_one_block():
+    """Each layer of a transformer masks its attention the same way: one block names them
+    all (the heading still counts every finding); a finding that says something else, or
+    whose site differs by more than its numbers, keeps its own block."""
+    layers = [f"encoder.layer.{i}.attention:where" for i in range(6)]
+    notes = [_mask_note(s) for s in layers]
+    notes += [_mask_note("decoder.layer.0.attention:where")]  # another skeleton
+    notes += [_mask_note("encoder.layer.9.attention:where", count=12)]  # says another count
+    rows = [(s, "where", 1.0) for s in [*layers, *(n.site for n in notes[6:])]]
+    text = view(samples._report(rows, findings=notes), full=True)
+    block = section(text, "Notes (8)")
+    assert "[encoder.layer.{0-5}.attention:where · mask-constant] 450 values" in block
+    assert "fix: write the mask constant of encoder.layer.{0-5}.attention:where as" in block
+    assert "encoder.layer.3.attention" not in block
+    assert "[decoder.layer.0.attention:where · mask-constant]" in block
+    assert "[encoder.layer.9.attention:where · mask-constant] 12 values" in block
+    assert block.count("•") == 3
+
+
+def test_a_sites_pattern_writes_each_varying_number_once():
+    from fp16lens.report._findview import sites_pattern
+
+    assert sites_pattern(["a.0.b", "a.1.b", "a.2.b"]) == "a.{0-2}.b"
+    assert sites_pattern(["a.0.b", "a.2.b", "a.7.b"]) == "a.{0,2,7}.b"
+    assert sites_pattern(["a.1.b#2", "a.2.b#2"]) == "a.{1,2}.b#2"
