@@ -176,7 +176,7 @@ def _real_kernel_refuses(func, args, kwargs) -> str | None:
     layout, a kernel missing for FP16) is not about mixed dtypes and says nothing."""
     try:
         func(*tree_map(_on_cpu, tuple(args)), **tree_map(_on_cpu, dict(kwargs or {})))
-    except Exception as exc:  # noqa: BLE001 - any refusal; only a dtype one counts
+    except Exception as exc:  # any refusal; only a dtype one counts
         return dtype_refusal(str(exc))
     return None
 

@@ -17,7 +17,13 @@ from onnx import helper, numpy_helper, shape_inference
 from fp16lens._core.onnx_types import outer_names, rename_reads, subgraphs
 from fp16lens.export._artifact import default_opset
 from fp16lens.export._naming import NodeOrigin, stamp
-from fp16lens.export._ranges import clamp_mask_constants, subnormal_summary, to_fp16_checked
+from fp16lens.export._ranges import (
+    clamp_mask_constants,
+    guards_summary,
+    subnormal_summary,
+    to_fp16_checked,
+    vanished_guard,
+)
 from fp16lens.export._typing import FLOAT, FLOAT16, NodeTyping, type_node
 
 _TAG = {FLOAT: "fp32", FLOAT16: "fp16"}
@@ -85,6 +91,8 @@ def convert_fp16(
     summary = subnormal_summary(rw.converted)
     if summary:
         result.warnings.append(summary)
+    if rw.guards:
+        result.warnings.append(guards_summary(rw.guards))
     return result
 
 
@@ -117,6 +125,12 @@ def _wanted(typing: NodeTyping, i: int | None) -> int | None:
     return typing.inputs[i] if i < len(typing.inputs) else None
 
 
+def _nodes(nodes) -> str:
+    return ", ".join(f"{n.op_type} {n.name!r}" for n in nodes[:3]) + (
+        f" and {len(nodes) - 3} more" if len(nodes) > 3 else ""
+    )
+
+
 def _explicit_default_dtype(node) -> None:
     """An op whose output is FP32 by an attribute's default (ConstantOfShape without
     ``value`` makes float32 zeros; RandomNormal/RandomUniform without ``dtype``) gets the
@@ -146,6 +160,7 @@ class _Rewriter:
                 self.consumers.setdefault(t, []).append(n)
         self.shapes: dict[str, str] = {}  # new tensor -> tensor whose shape it has
         self.converted: list = []  # (name, size, RangeIssues, additive) of every array made FP16
+        self.guards: list[str] = []  # eps and clip bounds FP16 makes 0 (``vanished_guard``)
 
     def _origin(self, node) -> NodeOrigin:
         return self.origins.get(node.name, NodeOrigin(None))
@@ -169,7 +184,9 @@ class _Rewriter:
             array = numpy_helper.to_array(init)
             mods = self._modules_of(self.consumers.get(init.name, []))
             if primary == FLOAT16:
-                self._replace(init, self._half(init.name, array, mods, self._additive(init.name)))
+                self._replace(
+                    init, self._half(init.name, array, mods, self._additive(init.name), init.name)
+                )
             self.actual[init.name] = primary
             if len(needs) == 2:
                 other = f"{init.name}__{_TAG[FLOAT]}"
@@ -201,10 +218,27 @@ class _Rewriter:
         return node.op_type == "Constant" and self._additive(node.output[0])
 
     def _half(
-        self, name: str, array: np.ndarray, modules: list[str], additive: bool = False
+        self,
+        name: str,
+        array: np.ndarray,
+        modules: list[str],
+        additive: bool = False,
+        tensor: str | None = None,
     ) -> np.ndarray:
         half, issues = to_fp16_checked(name, array, modules)
-        label = f"{name} of {', '.join(map(repr, modules))}" if modules else name
+        readers = self.consumers.get(tensor, []) if tensor else []
+        owners = [m for m in modules if m]  # '' is the model itself: the nodes say more
+        label = (
+            f"{name} of {', '.join(map(repr, owners))}"
+            if owners
+            else f"{name} (read by {_nodes(readers)})"
+            if readers
+            else name
+        )
+        guard = vanished_guard(array, half, readers)
+        if guard is not None:
+            self.guards.append(f"{label}: {guard}")
+            return half
         clamped = clamp_mask_constants(array)[1]
         if clamped:
             self.warnings.append(
@@ -275,7 +309,9 @@ class _Rewriter:
                 attr.i = FLOAT16
             elif attr.name == "value" and attr.type == attr.TENSOR and attr.t.data_type == FLOAT:
                 array = numpy_helper.to_array(attr.t)
-                half = self._half(node.name, array, self._readers(node), self._added(node))
+                half = self._half(
+                    node.name, array, self._readers(node), self._added(node), node.output[0]
+                )
                 self._replace(attr.t, half)
         if node.op_type == "Constant":
             self._constant_scalars(node)
@@ -287,7 +323,9 @@ class _Rewriter:
                 values = np.array(
                     attr.f if attr.name == "value_float" else list(attr.floats), dtype=np.float32
                 )
-                half = self._half(node.name, values, self._readers(node), self._added(node))
+                half = self._half(
+                    node.name, values, self._readers(node), self._added(node), node.output[0]
+                )
                 node.attribute.remove(attr)
                 node.attribute.append(helper.make_attribute("value", numpy_helper.from_array(half)))
 

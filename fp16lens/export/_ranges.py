@@ -123,3 +123,35 @@ def subnormal_summary(
             else ""
         )
     )
+
+
+GUARD_READERS = {"Clip": (1,), "Max": (0, 1), "Add": (0, 1), "Sum": None}
+"""Where a small positive constant keeps values off 0: Clip's min, Max's or Add's other
+operand (an eps), any operand of Sum (None: every slot)."""
+
+
+def vanished_guard(array: np.ndarray, half: np.ndarray, readers: list) -> str | None:
+    """Words for an eps or clip bound that FP16 makes 0 (a positive scalar, 0 in FP16,
+    read where it keeps values off 0): ``F.normalize``'s 1e-12, a pooling's
+    ``clamp(min=1e-9)``. Without it, an input that makes the guarded values 0 (a zero
+    vector, an all-padding mask, digital silence) divides 0 by 0. None otherwise."""
+    if np.size(array) != 1 or not readers:
+        return None
+    value = float(np.asarray(array).reshape(-1)[0])
+    if not (value > 0 and float(np.asarray(half).reshape(-1)[0]) == 0):
+        return None
+    if not all(n.op_type in GUARD_READERS for n in readers):
+        return None
+    return f"{value:.3g}, 0 in FP16"
+
+
+def guards_summary(guards: list[str]) -> str:
+    """One warning for every eps or clip bound FP16 makes 0 (``vanished_guard``)."""
+    return (
+        f"{len(guards)} eps or clip bound(s) below 2^-25 are 0 in FP16, so they no longer "
+        f"keep values off 0: {'; '.join(guards)}. Where an input makes the values they guard "
+        "0 (a zero vector, an all-padding mask, digital silence), a divide, log or rsqrt "
+        "after them gives inf/NaN in FP16 where FP32 is finite; use a bound FP16 holds (at "
+        "least 6.1e-05, e.g. F.normalize(x, eps=1e-4)) or keep that module in FP32 "
+        "(export(..., fp32_modules=[...]))"
+    )

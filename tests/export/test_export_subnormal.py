@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from fp16lens.export._ranges import harmless, range_issues, subnormal_summary
 
@@ -66,3 +67,49 @@ def test_fp16_export_judges_mobilenet_harmless_and_a_flushed_layer_scale_not(tmp
     graph = onnx.load(str(art.path)).graph
     gamma = next(numpy_helper.to_array(i) for i in graph.initializer if i.name == "gamma")
     assert gamma.dtype == np.float16 and not gamma.any()
+
+
+class _Normalized(torch.nn.Module):
+    """A sentence-transformers head: relu(lin(x)), L2-normed by F.normalize (eps 1e-12,
+    0 in FP16), or with ``eps`` FP16 holds."""
+
+    def __init__(self, eps: float = 1e-12):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+        self.eps = eps
+
+    def forward(self, x):
+        return torch.nn.functional.normalize(torch.relu(self.lin(x)), dim=-1, eps=self.eps)
+
+
+@pytest.mark.parametrize("eps", [1e-12, 1e-4])
+def test_an_eps_fp16_makes_0_is_named_by_its_node_and_an_input_it_guarded_gives_nan(
+    tmp_path, eps
+):
+    """F.normalize's eps 1e-12 is 0 in FP16: the exported file is fine on most inputs, and
+    0/0 = NaN on one whose vector is 0 (ground truth: ONNX Runtime on the FP16 file, no
+    fp16lens). The export says so, naming the Clip that reads it (not "an output channel
+    loses 100% of its weight" of module ''); with an eps FP16 holds, no such warning and
+    a finite 0."""
+    import onnxruntime as ort
+
+    from fp16lens.export import export
+
+    torch.manual_seed(0)
+    model = _Normalized(eps).eval()
+    with torch.no_grad():
+        model.lin.bias.fill_(-100.0)  # relu makes every value 0
+    x = torch.randn(2, 4)
+    art = export(model, (x,), tmp_path / "m.onnx", "fp16")
+    sess = ort.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"])
+    got = sess.run(None, {sess.get_inputs()[0].name: x.numpy()})[0]  # FP32 io, FP16 inside
+    with torch.no_grad():
+        assert bool((model(x) == 0).all())  # FP32: a zero vector stays 0
+    guards = [w for w in art.warnings if "eps or clip bound" in w]
+    if eps < 2.0**-25:
+        assert np.isnan(got).all()
+        (text,) = guards
+        assert "(read by Clip '" in text and "1e-12, 0 in FP16" in text
+        assert "output channel" not in text and "of ''" not in " ".join(art.warnings)
+    else:
+        assert guards == [] and bool((got == 0).all())
