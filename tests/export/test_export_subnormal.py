@@ -83,9 +83,7 @@ class _Normalized(torch.nn.Module):
 
 
 @pytest.mark.parametrize("eps", [1e-12, 1e-4])
-def test_an_eps_fp16_makes_0_is_named_by_its_node_and_an_input_it_guarded_gives_nan(
-    tmp_path, eps
-):
+def test_an_eps_fp16_makes_0_is_named_by_its_node_and_an_input_it_guarded_gives_nan(tmp_path, eps):
     """F.normalize's eps 1e-12 is 0 in FP16: the exported file is fine on most inputs, and
     0/0 = NaN on one whose vector is 0 (ground truth: ONNX Runtime on the FP16 file, no
     fp16lens). The export says so, naming the Clip that reads it (not "an output channel
