@@ -209,7 +209,7 @@ def test_underflow_verdict_matches_real_fp16_on_cuda_and_patch_fixes_it(name):
 def test_saved_patched_model_keeps_its_fix_under_half_on_cuda(name, suffix, tmp_path):
     """The file the user takes home (``fp16lens patch -o``'s writer), loaded by torch alone
     and run as ``.half()`` on CUDA: finite and close to FP32, where the original is not."""
-    from fp16lens.cli._save import save_model
+    from fp16lens.patch import save as save_model
 
     if name in um.BLOCKS:
         model, x = um.build(name)

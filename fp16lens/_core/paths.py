@@ -46,3 +46,19 @@ def _probe(path: Path, folder: bool) -> None:
         raise OSError(exc.errno, f"{ancestor} accepts no new file ({exc.strerror})") from exc
     os.close(fd)
     os.unlink(probe)
+
+
+SAVE_SUFFIXES = (".pt", ".pt2", ".pth")
+"""How a model is saved: ``.pt2`` a torch.export program, ``.pt``/``.pth`` TorchScript."""
+
+
+def check_save_path(path: str | Path) -> Path:
+    """The path, when its suffix says how to save a model and it can be written; checked
+    before any work is done (nothing is written otherwise)."""
+    path = Path(path)
+    if path.suffix.lower() not in SAVE_SUFFIXES:
+        raise Fp16LensError(
+            f"cannot save a model as {path.suffix or 'a file without suffix'!r}; use .pt2 "
+            "(torch.export program, recommended) or .pt (TorchScript)"
+        )
+    return check_writable(path)

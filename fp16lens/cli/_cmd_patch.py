@@ -18,7 +18,7 @@ from rich.markup import escape
 from fp16lens._core import Fp16LensError
 from fp16lens._core.onnx_types import is_onnx
 from fp16lens._core.options import given
-from fp16lens._core.paths import check_writable
+from fp16lens._core.paths import check_save_path, check_writable
 from fp16lens._core.sites import site_module
 from fp16lens.cli._inputargs import (
     add_input_arguments,
@@ -28,7 +28,6 @@ from fp16lens.cli._inputargs import (
 )
 from fp16lens.cli._models import load_model, parse_kwargs
 from fp16lens.cli._output import console, emit_json
-from fp16lens.cli._save import check_save_path, save_model
 from fp16lens.cli._summary import to_plain
 from fp16lens.report import Report
 
@@ -68,7 +67,7 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     if is_onnx(args.model):
         return run_onnx(args)
-    from fp16lens.patch import PatchWarning, get_plan
+    from fp16lens.patch import PatchWarning, get_plan, save
     from fp16lens.patch import patch as patch_fn
 
     check_save_path(args.output)
@@ -89,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
         )
     plan = get_plan(patched)  # what patch() did, unresolved problems included
     assert plan is not None  # patch() attaches its plan to the model it returns
-    saved = save_model(patched, example, args.output)
+    saved = save(patched, example, args.output)
     left = unfixed(plan, patched)
     islands = fp32_modules(plan, left)
     if args.json:
@@ -190,10 +189,13 @@ def cli_words(text: str) -> str:
 
 
 def terminal_plan(plan):
-    """The plan as the terminal prints it: its notes and reasons in flags (cli_words)."""
+    """The plan as the terminal prints it: its notes and reasons in flags (cli_words); not
+    the note on saving from Python (the command has saved the file that keeps the fix)."""
+    from fp16lens.patch import STATE_DICT_NOTE
+
     return dataclasses.replace(
         plan,
-        notes=[cli_words(n) for n in plan.notes],
+        notes=[cli_words(n) for n in plan.notes if not n.startswith(STATE_DICT_NOTE)],
         unresolved=[dataclasses.replace(u, reason=cli_words(u.reason)) for u in plan.unresolved],
         widened=[dataclasses.replace(w, reason=cli_words(w.reason)) for w in plan.widened],
     )

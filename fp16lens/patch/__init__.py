@@ -48,6 +48,7 @@ from fp16lens.patch._portable import (
 )
 from fp16lens.patch._prove import Fp16Runner, jitter_words, shape_jitter
 from fp16lens.patch._rules import bn_affine, scale_bn, scale_linear, scale_norm_eps
+from fp16lens.patch._save import STATE_DICT_NOTE, save
 from fp16lens.patch._trace import SiteTracer, Trace, traced
 from fp16lens.patch._warn import PatchWarning
 from fp16lens.patch._widen import Fp32Span
@@ -56,6 +57,7 @@ __all__ = [
     "ISLANDS_FILE",
     "PRECISION_NOTE",
     "PROOF_SITE",
+    "STATE_DICT_NOTE",
     "BatchProof",
     "Fp16Runner",
     "Fp32Island",
@@ -90,6 +92,7 @@ __all__ = [
     "relative_error",
     "round_fp16_",
     "round_module_",
+    "save",
     "scale_bn",
     "scale_linear",
     "scale_norm_eps",

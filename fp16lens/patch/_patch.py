@@ -41,6 +41,7 @@ from fp16lens.patch._prove import (
     spans_for_sites,
     statistics_problems,
 )
+from fp16lens.patch._save import state_dict_note
 from fp16lens.patch._warn import PatchWarning
 from fp16lens.patch._widen import apply_widened, span_hosts, widen
 from fp16lens.report import Report
@@ -109,7 +110,8 @@ def patch(
     if out is not None:
         raise PatchError(
             "out= writes a patched ONNX model; save a patched PyTorch module with "
-            "torch.save / torch.export, or `fp16lens patch MODEL -o patched.pt2`"
+            "fp16lens.patch.save(patched, inputs, 'patched.pt2'), whose file keeps its FP32 "
+            "islands under .half(), or `fp16lens patch MODEL -o patched.pt2`"
         )
     _require(model, report)
     patched, the_plan = _proven(model, report, opts, batches)
@@ -129,6 +131,8 @@ def patch(
         the_plan.kept = [*previous.kept, *previous.islands]
     if inplace:  # the copy passed its check: the same rewrite on the model cannot fail
         patched = apply_widened(apply_plan(model, the_plan), the_plan)
+    if the_plan.fp32_modules:
+        the_plan.notes.append(state_dict_note(len(the_plan.fp32_modules)))
     object.__setattr__(patched, PLAN_ATTR, the_plan)
     finish(the_plan, opts)
     return patched

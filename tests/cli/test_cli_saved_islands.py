@@ -141,7 +141,7 @@ def test_torch_emulated_refuses_a_torchscript_candidate_in_one_line(capsys, tmp_
     with fp16lens.watch(model) as lens:
         model(*inputs)
     saved = tmp_path / "p.pt"
-    from fp16lens.cli._save import save_model
+    from fp16lens.patch import save as save_model
 
     save_model(patch(model, lens.report), inputs, saved)
     code, out = _cli(
@@ -310,8 +310,8 @@ def test_every_island_the_planner_makes_survives_the_file(name, suffix, tmp_path
     """Islands of the model's own ops (fx), islands handing FP32 to each other, an output
     island that keeps FP32, activation islands, an STFT -> log chain: patched with batches,
     saved as fp16lens saves, loaded with torch alone, cast with .half()."""
-    from fp16lens.cli._save import save_model
     from fp16lens.patch import get_plan
+    from fp16lens.patch import save as save_model
 
     import models
 

@@ -175,6 +175,39 @@ def test_state_dict_keeps_the_original_keys_and_loads_both_ways(case):
             assert torch.equal(into_patched(*inputs), patched(*inputs))
 
 
+def test_a_state_dict_drops_the_islands_and_fp16lens_save_keeps_them(tmp_path):
+    """What the plan's note and docs/export.md say, checked without fp16lens: the attention
+    span's ``state_dict`` loads into the original class (same keys) and real FP16 is NaN
+    there again; a plain ``torch.export`` does not run under ``.half()``; the ``.pt2`` that
+    ``fp16lens.patch.save`` writes, loaded by torch alone, and the whole module pickled,
+    keep the fix under ``.half()``."""
+    model, inputs = attention_span()
+    patched = patch(model, _report(model, inputs))
+    note = [n for n in get_plan(patched).notes if "state_dict" in n]
+    assert len(note) == 1 and "fp16lens.patch.save" in note[0]
+    with torch.no_grad():
+        want = model(*inputs)
+    fresh = copy.deepcopy(model)
+    fresh.load_state_dict(patched.state_dict(), strict=True)
+    assert not bool(torch.isfinite(_half(fresh, inputs)).all())
+    try:  # a plain torch.export: not a file that keeps them
+        torch.export.save(torch.export.export(patched, inputs), tmp_path / "plain.pt2")
+    except Exception:  # torch 2.4 cannot export the island's module at all
+        assert TORCH_VERSION < (2, 5)
+    else:
+        plain = torch.export.load(tmp_path / "plain.pt2").module()
+        with pytest.raises(RuntimeError, match="dtype"), torch.no_grad():
+            plain.half()(*_half_args(inputs))
+    path = fp16lens.patch.save(patched, inputs, tmp_path / "patched.pt2")
+    loaded = torch.export.load(str(path)).module()
+    torch.save(patched, tmp_path / "whole.pt")  # the whole module: fp16lens needed to load
+    whole = torch.load(tmp_path / "whole.pt", weights_only=False)
+    for kept in (loaded, whole):
+        with torch.no_grad():
+            got = kept.half()(*_half_args(inputs))
+        assert bool(torch.isfinite(got).all()) and _cosine(got, want) >= 0.999
+
+
 def test_output_dtype_follows_the_dtype_the_model_is_cast_to():
     model, (ids,) = embedding_row()
     model.emb = Fp32Island(model.emb, 1.0, 16.0)

@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fp16lens.cli._save import save_model
 from fp16lens.patch import relative_error
+from fp16lens.patch import save as save_model
 
 import models
 

@@ -1,4 +1,9 @@
-"""Saving a (patched) model so that MODEL arguments can load it again."""
+"""Saving a patched model in a file that keeps its fix (``fp16lens.patch.save``), which the
+command line's MODEL arguments load again.
+
+A state_dict does not: FP32 islands are modules (``Fp32Island`` wrappers, activations moved
+into children), not tensors. ``patched.state_dict()`` has the original keys, so it loads
+into the original class, with the rescaled weights and without the islands."""
 
 from __future__ import annotations
 
@@ -7,28 +12,34 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fp16lens._core import Fp16LensError
-from fp16lens._core.paths import check_writable
+from fp16lens._core.paths import check_save_path
 
 if TYPE_CHECKING:
     from torch import nn
 
-SAVE_SUFFIXES = (".pt", ".pth", ".pt2")
+
+STATE_DICT_NOTE = "FP32 islands are modules, not weights"
+"""How the plan's note on saving a patched model with FP32 islands begins."""
 
 
-def check_save_path(path: str | Path) -> Path:
-    """The path, when its suffix says how to save and it can be written; checked before
-    any work is done (OutputPathError otherwise: nothing is written)."""
-    path = Path(path)
-    if path.suffix.lower() not in SAVE_SUFFIXES:
-        raise Fp16LensError(
-            f"cannot save a model as {path.suffix or 'a file without suffix'!r}; use .pt2 "
-            "(torch.export program, recommended) or .pt (TorchScript)"
-        )
-    return check_writable(path)
+def state_dict_note(islands: int) -> str:
+    """The plan's note on saving a patched model with ``islands`` FP32 islands."""
+    return (
+        f"{STATE_DICT_NOTE} ({islands} here): patched.state_dict() loads into the original "
+        "class with the rescaled weights and without them, and real FP16 fails there again; "
+        "keep the fix in a file with fp16lens.patch.save(patched, inputs, 'patched.pt2') "
+        "(torch.export.load(...).module().half() runs it), or export it"
+    )
 
 
-def save_model(model: nn.Module, example: tuple, path: str | Path) -> Path:
-    """``.pt2``: a torch.export program; ``.pt``/``.pth``: TorchScript traced on ``example``."""
+def save(model: nn.Module, example_inputs: tuple, path: str | Path) -> Path:
+    """Save a patched ``model`` so that its file keeps the fix: ``.pt2`` a torch.export
+    program (recommended), ``.pt``/``.pth`` TorchScript traced on ``example_inputs``. Its
+    FP32 islands are stored so that a later ``.half()`` leaves them FP32, and the file names
+    them (``ISLANDS_FILE``) for ``fp16lens export`` and ``verify``:
+    ``torch.export.load(path).module().half()`` runs the fix with torch alone. Returns the
+    path. (``patched.state_dict()`` does not keep islands: see this module's docstring.)"""
+    example = tuple(example_inputs)
     import torch
 
     path = check_save_path(path)
