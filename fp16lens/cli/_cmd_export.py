@@ -171,21 +171,30 @@ def _batches_file(path: str) -> list:
 
 
 def _print(artifact, args: argparse.Namespace) -> int:
+    """The summary; exit 1 when the written FP16 file fails its check in real FP16."""
+    parity = getattr(artifact, "parity", None)
     summary = {
         "output": str(artifact.path),
         "precision": args.precision,
         "nodes": len(getattr(artifact, "nodes", ())),
         "fp32_nodes": list(getattr(artifact, "fp32_nodes", ())),
         "warnings": list(getattr(artifact, "warnings", ())),
+        "fp16_check": parity.to_dict() if parity is not None else None,
     }
+    failed = parity is not None and not parity.passed
     if args.json:
         emit_json(summary)
-        return 0
+        return 1 if failed else 0
     con = console()
     con.print(
         f"{args.precision.upper()} ONNX written to {escape(str(artifact.path))} "
         f"({summary['nodes']} nodes)"
     )
+    if parity is not None and parity.passed:
+        con.print(
+            f"checked in real FP16 on the example inputs: worst output cosine "
+            f"{parity.cosine:.6f} against FP32"
+        )
     for warning in summary["warnings"]:
         con.print(f"[yellow]warning:[/] {escape(warning)}")
-    return 0
+    return 1 if failed else 0

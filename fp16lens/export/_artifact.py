@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from fp16lens._core import import_optional
 from fp16lens._core.sites import parse_site
@@ -30,7 +31,9 @@ class ExportArtifact:
     ``node_map``: ONNX node name -> module qualified name (the module whose output the node
     computes; ``""`` is the root module). ``node_modules`` adds every module merged into the
     node (a batch norm folded into its conv maps to both). ``fp32_nodes``: nodes computing
-    in FP32 (the islands) in an FP16 export.
+    in FP32 (the islands) in an FP16 export. ``parity``: for an FP16 export of a PyTorch
+    model, the written file checked in real FP16 on the example inputs (a
+    ``fp16lens.verify.ParityResult``; a warning says so where it fails).
     """
 
     path: Path
@@ -41,6 +44,7 @@ class ExportArtifact:
     fp32_nodes: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
     calibration_cache: Path | None = None
+    parity: Any = field(default=None, repr=False, compare=False)
 
     @property
     def node_map(self) -> dict[str, str]:

@@ -118,7 +118,46 @@ def export(
         stamp(node, origin)
     notes += decomposed_norm_warnings(proto.graph, origins)
     job = _Job(opts, used, notes, calibration, fp32_outputs(model), evaluation)
-    return _typed(proto, path, job)
+    artifact = _typed(proto, path, job)
+    return _checked_in_fp16(model, args, artifact) if opts.precision == "fp16" else artifact
+
+
+def _checked_in_fp16(model: torch.nn.Module, args: tuple, artifact: ExportArtifact):
+    """The written FP16 file run in real FP16 on the example inputs (FP16 storage of every
+    tensor, as TensorRT keeps it: verify's ``onnx-fp16`` backend, also without a GPU)
+    against the FP32 model in eval mode: ``artifact.parity``, and a warning where it fails,
+    naming where the values first go wrong. An FP16 file is never handed over unchecked."""
+    from fp16lens.verify import verify
+
+    was_training = model.training
+    model.eval()
+    try:
+        result = verify(model, artifact.path, [args], backend="onnx-fp16")
+    except Exception as exc:  # the check itself failed: say so, the file stays written
+        said = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
+        note = (
+            f"the FP16 file was not run in real FP16 on the example inputs "
+            f"({type(exc).__name__}: {said}); check it with fp16lens.verify"
+        )
+        return replace(artifact, warnings=(*artifact.warnings, note))
+    finally:
+        model.train(was_training)
+    if result.passed:
+        return replace(artifact, parity=result)
+    where = f", first at {result.first_divergence}" if result.first_divergence else ""
+    why = (
+        f"its outputs hold inf/NaN where FP32 is finite{where}"
+        if result.nonfinite
+        else f"its worst output cosine against FP32 is {result.cosine:.6f}, below "
+        f"{result.tolerance.min_cosine}{where}"
+    )
+    note = (
+        f"the FP16 file fails in real FP16 on the example inputs (FP16 storage of every "
+        f"tensor, as TensorRT keeps it): {why}; find and fix the cause first "
+        "(fp16lens.scan(model, inputs), then fp16lens.patch), or keep those modules FP32 "
+        "(export(..., fp32_modules=[...]))"
+    )
+    return replace(artifact, parity=result, warnings=(*artifact.warnings, note))
 
 
 def _export_onnx(model, path, opts: ExportOptions, calibration, evaluation) -> ExportArtifact:

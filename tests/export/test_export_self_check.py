@@ -1,0 +1,46 @@
+"""An FP16 export checks the file it wrote in real FP16 on the example inputs (FP16 storage
+of every tensor, verify's ``onnx-fp16``): the demo model, which overflows, gets a failed
+``artifact.parity`` and a warning naming where (and `fp16lens export` exits 1); its patched
+form passes. Ground truth: the models' own ``.half()``, without fp16lens."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import torch
+
+import fp16lens
+from fp16lens.cli import main
+from fp16lens.demo import build_demo_model
+from fp16lens.export import export
+
+
+def _half_finite(model, x) -> bool:
+    with torch.no_grad():
+        return bool(torch.isfinite(copy.deepcopy(model).half()(x.half())).all())
+
+
+def test_an_fp16_file_that_overflows_says_so_and_its_patched_form_passes(tmp_path):
+    model, (x,) = build_demo_model()
+    assert not _half_finite(model, x)  # ground truth: real FP16 overflows
+    art = export(model, (x,), tmp_path / "demo.onnx", "fp16")
+    assert art.parity is not None and not art.parity.passed and art.parity.nonfinite
+    (note,) = [w for w in art.warnings if "fails in real FP16" in w]
+    assert "first at backbone.layer4.1.bn2" in note and "fp16lens.patch" in note
+
+    report = fp16lens.scan(model, [x], progress=False)
+    patched = fp16lens.patch(model, report, batches=[x])
+    assert _half_finite(patched, x)
+    art = export(patched, (x,), tmp_path / "patched.onnx", "fp16")
+    assert art.parity.passed and art.parity.cosine >= 0.999
+    assert not any("real FP16" in w for w in art.warnings)
+
+
+def test_the_command_exits_1_on_a_file_that_fails_its_fp16_check(tmp_path, capsys):
+    out = tmp_path / "demo.onnx"
+    assert main(["export", "demo", "-o", str(out), "--json"]) == 1
+    data = json.loads(capsys.readouterr().out)
+    assert data["fp16_check"]["passed"] is False and data["fp16_check"]["nonfinite"]
+    assert out.exists()  # written, and said to fail
+    assert main(["export", "demo", "-o", str(tmp_path / "d32.onnx"), "--precision", "fp32"]) == 0
