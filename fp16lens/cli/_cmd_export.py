@@ -196,5 +196,19 @@ def _print(artifact, args: argparse.Namespace) -> int:
             f"{parity.cosine:.6f} against FP32"
         )
     for warning in summary["warnings"]:
-        con.print(f"[yellow]warning:[/] {escape(warning)}")
+        con.print(f"[yellow]warning:[/] {escape(terminal_words(warning))}")
     return 1 if failed else 0
+
+
+_TERMINAL = (  # the library's words -> what a terminal user types
+    ("fp16lens.scan(model, inputs), then fp16lens.patch", "`fp16lens scan`, then `fp16lens patch`"),
+    ("fp16lens.verify(..., backend='onnx-fp16')", "`fp16lens verify --backend onnx-fp16`"),
+    ("export(..., fp32_modules=[...])", "--fp32-modules NAME,..."),
+)
+
+
+def terminal_words(text: str) -> str:
+    """An export warning as a terminal user acts on it (the JSON keeps the library's)."""
+    for lib, cli in _TERMINAL:
+        text = text.replace(lib, cli)
+    return text

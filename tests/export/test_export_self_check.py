@@ -43,4 +43,8 @@ def test_the_command_exits_1_on_a_file_that_fails_its_fp16_check(tmp_path, capsy
     data = json.loads(capsys.readouterr().out)
     assert data["fp16_check"]["passed"] is False and data["fp16_check"]["nonfinite"]
     assert out.exists()  # written, and said to fail
+    assert main(["export", "demo", "-o", str(out)]) == 1
+    text = " ".join(capsys.readouterr().out.split())
+    assert "`fp16lens scan`, then `fp16lens patch`" in text and "--fp32-modules" in text
+    assert "export(..." not in text
     assert main(["export", "demo", "-o", str(tmp_path / "d32.onnx"), "--precision", "fp32"]) == 0
