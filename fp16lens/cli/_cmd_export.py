@@ -136,6 +136,7 @@ def _export_onnx(export, args: argparse.Namespace):
     if args.dynamic:
         raise Fp16LensError("--dynamic applies to a PyTorch MODEL; an .onnx file keeps its axes")
     calibration: Sequence | None = None
+    evaluation = onnx_batches(args) if args.precision == "fp16" and args.input else None
     if args.precision == "int8":
         if args.calibration:
             calibration = _batches_file(args.calibration)
@@ -157,6 +158,7 @@ def _export_onnx(export, args: argparse.Namespace):
             fp32_modules=_names(args.fp32_modules) or None,
             fp32_nodes=_names(args.fp32_nodes) or None,
             io_dtype=args.io_dtype,
+            evaluation=evaluation,
         )
 
 

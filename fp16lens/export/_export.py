@@ -70,6 +70,11 @@ def export(
     (default: the calibration batches), and ExportError says so when it cannot (more than
     10% of the FLOPs would leave INT8).
 
+    An FP16 file is checked in real FP16 once written (``artifact.parity``, verify's
+    ``onnx-fp16``: FP16 storage of every tensor): on the example inputs for a PyTorch
+    model, on ``evaluation`` for an ONNX source; a warning says where it fails, or that an
+    ONNX source came without batches to check it on.
+
     ``model`` may also be an FP32 ONNX file (a path or an ``onnx.ModelProto``; pass
     ``example_inputs=None``): its graph is re-typed, the FP32 islands being the nodes
     ``fp16lens.patch`` recorded in it, ``fp32_nodes`` (node names) and the nodes of
@@ -119,20 +124,34 @@ def export(
     notes += decomposed_norm_warnings(proto.graph, origins)
     job = _Job(opts, used, notes, calibration, fp32_outputs(model), evaluation)
     artifact = _typed(proto, path, job)
-    return _checked_in_fp16(model, args, artifact) if opts.precision == "fp16" else artifact
+    return _checked_in_fp16(model, [args], artifact) if opts.precision == "fp16" else artifact
 
 
-def _checked_in_fp16(model: torch.nn.Module, args: tuple, artifact: ExportArtifact):
-    """The written FP16 file run in real FP16 on the example inputs (FP16 storage of every
-    tensor, as TensorRT keeps it: verify's ``onnx-fp16`` backend, also without a GPU)
-    against the FP32 model in eval mode: ``artifact.parity``, and a warning where it fails,
-    naming where the values first go wrong. An FP16 file is never handed over unchecked."""
+UNCHECKED = (
+    "the FP16 file was not run in real FP16: an ONNX source has no example inputs; pass "
+    "evaluation=[batch] (fp16lens export ... --input batch.npz), or check it with "
+    "fp16lens.verify"
+)
+"""The warning of an FP16 export from an ONNX file given no batches to check it on."""
+
+
+def _checked_in_fp16(reference, batches: list | None, artifact: ExportArtifact):
+    """The written FP16 file run in real FP16 on ``batches`` (FP16 storage of every tensor,
+    as TensorRT keeps it: verify's ``onnx-fp16`` backend, also without a GPU) against the
+    FP32 ``reference`` (the PyTorch model, in eval mode, on its example inputs; or the FP32
+    ONNX source on ``evaluation``): ``artifact.parity``, and a warning where it fails,
+    naming where the values first go wrong. An FP16 file is never handed over unchecked
+    without saying so."""
     from fp16lens.verify import verify
 
-    was_training = model.training
-    model.eval()
+    if not batches:
+        return replace(artifact, warnings=(*artifact.warnings, UNCHECKED))
+    module = reference if isinstance(reference, torch.nn.Module) else None
+    was_training = module.training if module is not None else False
+    if module is not None:
+        module.eval()
     try:
-        result = verify(model, artifact.path, [args], backend="onnx-fp16")
+        result = verify(reference, artifact.path, batches, backend="onnx-fp16")
     except Exception as exc:  # the check itself failed: say so, the file stays written
         said = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
         note = (
@@ -141,7 +160,8 @@ def _checked_in_fp16(model: torch.nn.Module, args: tuple, artifact: ExportArtifa
         )
         return replace(artifact, warnings=(*artifact.warnings, note))
     finally:
-        model.train(was_training)
+        if module is not None:
+            module.train(was_training)
     if result.passed:
         return replace(artifact, parity=result)
     where = f", first at {result.first_divergence}" if result.first_divergence else ""
@@ -179,7 +199,10 @@ def _export_onnx(model, path, opts: ExportOptions, calibration, evaluation) -> E
     recorded = sorted({origins[n].module for n in islands})  # a node is its own module
     opts = replace(opts, fp32_modules=tuple(recorded))
     job = _Job(opts, ONNX_EXPORTER, [], calibration, (), evaluation, source=model)
-    return _typed(proto, path, job, islands)
+    artifact = _typed(proto, path, job, islands)
+    if opts.precision != "fp16":
+        return artifact
+    return _checked_in_fp16(model, list(evaluation) if evaluation else None, artifact)
 
 
 def _stored_islands_as_fp32(model: torch.nn.Module) -> torch.nn.Module:
@@ -254,7 +277,10 @@ def retype(
     _check_islands_present(proto.graph, opts.fp32_modules, src)
     _check_calibration(opts, calibration)
     job = _Job(opts, meta.get(EXPORTER_KEY, "unknown"), [], calibration, (), evaluation)
-    return _typed(proto, Path(dst), job)
+    artifact = _typed(proto, Path(dst), job)
+    if opts.precision != "fp16":
+        return artifact
+    return _checked_in_fp16(str(src), list(evaluation) if evaluation else None, artifact)
 
 
 @dataclass(frozen=True)

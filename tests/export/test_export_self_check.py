@@ -48,3 +48,18 @@ def test_the_command_exits_1_on_a_file_that_fails_its_fp16_check(tmp_path, capsy
     assert "`fp16lens scan`, then `fp16lens patch`" in text and "--fp32-modules" in text
     assert "export(..." not in text
     assert main(["export", "demo", "-o", str(tmp_path / "d32.onnx"), "--precision", "fp32"]) == 0
+
+
+def test_an_onnx_source_is_checked_on_its_evaluation_batches_or_says_it_was_not(tmp_path):
+    """An FP32 ONNX file has no example inputs: without ``evaluation`` the FP16 export says
+    it was not checked; with them it is, against the FP32 file."""
+    from fp16lens.export._export import UNCHECKED
+
+    model, (x,) = build_demo_model()
+    src = tmp_path / "demo32.onnx"
+    export(model, (x,), src, "fp32")
+    art = export(src, None, tmp_path / "a.onnx", "fp16")
+    assert art.parity is None and UNCHECKED in art.warnings
+    art = export(src, None, tmp_path / "b.onnx", "fp16", evaluation=[(x.numpy(),)])
+    assert not art.parity.passed and art.parity.nonfinite and UNCHECKED not in art.warnings
+    assert main(["export", str(src), "-o", str(tmp_path / "c.onnx"), "--json"]) == 0
