@@ -31,9 +31,10 @@ class ExportArtifact:
     ``node_map``: ONNX node name -> module qualified name (the module whose output the node
     computes; ``""`` is the root module). ``node_modules`` adds every module merged into the
     node (a batch norm folded into its conv maps to both). ``fp32_nodes``: nodes computing
-    in FP32 (the islands) in an FP16 export. ``parity``: for an FP16 export of a PyTorch
-    model, the written file checked in real FP16 on the example inputs (a
-    ``fp16lens.verify.ParityResult``; a warning says so where it fails).
+    in FP32 (the islands) in an FP16 export. ``parity``: for an FP16 export, the written file
+    checked in real FP16 (a ``fp16lens.verify.ParityResult``; a warning says so where it
+    fails): on a PyTorch model's example inputs, on an ONNX source's ``evaluation=``
+    batches (None without them, and a warning says the file was not checked).
     """
 
     path: Path

@@ -124,7 +124,9 @@ def export(
     notes += decomposed_norm_warnings(proto.graph, origins)
     job = _Job(opts, used, notes, calibration, fp32_outputs(model), evaluation)
     artifact = _typed(proto, path, job)
-    return _checked_in_fp16(model, [args], artifact) if opts.precision == "fp16" else artifact
+    if opts.precision != "fp16":
+        return artifact
+    return _checked_in_fp16(model, [args], artifact, "the example inputs")
 
 
 UNCHECKED = (
@@ -135,7 +137,9 @@ UNCHECKED = (
 """The warning of an FP16 export from an ONNX file given no batches to check it on."""
 
 
-def _checked_in_fp16(reference, batches: list | None, artifact: ExportArtifact):
+def _checked_in_fp16(
+    reference, batches: list | None, artifact: ExportArtifact, what: str = "the evaluation batches"
+):
     """The written FP16 file run in real FP16 on ``batches`` (FP16 storage of every tensor,
     as TensorRT keeps it: verify's ``onnx-fp16`` backend, also without a GPU) against the
     FP32 ``reference`` (the PyTorch model, in eval mode, on its example inputs; or the FP32
@@ -155,7 +159,7 @@ def _checked_in_fp16(reference, batches: list | None, artifact: ExportArtifact):
     except Exception as exc:  # the check itself failed: say so, the file stays written
         said = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
         note = (
-            f"the FP16 file was not run in real FP16 on the example inputs "
+            f"the FP16 file was not run in real FP16 on {what} "
             f"({type(exc).__name__}: {said}); check it with fp16lens.verify"
         )
         return replace(artifact, warnings=(*artifact.warnings, note))
@@ -172,7 +176,7 @@ def _checked_in_fp16(reference, batches: list | None, artifact: ExportArtifact):
         f"{result.tolerance.min_cosine}{where}"
     )
     note = (
-        f"the FP16 file fails in real FP16 on the example inputs (FP16 storage of every "
+        f"the FP16 file fails in real FP16 on {what} (FP16 storage of every "
         f"tensor, as TensorRT keeps it): {why}; find and fix the cause first "
         "(fp16lens.scan(model, inputs), then fp16lens.patch), or keep those modules FP32 "
         "(export(..., fp32_modules=[...]))"
