@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 
 import torch
 
@@ -27,7 +28,9 @@ def test_an_fp16_file_that_overflows_says_so_and_its_patched_form_passes(tmp_pat
     art = export(model, (x,), tmp_path / "demo.onnx", "fp16")
     assert art.parity is not None and not art.parity.passed and art.parity.nonfinite
     (note,) = [w for w in art.warnings if "fails in real FP16" in w]
-    assert "first at backbone.layer4.1.bn2" in note and "fp16lens.patch" in note
+    # dynamo keeps the batch norm; TorchScript (torch < 2.5) folds it into conv2
+    assert re.search(r"first at backbone\.layer4\.1\.(bn2|conv2)\b", note), note
+    assert "fp16lens.patch" in note
 
     report = fp16lens.scan(model, [x], progress=False)
     patched = fp16lens.patch(model, report, batches=[x])
