@@ -720,6 +720,8 @@ def test_a_terminal_that_cannot_hold_the_symbols_gets_them_in_ascii(tmp_path, en
     assert "Traceback" not in err
     assert out.startswith("X Sequential: 1 overflow span"), out[:200]
     assert "->" in out and "?" not in out.replace("?)", "")
+    if encoding == "cp1252":
+        return  # one encoding shows the rest: the same words, UTF-8 untouched, one error line
     utf8 = subprocess.run(run, capture_output=True, env={**env, "PYTHONIOENCODING": "utf-8"})
     assert utf8.stdout.decode("utf-8").startswith("✗ Sequential: 1 overflow span")
 

@@ -50,7 +50,6 @@ def test_the_command_exits_1_on_a_file_that_fails_its_fp16_check(tmp_path, capsy
     text = " ".join(capsys.readouterr().out.split())
     assert "`fp16lens scan`, then `fp16lens patch`" in text and "--fp32-modules" in text
     assert "export(..." not in text
-    assert main(["export", "demo", "-o", str(tmp_path / "d32.onnx"), "--precision", "fp32"]) == 0
 
 
 def test_an_onnx_source_is_checked_on_its_evaluation_batches_or_says_it_was_not(tmp_path):
