@@ -235,7 +235,7 @@ class _Rewriter:
             if readers
             else name
         )
-        guard = vanished_guard(array, half, readers)
+        guard = vanished_guard(array, readers)
         if guard is not None:
             self.guards.append(f"{label}: {guard}")
             return half

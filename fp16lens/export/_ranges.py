@@ -9,6 +9,7 @@ import torch
 
 from fp16lens._core import FP16_MIN_NORMAL, ExportError
 from fp16lens._core.flush import REL_STEP, flush_loss, percent
+from fp16lens._core.underflow import ONNX_GUARDS, flushes
 
 
 @dataclass(frozen=True)
@@ -125,22 +126,18 @@ def subnormal_summary(
     )
 
 
-GUARD_READERS = {"Clip": (1,), "Max": (0, 1), "Add": (0, 1), "Sum": None}
-"""Where a small positive constant keeps values off 0: Clip's min, Max's or Add's other
-operand (an eps), any operand of Sum (None: every slot)."""
-
-
-def vanished_guard(array: np.ndarray, half: np.ndarray, readers: list) -> str | None:
-    """Words for an eps or clip bound that FP16 makes 0 (a positive scalar, 0 in FP16,
-    read where it keeps values off 0): ``F.normalize``'s 1e-12, a pooling's
-    ``clamp(min=1e-9)``. Without it, an input that makes the guarded values 0 (a zero
-    vector, an all-padding mask, digital silence) divides 0 by 0. None otherwise."""
+def vanished_guard(array: np.ndarray, readers: list) -> str | None:
+    """Words for an eps or clip bound that FP16 makes 0 (a positive scalar that
+    ``_core.underflow.flushes``, read only by ``ONNX_GUARDS`` ops): ``F.normalize``'s
+    1e-12, a pooling's ``clamp(min=1e-9)``. Without it, an input that makes the guarded
+    values 0 (a zero vector, an all-padding mask, digital silence) divides 0 by 0. None
+    otherwise."""
     if np.size(array) != 1 or not readers:
         return None
     value = float(np.asarray(array).reshape(-1)[0])
-    if not (value > 0 and float(np.asarray(half).reshape(-1)[0]) == 0):
+    if value <= 0 or not flushes(value):
         return None
-    if not all(n.op_type in GUARD_READERS for n in readers):
+    if not all(n.op_type in ONNX_GUARDS for n in readers):
         return None
     return f"{value:.3g}, 0 in FP16"
 

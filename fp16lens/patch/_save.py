@@ -39,7 +39,6 @@ def save(model: nn.Module, example_inputs: tuple, path: str | Path) -> Path:
     them (``ISLANDS_FILE``) for ``fp16lens export`` and ``verify``:
     ``torch.export.load(path).module().half()`` runs the fix with torch alone. Returns the
     path. (``patched.state_dict()`` does not keep islands: see this module's docstring.)"""
-    example = tuple(example_inputs)
     import torch
 
     path = check_save_path(path)
@@ -55,7 +54,7 @@ def save(model: nn.Module, example_inputs: tuple, path: str | Path) -> Path:
         warnings.simplefilter("ignore", FutureWarning)  # torch's own deprecation notices
         if suffix == ".pt2":
             try:
-                program = torch.export.export(model, tuple(example))
+                program = torch.export.export(model, tuple(example_inputs))
             except Exception as exc:  # torch.export cannot capture every forward
                 said = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
                 raise Fp16LensError(
@@ -65,7 +64,7 @@ def save(model: nn.Module, example_inputs: tuple, path: str | Path) -> Path:
             _copy_before_layout_views(program)
             torch.export.save(program, str(path), extra_files=meta)
         else:
-            traced = torch.jit.trace(model, tuple(example), strict=False, check_trace=False)
+            traced = torch.jit.trace(model, tuple(example_inputs), strict=False, check_trace=False)
             traced.save(str(path), _extra_files=meta)
     return path
 

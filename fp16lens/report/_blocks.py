@@ -62,8 +62,12 @@ def indent(text: Text, left: int = 4) -> Indented:
     return Indented(text, left)
 
 
-def fix_line(report: Report, item: Span | Finding) -> Indented:
+def fix_line(report: Report, item: Span | Finding, site: str | None = None) -> Indented:
+    """The item's fix; ``site``: written for the item's own site (a block of findings
+    that differ only in their sites' numbers, see ``_findview``)."""
     fix = suggest_fix(report, item)
+    if site is not None and isinstance(item, Finding) and item.site:
+        fix = fix.replace(item.site, site)
     return indent(Text.assemble(("fix: ", "bold green"), fix))
 
 

@@ -10,7 +10,7 @@ from rich.text import Text
 
 from fp16lens._core.sites import FindingKind, Mechanism
 from fp16lens.report._advice import suggest_fix
-from fp16lens.report._blocks import ViewOptions, heading, indent, more, peak_key
+from fp16lens.report._blocks import ViewOptions, fix_line, heading, indent, more, peak_key
 from fp16lens.report._model import Finding, Report
 from fp16lens.report._triage import trt_consequence
 
@@ -33,8 +33,7 @@ def _finding_block(report: Report, group: list[Finding]) -> list[RenderableType]
     consequence = trt_consequence(f)
     if consequence:
         out.append(indent(Text(consequence, "italic")))
-    fix = suggest_fix(report, f).replace(f.site, site) if f.site else suggest_fix(report, f)
-    return [*out, indent(Text.assemble(("fix: ", "bold green"), fix))]
+    return [*out, fix_line(report, f, site)]
 
 
 _DIGITS = re.compile(r"(\d+)")
