@@ -44,3 +44,13 @@ __all__ = [
     "verify",
     "watch",
 ]
+
+
+def __getattr__(name: str):
+    """``fp16lens.demo`` (the built-in model and the end-to-end demo, as the README writes
+    it) imported on first use: ``import fp16lens`` stays light."""
+    if name == "demo":
+        import importlib
+
+        return importlib.import_module("fp16lens.demo")
+    raise AttributeError(f"module 'fp16lens' has no attribute {name!r}")

@@ -341,9 +341,28 @@ def test_patch_refuses_a_model_in_training_mode(relu_case):
     with pytest.raises(PatchError) as info:
         fp16lens.patch(model, report)
     _has_fix(str(info.value), "training")
-    assert "model.eval()" in str(info.value)
+    assert "model.eval()" in str(info.value) and "((" not in str(info.value)
     _assert_untouched(model, snap)
     assert model.training
+
+
+def test_watch_and_patch_refuse_a_model_already_in_float16(relu_case):
+    model, (x,), report = relu_case
+    half = copy.deepcopy(model).half()
+    # why: its values are FP16's own, inf where FP32 goes past 65504 (ground truth), so a
+    # watch of it would read FP16's result instead of how far FP32 goes
+    assert torch.isfinite(model(x)).all() and not torch.isfinite(half(x.half())).all()
+    snap = _snapshot(half)
+    with pytest.raises(WatchError) as info, fp16lens.watch(half):
+        half(x.half())
+    _has_fix(str(info.value), "float16", "model.float()")
+    with pytest.raises(PatchError) as info:
+        fp16lens.patch(half, report)
+    _has_fix(str(info.value), "float16", "model.float()")
+    _assert_untouched(half, snap)
+    # a bfloat16 model holds FP32's range: it is watched, and its span found
+    bf16 = copy.deepcopy(model).bfloat16()
+    assert [s.start for s in _report(bf16, (x.bfloat16(),)).spans] == ["fc1"]
 
 
 @pytest.mark.parametrize(

@@ -8,6 +8,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+FP32_NODES_KEY = "fp16lens.fp32_nodes"
+"""The ``metadata_props`` key naming, as a JSON list, the nodes an FP16 export keeps in FP32
+(a patched graph's islands; an FP16 file's own FP32 nodes in its FP32 twin)."""
+
 
 def is_onnx(model: Any) -> bool:
     """A path ending in .onnx (any case), or an ``onnx.ModelProto``: the one test of every

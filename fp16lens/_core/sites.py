@@ -124,6 +124,8 @@ class FindingKind(_Names):
     COMPILE_FALLBACK = "compile-fallback"  # scan(compile=True) watched batches eagerly
     FP16_RUN = "fp16-run"  # the graph in real FP16 fails though no value leaves range
     UNCHECKED = "unchecked"  # the clean verdict could not be run again in real FP16
+    FP16_FILE = "fp16-file"  # an ONNX file already in float16, scanned as its FP32 twin
+    CONVERTER_CLAMP = "converter-clamp"  # an FP16 file's constants at a converter's bound
 
 
 FP16_RUN_FLUSHED = "values flushed to 0"

@@ -90,7 +90,7 @@ def match_model_dtype(batches: Sequence[Batch], model) -> Sequence[Batch]:
     model would fail in the first conv); a one-line note on stderr says so."""
     import sys
 
-    from fp16lens._core.model_dtype import model_float_dtype
+    from fp16lens._core.model_dtype import half_model, model_float_dtype
 
     want = model_float_dtype(model)
     made = hasattr(batches, "map")  # generated batches share their dtypes: look at one
@@ -103,10 +103,11 @@ def match_model_dtype(batches: Sequence[Batch], model) -> Sequence[Batch]:
     if want is None or not found:
         return batches
     names = ", ".join(sorted(str(d).removeprefix("torch.") for d in found))
-    print(
-        f"fp16lens: note: {names} inputs cast to the model's {str(want).removeprefix('torch.')}",
-        file=sys.stderr,
-    )
+    if half_model(model) is None:  # scan and patch refuse a float16 model in one line
+        print(
+            f"fp16lens: note: {names} inputs cast to the model's {str(want).removeprefix('torch.')}",
+            file=sys.stderr,
+        )
 
     def cast(b):
         return tuple(t.to(want) if _is_float(t) else t for t in b)

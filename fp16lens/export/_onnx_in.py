@@ -16,11 +16,10 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from fp16lens._core import ExportError, OptionError, import_optional
+from fp16lens._core.onnx_types import FP32_NODES_KEY
 from fp16lens.export._naming import MODULE_KEY, NodeOrigin, map_nodes, stamp
 from fp16lens.export._onnx_meta import in_islands
 
-FP32_NODES_KEY = "fp16lens.fp32_nodes"
-"""Metadata key of the FP32 islands of a patched ONNX graph: a JSON list of node names."""
 ONNX_EXPORTER = "onnx"
 _FLOAT16 = 10
 _QDQ = ("QuantizeLinear", "DequantizeLinear")

@@ -11,6 +11,7 @@ from torch import fx, nn
 
 from fp16lens._core import PatchError, StaleReportError
 from fp16lens._core.fingerprint import changed
+from fp16lens._core.model_dtype import half_model
 from fp16lens._core.onnx_types import is_onnx
 from fp16lens._core.options import one_form
 from fp16lens._core.sites import PLAN_ATTR
@@ -408,8 +409,11 @@ def _require(model: nn.Module, report: Report) -> None:
             f"patch needs a fp16lens Report, got {type(report).__name__}; create one with "
             "fp16lens.watch(model) or load one with fp16lens.Report.load(path)"
         )
+    why = half_model(model)
+    if why is not None:
+        raise PatchError(f"patch rescales a model in FP32: {why}")
     training = [
-        n or "(the model)" for n, m in model.named_modules() if m.training and _has_modes(m)
+        n or "the model itself" for n, m in model.named_modules() if m.training and _has_modes(m)
     ]
     if training:
         raise PatchError(

@@ -203,6 +203,17 @@ def _note_fix(f: Finding) -> str:
             "check it yourself: run the model's .half() copy on your inputs against FP32, or "
             "fp16lens.verify(model, batches) (backend='torch-fp16')"
         )
+    if f.kind == FindingKind.FP16_FILE:
+        return (
+            "none for the scan; fp16lens patch reads the same FP32 twin and writes an FP32 "
+            "graph: turn that into FP16 with fp16lens export --precision fp16, which checks it"
+        )
+    if f.kind == FindingKind.CONVERTER_CLAMP:
+        return (
+            "scan the FP32 file it was converted from (the scan names what FP16 cannot hold "
+            "there), and convert it again keeping the nodes that read those constants FP32 "
+            "(onnxconverter-common: node_block_list=[...])"
+        )
     if f.kind == FindingKind.INLINED:
         return "none: the report names those branches' nodes '<If>/<branch>/<node>'"
     if f.kind == FindingKind.COMPILE_FALLBACK:

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from fp16lens._core import WatchError
+from fp16lens._core.model_dtype import half_model
 from fp16lens._core.weights import missing_weights
 from fp16lens.report import Report
 from fp16lens.watch import _distributed
@@ -39,6 +40,9 @@ def check_model(model: Any) -> None:
     why = missing_weights(model)
     if why is not None:
         raise WatchError(f"watch() cannot run this model: {why}")
+    why = half_model(model)
+    if why is not None:
+        raise WatchError(f"watch() measures a model in FP32: {why}")
     if isinstance(model, torch.jit.ScriptModule):
         raise WatchError(
             "watch() needs an eager nn.Module; TorchScript modules run their own "

@@ -108,6 +108,11 @@ def untraceable_mul():
 def long_names():
     torch.manual_seed(0)
     return LongNames().eval(), (torch.rand(2, 8) + 0.5,)
+
+
+def half_long_names():
+    model, inputs = long_names()
+    return model.half(), inputs
 '''
 
 
@@ -446,3 +451,24 @@ def test_demo_hint_without_onnx_names_the_extra(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "ONNX export skipped" in proc.stdout
     assert "pip install -e '.[onnx]'" in proc.stdout, proc.stdout
+
+
+# ---- a model already in float16 --------------------------------------------------------
+def test_a_float16_model_is_refused_in_one_line(capsys, tmp_path, tiny):
+    model, (x,) = load_tiny(tiny, "half_long_names")
+    assert not torch.isfinite(model(x.half())).all()  # its own values: FP16's inf
+    code, _out, err = run(capsys, "scan", f"{tiny}:half_long_names")
+    one_line_error(code, err, "float16", "model.float()")
+    report = tmp_path / "r.json"  # made from the FP32 model
+    assert run(capsys, "scan", f"{tiny}:long_names", "--save", str(report))[0] == 0
+    code, _out, err = run(
+        capsys,
+        "patch",
+        f"{tiny}:half_long_names",
+        "--report",
+        str(report),
+        "-o",
+        str(tmp_path / "p.pt2"),
+    )
+    one_line_error(code, err, "float16", "model.float()")
+    assert listing(tmp_path) == ["r.json"]

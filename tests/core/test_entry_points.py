@@ -63,6 +63,21 @@ def test_what_users_try_resolves():
     assert fp16lens.watch.WatchOptions(threshold=2.0).threshold == 2.0
 
 
+def test_the_readme_demo_model_line_runs_after_a_plain_import():
+    # the README: `model, (x,) = fp16lens.demo.build_demo_model()` after `import fp16lens`,
+    # in a fresh interpreter (this one may have imported fp16lens.demo already)
+    code = (
+        "import fp16lens, sys; model, (x,) = fp16lens.demo.build_demo_model(); "
+        "print(type(model).__name__, tuple(x.shape)); "
+        "sys.exit(0 if 'fp16lens.demo' in sys.modules else 3)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("DemoTextDetector")
+    with pytest.raises(AttributeError, match="nosuch"):
+        _ = fp16lens.nosuch
+
+
 def test_the_stage_callables_run():
     import copy
 

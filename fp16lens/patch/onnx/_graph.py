@@ -12,13 +12,12 @@ import numpy as np
 
 from fp16lens._core import PatchError, import_optional
 from fp16lens._core.onnx_types import elem_types
+from fp16lens._core.onnx_upcast import fp32_twin
 
 if TYPE_CHECKING:  # onnx is optional (and not followed by mypy: its names are Any)
     from onnx import ModelProto, NodeProto
 
 FLOAT_TYPES = frozenset({1, 10, 11, 16})  # FLOAT, FLOAT16, DOUBLE, BFLOAT16
-FP32_NODES_KEY = "fp16lens.fp32_nodes"
-"""``metadata_props`` key: JSON list of the node names an FP16 export keeps in FP32."""
 
 
 def onnx_module():
@@ -57,21 +56,24 @@ class OnnxModel:
 
 
 def load(model):
-    """A ModelProto (a copy of a proto, external data read in) from a path or a proto."""
+    """A ModelProto (a copy of a proto, external data read in) from a path or a proto; a
+    file that already computes in float16 as its FP32 twin, as the scan read it
+    (``_core/onnx_upcast.py``): the patched graph is FP32."""
     onnx = onnx_module()
     if isinstance(model, (str, Path)):
         path = Path(model)
         if not path.is_file():
             raise PatchError(f"ONNX model {path} does not exist; check the path")
-        return onnx.load(str(path), load_external_data=True)
-    if any(t.data_location == 1 for t in model.graph.initializer):
-        raise PatchError(
-            "the ONNX model keeps tensors in external data files that were not loaded; pass "
-            "its path instead (fp16lens.patch('model.onnx', report)) so they are read in"
-        )
-    copy = onnx.ModelProto()
-    copy.CopyFrom(model)
-    return copy
+        proto = onnx.load(str(path), load_external_data=True)
+    else:
+        if any(t.data_location == 1 for t in model.graph.initializer):
+            raise PatchError(
+                "the ONNX model keeps tensors in external data files that were not loaded; "
+                "pass its path instead (fp16lens.patch('model.onnx', report)) so they are read in"
+            )
+        proto = onnx.ModelProto()
+        proto.CopyFrom(model)
+    return fp32_twin(proto, onnx)[0]
 
 
 def read(proto) -> OnnxModel:

@@ -17,9 +17,9 @@ import numpy as np
 import torch
 
 from fp16lens._core import PatchError, StaleReportError, import_optional
-from fp16lens._core.feeds import feed_items
+from fp16lens._core.feeds import as_input, feed_items
 from fp16lens._core.fingerprint import onnx_changed
-from fp16lens._core.onnx_types import check_graph
+from fp16lens._core.onnx_types import FP32_NODES_KEY, check_graph
 from fp16lens._core.sites import Mechanism
 from fp16lens.patch._check import NOT_CHECKED, relative_error, report_batch
 from fp16lens.patch._check import TOLERANCE as AFFINE_TOLERANCE
@@ -32,7 +32,6 @@ from fp16lens.patch.onnx._branches import fold_branches
 from fp16lens.patch.onnx._flops import graph_flops
 from fp16lens.patch.onnx._graph import (
     FLOAT_TYPES,
-    FP32_NODES_KEY,
     OnnxModel,
     load,
     onnx_module,
@@ -463,11 +462,12 @@ def _inputs(m_proto, report: Report) -> list[dict[str, np.ndarray]]:
 
 def _feeds(proto, batches) -> list[dict[str, np.ndarray]]:
     inits = {i.name for i in proto.graph.initializer}
-    names = [i.name for i in proto.graph.input if i.name not in inits]
+    inputs = [i for i in proto.graph.input if i.name not in inits]
+    elem = {i.name: i.type.tensor_type.elem_type for i in inputs}
     out = []
     for batch in batches:
-        items = feed_items(batch, names, PatchError, "the ONNX model")
-        out.append({n: np.asarray(a.numpy() if torch.is_tensor(a) else a) for n, a in items})
+        items = feed_items(batch, list(elem), PatchError, "the ONNX model")
+        out.append({n: as_input(a, elem[n]) for n, a in items})
     return out
 
 

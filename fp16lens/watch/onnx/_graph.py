@@ -9,6 +9,7 @@ op type and its ``module`` the site itself (an ONNX node is its own unit).
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -16,13 +17,15 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from fp16lens._core import WatchError, import_optional
-from fp16lens._core.onnx_types import elem_types
+from fp16lens._core.feeds import ONNX_FLOATS
+from fp16lens._core.onnx_types import FP32_NODES_KEY, elem_types
+from fp16lens._core.onnx_upcast import fp32_twin
 from fp16lens.watch._recorder import SiteInfo
 
 if TYPE_CHECKING:  # onnx is optional (and not followed by mypy: its names are Any)
     from onnx import ModelProto
 
-FLOATS = {1: np.float32, 10: np.float16, 11: np.float64, 16: np.float32}  # 16: bfloat16
+FLOATS = ONNX_FLOATS
 _PURPOSE = "scanning an ONNX model"
 
 
@@ -44,6 +47,10 @@ class OnnxGraph:
     outputs: list[str] = field(default_factory=list)
     # an inlined graph (watch/onnx/_inline.py): the If conditions it assumes, (tensor, value)
     checks: list[tuple[str, bool]] = field(default_factory=list)
+    # a file that already computes in float16, scanned as its FP32 twin: its float16 share
+    fp16_source: float = 0.0
+    # sites an FP16 graph keeps in FP32 (metadata ``FP32_NODES_KEY``): values not judged
+    fp32: set[str] = field(default_factory=set)
 
     def exposed(self):
         """A copy returning every event tensor (graph outputs first, as the graph has them)
@@ -120,9 +127,14 @@ def constants(graph) -> dict[str, np.ndarray]:
 
 def analyse(model, base_dir: str | Path | None = None) -> OnnxGraph:
     proto, name = load(model, base_dir)
+    proto, share = fp32_twin(proto, onnx_module())  # an FP16 file's values are FP16's own
     g = proto.graph
     inits = {i.name for i in g.initializer}
     graph = OnnxGraph(proto, name, elem=elem_types(proto, onnx_module()), consts=constants(g))
+    graph.fp16_source = share
+    meta = {p.key: p.value for p in proto.metadata_props}
+    if FP32_NODES_KEY in meta:
+        graph.fp32 = set(json.loads(meta[FP32_NODES_KEY]))
     graph.inputs = [i.name for i in g.input if i.name not in inits]
     graph.outputs = [o.name for o in g.output]
     taken: dict[str, int] = {}

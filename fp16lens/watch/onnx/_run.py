@@ -11,13 +11,13 @@ import numpy as np
 import torch
 
 from fp16lens._core import WatchError, import_optional
-from fp16lens._core.feeds import feed_items
+from fp16lens._core.feeds import as_input, feed_items
 from fp16lens.report import SATURATED
 from fp16lens.watch._inputs import describe_inputs
 from fp16lens.watch._recorder import INPUT_SITE, Forward
 from fp16lens.watch._tensorstats import take_sample
 from fp16lens.watch.onnx._checks import internal_checks
-from fp16lens.watch.onnx._graph import FLOATS, OnnxGraph
+from fp16lens.watch.onnx._graph import OnnxGraph
 
 
 def session(graph: OnnxGraph):
@@ -45,16 +45,7 @@ def feed(graph: OnnxGraph, batch: Any) -> dict[str, np.ndarray]:
     """A batch (an array, a tuple of arrays in graph-input order, or a dict by input name)
     as ONNX Runtime's feed; float arrays are cast to the graph input's float type."""
     items = feed_items(batch, graph.inputs, WatchError, graph.name)
-    return {n: _array(a, graph.elem.get(n)) for n, a in items}
-
-
-def _array(a: Any, elem: int | None) -> np.ndarray:
-    if torch.is_tensor(a):
-        a = a.detach().cpu().numpy()
-    a = np.asarray(a)
-    if a.dtype.kind == "f" and elem in FLOATS:
-        a = a.astype(FLOATS[elem], copy=False)
-    return a
+    return {n: as_input(a, graph.elem.get(n)) for n, a in items}
 
 
 def run_batch(
@@ -94,6 +85,8 @@ def run_batch(
         node = graph.nodes[sid]
         producers = tuple(event_of[i] for i in node.input if i in event_of)
         event_of[t] = _event(fw, sid, got[t], producers, threshold, sample_size)
+        if graph.fp32 and graph.sites[sid].name in graph.fp32:
+            fw.fp32.add(event_of[t])  # an FP32 island of the FP16 graph: not judged
     fw.outputs = tuple(event_of[o] for o in graph.outputs if o in event_of)
     maxes = {t: _absmax(fw.extremes[e]) for t, e in event_of.items()}
     fw.internal = internal_checks(graph, {**values, **got}, maxes, threshold)

@@ -91,6 +91,9 @@ class OnnxScan:
             self.dead.settle(report)
         guard_constants(report, self.under.guards())
         _note_inlined(report, graphs)
+        _note_fp16_file(report, self.graph.fp16_source)
+        if self.graph.fp16_source:
+            _note_clamped(report, self.graph)
         _note_hidden_subgraphs(report, [v.graph.proto for v in graphs.variants.values()])
         self.fp16.settle(report)
         return advised(
@@ -105,6 +108,61 @@ def _params(graphs: Graphs, options: WatchOptions) -> list:
         for c in check_constants(v.graph, options):
             out.setdefault((c.finding.tensor, c.finding.kind), c)
     return list(out.values())
+
+
+def _note_fp16_file(report: Report, share: float) -> None:
+    """A note saying the file already computes in float16 and was scanned as its FP32 twin
+    (``_core/onnx_upcast.py``)."""
+    if not share:
+        return
+    report.findings.append(
+        Finding(
+            site="",
+            mechanism=Mechanism.NOTE,
+            kind=FindingKind.FP16_FILE,
+            peak=0.0,
+            detail=f"the file already computes in float16 ({share:.0%} of its computing nodes "
+            "write float16): "
+            "read as it is, its values would be FP16's own, inf where FP16 overflowed; it was "
+            "scanned as its FP32 twin (every float16 tensor and type as float32, the same nodes), "
+            "so the values are how far FP32 goes, and the verdict is checked in FP16 storage, "
+            "what the file computes",
+        )
+    )
+
+
+CONVERTER_BOUND = 1.0e4
+"""onnxconverter-common's ``convert_float_to_float16`` clamps every constant beyond ±1e4
+(its ``max_finite_val``) to ±1e4, though FP16 holds up to 65504."""
+
+
+def _note_clamped(report: Report, graph) -> None:
+    """A note per constant of an FP16 file (more than one value) that holds exactly ±1e4:
+    where its FP32 file held more, the conversion changed the model (PP-OCRv4's detector:
+    a batch-norm variance of 9.8e7 became 1e4 and the FP16 file's text map is all 0)."""
+    import numpy as np
+
+    for name, value in graph.consts.items():
+        hits = int(np.count_nonzero(np.abs(value) == CONVERTER_BOUND))
+        if value.size < 2 or not hits:
+            continue
+        readers = sorted({graph.sites[s].name for s in graph.consumers.get(name, [])})
+        where = ", ".join(readers[:3]) + (" ..." if len(readers) > 3 else "")
+        report.findings.append(
+            Finding(
+                site=readers[0] if readers else name,
+                mechanism=Mechanism.NOTE,
+                kind=FindingKind.CONVERTER_CLAMP,
+                peak=CONVERTER_BOUND,
+                count=hits,
+                tensor=name,
+                detail=f"{name} (read by {where or 'no node'}): {hits} of its {value.size} "
+                "values are exactly ±10000, the bound onnxconverter-common's "
+                "convert_float_to_float16 clamps larger values to (max_finite_val); if the FP32 "
+                "file held more there (a batch norm's variance, a large scale), the conversion "
+                "changed the model, which this file alone cannot show",
+            )
+        )
 
 
 def _note_inlined(report: Report, graphs: Graphs) -> None:
