@@ -44,8 +44,10 @@ def add_input_arguments(parser: argparse.ArgumentParser, batches: bool = True) -
     )
     group.add_argument(
         "--dtype",
-        default="float32",
-        help="dtype of generated inputs: float32, float16, int64, ... (one, or one per input)",
+        default=None,
+        help="dtype of generated inputs (default float32), or the dtype a file's arrays are "
+        "cast to (uint8 pixels for a float model: --dtype float32): float32, float16, int64, "
+        "... (one, or one per input)",
     )
     group.add_argument(
         "--range",
@@ -146,15 +148,46 @@ def _batches(args: argparse.Namespace, default: Batch | None) -> Sequence[Batch]
                 "--input takes either shapes or one .pt/.npz/.npy file of batches, not both or "
                 f"several files (got {' '.join(specs)})"
             )
-        return load_batches(files[0], args.batch_size)
+        return cast_batches(load_batches(files[0], args.batch_size), args.dtype)
     return spec_from_args(args).make()
+
+
+def cast_batches(batches: Sequence, dtype: str | None) -> Sequence:
+    """Each batch's arrays or tensors cast to ``--dtype`` (one, or one per input), where it
+    was given; the batches as they are otherwise."""
+    if dtype is None:
+        return batches
+    import numpy as np
+    import torch
+
+    from fp16lens.cli._inputs import parse_dtypes
+
+    def cast(b):
+        if isinstance(b, dict):
+            items = list(b.values())
+            wanted = parse_dtypes(dtype, len(items))
+            return {k: _cast(v, d, np, torch) for (k, v), d in zip(b.items(), wanted)}
+        items = list(b) if isinstance(b, (tuple, list)) else [b]
+        wanted = parse_dtypes(dtype, len(items))
+        done = tuple(_cast(v, d, np, torch) for v, d in zip(items, wanted))
+        return done if isinstance(b, (tuple, list)) else done[0]
+
+    return [cast(b) for b in batches]
+
+
+def _cast(v, dtype, np, torch):
+    if torch.is_tensor(v):
+        return v.to(dtype)
+    if isinstance(v, np.ndarray):
+        return v.astype(torch.empty(0, dtype=dtype).numpy().dtype)
+    return v
 
 
 def spec_from_args(args: argparse.Namespace) -> InputSpec:
     from fp16lens.cli._inputs import InputSpec, parse_dtypes, parse_range, parse_shape
 
     shapes = tuple(parse_shape(s) for s in args.input)
-    dtypes = tuple(parse_dtypes(args.dtype, len(shapes)))
+    dtypes = tuple(parse_dtypes(args.dtype or "float32", len(shapes)))
     floats = all(d.is_floating_point for d in dtypes)
     low, high = parse_range(args.range) if args.range else ((0.0, 1.0) if floats else (0.0, 10.0))
     count = getattr(args, "batches", 1)
@@ -180,7 +213,7 @@ def onnx_batches(args: argparse.Namespace) -> Sequence:
 
     specs = args.input or []
     if len(specs) == 1 and specs[0].lower().endswith(".npz") and args.batch_size is None:
-        batch = npz_batch(Path(specs[0]), np)
+        (batch,) = cast_batches([npz_batch(Path(specs[0]), np)], args.dtype)
         wanted = _graph_inputs(args.model)
         if (
             isinstance(batch, dict)

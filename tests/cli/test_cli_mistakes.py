@@ -472,3 +472,24 @@ def test_a_float16_model_is_refused_in_one_line(capsys, tmp_path, tiny):
     )
     one_line_error(code, err, "float16", "model.float()")
     assert listing(tmp_path) == ["r.json"]
+
+
+# ---- raw uint8 pixels in a file ---------------------------------------------------------
+def test_dtype_casts_a_files_arrays_as_the_refusal_says(capsys, tmp_path):
+    pixels = tmp_path / "pixels.npy"
+    rng = np.random.default_rng(0)
+    np.save(pixels, rng.integers(0, 256, (1, 3, 64, 64), dtype=np.uint8))
+    code, _out, err = run(capsys, "scan", "demo", "--input", str(pixels))
+    one_line_error(code, err, "uint8", "--dtype")  # the refusal names --dtype ...
+    code, out, err = run(
+        capsys, "scan", "demo", "--input", str(pixels), "--dtype", "float32", "--json"
+    )
+    assert code == 0, err  # ... and --dtype float32 casts the file's pixels
+    assert json.loads(out)["spans"]
+    # ground truth: the demo model on those pixels in real FP16
+    model, _ = fp16lens.demo.build_demo_model()
+    x = torch.from_numpy(np.load(pixels)).float()
+    assert (
+        torch.isfinite(model(x)).all()
+        and not torch.isfinite(copy.deepcopy(model).half()(x.half())).all()
+    )
