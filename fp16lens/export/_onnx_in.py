@@ -57,7 +57,8 @@ def check_fp32_source(proto, src) -> None:
     if half:
         raise ExportError(
             f"{src} already holds FP16 tensors ({', '.join(half[:3])}, ...); export from the "
-            "FP32 model instead"
+            "FP32 model it came from, or, with only this file, export the FP32 graph "
+            "`fp16lens patch` writes from it (scan and patch read an FP16 file as its FP32 twin)"
         )
 
 
