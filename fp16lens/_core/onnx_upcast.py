@@ -49,6 +49,10 @@ def fp16_share(proto, elem: dict[str, int]) -> float:
     return sum(kinds) / len(kinds) if kinds else 0.0
 
 
+TWIN_KEY = "fp16lens.fp32_twin"
+"""The ``metadata_props`` key of an FP32 twin (its value: the FP16 file's float16 share), which
+a patched twin keeps: the patch says its graph is FP32."""
+
 FP16_FILE = 0.5
 """A graph where at least this share of the computing nodes write float16 computes in FP16 (a
 graph converted to FP16, its FP32 islands aside): the scan and the patch read its FP32 twin,
@@ -113,4 +117,6 @@ def fp32_twin(proto, onnx: Any) -> tuple[Any, float]:
     share = fp16_share(proto, elem)
     if share < FP16_FILE:
         return proto, 0.0
-    return upcast(proto, onnx, fp32_in_file(proto, elem)), share
+    twin = upcast(proto, onnx, fp32_in_file(proto, elem))
+    twin.metadata_props.add(key=TWIN_KEY, value=f"{share:.3f}")
+    return twin, share

@@ -22,6 +22,7 @@ from torch import nn
 
 import fp16lens
 from fp16lens._core.sites import FindingKind
+from fp16lens.cli import main
 from fp16lens.report._advice import suggest_fix
 
 onnx = pytest.importorskip("onnx")
@@ -88,7 +89,7 @@ def _cosine(a: np.ndarray, b: np.ndarray) -> float:
     return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
 
 
-def test_an_fp16_file_that_overflows_is_found_and_patched(tmp_path):
+def test_an_fp16_file_that_overflows_is_found_and_patched(tmp_path, capsys):
     fp32, fp16, x = _files(tmp_path, 2.0**18)
     ref = _fp32_out(fp32, x)
     assert np.isfinite(ref).all()
@@ -111,6 +112,21 @@ def test_an_fp16_file_that_overflows_is_found_and_patched(tmp_path):
     again = float16.convert_float_to_float16(patched)
     got = _fp16_out(again, x)
     assert np.isfinite(got).all() and _cosine(got, ref) > 0.999
+
+    # the CLI says the patched file is FP32 and how to make it FP16
+    report.save(tmp_path / "r.json")
+    np.save(tmp_path / "x16.npy", x16)
+    args = [
+        "patch",
+        fp16,
+        "--report",
+        str(tmp_path / "r.json"),
+        "--input",
+        str(tmp_path / "x16.npy"),
+    ]
+    code = main([*args, "-o", str(tmp_path / "cli.onnx")])
+    out_text = capsys.readouterr().out
+    assert code == 0 and "FP32 twin" in out_text and "--precision fp16" in out_text
 
 
 def test_an_fp16_file_with_the_loud_nodes_kept_fp32_is_clean(tmp_path):

@@ -20,6 +20,7 @@ from fp16lens._core import PatchError, StaleReportError, import_optional
 from fp16lens._core.feeds import as_input, feed_items
 from fp16lens._core.fingerprint import onnx_changed
 from fp16lens._core.onnx_types import FP32_NODES_KEY, check_graph
+from fp16lens._core.onnx_upcast import TWIN_KEY
 from fp16lens._core.sites import Mechanism
 from fp16lens.patch._check import NOT_CHECKED, relative_error, report_batch
 from fp16lens.patch._check import TOLERANCE as AFFINE_TOLERANCE
@@ -115,6 +116,12 @@ def patch_onnx(
             "batches= (or --input) to prove it"
         )
     _count_flops(the_plan, original, report)
+    if any(p.key == TWIN_KEY for p in original.metadata_props):
+        the_plan.notes.append(
+            "the source computes in float16: the patched graph is its FP32 twin (float32 "
+            "throughout, the file's own FP32 nodes named as islands); turn it into FP16 with "
+            "fp16lens export --precision fp16, which checks the file it writes"
+        )
     if out is not None:
         onnx.save(m.proto, str(out))
     return m.proto, the_plan
