@@ -19,10 +19,12 @@ from torch import nn
 import fp16lens
 from fp16lens import Report
 from fp16lens._core import (
+    ExportError,
     Fp16LensError,
     MissingDependencyError,
     PatchError,
     ReportError,
+    VerifyError,
     WatchError,
 )
 
@@ -346,7 +348,7 @@ def test_patch_refuses_a_model_in_training_mode(relu_case):
     assert model.training
 
 
-def test_watch_and_patch_refuse_a_model_already_in_float16(relu_case):
+def test_every_stage_refuses_a_model_already_in_float16(relu_case, tmp_path):
     model, (x,), report = relu_case
     half = copy.deepcopy(model).half()
     # why: its values are FP16's own, inf where FP32 goes past 65504 (ground truth), so a
@@ -359,7 +361,14 @@ def test_watch_and_patch_refuse_a_model_already_in_float16(relu_case):
     with pytest.raises(PatchError) as info:
         fp16lens.patch(half, report)
     _has_fix(str(info.value), "float16", "model.float()")
+    with pytest.raises(ExportError) as info:  # its file's FP16 check needs FP32 outputs
+        fp16lens.export(half, (x.half(),), tmp_path / "h.onnx", precision="fp16")
+    _has_fix(str(info.value), "float16", "model.float()")
+    with pytest.raises(VerifyError) as info:  # the reference is the FP32 model
+        fp16lens.verify(half, model, [x])
+    _has_fix(str(info.value), "float16", "model.float()")
     _assert_untouched(half, snap)
+    assert not list(tmp_path.iterdir())
     # a bfloat16 model holds FP32's range: it is watched, and its span found
     bf16 = copy.deepcopy(model).bfloat16()
     assert [s.start for s in _report(bf16, (x.bfloat16(),)).spans] == ["fc1"]

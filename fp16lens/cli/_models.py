@@ -248,9 +248,11 @@ def _check_kwargs(target, spec: str, kwargs: dict) -> None:
 
 
 def require_weights(model: nn.Module, source: str) -> None:
-    """A model whose tensors are on the meta device (or lazy) has no values to watch or export."""
+    """A model whose tensors are on the meta device (or lazy) has no values to watch or export;
+    one whose weights are float16 has FP16's own values (every command takes the FP32 model)."""
+    from fp16lens._core.model_dtype import half_model
     from fp16lens._core.weights import missing_weights
 
-    why = missing_weights(model)
+    why = missing_weights(model) or half_model(model)
     if why is not None:
         raise Fp16LensError(f"{source}: {why}")

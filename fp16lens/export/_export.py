@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from fp16lens._core import ExportError, import_optional
+from fp16lens._core.model_dtype import half_model
 from fp16lens._core.onnx_types import check_graph, is_onnx
 from fp16lens._core.options import given, one_form
 from fp16lens._core.paths import check_writable
@@ -232,6 +233,9 @@ def _check_model(model) -> None:
     why = missing_weights(model)
     if why is not None:
         raise ExportError(f"export cannot trace this model: {why}")
+    why = half_model(model)
+    if why is not None:  # the FP16 file is checked against the FP32 model's outputs
+        raise ExportError(f"export writes FP16 from the FP32 model: {why}")
 
 
 def _check_writable(path: Path) -> Path:

@@ -79,6 +79,7 @@ def verify(
 
 
 def _reference(model) -> nn.Module:
+    from fp16lens._core.model_dtype import half_model
     from fp16lens._core.onnx_types import is_onnx
     from fp16lens.verify._onnx_ref import OnnxReference
 
@@ -89,6 +90,9 @@ def _reference(model) -> nn.Module:
             f"verify needs the FP32 reference as a torch.nn.Module or an FP32 .onnx file, got "
             f"{type(model).__name__}; pass the original model object itself (not its state_dict)"
         )
+    why = half_model(model)
+    if why is not None:
+        raise VerifyError(f"verify compares with the FP32 model: {why}")
     return model
 
 

@@ -455,10 +455,15 @@ def test_demo_hint_without_onnx_names_the_extra(tmp_path):
 
 # ---- a model already in float16 --------------------------------------------------------
 def test_a_float16_model_is_refused_in_one_line(capsys, tmp_path, tiny):
-    model, (x,) = load_tiny(tiny, "half_long_names")
-    assert not torch.isfinite(model(x.half())).all()  # its own values: FP16's inf
-    code, _out, err = run(capsys, "scan", f"{tiny}:half_long_names")
-    one_line_error(code, err, "float16", "model.float()")
+    model, (x,) = load_tiny(tiny, "long_names")
+    assert not torch.isfinite(model.half()(x.half())).all()  # its own values: FP16's inf
+    fp32 = tmp_path / "fp32.onnx"  # a candidate for verify, exported from the FP32 model
+    assert (
+        run(capsys, "export", f"{tiny}:long_names", "-o", str(fp32), "--precision", "fp32")[0] == 0
+    )
+    for command in (["scan"], ["export", "-o", str(tmp_path / "h.onnx")], ["verify", str(fp32)]):
+        code, _out, err = run(capsys, command[0], f"{tiny}:half_long_names", *command[1:])
+        one_line_error(code, err, "float16", "model.float()")
     report = tmp_path / "r.json"  # made from the FP32 model
     assert run(capsys, "scan", f"{tiny}:long_names", "--save", str(report))[0] == 0
     code, _out, err = run(
@@ -471,7 +476,7 @@ def test_a_float16_model_is_refused_in_one_line(capsys, tmp_path, tiny):
         str(tmp_path / "p.pt2"),
     )
     one_line_error(code, err, "float16", "model.float()")
-    assert listing(tmp_path) == ["r.json"]
+    assert listing(tmp_path) == ["fp32.onnx", "r.json"]
 
 
 # ---- raw uint8 pixels in a file ---------------------------------------------------------
