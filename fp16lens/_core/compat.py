@@ -80,3 +80,20 @@ def torch_function_metadata_mode_off() -> Iterator[None]:
         return
     with _pop_mode_temporarily():
         yield
+
+
+def autocast_dtype(device_type: str) -> torch.dtype | None:
+    """The dtype ``torch.autocast`` computes in on ``device_type`` ("cpu", "cuda") right now,
+    or None when it is off there. ``torch.is_autocast_enabled(device_type)`` and
+    ``torch.get_autocast_dtype`` take a device from torch 2.4; before, the CPU has its own
+    names and the plain ones mean CUDA."""
+    try:
+        if not torch.is_autocast_enabled(device_type):
+            return None
+        return torch.get_autocast_dtype(device_type)
+    except (TypeError, AttributeError, RuntimeError):
+        if device_type == "cpu":
+            on, dtype = torch.is_autocast_cpu_enabled, torch.get_autocast_cpu_dtype
+        else:
+            on, dtype = torch.is_autocast_enabled, torch.get_autocast_gpu_dtype
+        return dtype() if on() else None

@@ -126,6 +126,7 @@ class FindingKind(_Names):
     UNCHECKED = "unchecked"  # the clean verdict could not be run again in real FP16
     FP16_FILE = "fp16-file"  # an ONNX file already in float16, scanned as its FP32 twin
     CONVERTER_CLAMP = "converter-clamp"  # an FP16 file's constants at a converter's bound
+    FP16_INSIDE = "fp16-inside"  # an FP32 model's forward computes some sites in float16
 
 
 FP16_RUN_FLUSHED = "values flushed to 0"

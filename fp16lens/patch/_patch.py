@@ -14,7 +14,7 @@ from fp16lens._core.fingerprint import changed
 from fp16lens._core.model_dtype import half_model
 from fp16lens._core.onnx_types import is_onnx
 from fp16lens._core.options import one_form
-from fp16lens._core.sites import PLAN_ATTR
+from fp16lens._core.sites import PLAN_ATTR, FindingKind
 from fp16lens.patch._apply import apply_plan
 from fp16lens.patch._check import NOT_CHECKED, check_equivalent
 from fp16lens.patch._options import PatchOptions
@@ -412,6 +412,14 @@ def _require(model: nn.Module, report: Report) -> None:
     why = half_model(model)
     if why is not None:
         raise PatchError(f"patch rescales a model in FP32: {why}")
+    inside = [f.site for f in report.findings if f.kind == FindingKind.FP16_INSIDE]
+    if inside:
+        raise PatchError(
+            f"the report was watched while the forward computed in float16 (from {inside[0]}: "
+            "torch.autocast or a .half() inside forward), so its values are FP16's own and no "
+            "rescaling can be read from them; watch the forward with FP32 there (take autocast "
+            "out while watching) and patch with that report"
+        )
     training = [
         n or "the model itself" for n, m in model.named_modules() if m.training and _has_modes(m)
     ]

@@ -208,6 +208,12 @@ def _note_fix(f: Finding) -> str:
             "none for the scan; fp16lens patch reads the same FP32 twin and writes an FP32 "
             "graph: turn that into FP16 with fp16lens export --precision fp16, which checks it"
         )
+    if f.kind == FindingKind.FP16_INSIDE:
+        return (
+            "watch the forward with those sites in FP32 (take torch.autocast or the .half() "
+            "out of forward while watching): fp16lens then shows from the FP32 values where "
+            "FP16 overflows"
+        )
     if f.kind == FindingKind.CONVERTER_CLAMP:
         return (
             "scan the FP32 file it was converted from (the scan names what FP16 cannot hold "

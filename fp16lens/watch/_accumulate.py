@@ -137,6 +137,8 @@ class Accumulator:
     inputs: dict[int, InputAcc] = field(default_factory=dict)
     # sites a .half() model computes in FP32 whose values pass the threshold: (peak, batch)
     upcast: dict[int, tuple[float, int]] = field(default_factory=dict)
+    # site -> first batch where an FP32 model computed it in float16 (Forward.fp16)
+    fp16: dict[int, int] = field(default_factory=dict)
     edges: set[tuple[int, int]] = field(default_factory=set)
     # singular sites that FP16's zeros make non-finite (watch/_underflow.py)
     underflow: dict[int, UnderflowAcc] = field(default_factory=dict)
@@ -169,7 +171,9 @@ class Accumulator:
         maxes, device = _maxes(fw.extremes)
         _saturated_from_samples(fw, maxes, device)
         for e, (below, _) in fw.saturated.items():
-            if fw.sites[e] != INPUT_SITE:  # an inf input is bad data, not a masking constant
+            # an inf input is bad data, and an inf computed in float16 is FP16's overflow:
+            # neither is a masking constant
+            if fw.sites[e] != INPUT_SITE and e not in fw.fp16:
                 maxes[e] = below
         rows = reduce_samples(fw.samples, self.threshold)
         add_forward(self.underflow, fw.flush, fw.consts, fw, rows, INPUT_SITE, self.half_dtypes)
@@ -197,6 +201,8 @@ class Accumulator:
                     self.upcast[sid] = (maxes[e], fw.index)
         for e in fw.fp32:
             oor[e] = False
+        for e in fw.fp16:
+            self.fp16.setdefault(fw.sites[e], fw.index)
         self._add_sites(fw, maxes, rows)
         self._add_inputs(fw, maxes, rows)
         self._add_edges(fw)

@@ -63,12 +63,17 @@ def _span(acc: SpanAcc, infos: list[SiteInfo]) -> Span:
     )
 
 
-def _span_finding(span: Span, start_op: str, threshold: float) -> Finding:
+def _span_finding(span: Span, start_op: str, threshold: float, in_fp16: bool = False) -> Finding:
     where = "the model output" if span.end is None else ", ".join(span.ends[:3])
     if (not math.isfinite(span.peak) and not math.isinf(span.peak)) or math.isinf(span.peak):
         kind, detail = (
             FindingKind.NONFINITE,
-            (f"{span.start} produces inf/NaN already in FP32; the model itself is broken there"),
+            (
+                f"{span.start} produces inf/NaN where the forward computes in float16 (FP16's "
+                "own overflow, not the FP32 values; see the fp16-inside note)"
+                if in_fp16
+                else f"{span.start} produces inf/NaN already in FP32; the model itself is broken there"
+            ),
         )
     elif start_op == "exp":
         kind, detail = (
@@ -119,7 +124,10 @@ def build_report(
     # in the order they first overflowed: a module reused in a loop may overflow late
     in_time = sorted(acc.spans.values(), key=lambda a: (a.first_seen, a.start))
     spans = [_span(a, infos) for a in in_time]
-    findings = [_span_finding(s, infos[a.start].op, threshold) for s, a in zip(spans, in_time)]
+    findings = [
+        _span_finding(s, infos[a.start].op, threshold, a.start in acc.fp16)
+        for s, a in zip(spans, in_time)
+    ]
     for (sid, kind), ia in sorted(acc.internal.items()):
         findings.append(
             Finding(
@@ -136,7 +144,7 @@ def build_report(
     edges = sorted((infos[a].name, infos[b].name) for a, b in acc.edges)
     findings.extend(judge(params, sites, edges))
     for sid, a in sorted(acc.sites.items()):
-        if a.saturated:
+        if a.saturated and sid not in acc.fp16:  # float16's inf is its overflow, not a mask
             findings.append(
                 Finding(
                     site=infos[sid].name,
@@ -171,6 +179,26 @@ def build_report(
                     f"{names}: values up to {peak:.3g} > {threshold:g}, computed in FP32 by a .half() "
                     "model (its own upcast, or an FP32 tensor made in forward), so no FP16 overflow "
                     "there; an FP16 graph converted from the FP32 export has no such upcast"
+                ),
+            )
+        )
+    if acc.fp16:
+        first = sorted(acc.fp16, key=lambda sid: (acc.fp16[sid], sid))
+        names = ", ".join(infos[sid].name for sid in first[:4]) + (
+            ", ..." if len(first) > 4 else ""
+        )
+        findings.append(
+            Finding(
+                site=infos[first[0]].name,
+                mechanism=Mechanism.NOTE,
+                kind=FindingKind.FP16_INSIDE,
+                peak=0.0,
+                batch=acc.fp16[first[0]],
+                count=len(first),
+                detail=(
+                    f"{len(first)} site(s) of this FP32 model computed in float16 ({names}): "
+                    "torch.autocast inside its forward, or a .half() there; their values are "
+                    "FP16's own (inf where FP16 overflowed), not how far FP32 goes"
                 ),
             )
         )

@@ -14,8 +14,9 @@ from dataclasses import dataclass, field
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from fp16lens._core import threads
-from fp16lens._core.compat import dispatch_mode_paused
+from fp16lens._core import WatchError, threads
+from fp16lens._core.compat import autocast_dtype, dispatch_mode_paused
+from fp16lens._core.model_dtype import model_float_dtype
 from fp16lens._trace import FirstCall, Frame, ModuleTracker, pause_at_boundary
 from fp16lens.report import SATURATED
 from fp16lens.watch import _fused_kernels, _internal
@@ -47,6 +48,8 @@ class Forward:
     fp32: set[int] = field(default_factory=set)  # events inside FP32 islands, or that a
     # .half() model computes in FP32 (half_fp32: those of the second kind)
     half_fp32: set[int] = field(default_factory=set)
+    fp16: set[int] = field(default_factory=set)  # events an FP32 model computes in float16
+    # (torch.autocast inside its forward, a .half() there): FP16's own values
     handoff: set[int] = field(default_factory=set)  # events an FP32 island hands back to FP16:
     # stored in FP16 by a .half() model, so judged as FP16 values (never in fp32)
     saturated: dict[int, tuple[float, int]] = field(default_factory=dict)  # event -> (max |v| below
@@ -101,6 +104,7 @@ class Recorder(TorchDispatchMode):
     def __init__(self, model: torch.nn.Module, options: WatchOptions, on_forward_end):
         super().__init__()
         self.options = options
+        self.fp32_model = model_float_dtype(model) == torch.float32
         self.tracker = ModuleTracker(model, self._enter, self._leave)
         self.stack = self.tracker.stack  # the running modules, innermost last
         self.table = SiteTable(model, self.tracker.names)
@@ -209,6 +213,15 @@ class Recorder(TorchDispatchMode):
 
     # ---- forward boundaries ------------------------------------------------------
     def _begin_forward(self, frame: Frame, args, kwargs) -> None:
+        floats = _float_tensors((args, kwargs), [])
+        device = floats[0].device.type if floats else "cpu"
+        if self.fp32_model and autocast_dtype(device) == torch.float16:
+            raise WatchError(
+                f"the forward runs under torch.autocast({device!r}, dtype=torch.float16), so its "
+                "values are FP16's own (inf where FP16 overflowed, not how far FP32 goes); run "
+                "the watched forward without autocast: fp16lens shows from the FP32 values where "
+                "FP16 overflows"
+            )
         if self.half_fp32 is None and self.first is None:
             try:
                 self.first = FirstCall(frame.module, args, kwargs)
@@ -221,7 +234,7 @@ class Recorder(TorchDispatchMode):
         if not self.static:  # a captured forward has no values to read (nor needs them again)
             with dispatch_mode_paused(self):  # fp16lens's own reductions are not the model's ops
                 fw.input_specs = describe_inputs(args, kwargs)
-        for t in _float_tensors((args, kwargs), []):
+        for t in floats:
             fw.input_shapes.append(list(t.shape))
             if t.numel():  # an empty input has no range to record
                 self._add_event(INPUT_SITE, (), t)
@@ -390,6 +403,8 @@ class Recorder(TorchDispatchMode):
         flat = t if t.is_contiguous() else flat_view(t)  # elements in memory order
         fw.sites.append(site)
         fw.inputs.append(inputs)
+        if self.fp32_model and t.dtype == torch.float16 and site != INPUT_SITE:
+            fw.fp16.add(eid)
         fw.samples.append(take_sample(flat, self.options.sample_size))
         fw.numels.append(t.numel())
         fw.shapes.append(t.shape)
