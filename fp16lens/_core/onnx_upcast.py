@@ -12,6 +12,7 @@ file computes.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from fp16lens._core.onnx_types import FP32_NODES_KEY, elem_types
@@ -29,6 +30,24 @@ def _graphs(graph):
             elif a.type == a.GRAPHS:
                 for g in a.graphs:
                     yield from _graphs(g)
+
+
+def _any_fp16(graph) -> bool:
+    """Whether any tensor, declared type or Cast of the graph (or a body) is float16."""
+    for g in _graphs(graph):
+        if any(t.data_type == FLOAT16 for t in g.initializer):
+            return True
+        if any(
+            vi.type.tensor_type.elem_type == FLOAT16 for vi in (*g.input, *g.output, *g.value_info)
+        ):
+            return True
+        for node in g.node:
+            for a in node.attribute:
+                if (a.HasField("t") and a.t.data_type == FLOAT16) or (
+                    a.name in _DTYPE_ATTRS and a.type == a.INT and a.i == FLOAT16
+                ):
+                    return True
+    return False
 
 
 def _computing(proto, elem: dict[str, int]):
@@ -66,7 +85,7 @@ def fp32_in_file(proto, elem: dict[str, int]) -> list[str]:
     return [name for name, floats in _computing(proto, elem) if all(e == FLOAT for e in floats)]
 
 
-def upcast(proto, onnx: Any, fp32_nodes: list[str] = ()):  # type: ignore[assignment]
+def upcast(proto, onnx: Any, fp32_nodes: Sequence[str] = ()):
     """A copy of ``proto`` with every float16 tensor (initializers, Constant values),
     dtype attribute (Cast ``to``, a random op's ``dtype``) and declared type (inputs,
     outputs, value_info) made float32, in every body; ``onnx``: the imported module. The
@@ -113,6 +132,8 @@ def fp32_twin(proto, onnx: Any) -> tuple[Any, float]:
     """(``proto`` itself, 0) or, where it already computes in float16 (``FP16_FILE``), (its
     FP32 twin with the nodes the file keeps in FP32 named as islands, the FP16 share): what
     the scan and the ONNX patch read."""
+    if not _any_fp16(proto.graph):  # an FP32 graph: no shape inference needed
+        return proto, 0.0
     elem = elem_types(proto, onnx)
     share = fp16_share(proto, elem)
     if share < FP16_FILE:
