@@ -78,8 +78,16 @@ def to_fp16_checked(
 
 def _parts(hit: list, shown: int) -> str:
     hit = sorted(hit, key=lambda e: e[2].subnormal / max(e[1], 1), reverse=True)
-    parts = [f"{n} ({i.subnormal}/{size}, {i.zeroed} -> 0)" for n, size, i, _ in hit[:shown]]
+    parts = [
+        f"{n} ({i.subnormal} of {size} values subnormal, {i.zeroed or 'none'} of them 0 in FP16)"
+        for n, size, i, _ in hit[:shown]
+    ]
     return ", ".join(parts) + (f", and {len(hit) - shown} more" if len(hit) > shown else "")
+
+
+MAY_CHANGE = "which may change the output"
+"""The words of the subnormal warning where a weight's loss may matter; the export's FP16
+check says next to them what it saw on its inputs."""
 
 
 def harmless(issues: RangeIssues, additive: bool) -> bool:
@@ -114,7 +122,7 @@ def subnormal_summary(
     rest = len(hit) - len(matter)
     return (
         f"{head}. In {len(matter)} of them an output channel loses up to {percent(worst)} of its "
-        f"weight magnitude, more than FP16's own rounding (2^-11), which may change the output: "
+        f"weight magnitude, more than FP16's own rounding (2^-11), {MAY_CHANGE}: "
         f"{_parts(matter, shown)}; check parity (fp16lens.verify(..., backend='onnx-fp16')) and "
         "where it drops, scale that weight up by 2^k and the next layer down by 2^-k, or keep "
         "its module FP32 (export(..., fp32_modules=[...]))"

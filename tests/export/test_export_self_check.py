@@ -65,3 +65,28 @@ def test_an_onnx_source_is_checked_on_its_evaluation_batches_or_says_it_was_not(
     art = export(src, None, tmp_path / "b.onnx", "fp16", evaluation=[(x.numpy(),)])
     assert not art.parity.passed and art.parity.nonfinite and UNCHECKED not in art.warnings
     assert main(["export", str(src), "-o", str(tmp_path / "c.onnx"), "--json"]) == 0
+
+
+def test_a_subnormal_weight_warning_says_what_the_check_saw(tmp_path):
+    # fc2's weights are all subnormal in FP16 (about 1e-6): each output channel loses up to
+    # 0.8% of its magnitude, more than FP16's own rounding, so the export warns; its own
+    # check on the example inputs passes, and the warning says so next to "may change"
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
+    with torch.no_grad():
+        model[0].weight.mul_(3e4)
+        model[0].bias.mul_(3e4)
+        model[2].weight.div_(3e4)
+    model.eval()
+    x = torch.rand(2, 8) + 0.5
+    with torch.no_grad():  # ground truth: the model's own .half() keeps the output
+        got = copy.deepcopy(model).half()(x.half()).float()
+        cos = torch.nn.functional.cosine_similarity(got.flatten(), model(x).flatten(), 0)
+    assert cos > 0.999
+    art = export(model, (x,), tmp_path / "m.onnx", "fp16")
+    assert art.parity.passed
+    (warning,) = [w for w in art.warnings if "subnormal" in w]
+    assert (
+        "which may change the output (not on the example inputs: the FP16 file's check" in warning
+    )
+    assert "(64 of 64 values subnormal, none of them 0 in FP16)" in warning
