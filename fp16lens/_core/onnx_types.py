@@ -8,6 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+PRECISION_KEY = "fp16lens.precision"
+"""The ``metadata_props`` key of the precision fp16lens.export wrote a file in (fp32, fp16, int8)."""
 FP32_NODES_KEY = "fp16lens.fp32_nodes"
 """The ``metadata_props`` key naming, as a JSON list, the nodes an FP16 export keeps in FP32
 (a patched graph's islands; an FP16 file's own FP32 nodes in its FP32 twin)."""

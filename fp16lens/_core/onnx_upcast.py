@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from fp16lens._core.onnx_types import FP32_NODES_KEY, elem_types
+from fp16lens._core.onnx_types import FP32_NODES_KEY, PRECISION_KEY, elem_types
 
 FLOAT, FLOAT16 = 1, 10
 _DTYPE_ATTRS = {"to", "dtype"}  # Cast's target; RandomNormal*, RandomUniform*, EyeLike, Multinomial
@@ -50,11 +50,41 @@ def _any_fp16(graph) -> bool:
     return False
 
 
+_MOVES = frozenset(
+    [
+        "Cast",
+        "CastLike",
+        "Constant",
+        "Identity",
+        "Reshape",
+        "Transpose",
+        "Squeeze",
+        "Unsqueeze",
+        "Flatten",
+        "Gather",
+        "GatherElements",
+        "GatherND",
+        "Slice",
+        "Split",
+        "Concat",
+        "Expand",
+        "Tile",
+        "Pad",
+        "Shape",
+        "Size",
+        "DepthToSpace",
+        "SpaceToDepth",
+    ]
+)
+"""Ops that compute no value of their own (they cast, move or pick values): an FP16 export's
+island is mostly such reshapes around a few MatMuls, so they do not count towards the share."""
+
+
 def _computing(proto, elem: dict[str, int]):
     """(node name, its float outputs' types) of the main graph's nodes that compute floats:
-    Casts and Constants aside (they compute nothing)."""
+    casts and moves (``_MOVES``) aside."""
     for node in proto.graph.node:
-        if node.op_type in ("Cast", "CastLike", "Constant"):
+        if node.op_type in _MOVES:
             continue
         floats = [elem.get(o) for o in node.output if o and elem.get(o) in (FLOAT, FLOAT16)]
         if floats:
@@ -74,15 +104,23 @@ a patched twin keeps: the patch says its graph is FP32."""
 
 FP16_FILE = 0.5
 """A graph where at least this share of the computing nodes write float16 computes in FP16 (a
-graph converted to FP16, its FP32 islands aside): the scan and the patch read its FP32 twin,
+graph converted to FP16, its FP32 islands aside; a file fp16lens.export wrote in fp16 is one
+whatever its share): the scan and the patch read its FP32 twin,
 those islands kept FP32. Below it the graph is an FP32 one (a few FP16 tensors, such as an
 embedding table stored in FP16, aside) that TensorRT's FP16 mode would turn FP16 as a whole."""
 
 
 def fp32_in_file(proto, elem: dict[str, int]) -> list[str]:
-    """The main graph's computing nodes that the file runs in FP32 (every float output
-    FLOAT): a converter's blocked ops, an FP16 export's islands."""
-    return [name for name, floats in _computing(proto, elem) if all(e == FLOAT for e in floats)]
+    """The main graph's nodes that the file runs in FP32 (every float output FLOAT; moves
+    too, Casts and Constants aside): a converter's blocked ops, an FP16 export's islands."""
+    out = []
+    for node in proto.graph.node:
+        if node.op_type in ("Cast", "CastLike", "Constant"):
+            continue
+        floats = [elem.get(o) for o in node.output if o and elem.get(o) in (FLOAT, FLOAT16)]
+        if floats and all(e == FLOAT for e in floats):
+            out.append(node.name or node.output[0])
+    return out
 
 
 def upcast(proto, onnx: Any, fp32_nodes: Sequence[str] = ()):
@@ -136,7 +174,8 @@ def fp32_twin(proto, onnx: Any) -> tuple[Any, float]:
         return proto, 0.0
     elem = elem_types(proto, onnx)
     share = fp16_share(proto, elem)
-    if share < FP16_FILE:
+    written = {p.key: p.value for p in proto.metadata_props}.get(PRECISION_KEY)
+    if share < FP16_FILE and not (written == "fp16" and share > 0):  # fp16lens's own FP16
         return proto, 0.0
     twin = upcast(proto, onnx, fp32_in_file(proto, elem))
     twin.metadata_props.add(key=TWIN_KEY, value=f"{share:.3f}")

@@ -7,10 +7,10 @@ from pathlib import Path
 from typing import Any
 
 from fp16lens._core import import_optional
+from fp16lens._core.onnx_types import PRECISION_KEY
 from fp16lens._core.sites import parse_site
 from fp16lens.export._naming import NodeOrigin, origin_of
 
-PRECISION_KEY = "fp16lens.precision"
 EXPORTER_KEY = "fp16lens.exporter"
 
 

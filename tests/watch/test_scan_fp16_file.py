@@ -181,3 +181,30 @@ def test_ppocr_det_converted_by_onnxconverter_common_names_the_clamped_variance(
         f.kind == FindingKind.PARAM_OVERFLOW and "batch_norm_0.w_2" in (f.tensor or f.detail)
         for f in fp32.findings
     )
+
+
+def test_fp16lens_own_fp16_export_with_an_island_scans_clean(tmp_path):
+    """The attention span patched into an FP32 island, exported to FP16: the file keeps the
+    island (its MatMuls, reshapes and its FP32 out_proj weight) in FP32. Scanning the file
+    once gave a span inside the island and a subnormal out_proj weight, a file that is fine."""
+    import models
+
+    model, inputs = models.attention_span()
+    report = fp16lens.scan(model, [inputs], progress=False)
+    assert report.spans
+    patched = fp16lens.patch(model, report, batches=[inputs])
+    path = str(tmp_path / "att16.onnx")
+    art = fp16lens.export(patched, inputs, path, "fp16")
+    assert art.parity.passed
+    proto = onnx.load(path)
+    feed = {i.name: t.numpy() for i, t in zip(proto.graph.input, inputs)}
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got = ReferenceEvaluator(proto).run(None, feed)[0]
+    with torch.no_grad():
+        ref = model(*inputs).numpy()
+    assert np.isfinite(got).all() and _cosine(got, ref) > 0.999  # ground truth: the file is fine
+
+    scanned = fp16lens.scan(path, [tuple(t.numpy() for t in inputs)], progress=False)
+    assert scanned.clean and not scanned.spans, scanned.findings
+    assert [f.kind for f in scanned.findings] == [FindingKind.FP16_FILE]

@@ -105,7 +105,11 @@ def _params(graphs: Graphs, options: WatchOptions) -> list:
     """The constants of every graph scanned, each tensor once."""
     out: dict[tuple[str, str], ParamCheck] = {}  # (tensor, kind) -> its first check
     for v in graphs.variants.values():
-        for c in check_constants(v.graph, options):
+        g = v.graph
+        for c in check_constants(g, options):
+            readers = g.consumers.get(c.finding.tensor, [])
+            if g.fp32 and readers and all(g.sites[s].name in g.fp32 for s in readers):
+                continue  # read only by FP32 islands: an FP16 file keeps it FP32
             out.setdefault((c.finding.tensor, c.finding.kind), c)
     return list(out.values())
 
