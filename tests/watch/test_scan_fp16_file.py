@@ -18,6 +18,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
+from onnx_reference import run_reference
 from torch import nn
 
 import fp16lens
@@ -28,7 +29,6 @@ from fp16lens.report._advice import suggest_fix
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
 float16 = pytest.importorskip("onnxconverter_common.float16")
-from onnx.reference import ReferenceEvaluator  # noqa: E402
 
 
 class Loud(nn.Module):
@@ -72,16 +72,10 @@ def _fp32_out(path: str, x: np.ndarray) -> np.ndarray:
 
 def _fp16_out(proto_or_path, x: np.ndarray) -> np.ndarray:
     """The file in real FP16 storage: ONNX's reference evaluator, numpy float16."""
-    ins = {
-        i.name: i
-        for i in (
-            onnx.load(proto_or_path) if isinstance(proto_or_path, str) else proto_or_path
-        ).graph.input
-    }
+    proto = onnx.load(proto_or_path) if isinstance(proto_or_path, str) else proto_or_path
+    ins = {i.name: i for i in proto.graph.input}
     feed = x.astype(np.float16 if ins["x"].type.tensor_type.elem_type == 10 else np.float32)
-    with np.errstate(all="ignore"), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return ReferenceEvaluator(proto_or_path).run(None, {"x": feed})[0]
+    return run_reference(proto, {"x": feed})[0]
 
 
 def _cosine(a: np.ndarray, b: np.ndarray) -> float:
@@ -156,8 +150,11 @@ def test_a_quiet_fp16_file_is_clean(tmp_path):
 def test_ppocr_det_converted_by_onnxconverter_common_names_the_clamped_variance(tmp_path):
     """PP-OCRv4's detector (rapidocr-onnxruntime's file) through onnxconverter-common as users
     run it: a batch norm's running variance of 9.8e7 is clamped to 1e4 (the converter's
-    max_finite_val), and the FP16 file's text map is 0 everywhere where FP32 finds the word."""
+    max_finite_val), and the FP16 file's text mask agrees with FP32's on about two thirds
+    (IoU 0.67). The clamp alone, applied to the FP32 file, does the same: the conversion
+    changed the model, which no FP16 setting of the file can show."""
     import zoo_real
+    from onnx import numpy_helper
 
     path, x = zoo_real.or_skip(zoo_real.ppocr_det, True)
     with warnings.catch_warnings():
@@ -166,10 +163,20 @@ def test_ppocr_det_converted_by_onnxconverter_common_names_the_clamped_variance(
     fp16 = str(tmp_path / "det16.onnx")
     onnx.save(half, fp16)
     name = half.graph.input[0].name
+
+    def iou(a, b) -> float:
+        return float(((a > 0.3) & (b > 0.3)).sum() / max(((a > 0.3) | (b > 0.3)).sum(), 1))
+
     ref = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, {name: x})[0]
-    with np.errstate(all="ignore"):
-        got = ReferenceEvaluator(half).run(None, {name: x})[0]
-    assert (ref > 0.3).sum() > 100 and not (got > 0.3).any()  # ground truth: the map is lost
+    assert iou(run_reference(half, {name: x})[0], ref) < 0.8  # ground truth: the mask moves
+    clamped = onnx.load(path)  # the converter's clamp alone, in FP32
+    for node in clamped.graph.node:
+        for a in node.attribute:
+            if node.op_type == "Constant" and a.name == "value" and a.t.data_type == 1:
+                v = numpy_helper.to_array(a.t)
+                a.t.CopyFrom(numpy_helper.from_array(np.clip(v, -1e4, 1e4), a.t.name))
+    sess = ort.InferenceSession(clamped.SerializeToString(), providers=["CPUExecutionProvider"])
+    assert iou(sess.run(None, {name: x})[0], ref) < 0.8
 
     report = fp16lens.scan(fp16, [x], progress=False)
     (clamp,) = [f for f in report.findings if f.kind == FindingKind.CONVERTER_CLAMP]
@@ -198,9 +205,7 @@ def test_fp16lens_own_fp16_export_with_an_island_scans_clean(tmp_path):
     assert art.parity.passed
     proto = onnx.load(path)
     feed = {i.name: t.numpy() for i, t in zip(proto.graph.input, inputs)}
-    with np.errstate(all="ignore"), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        got = ReferenceEvaluator(proto).run(None, feed)[0]
+    got = run_reference(proto, feed)[0]
     with torch.no_grad():
         ref = model(*inputs).numpy()
     assert np.isfinite(got).all() and _cosine(got, ref) > 0.999  # ground truth: the file is fine
