@@ -80,11 +80,14 @@ _MOVES = frozenset(
 island is mostly such reshapes around a few MatMuls, so they do not count towards the share."""
 
 
-def _computing(proto, elem: dict[str, int]):
-    """(node name, its float outputs' types) of the main graph's nodes that compute floats:
-    casts and moves (``_MOVES``) aside."""
+_CASTS = frozenset(["Cast", "CastLike", "Constant"])
+
+
+def _computing(proto, elem: dict[str, int], skip: frozenset = _MOVES):
+    """(node name, its float outputs' types) of the main graph's nodes that write floats,
+    the op types of ``skip`` aside (casts and moves)."""
     for node in proto.graph.node:
-        if node.op_type in _MOVES:
+        if node.op_type in skip:
             continue
         floats = [elem.get(o) for o in node.output if o and elem.get(o) in (FLOAT, FLOAT16)]
         if floats:
@@ -113,14 +116,8 @@ embedding table stored in FP16, aside) that TensorRT's FP16 mode would turn FP16
 def fp32_in_file(proto, elem: dict[str, int]) -> list[str]:
     """The main graph's nodes that the file runs in FP32 (every float output FLOAT; moves
     too, Casts and Constants aside): a converter's blocked ops, an FP16 export's islands."""
-    out = []
-    for node in proto.graph.node:
-        if node.op_type in ("Cast", "CastLike", "Constant"):
-            continue
-        floats = [elem.get(o) for o in node.output if o and elem.get(o) in (FLOAT, FLOAT16)]
-        if floats and all(e == FLOAT for e in floats):
-            out.append(node.name or node.output[0])
-    return out
+    found = _computing(proto, elem, skip=_CASTS)
+    return [name for name, floats in found if all(e == FLOAT for e in floats)]
 
 
 def upcast(proto, onnx: Any, fp32_nodes: Sequence[str] = ()):

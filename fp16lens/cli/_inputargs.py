@@ -178,8 +178,12 @@ def cast_batches(batches: Sequence, dtype: str | None) -> Sequence:
 def _cast(v, dtype, np, torch):
     if torch.is_tensor(v):
         return v.to(dtype)
-    if isinstance(v, np.ndarray):
-        return v.astype(torch.empty(0, dtype=dtype).numpy().dtype)
+    if isinstance(v, np.ndarray):  # numpy has no bfloat16: that one becomes a tensor
+        return (
+            torch.from_numpy(v).to(dtype)
+            if dtype == torch.bfloat16
+            else v.astype(torch.empty(0, dtype=dtype).numpy().dtype)
+        )
     return v
 
 

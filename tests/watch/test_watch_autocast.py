@@ -8,6 +8,9 @@ the first module whose output is inf there.
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
+
 import pytest
 import torch
 from torch import nn
@@ -35,25 +38,14 @@ def _hooks(model: nn.Module) -> int:
     return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
 
 
-def _first_inf(model: nn.Module, x: torch.Tensor) -> str:
-    """The first module (in call order) whose output holds inf or NaN: plain hooks."""
-    order: list[str] = []
-    handles = [
-        m.register_forward_hook(
-            lambda mod, args, out, name=name: (
-                order.append(name) if not torch.isfinite(out).all() else None
-            )
-        )
-        for name, m in model.named_modules()
-        if name
-    ]
-    try:
-        with torch.no_grad():
-            model(x)
-    finally:
-        for h in handles:
-            h.remove()
-    return order[0]
+def _first_inf(model: nn.Module, x: torch.Tensor) -> str | None:
+    """The first leaf module whose output holds inf or NaN, by plain forward hooks: the
+    seed article's way, ``scripts/reproduce_seed_case.py``'s ``first_nonfinite_module``."""
+    path = Path(__file__).resolve().parents[2] / "scripts" / "reproduce_seed_case.py"
+    spec = importlib.util.spec_from_file_location("reproduce_seed_case", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    return script.first_nonfinite_module(model, x)
 
 
 def test_a_forward_under_autocast_float16_is_refused_and_nothing_is_left():

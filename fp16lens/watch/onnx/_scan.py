@@ -119,19 +119,21 @@ def _note_fp16_file(report: Report, share: float) -> None:
     (``_core/onnx_upcast.py``)."""
     if not share:
         return
+    _note(
+        report,
+        FindingKind.FP16_FILE,
+        f"the file already computes in float16 ({share:.0%} of its computing nodes write "
+        "float16): read as it is, its values would be FP16's own, inf where FP16 overflowed; it "
+        "was scanned as its FP32 twin (every float16 tensor and type as float32, the same "
+        "nodes), so the values are how far FP32 goes, and the verdict is checked in FP16 "
+        "storage, what the file computes",
+    )
+
+
+def _note(report: Report, kind: str, detail: str) -> None:
+    """A note of the whole graph (no site) on ``report``."""
     report.findings.append(
-        Finding(
-            site="",
-            mechanism=Mechanism.NOTE,
-            kind=FindingKind.FP16_FILE,
-            peak=0.0,
-            detail=f"the file already computes in float16 ({share:.0%} of its computing nodes "
-            "write float16): "
-            "read as it is, its values would be FP16's own, inf where FP16 overflowed; it was "
-            "scanned as its FP32 twin (every float16 tensor and type as float32, the same nodes), "
-            "so the values are how far FP32 goes, and the verdict is checked in FP16 storage, "
-            "what the file computes",
-        )
+        Finding(site="", mechanism=Mechanism.NOTE, kind=kind, peak=0.0, detail=detail)
     )
 
 
@@ -181,16 +183,12 @@ def _note_inlined(report: Report, graphs: Graphs) -> None:
         f"{s} ({b}, {n} batch{'es' if n > 1 else ''})" for (s, b), n in list(taken.items())[:3]
     )
     more = f" and {len(taken) - 3} more" if len(taken) > 3 else ""
-    report.findings.append(
-        Finding(
-            site="",
-            mechanism=Mechanism.NOTE,
-            kind=FindingKind.INLINED,
-            peak=0.0,
-            detail=f"{len(taken)} If branch(es) taken by the batches were scanned inlined in the "
-            f"main graph, their sites named '<If>/<branch>/<node>': {names}{more}; patch "
-            "rewrites the main graph only, and fp16lens.export keeps If nodes FP32",
-        )
+    _note(
+        report,
+        FindingKind.INLINED,
+        f"{len(taken)} If branch(es) taken by the batches were scanned inlined in the main "
+        f"graph, their sites named '<If>/<branch>/<node>': {names}{more}; patch rewrites the "
+        "main graph only, and fp16lens.export keeps If nodes FP32",
     )
 
 
@@ -205,15 +203,11 @@ def _note_hidden_subgraphs(report: Report, protos: list) -> None:
         return
     names = ", ".join(f"{n.name or n.output[0]} ({n.op_type})" for n in hidden[:3])
     more = f" and {len(hidden) - 3} more" if len(hidden) > 3 else ""
-    report.findings.append(
-        Finding(
-            site="",
-            mechanism=Mechanism.NOTE,
-            kind=FindingKind.UNSCANNED,
-            peak=0.0,
-            detail=f"{len(hidden)} control-flow node(s) hold subgraphs whose tensors ONNX Runtime does "
-            f"not expose: {names}{more}; values computed inside them were not scanned",
-        )
+    _note(
+        report,
+        FindingKind.UNSCANNED,
+        f"{len(hidden)} control-flow node(s) hold subgraphs whose tensors ONNX Runtime does not "
+        f"expose: {names}{more}; values computed inside them were not scanned",
     )
 
 
