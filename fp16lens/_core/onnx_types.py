@@ -94,3 +94,69 @@ def rename_reads(graph, names: dict[str, str]) -> None:
             rename_reads(g, names)
     for o in graph.output:
         o.name = names.get(o.name, o.name)
+
+
+def _reads(node) -> list[str]:
+    """What ``node`` reads: its inputs, and the outer values its bodies read."""
+    return [t for t in node.input if t] + [t for g in subgraphs(node) for t in outer_names(g)]
+
+
+def _needs(nodes) -> list[set[int]]:
+    """Per node, the indices of the other nodes that write what it reads."""
+    writer = {o: i for i, n in enumerate(nodes) for o in n.output if o}
+    return [{writer[t] for t in _reads(n) if t in writer} - {i} for i, n in enumerate(nodes)]
+
+
+def _in_order(graph) -> bool:
+    """Whether every node of ``graph`` (and of each body) comes after the nodes it reads."""
+    needs = _needs(graph.node)
+    if any(j > i for i, deps in enumerate(needs) for j in deps):
+        return False
+    return all(_in_order(g) for n in graph.node for g in subgraphs(n))
+
+
+def _sort_nodes(graph) -> None:
+    """Order ``graph``'s nodes (and each body's) topologically, keeping the file's order
+    wherever it already holds. A graph with a cycle (not a valid graph) is left as it is."""
+    import heapq
+
+    for n in graph.node:
+        for g in subgraphs(n):
+            _sort_nodes(g)
+    nodes = list(graph.node)
+    needs = _needs(nodes)
+    readers: list[list[int]] = [[] for _ in nodes]
+    for i, deps in enumerate(needs):
+        for j in deps:
+            readers[j].append(i)
+    waiting = [len(deps) for deps in needs]
+    ready = [i for i, w in enumerate(waiting) if w == 0]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        i = heapq.heappop(ready)
+        order.append(i)
+        for r in readers[i]:
+            waiting[r] -= 1
+            if waiting[r] == 0:
+                heapq.heappush(ready, r)
+    if len(order) == len(nodes):  # else a cycle: not ours to repair
+        kept = [type(nodes[i])() for i in order]
+        for node, i in zip(kept, order):
+            node.CopyFrom(nodes[i])
+        del graph.node[:]
+        graph.node.extend(kept)
+
+
+def in_order(proto) -> Any:
+    """``proto`` itself where its nodes are topologically sorted, as ``onnx.checker`` wants
+    them, else a sorted copy. ONNX Runtime runs a file whose nodes are out of order (an
+    input Cast that onnxconverter-common's ``keep_io_types`` appended after its readers, as
+    in the FP16 ISNet that @imgly/background-removal ships); the scan's spans follow graph
+    order, and the files patch and export write must pass the checker."""
+    if _in_order(proto.graph):
+        return proto
+    copy = type(proto)()
+    copy.CopyFrom(proto)
+    _sort_nodes(copy.graph)
+    return copy

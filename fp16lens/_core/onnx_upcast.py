@@ -120,12 +120,17 @@ def fp32_in_file(proto, elem: dict[str, int]) -> list[str]:
     return [name for name, floats in found if all(e == FLOAT for e in floats)]
 
 
-def upcast(proto, onnx: Any, fp32_nodes: Sequence[str] = ()):
+def upcast(proto, onnx: Any, fp32_nodes: Sequence[str] = (), elem: dict[str, int] | None = None):
     """A copy of ``proto`` with every float16 tensor (initializers, Constant values),
     dtype attribute (Cast ``to``, a random op's ``dtype``) and declared type (inputs,
     outputs, value_info) made float32, in every body; ``onnx``: the imported module. The
     nodes of ``fp32_nodes`` (``fp32_in_file``) join the FP32 islands its metadata names
-    (``FP32_NODES_KEY``), so the twin's FP16 storage keeps them FP32 as the file does."""
+    (``FP32_NODES_KEY``), so the twin's FP16 storage keeps them FP32 as the file does.
+    A main-graph Cast between the two float types (``elem``: the file's element types)
+    becomes an Identity of the same name: in the twin it changes nothing, and
+    onnxconverter-common, converting the patched twin back to FP16, leaves a Cast to
+    float32 as it is and writes a graph that mixes types (an input Cast of
+    ``keep_io_types``)."""
     import json
 
     from onnx import numpy_helper
@@ -140,6 +145,12 @@ def upcast(proto, onnx: Any, fp32_nodes: Sequence[str] = ()):
             meta[FP32_NODES_KEY].value = json.dumps(names)
         else:
             model.metadata_props.add(key=FP32_NODES_KEY, value=json.dumps(names))
+    floats = (FLOAT, FLOAT16)
+    for node in model.graph.node:
+        to = next((a.i for a in node.attribute if a.name == "to"), None)
+        if node.op_type == "Cast" and to in floats and (elem or {}).get(node.input[0]) in floats:
+            node.op_type = "Identity"
+            del node.attribute[:]
     for g in _graphs(model.graph):
         for vi in (*g.input, *g.output, *g.value_info):
             tt = vi.type.tensor_type
@@ -174,6 +185,6 @@ def fp32_twin(proto, onnx: Any) -> tuple[Any, float]:
     written = {p.key: p.value for p in proto.metadata_props}.get(PRECISION_KEY)
     if share < FP16_FILE and not (written == "fp16" and share > 0):  # fp16lens's own FP16
         return proto, 0.0
-    twin = upcast(proto, onnx, fp32_in_file(proto, elem))
+    twin = upcast(proto, onnx, fp32_in_file(proto, elem), elem)
     twin.metadata_props.add(key=TWIN_KEY, value=f"{share:.3f}")
     return twin, share

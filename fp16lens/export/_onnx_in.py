@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from fp16lens._core import ExportError, OptionError, import_optional
-from fp16lens._core.onnx_types import FP32_NODES_KEY
+from fp16lens._core.onnx_types import FP32_NODES_KEY, in_order
 from fp16lens.export._naming import MODULE_KEY, NodeOrigin, map_nodes, stamp
 from fp16lens.export._onnx_meta import in_islands
 
@@ -26,14 +26,15 @@ _QDQ = ("QuantizeLinear", "DequantizeLinear")
 
 
 def load_source(model):
-    """A private copy of the FP32 graph (a path's external data read in)."""
+    """A private copy of the FP32 graph (a path's external data read in), its nodes in
+    topological order (``in_order``: the file written must pass the checker)."""
     onnx = import_optional("onnx", "onnx", "converting an ONNX model")
     if isinstance(model, (str, Path)):
         path = Path(model)
         if not path.is_file():
             raise ExportError(f"ONNX model {path} does not exist; check the path")
         try:
-            return onnx.load(str(path), load_external_data=True)
+            return in_order(onnx.load(str(path), load_external_data=True))
         except Exception as exc:  # protobuf decode errors, missing external data files
             raise ExportError(
                 f"cannot read {path} as ONNX ({type(exc).__name__}: {str(exc).splitlines()[0]}); "
@@ -41,7 +42,7 @@ def load_source(model):
             ) from exc
     proto = onnx.ModelProto()
     proto.CopyFrom(model)
-    return proto
+    return in_order(proto)
 
 
 def check_fp32_source(proto, src) -> None:

@@ -13,6 +13,7 @@ from torch import nn
 
 from fp16lens._core import VerifyError, import_optional
 from fp16lens._core.feeds import feed_items
+from fp16lens._core.onnx_types import in_order
 from fp16lens._core.sites import Backend
 from fp16lens.verify._align import first_departure
 from fp16lens.verify._onnx_graph import float_tensors, fp32_compute, producers, tensor_types
@@ -45,7 +46,7 @@ def load(path: str | Path):
         raise VerifyError(
             f"ONNX candidate {path} does not exist; export one with fp16lens.export(...)"
         )
-    return onnx.load(str(path))
+    return in_order(onnx.load(str(path)))  # the first divergence is named in graph order
 
 
 class OnnxRunner(Runner):

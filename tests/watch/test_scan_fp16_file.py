@@ -213,3 +213,48 @@ def test_fp16lens_own_fp16_export_with_an_island_scans_clean(tmp_path):
     scanned = fp16lens.scan(path, [tuple(t.numpy() for t in inputs)], progress=False)
     assert scanned.clean and not scanned.spans, scanned.findings
     assert [f.kind for f in scanned.findings] == [FindingKind.FP16_FILE]
+
+
+def _out_of_order(proto, moved: str):
+    """``proto`` with the nodes whose name contains ``moved`` put last, after their readers:
+    how the FP16 ISNet that @imgly/background-removal ships (onnxconverter-common,
+    ``keep_io_types``) holds its input Cast. ONNX Runtime runs such a file; the checker
+    refuses it."""
+    nodes = list(proto.graph.node)
+    late = [n for n in nodes if moved in n.name]
+    assert late, [n.name for n in nodes]
+    del proto.graph.node[:]
+    proto.graph.node.extend([n for n in nodes if moved not in n.name] + late)
+    with pytest.raises(onnx.checker.ValidationError, match="topologically sorted"):
+        onnx.checker.check_model(proto)
+    return proto
+
+
+def test_a_file_whose_nodes_are_out_of_order_is_scanned_patched_and_exported(tmp_path):
+    fp32, fp16, x = _files(tmp_path, 2.0**18, keep_io_types=True)
+    shuffled = _out_of_order(onnx.load(fp16), "x_cast_to_")
+    before = [n.name for n in shuffled.graph.node]
+    ran = ort.InferenceSession(shuffled.SerializeToString(), providers=["CPUExecutionProvider"])
+    assert ran.run(None, {"x": x})[0].shape == _fp32_out(fp32, x).shape  # a file users run
+
+    report = fp16lens.scan(shuffled, [x], progress=False)
+    assert [n.name for n in shuffled.graph.node] == before  # the user's graph is untouched
+    (span,) = report.spans
+    assert span.start.endswith("conv2/Conv")
+    out = tmp_path / "patched.onnx"
+    fp16lens.patch(shuffled, report, batches=[x], out=str(out))
+    onnx.checker.check_model(str(out))
+    again = float16.convert_float_to_float16(onnx.load(str(out)))
+    got = _fp16_out(again, x)
+    assert np.isfinite(got).all() and _cosine(got, _fp32_out(fp32, x)) > 0.999
+
+    # an FP32 file out of order exports to an FP16 file that passes the checker; it once
+    # raised the checker's ValidationError as a traceback
+    quiet32, _, x = _files(tmp_path, 1.0)
+    source = str(tmp_path / "shuffled32.onnx")
+    onnx.save(_out_of_order(onnx.load(quiet32), "Conv"), source)
+    art = fp16lens.export(source, None, str(tmp_path / "q16.onnx"), "fp16", evaluation=[x])
+    onnx.checker.check_model(str(art.path), full_check=True)
+    assert art.parity.passed
+    got = _fp16_out(onnx.load(str(art.path)), x)
+    assert _cosine(got, _fp32_out(quiet32, x)) > 0.999

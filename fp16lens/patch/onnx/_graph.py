@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from fp16lens._core import PatchError, import_optional
-from fp16lens._core.onnx_types import elem_types
+from fp16lens._core.onnx_types import elem_types, in_order
 from fp16lens._core.onnx_upcast import fp32_twin
 
 if TYPE_CHECKING:  # onnx is optional (and not followed by mypy: its names are Any)
@@ -73,7 +73,7 @@ def load(model):
             )
         proto = onnx.ModelProto()
         proto.CopyFrom(model)
-    return fp32_twin(proto, onnx)[0]
+    return fp32_twin(in_order(proto), onnx)[0]
 
 
 def read(proto) -> OnnxModel:

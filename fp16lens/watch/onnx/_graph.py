@@ -18,7 +18,7 @@ import numpy as np
 
 from fp16lens._core import WatchError, import_optional
 from fp16lens._core.feeds import ONNX_FLOATS
-from fp16lens._core.onnx_types import FP32_NODES_KEY, elem_types
+from fp16lens._core.onnx_types import FP32_NODES_KEY, elem_types, in_order
 from fp16lens._core.onnx_upcast import fp32_twin
 from fp16lens.watch._recorder import SiteInfo
 
@@ -127,7 +127,7 @@ def constants(graph) -> dict[str, np.ndarray]:
 
 def analyse(model, base_dir: str | Path | None = None) -> OnnxGraph:
     proto, name = load(model, base_dir)
-    proto, share = fp32_twin(proto, onnx_module())  # an FP16 file's values are FP16's own
+    proto, share = fp32_twin(in_order(proto), onnx_module())  # an FP16 file's values are FP16's own
     g = proto.graph
     inits = {i.name for i in g.initializer}
     graph = OnnxGraph(proto, name, elem=elem_types(proto, onnx_module()), consts=constants(g))
