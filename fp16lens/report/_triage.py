@@ -29,6 +29,8 @@ def _rank(item: Span | Finding) -> tuple[int, float]:
         return (_PARAM_RANK.get(item.kind, 3), -peak)
     if item.mechanism == Mechanism.NOTE:
         return (7, -peak)
+    if item.kind == FindingKind.FP16_RUN:  # measured in FP16 storage, before mere risks
+        return (3, -peak)
     return (4, -peak)
 
 

@@ -1,5 +1,6 @@
 """The verdict of a torch watch or scan checked in real FP16, as ``watch/onnx/_fp16run.py``
-checks an ONNX scan's: where nothing is found, reading the report runs a copy of the model
+checks an ONNX scan's: where nothing is found (or only risks inside ops, on the CPU's
+emulation, which computes inside each op in FP32), reading the report runs a copy of the model
 once more on its first batches in FP16 (``.half()`` on a GPU; on the CPU FP16 storage
 emulated, ``patch._emulate``: every stored tensor rounded to FP16, arithmetic inside an op
 in FP32) against the FP32 outputs the watched forwards gave. Where that run is not finite,
@@ -33,7 +34,14 @@ from fp16lens.report import Finding, Report
 
 if TYPE_CHECKING:
     from fp16lens.patch import BatchProof
-from fp16lens.watch.onnx._fp16run import MAX_BATCHES, MIN_COSINE, flushed_at, lost_cause
+from fp16lens.watch.onnx._fp16run import (
+    MAX_BATCHES,
+    MIN_COSINE,
+    aside,
+    flushed_at,
+    input_peak,
+    lost_cause,
+)
 
 
 def _copy(a: Any) -> Any:
@@ -78,7 +86,7 @@ class TorchFp16Run:
         """A finding where the report is clean but the model in real FP16 is not. The
         user's model is not run again: what runs is a copy (and its FP16 twin)."""
         kept, self.kept = self.kept, []
-        if not kept or not report.clean:
+        if not kept or not report.stored_in_range():
             return  # a problem is already named (and patch proves its fix in real FP16)
         try:
             worst, runner, model = self._worst(kept)
@@ -99,6 +107,8 @@ class TorchFp16Run:
             return
         if worst is None or (worst.finite and worst.cosine >= MIN_COSINE):
             return
+        if runner.gpu and not report.clean:
+            return  # real FP16 kernels may be what the risks inside ops named
         finite, cos, k, first = worst.finite, worst.cosine, worst.batch, worst.first_nonfinite
         broken = first.startswith(HALF_FAILS)
         what = (
@@ -128,7 +138,8 @@ class TorchFp16Run:
                 if worst.shape
                 else 0
             )
-            cause = lost_cause(worst, jittered)
+            peak_in = input_peak(t for t in tree_flatten(kept[k][0])[0] if torch.is_tensor(t))
+            cause = lost_cause(worst, jittered, peak_in)
         if modules:
             fix = (
                 f"keep {', '.join(modules[:4])} in FP32 (patch(model, batches, "
@@ -173,7 +184,7 @@ class TorchFp16Run:
                     f"the model cannot run in FP16 on batch {k}: {first[1:-1]}"
                     if broken
                     else f"the model in FP16 gives {what} on batch {k}, though no value passes "
-                    f"65504 and no flushed value reaches a log or divide: {cause}"
+                    f"65504 and no flushed value reaches a log or divide: {cause}{aside(report)}"
                 ),
                 fix=fix,
             )

@@ -358,3 +358,32 @@ def test_where_fp32_itself_changes_the_length_under_fp16s_resolution_scan_and_pa
     said = " ".join(str(w.message) for w in caught)
     assert not fp16lens.get_plan(patched).proven
     assert "FP32 itself gives another length on" in said and "in FP16 against" in said
+
+
+class Drift(nn.Module):
+    """``test_watch_onnx_fp16run``'s drift graph as a module: ``sigmoid(40 * (1.001 x - x)
+    - 18)`` loses its input to FP16's rounding on raw pixels, and the mean over 4096
+    pixels sums past 65504 first (a risk inside the op, the only thing the scan names
+    otherwise)."""
+
+    def forward(self, x):
+        return torch.sigmoid(40 * (x * 1.001 - x) - 18), x.mean(dim=(2, 3))
+
+
+def test_a_report_of_only_internal_risks_is_checked_in_fp16():
+    x = torch.randint(128, 256, (1, 1, 64, 64)).float()
+    model = Drift().eval()
+    with torch.no_grad():
+        want = model(x)[0].double()
+        half = model.half()(x.half())[0].double()  # ground truth: the model's own .half()
+    model.float()
+    truth = F.cosine_similarity(want.flatten(), half.flatten(), dim=0).item()
+    assert truth < 0.99
+    with fp16lens.watch(model) as lens:
+        model(x)
+    kinds = sorted(f.kind for f in lens.report.findings)
+    assert kinds == ["fp16-run", "sum-before-mean"], kinds
+    (run,) = [f for f in lens.report.findings if f.kind == "fp16-run"]
+    assert run.tensor == "precision" and run.peak == pytest.approx(truth, abs=1e-2)
+    assert "the input reaches 255" in run.detail and "inside ops" in run.detail
+    assert "rescale" not in next_step(lens.report)

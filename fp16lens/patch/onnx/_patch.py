@@ -142,7 +142,7 @@ def _attempt(original, report: Report, options: PatchOptions, drop: tuple[int | 
         return m, the_plan, binding
     fp32 = apply(m, the_plan, binding.units)
     if fp32:
-        _set_fp32_nodes(m.proto, [*fp32_nodes(original), *fp32])
+        set_fp32_nodes(m.proto, [*fp32_nodes(original), *fp32])
     try:
         check_graph(onnx, m.proto, original)
     except Exception as exc:
@@ -414,7 +414,8 @@ def _plan(m: OnnxModel, report: Report, options: PatchOptions):
     return the_plan, binding
 
 
-def _set_fp32_nodes(proto, names: list[str]) -> None:
+def set_fp32_nodes(proto, names: list[str]) -> None:
+    """``proto``'s FP32 nodes (``FP32_NODES_KEY``) made ``names``, each once."""
     for i, p in enumerate(proto.metadata_props):
         if p.key == FP32_NODES_KEY:
             del proto.metadata_props[i]

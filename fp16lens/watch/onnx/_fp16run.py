@@ -2,7 +2,9 @@
 batch with every stored tensor rounded to FP16 (``patch.onnx._fp16``: FP16 storage,
 arithmetic inside an op in FP32, as a GPU's FP16 kernels accumulate), against its FP32
 outputs. Where that run is not finite, or its worst output's cosine is below ``MIN_COSINE``,
-the report gets a finding instead of "FP16-safe": it names the nodes whose FP16 storage
+the report gets a finding instead of "FP16-safe" (a report that names only risks inside ops
+is checked too: the check computes inside each op in FP32, so what it finds is another
+loss, which rescaling cannot fix): it names the nodes whose FP16 storage
 rounds at least 1% of their non-zero outputs to 0 (values below 2^-24 that reach no log or
 divide, but whose loss still reaches the outputs), else FP16's precision."""
 
@@ -30,10 +32,40 @@ def flushed_at(flushing: list[tuple[str, float]]) -> str:
     )
 
 
-def lost_cause(proof, jittered: int = 0) -> str:
+def aside(report: Report) -> str:
+    """What an ``fp16-run`` finding adds where the report names risks inside ops: the check
+    computed inside each op in FP32, so those risks are not what it saw."""
+    if report.clean:
+        return ""
+    return (
+        " (the risks inside ops this report names aside: this run computes inside each op in "
+        "FP32, so its loss is not theirs, and rescaling or FP32 around them leaves it)"
+    )
+
+
+RAW_INPUT = 32.0
+"""An input whose values reach this far is likely raw (0-255 pixels, int16 samples): where
+FP16's precision is what a model loses, the finding asks about its preprocessing."""
+
+
+def input_peak(values) -> float:
+    """The largest finite |value| of a batch's float arrays or tensors (0 without any)."""
+    import numpy as np
+
+    peaks = [0.0]
+    for v in values:
+        a = np.asarray(v.detach().cpu().float() if hasattr(v, "detach") else v)
+        if a.size and np.issubdtype(a.dtype, np.floating):
+            finite = a[np.isfinite(a)]
+            peaks.append(float(np.abs(finite).max()) if finite.size else 0.0)
+    return max(peaks)
+
+
+def lost_cause(proof, jittered: int = 0, peak_in: float = 0.0) -> str:
     """What an ``fp16-run`` finding says FP16 loses where nothing flushes: an output's
     length (``proof.shape``; ``jittered``: draws of the input moved by FP16's resolution on
-    which FP32 itself changes it, ``fp16lens.patch.shape_jitter``), else precision."""
+    which FP32 itself changes it, ``fp16lens.patch.shape_jitter``), else precision, with a
+    question on the preprocessing where the input reaches ``RAW_INPUT`` (``peak_in``)."""
     if proof.shape and jittered:
         from fp16lens.patch import jitter_words
 
@@ -43,7 +75,29 @@ def lost_cause(proof, jittered: int = 0) -> str:
             "FP16's rounding changes a decision that sets that length (a decoder's stop, a "
             "data-dependent shape)"
         )
-    return "FP16's precision (11 significant bits) is what it loses"
+    raw = (
+        f"; the input reaches {peak_in:.4g}: is it preprocessed as the model expects? (a "
+        "model trained on normalized inputs can hold in FP16 on them and drift on raw "
+        "pixels or samples)"
+        if peak_in >= RAW_INPUT
+        else ""
+    )
+    return f"FP16's precision (11 significant bits) is what it loses{raw}"
+
+
+def _island_mends(proto, island: list[str], feed_: dict, worst) -> bool:
+    """Whether the flushing nodes' FP32 island mends what the check saw: the run passes
+    with it, or turns finite (a final sigmoid's flushed tail, say, is no cause of a loss
+    that FP16's precision makes through the whole network)."""
+    from fp16lens.patch.onnx import fp32_nodes
+    from fp16lens.patch.onnx._fp16 import prove_graph
+    from fp16lens.patch.onnx._patch import set_fp32_nodes
+
+    trial = type(proto)()
+    trial.CopyFrom(proto)
+    set_fp32_nodes(trial, [*fp32_nodes(proto), *island])
+    (proof,) = prove_graph(trial, trial, [feed_])
+    return (proof.finite and proof.cosine >= MIN_COSINE) or (proof.finite and not worst.finite)
 
 
 class Fp16Run:
@@ -58,8 +112,9 @@ class Fp16Run:
             self.feeds.append(feed(self.graph, batch))
 
     def settle(self, report: Report) -> None:
-        """A finding where the report is clean but real FP16 is not."""
-        if not self.feeds or not report.clean:
+        """A finding where the report is clean (or names only risks inside ops) but real FP16
+        of the stored tensors is not."""
+        if not self.feeds or not report.stored_in_range():
             return  # a problem is already named (and patch proves its fix in real FP16)
         from fp16lens.patch.onnx._fp16 import flushing_nodes, prove_graph
 
@@ -76,6 +131,8 @@ class Fp16Run:
             else f"inf/NaN at the outputs (first at {worst.first_nonfinite or '?'})"
         )
         flushing, island = flushing_nodes(proto, self.feeds[worst.batch])
+        if flushing and not _island_mends(proto, island, self.feeds[worst.batch], worst):
+            flushing = []  # they flush, but FP32 there leaves the loss: not its cause
         if flushing:
             cause = (
                 f"{flushed_at(flushing)}; in FP32 from there to where the values are back in "
@@ -85,7 +142,7 @@ class Fp16Run:
             from fp16lens.patch.onnx._fp16 import shape_jitter
 
             jittered = shape_jitter(proto, self.feeds[worst.batch]) if worst.shape else 0
-            cause = lost_cause(worst, jittered)
+            cause = lost_cause(worst, jittered, input_peak(self.feeds[worst.batch].values()))
         report.findings.append(
             Finding(
                 site=flushing[0][0] if flushing else worst.first_nonfinite,
@@ -99,7 +156,7 @@ class Fp16Run:
                 detail=(
                     f"the graph with every stored tensor in FP16 gives {got} on batch "
                     f"{worst.batch}, though no stored value passes 65504 and no flushed value "
-                    f"reaches a log or divide: {cause}"
+                    f"reaches a log or divide: {cause}{aside(report)}"
                 ),
             )
         )
