@@ -44,6 +44,28 @@ from fp16lens.watch.onnx._fp16run import (
 )
 
 
+def _islands_mend(model: torch.nn.Module, modules: list[str], kept: tuple, worst) -> bool:
+    """Whether keeping the flushing ``modules`` FP32 (islands, on a copy) mends what the
+    check saw on the ``kept`` batch: the run passes, or turns finite (a final sigmoid's
+    flushed tail is no cause of a loss FP16's precision makes through the whole model)."""
+    from fp16lens.patch import Fp16Runner, Fp32Island
+
+    batch = kept[0]
+    try:
+        want = float_outputs(call_model(copy.deepcopy(model).eval(), batch))
+        trial = copy.deepcopy(model).eval()
+        for name in modules:
+            parent, _, attr = name.rpartition(".")
+            owner = trial.get_submodule(parent) if parent else trial
+            setattr(owner, attr, Fp32Island(getattr(owner, attr)))
+        runner = Fp16Runner(trial)
+        got, _ = runner.run(batch)
+    except Exception:  # the trial cannot run: the flush stays the named cause
+        return True
+    p = runner.parity(want, got)
+    return (p.finite and p.cosine >= MIN_COSINE) or (p.finite and not worst.finite)
+
+
 def _copy(a: Any) -> Any:
     """A tensor input kept for the check: detached and copied (a loader may reuse it)."""
     return a.detach().clone() if torch.is_tensor(a) else a
@@ -126,6 +148,8 @@ class TorchFp16Run:
         except Exception:  # the verdict stands; only the sites go unnamed
             flushing = []
         modules = list(dict.fromkeys(site_module(s) for s, _ in flushing if site_module(s)))
+        if modules and not _islands_mend(model, modules, kept[k], worst):
+            flushing, modules = [], []  # they flush, but FP32 there leaves the loss
         if flushing:
             cause = flushed_at(flushing)
         else:

@@ -362,16 +362,22 @@ def test_where_fp32_itself_changes_the_length_under_fp16s_resolution_scan_and_pa
 
 class Drift(nn.Module):
     """``test_watch_onnx_fp16run``'s drift graph as a module: ``sigmoid(40 * (1.001 x - x)
-    - 18)`` loses its input to FP16's rounding on raw pixels, and the mean over 4096
-    pixels sums past 65504 first (a risk inside the op, the only thing the scan names
-    otherwise)."""
+    - 18)`` loses its input to FP16's rounding on raw pixels (and on black pixels the
+    sigmoid module's 1.5e-8 flushes to 0: a flush, not what loses the output), and the
+    mean over 4096 pixels sums past 65504 first (a risk inside the op, the only thing the
+    scan names otherwise)."""
+
+    def __init__(self):
+        super().__init__()
+        self.act = nn.Sigmoid()
 
     def forward(self, x):
-        return torch.sigmoid(40 * (x * 1.001 - x) - 18), x.mean(dim=(2, 3))
+        return self.act(40 * (x * 1.001 - x) - 18), x.mean(dim=(2, 3))
 
 
 def test_a_report_of_only_internal_risks_is_checked_in_fp16():
     x = torch.randint(128, 256, (1, 1, 64, 64)).float()
+    x[..., :8, :] = 0  # black rows: the sigmoid's outputs there flush to 0 in FP16
     model = Drift().eval()
     with torch.no_grad():
         want = model(x)[0].double()
@@ -379,6 +385,10 @@ def test_a_report_of_only_internal_risks_is_checked_in_fp16():
     model.float()
     truth = F.cosine_similarity(want.flatten(), half.flatten(), dim=0).item()
     assert truth < 0.99
+    assert (half[..., :8, :] == 0).all() and (want[..., :8, :] > 0).all()  # the flush
+    with torch.no_grad():
+        kept = torch.sigmoid(40 * (x.half() * 1.001 - x.half()).double() - 18)
+    assert F.cosine_similarity(want.flatten(), kept.flatten(), dim=0).item() < 0.99  # not it
     with fp16lens.watch(model) as lens:
         model(x)
     kinds = sorted(f.kind for f in lens.report.findings)
