@@ -9,6 +9,8 @@ from rich.text import Text
 def render(plan):
     if not plan.changes and not plan.unresolved:
         yield Text("nothing to patch: every value fits FP16")
+        for n in plan.notes:  # what was written all the same (an FP16 file's FP32 twin)
+            yield Text(f"note: {n}", style="yellow")
         return
     if plan.regions:
         t = Table(title="rescaling regions (exact: powers of two)", title_justify="left")

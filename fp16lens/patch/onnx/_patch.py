@@ -71,6 +71,17 @@ def _count_flops(the_plan: Plan, original, report: Report) -> None:
     )
 
 
+def _twin_note(the_plan: Plan, original) -> None:
+    """Where the source computes in float16, the plan says the graph written is its FP32
+    twin, patched or not, and how to make it FP16 again."""
+    if any(p.key == TWIN_KEY for p in original.metadata_props):
+        the_plan.notes.append(
+            "the source computes in float16: the patched graph is its FP32 twin (float32 "
+            "throughout, the file's own FP32 nodes named as islands); turn it into FP16 with "
+            "fp16lens export --precision fp16, which checks the file it writes"
+        )
+
+
 def patch_onnx(
     model: Any,
     report: Report,
@@ -94,6 +105,7 @@ def patch_onnx(
     drop: tuple[int, ...] = ()
     m, the_plan, binding = _attempt(original, report, options, drop)
     if not the_plan.changes and batches is None:  # a clean graph stays as it was
+        _twin_note(the_plan, original)
         if out is not None:
             onnx.save(original, str(out))
         return original, the_plan
@@ -116,12 +128,7 @@ def patch_onnx(
             "batches= (or --input) to prove it"
         )
     _count_flops(the_plan, original, report)
-    if any(p.key == TWIN_KEY for p in original.metadata_props):
-        the_plan.notes.append(
-            "the source computes in float16: the patched graph is its FP32 twin (float32 "
-            "throughout, the file's own FP32 nodes named as islands); turn it into FP16 with "
-            "fp16lens export --precision fp16, which checks the file it writes"
-        )
+    _twin_note(the_plan, original)
     if out is not None:
         onnx.save(m.proto, str(out))
     return m.proto, the_plan
