@@ -397,3 +397,13 @@ def test_a_report_of_only_internal_risks_is_checked_in_fp16():
     assert run.tensor == "precision" and run.peak == pytest.approx(truth, abs=1e-2)
     assert "the input reaches 255" in run.detail and "inside ops" in run.detail
     assert "rescale" not in next_step(lens.report)
+
+
+def test_the_input_peak_reads_float_inputs_only():
+    """Token ids reach 30000 and are no unnormalized input: only float inputs count."""
+    from fp16lens.watch.onnx._fp16run import input_peak
+
+    ids, x = torch.tensor([[101, 30000]]), torch.tensor([[0.5, -1.5]])
+    assert input_peak([ids, x]) == 1.5
+    assert input_peak([ids.numpy(), x.numpy(), x.bfloat16()]) == 1.5
+    assert input_peak([ids]) == 0.0

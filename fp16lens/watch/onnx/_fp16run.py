@@ -49,12 +49,17 @@ FP16's precision is what a model loses, the finding asks about its preprocessing
 
 
 def input_peak(values) -> float:
-    """The largest finite |value| of a batch's float arrays or tensors (0 without any)."""
+    """The largest finite |value| of a batch's float arrays or tensors (0 without any);
+    integer inputs (token ids, class indices) are not values a model normalizes."""
     import numpy as np
 
     peaks = [0.0]
     for v in values:
-        a = np.asarray(v.detach().cpu().float() if hasattr(v, "detach") else v)
+        if hasattr(v, "detach"):  # a torch tensor (bfloat16 has no numpy dtype)
+            if not v.is_floating_point():
+                continue
+            v = v.detach().cpu().float()
+        a = np.asarray(v)
         if a.size and np.issubdtype(a.dtype, np.floating):
             finite = a[np.isfinite(a)]
             peaks.append(float(np.abs(finite).max()) if finite.size else 0.0)
