@@ -9,6 +9,14 @@ import torch
 
 from fp16lens._core.fp16 import FP16_MIN_NORMAL
 
+
+def small_as_fp16(a: torch.Tensor) -> torch.Tensor:
+    """FP32 outputs as an FP16 output holds them below 2^-14 (a score of 1e-8 is 0 in any
+    FP16 model: a cosine of 0 against it says nothing); elsewhere as they are. Patch's
+    proof and verify compare through it."""
+    return torch.where(a.abs() < FP16_MIN_NORMAL, a.half().to(a.dtype), a)
+
+
 REL_STEP = 2.0**-11
 """FP16's relative rounding (half an ulp): what every normal FP16 weight already loses."""
 

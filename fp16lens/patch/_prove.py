@@ -22,7 +22,7 @@ from torch import nn
 from torch.utils._pytree import tree_flatten
 
 from fp16lens._core import FP16_MAX, FP16_MIN_NORMAL, PatchError
-from fp16lens._core.flush import REL_STEP
+from fp16lens._core.flush import REL_STEP, small_as_fp16
 from fp16lens._core.sites import is_island
 from fp16lens._trace import HalfFails, call_model, float_outputs, fp32_compute_ops
 from fp16lens.patch._check import relative_error, scale_batch
@@ -143,7 +143,7 @@ class Fp16Runner:
             tiny = float(a.abs().max()) < FP16_MIN_NORMAL and float(b.abs().max()) < FP16_MIN_NORMAL
             if not a.numel() or tiny:
                 continue
-            cos = min(cos, _cosine(_stored(a), b))
+            cos = min(cos, _cosine(small_as_fp16(a), b))
             rel = max(rel, relative_error(a, b))
         return Parity(True, cos, rel, shape)
 
@@ -157,12 +157,6 @@ def _half_fails(model: nn.Module, args, kwargs) -> str:
     except HalfFails as exc:
         return exc.words()
     return ""
-
-
-def _stored(a: torch.Tensor) -> torch.Tensor:
-    """FP32 outputs as an FP16 output holds them below 2^-14 (a score of 1e-8 is 0 in any
-    FP16 model: a cosine of 0 against it says nothing); elsewhere as they are."""
-    return torch.where(a.abs() < FP16_MIN_NORMAL, a.half().to(a.dtype), a)
 
 
 def _cosine(a: torch.Tensor, b: torch.Tensor) -> float:

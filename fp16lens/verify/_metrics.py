@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from fp16lens._core import FP16_MIN_NORMAL, VerifyError
+from fp16lens._core.flush import small_as_fp16
 
 
 @dataclass(frozen=True)
@@ -80,7 +81,7 @@ class Accumulator:
         bad = ~torch.isfinite(cand) & torch.isfinite(ref)
         self.nonfinite |= bool(bad.any())
         err = cand - ref
-        stored = torch.where(ref.abs() < FP16_MIN_NORMAL, ref.float().half().double(), ref)
+        stored = small_as_fp16(ref)
         self.dot += float((stored * cand).sum())
         self.ref_sq += float((stored * stored).sum())
         self.cand_sq += float((cand * cand).sum())

@@ -41,6 +41,7 @@ from fp16lens.watch.onnx._fp16run import (
     flushed_at,
     input_peak,
     lost_cause,
+    mends,
 )
 
 
@@ -62,8 +63,7 @@ def _islands_mend(model: torch.nn.Module, modules: list[str], kept: tuple, worst
         got, _ = runner.run(batch)
     except Exception:  # the trial cannot run: the flush stays the named cause
         return True
-    p = runner.parity(want, got)
-    return (p.finite and p.cosine >= MIN_COSINE) or (p.finite and not worst.finite)
+    return mends(runner.parity(want, got), worst)
 
 
 def _copy(a: Any) -> Any:

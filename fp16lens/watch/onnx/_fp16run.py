@@ -90,6 +90,12 @@ def lost_cause(proof, jittered: int = 0, peak_in: float = 0.0) -> str:
     return f"FP16's precision (11 significant bits) is what it loses{raw}"
 
 
+def mends(proof, worst) -> bool:
+    """Whether a run with the flushing sites kept FP32 (``proof``) mends what the check saw
+    (``worst``): it passes, or turns finite."""
+    return proof.finite and (proof.cosine >= MIN_COSINE or not worst.finite)
+
+
 def _island_mends(proto, island: list[str], feed_: dict, worst) -> bool:
     """Whether the flushing nodes' FP32 island mends what the check saw: the run passes
     with it, or turns finite (a final sigmoid's flushed tail, say, is no cause of a loss
@@ -102,7 +108,7 @@ def _island_mends(proto, island: list[str], feed_: dict, worst) -> bool:
     trial.CopyFrom(proto)
     set_fp32_nodes(trial, [*fp32_nodes(proto), *island])
     (proof,) = prove_graph(trial, trial, [feed_])
-    return (proof.finite and proof.cosine >= MIN_COSINE) or (proof.finite and not worst.finite)
+    return mends(proof, worst)
 
 
 class Fp16Run:
