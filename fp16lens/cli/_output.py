@@ -6,6 +6,7 @@ from __future__ import annotations
 import codecs
 import json
 import math
+import os
 import sys
 import unicodedata
 from typing import IO, Any, cast
@@ -13,8 +14,9 @@ from typing import IO, Any, cast
 from rich.console import Console
 
 PIPE_WIDTH = 120
-"""Width when stdout is not a terminal (a CI log, a file): wide enough that every table
-column stays (rich's default of 80 would cut the hottest-sites table)."""
+"""Width when stdout is not a terminal (a CI log, a file) and ``COLUMNS`` does not set one:
+wide enough that every table column stays (rich's default of 80 would cut the
+hottest-sites table)."""
 
 
 def console(quiet: bool = False) -> Console:
@@ -22,8 +24,8 @@ def console(quiet: bool = False) -> Console:
     if quiet:
         return Console(record=True, file=cast(IO[str], _Null()), width=100)  # rich only writes
     con = Console(file=sys.stdout, soft_wrap=False)
-    if not con.is_terminal:
-        con.width = max(con.width, PIPE_WIDTH)
+    if not con.is_terminal and not os.environ.get("COLUMNS", "").strip().isdigit():
+        con.width = max(con.width, PIPE_WIDTH)  # a width the user set is kept
     return con
 
 

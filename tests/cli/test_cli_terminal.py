@@ -731,3 +731,24 @@ def test_a_terminal_that_cannot_hold_the_symbols_gets_them_in_ascii(tmp_path, en
     assert missing.returncode == 2
     lines = missing.stderr.decode(encoding).strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("fp16lens: error: cannot read report")
+
+
+def test_output_to_a_file_is_wide_unless_columns_says_otherwise(tmp_path):
+    """Piped to a file, the report is 120 columns wide so no table column is cut; a width
+    the user sets with COLUMNS (``COLUMNS=60 fp16lens show r.json > log``) is kept."""
+    import os
+    import subprocess
+    import sys
+
+    report = tmp_path / "r.json"
+    _overflowing_report(report)
+    run = [sys.executable, "-m", "fp16lens", "show", str(report)]
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+
+    def widest(extra):
+        done = subprocess.run(run, capture_output=True, text=True, env={**env, **extra})
+        assert done.returncode == 0, done.stderr
+        return max(len(line) for line in done.stdout.splitlines())
+
+    assert 100 < widest({}) <= 120
+    assert widest({"COLUMNS": "60"}) <= 60
