@@ -178,15 +178,17 @@ def onnx_fingerprint(model) -> dict[str, list[float]]:
     for init in model.graph.initializer:
         if init.data_type not in _ONNX_FLOATS:
             continue
-        v = numpy_helper.to_array(init).astype(np.float64).reshape(-1)
-        ramp = np.arange(v.size, dtype=np.int64) % _RAMP + 1
-        out[init.name] = [
-            float(v.size),
-            float(v.sum()),
-            float(np.abs(v).sum()),
-            float((v * ramp).sum()),
-        ]
+        flat = numpy_helper.to_array(init).reshape(-1)
+        sums = np.zeros(3)
+        for start in range(0, flat.size, _CHUNK):  # float64 a chunk at a time: large weights
+            v = flat[start : start + _CHUNK].astype(np.float64)
+            ramp = np.arange(start, start + v.size, dtype=np.int64) % _RAMP + 1
+            sums += (v.sum(), np.abs(v).sum(), (v * ramp).sum())
+        out[init.name] = [float(flat.size), *map(float, sums)]
     return out
+
+
+_CHUNK = 1 << 22
 
 
 def onnx_changed(recorded: dict[str, list[float]], model) -> list[str]:

@@ -8,6 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from fp16lens._core import onnx_large
+
 PRECISION_KEY = "fp16lens.precision"
 """The ``metadata_props`` key of the precision fp16lens.export wrote a file in (fp32, fp16, int8)."""
 FP32_NODES_KEY = "fp16lens.fp32_nodes"
@@ -30,14 +32,17 @@ def check_graph(onnx, proto, source: Any = None) -> None:
     finds, as Paddle2ONNX writes them; ONNX Runtime runs such files), ``proto`` is held to
     the basic check the source passes: a flaw of the source is not ours to refuse."""
     try:
-        onnx.checker.check_model(proto, full_check=True)
+        onnx_large.check(onnx, proto, full_check=True)
     except Exception:
         if source is None:
             raise
         try:
-            onnx.checker.check_model(source, full_check=True)
+            if isinstance(source, (str, Path)):
+                onnx.checker.check_model(str(source), full_check=True)
+            else:
+                onnx_large.check(onnx, source, full_check=True)
         except Exception:
-            onnx.checker.check_model(proto)
+            onnx_large.check(onnx, proto)
             return
         raise
 
@@ -46,7 +51,7 @@ def elem_types(proto, onnx) -> dict[str, int]:
     """Tensor name -> ONNX element type, from shape inference where it runs, else from the
     declared types (custom ops); ``onnx``: the imported module (an optional dependency)."""
     try:
-        g = onnx.shape_inference.infer_shapes(proto).graph
+        g = onnx_large.infer_shapes(onnx, proto).graph
     except Exception:  # unknown custom ops: declared types only
         g = proto.graph
     elem = {t.name: t.data_type for t in g.initializer}

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from fp16lens._core import ExportError, import_optional
+from fp16lens._core import ExportError, import_optional, onnx_large
 from fp16lens._core.model_dtype import half_model
 from fp16lens._core.onnx_types import check_graph, is_onnx
 from fp16lens._core.options import given, one_form
@@ -35,8 +35,6 @@ from fp16lens.export._torch_export import export_fp32
 
 if TYPE_CHECKING:
     from fp16lens.export._int8_search import Target as Int8Target
-
-_TWO_GB = 2**31 - 1
 
 
 def export(
@@ -423,14 +421,10 @@ def _finish(proto, meta: dict[str, str], source=None) -> None:
             or proto.metadata_props.add()
         )
         entry.key, entry.value = key, value
-    if proto.ByteSize() < _TWO_GB:
-        check_graph(onnx, proto, source)
+    check_graph(onnx, proto, source)
 
 
 def _save(proto, path: Path) -> None:
     onnx = import_optional("onnx", "onnx", "ONNX export")
     path.parent.mkdir(parents=True, exist_ok=True)
-    if proto.ByteSize() < _TWO_GB:
-        onnx.save(proto, str(path))
-    else:
-        onnx.save(proto, str(path), save_as_external_data=True, location=f"{path.name}.data")
+    onnx_large.save(onnx, proto, path)

@@ -12,8 +12,10 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
 import numpy as np
-from onnx import helper, numpy_helper, shape_inference
+import onnx
+from onnx import helper, numpy_helper
 
+from fp16lens._core import onnx_large
 from fp16lens._core.onnx_types import outer_names, rename_reads, subgraphs
 from fp16lens.export._artifact import default_opset
 from fp16lens.export._naming import NodeOrigin, stamp
@@ -68,7 +70,7 @@ def convert_fp16(
     """Rewrite the FP32 ``model`` in place into strongly typed FP16; returns it with notes.
     A graph output produced by a node of ``fp32_out`` (an island that hands its output on in
     FP32: its values may pass FP16) stays FP32 whatever ``io_dtype`` says."""
-    inferred = shape_inference.infer_shapes(model)
+    inferred = onnx_large.infer_shapes(onnx, model)
     elem = elem_types(inferred)
     opset = default_opset(model)
     g = model.graph

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fp16lens._core import ExportError, import_optional
+from fp16lens._core import ExportError, import_optional, onnx_large
 from fp16lens._core.feeds import feed_items
 from fp16lens._core.quiet import quiet
 from fp16lens.export._artifact import default_opset
@@ -223,7 +223,7 @@ def _quantize_ort(proto, calibration: Iterable, exclude: list[str]):
     names = [v.name for v in proto.graph.input if v.name not in initializers]
     with tempfile.TemporaryDirectory() as tmp, _progress() as progress, quiet("", stderr=False):
         src, dst = Path(tmp) / "fp32.onnx", Path(tmp) / "int8.onnx"
-        onnx.save(proto, str(src))
+        onnx_large.save(onnx, proto, src)
         ort_q.quantize_static(
             str(src),
             str(dst),

@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from fp16lens._core import ExportError
+from fp16lens._core import ExportError, onnx_large
 from fp16lens.export._int8_calib import Histogram
 from fp16lens.export._int8_place import Unit, find_units, name_nodes, node_flops
 
@@ -107,9 +107,7 @@ def session(proto):
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     options.log_severity_level = 3
-    return ort.InferenceSession(
-        proto.SerializeToString(), options, providers=["CPUExecutionProvider"]
-    )
+    return onnx_large.session(ort, proto, options)
 
 
 def quantize_weight(w: np.ndarray, axis: int | None) -> tuple[np.ndarray, np.ndarray]:

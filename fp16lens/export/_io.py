@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from fp16lens._core import OptionError
+from fp16lens._core import OptionError, onnx_large
 
 DYNAMIC_AXES = ("batch", "sequence")
 
@@ -122,9 +122,7 @@ def dynamic_failure(proto, model: torch.nn.Module, args: tuple, spec: IoSpec) ->
     try:
         quiet = ort.SessionOptions()
         quiet.log_severity_level = 4  # the failure is reported below, in one line
-        session = ort.InferenceSession(
-            proto.SerializeToString(), quiet, providers=["CPUExecutionProvider"]
-        )
+        session = onnx_large.session(ort, proto, quiet)
         feed = {i.name: a.numpy() for i, a in zip(session.get_inputs(), other)}
         got = session.run(None, feed)
     except Exception as exc:  # ONNX Runtime refuses the other sizes

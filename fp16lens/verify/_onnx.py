@@ -11,7 +11,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from fp16lens._core import VerifyError, import_optional
+from fp16lens._core import VerifyError, import_optional, onnx_large
 from fp16lens._core.feeds import feed_items
 from fp16lens._core.onnx_types import in_order
 from fp16lens._core.sites import Backend
@@ -34,9 +34,7 @@ def session(proto, optimize: bool = False):
     if not optimize:
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     options.log_severity_level = 3
-    return ort.InferenceSession(
-        proto.SerializeToString(), options, providers=["CPUExecutionProvider"]
-    )
+    return onnx_large.session(ort, proto, options)
 
 
 def load(path: str | Path):

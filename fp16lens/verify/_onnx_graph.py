@@ -19,7 +19,7 @@ here), and ops in subgraphs (If/Loop bodies are left as they are).
 
 from __future__ import annotations
 
-from fp16lens._core import import_optional
+from fp16lens._core import import_optional, onnx_large
 
 ROUND_SUFFIX = "__fp16lens_compute"
 _F16, _F32 = 10, 1  # onnx.TensorProto.FLOAT16 / FLOAT
@@ -32,7 +32,7 @@ def _onnx():
 def tensor_types(proto) -> dict[str, int]:
     """Element type of every tensor the graph declares or shape inference can tell."""
     onnx = _onnx()
-    inferred = onnx.shape_inference.infer_shapes(proto)
+    inferred = onnx_large.infer_shapes(onnx, proto)
     g = inferred.graph
     types = {t.name: t.data_type for t in g.initializer}
     for vi in (*g.input, *g.value_info, *g.output):

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fp16lens._core import PatchError, StaleReportError, import_optional
+from fp16lens._core import PatchError, StaleReportError, import_optional, onnx_large
 from fp16lens._core.feeds import as_input, feed_items
 from fp16lens._core.fingerprint import onnx_changed
 from fp16lens._core.onnx_types import FP32_NODES_KEY, check_graph
@@ -107,7 +107,7 @@ def patch_onnx(
     if not the_plan.changes and batches is None:  # a clean graph stays as it was
         _twin_note(the_plan, original)
         if out is not None:
-            onnx.save(original, str(out))
+            onnx_large.save(onnx, original, out)
         return original, the_plan
     if options.check and feeds:
         m, the_plan, binding, drop = _fp32_checked(
@@ -130,7 +130,7 @@ def patch_onnx(
     _count_flops(the_plan, original, report)
     _twin_note(the_plan, original)
     if out is not None:
-        onnx.save(m.proto, str(out))
+        onnx_large.save(onnx, m.proto, out)
     return m.proto, the_plan
 
 
@@ -491,7 +491,7 @@ def _session(proto):
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     so.log_severity_level = 3
-    return ort.InferenceSession(proto.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    return onnx_large.session(ort, proto, so)
 
 
 def _output_floors(original, report: Report | None) -> list[float]:

@@ -9,6 +9,7 @@ op type and its ``module`` the site itself (an ONNX node is its own unit).
 
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,24 +53,29 @@ class OnnxGraph:
     # sites an FP16 graph keeps in FP32 (metadata ``FP32_NODES_KEY``): values not judged
     fp32: set[str] = field(default_factory=set)
 
-    def exposed(self):
-        """A copy returning every event tensor (graph outputs first, as the graph has them)
-        and the computed conditions of ``checks``."""
+    @contextlib.contextmanager
+    def exposing(self):
+        """The graph returning every event tensor (graph outputs first, as the graph has
+        them) and the computed conditions of ``checks``, while inside: outputs added to
+        ``proto`` itself (a copy would cost the weights' size again) and taken off after."""
         onnx = onnx_module()
-        model = onnx.ModelProto()
-        model.CopyFrom(self.proto)
-        present = {o.name for o in model.graph.output}
-        for _, t in self.events:
-            if t not in present:
-                model.graph.output.append(onnx.helper.make_tensor_value_info(t, self.elem[t], None))
-                present.add(t)
-        for t, _ in self.checks:
-            if t not in present and t not in self.inputs:
-                model.graph.output.append(
-                    onnx.helper.make_tensor_value_info(t, onnx.TensorProto.BOOL, None)
-                )
-                present.add(t)
-        return model
+        outputs = self.proto.graph.output
+        kept = len(outputs)
+        present = {o.name for o in outputs}
+        try:
+            for _, t in self.events:
+                if t not in present:
+                    outputs.append(onnx.helper.make_tensor_value_info(t, self.elem[t], None))
+                    present.add(t)
+            for t, _ in self.checks:
+                if t not in present and t not in self.inputs:
+                    outputs.append(
+                        onnx.helper.make_tensor_value_info(t, onnx.TensorProto.BOOL, None)
+                    )
+                    present.add(t)
+            yield self.proto
+        finally:
+            del outputs[kept:]
 
 
 def load(model, base_dir: str | Path | None = None):

@@ -6,8 +6,10 @@ constant (its values join that node's output, which ``judge`` weighs the loss ag
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 
 from fp16lens._core.flush import flush_loss
@@ -45,6 +47,14 @@ def _uses(graph, name: str) -> list[tuple[NodeProto, int]]:
     ]
 
 
+def _tensor(array: np.ndarray) -> torch.Tensor:
+    """``array`` as a float32 tensor, without a copy where it is float32 already (a large
+    model's weights; a read-only array's tensor is only read here)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        return torch.from_numpy(array.astype("float32", copy=False))
+
+
 def check_constants(graph, options: WatchOptions) -> list[ParamCheck]:
     checks = []
     site_of = {id(n): graph.sites[s].name for s, n in enumerate(graph.nodes)}
@@ -53,7 +63,7 @@ def check_constants(graph, options: WatchOptions) -> list[ParamCheck]:
         if not uses or array.size == 0:
             continue  # read by no float node (shapes, scales of a non-float op)
         site = site_of[id(uses[0][0])]
-        t = torch.from_numpy(array.astype("float32"))
+        t = _tensor(array)
         a = t.abs()
         over = _overflow(name, t, a, options.threshold)
         if over is not None:

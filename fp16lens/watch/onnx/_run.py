@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fp16lens._core import WatchError, import_optional
+from fp16lens._core import WatchError, import_optional, onnx_large
 from fp16lens._core.feeds import as_input, feed_items
 from fp16lens.report import SATURATED
 from fp16lens.watch._inputs import describe_inputs
@@ -22,7 +22,8 @@ from fp16lens.watch.onnx._graph import OnnxGraph
 
 def session(graph: OnnxGraph):
     """A session returning every event tensor of ``graph``."""
-    return ort_session(graph.exposed(), graph.name)
+    with graph.exposing() as proto:
+        return ort_session(proto, graph.name)
 
 
 def ort_session(proto, name: str):
@@ -31,9 +32,7 @@ def ort_session(proto, name: str):
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     options.log_severity_level = 3
     try:
-        return ort.InferenceSession(
-            proto.SerializeToString(), options, providers=["CPUExecutionProvider"]
-        )
+        return onnx_large.session(ort, proto, options)
     except Exception as exc:  # opset/IR versions this ONNX Runtime lacks, unknown ops
         raise WatchError(
             f"ONNX Runtime cannot load {name} ({str(exc).splitlines()[0]}); upgrade "

@@ -1,0 +1,175 @@
+"""ONNX graphs over protobuf's 2 GB limit (``fp16lens/_core/onnx_large.py``).
+
+Over the limit a proto cannot be serialized: ONNX Runtime, shape inference, the checker and
+``onnx.save`` each refuse it as one message. fp16lens once said "ONNX Runtime cannot load
+big (Failed to serialize proto); upgrade onnxruntime" on a 2.15 GB file that ONNX Runtime
+runs from its path, and scanning it ran out of 24 GB of memory
+(``scripts/check_large_onnx.py`` runs that file end to end).
+
+Here the limit is lowered to a few kilobytes and every one of those four entry points is
+made to refuse a proto over it, as protobuf does at 2 GB: the journey (scan, patch, export,
+verify) of a small model must go through files and external data as a 3 GB one would, and
+its FP16 file is then judged in real FP16 against the FP32 graph, without fp16lens.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import fp16lens
+from fp16lens._core import fingerprint, onnx_large
+from fp16lens.cli import main
+
+onnx = pytest.importorskip("onnx")
+ort = pytest.importorskip("onnxruntime")
+from onnx_reference import run_reference  # noqa: E402  (it imports onnx)
+
+LIMIT = 20_000  # bytes: the model below holds about 40 kB of weights
+
+
+class Loud(nn.Module):
+    """conv2's output reaches about 1e5 and a multiply by 2^-6 brings it back before conv3:
+    FP32 is fine, real FP16 stores inf from conv2 to the multiply."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 32, 3, padding=1)
+        self.conv2 = nn.Conv2d(32, 32, 3, padding=1)
+        self.conv3 = nn.Conv2d(32, 2, 1)
+        with torch.no_grad():
+            self.conv2.weight.mul_(2.0**16)
+            self.conv2.bias.mul_(2.0**16)
+
+    def forward(self, x):
+        y = torch.relu(self.conv2(torch.relu(self.conv1(x))))
+        return torch.sigmoid(self.conv3(y * 2.0**-6))
+
+
+def _file(tmp_path, model: nn.Module | None = None) -> tuple[str, np.ndarray]:
+    """The model as exporters write a large one: the graph, its weights in a .data file."""
+    torch.manual_seed(0)
+    model = model or Loud().eval()
+    x = torch.rand(1, 3, 16, 16) * 4
+    inline = tmp_path / "inline.onnx"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model, (x,), str(inline), opset_version=17, dynamo=False,
+                          input_names=["x"])  # fmt: skip
+    path = tmp_path / "model" / "big.onnx"
+    path.parent.mkdir()
+    onnx.save(onnx.load(str(inline)), str(path), save_as_external_data=True,
+              location="big.onnx.data", size_threshold=0)  # fmt: skip
+    return str(path), x.numpy()
+
+
+def _too_large(proto) -> bool:
+    return isinstance(proto, onnx.ModelProto) and proto.ByteSize() > LIMIT
+
+
+@pytest.fixture
+def limit(monkeypatch):
+    """Protobuf's limit at ``LIMIT`` bytes: the four entry points refuse a proto over it."""
+    monkeypatch.setattr(onnx_large, "TWO_GB", LIMIT)
+    monkeypatch.setattr(onnx_large, "LIGHT_INFERENCE", 0)
+
+    def refusing(fn, arg=0):
+        def call(*args, **kwargs):
+            if kwargs.get("save_as_external_data"):
+                return fn(*args, **kwargs)  # what a large file needs
+            if _too_large(args[arg]) or (isinstance(args[arg], bytes) and len(args[arg]) > LIMIT):
+                raise ValueError("Message onnx.ModelProto exceeds maximum protobuf size of 2GB")
+            return fn(*args, **kwargs)
+
+        return call
+
+    monkeypatch.setattr(ort, "InferenceSession", refusing(ort.InferenceSession))
+    monkeypatch.setattr(onnx, "save", refusing(onnx.save))
+    monkeypatch.setattr(onnx.checker, "check_model", refusing(onnx.checker.check_model))
+    monkeypatch.setattr(
+        onnx.shape_inference, "infer_shapes", refusing(onnx.shape_inference.infer_shapes)
+    )
+
+
+def test_a_graph_over_the_limit_is_scanned_patched_exported_and_verified(tmp_path, capsys, limit):
+    torch.manual_seed(0)
+    model = Loud().eval()
+    path, x = _file(tmp_path, model)
+    with torch.no_grad():  # ground truth: real FP16 breaks the model
+        assert not torch.isfinite(model.half()(torch.from_numpy(x).half())).all()
+    np.savez(tmp_path / "x.npz", x=x)
+    fp32 = ort.InferenceSession(path, providers=["CPUExecutionProvider"])  # by path: runs
+    ref = fp32.run(None, {"x": x})[0]
+
+    report = tmp_path / "r.json"
+    assert main(["scan", path, "--input", str(tmp_path / "x.npz"), "--save", str(report)]) == 0
+    scanned = fp16lens.Report.load(report)
+    (span,) = scanned.spans
+    assert "Conv" in span.start
+
+    fixed = tmp_path / "out" / "fixed.onnx"
+    argv = ["patch", path, "--report", str(report), "--input", str(tmp_path / "x.npz")]
+    assert main([*argv, "-o", str(fixed)]) == 0
+    assert fixed.with_name("fixed.onnx.data").is_file()  # the weights beside the graph
+    assert "proven" in capsys.readouterr().out
+
+    half = tmp_path / "out" / "fixed16.onnx"
+    argv = ["export", str(fixed), "--precision", "fp16", "-o", str(half)]
+    assert main([*argv, "--input", str(tmp_path / "x.npz")]) == 0
+    assert main(["verify", path, str(half), "--input", str(tmp_path / "x.npz")]) == 0
+
+    # ground truth, without fp16lens: the file the user takes home, in real FP16 storage
+    got = run_reference(onnx.load(str(half)), {"x": x.astype(np.float16)})[0]
+    assert np.isfinite(got).all()
+    a, b = got.astype(np.float64).ravel(), ref.astype(np.float64).ravel()
+    assert a @ b / (np.linalg.norm(a) * np.linalg.norm(b)) > 0.999
+
+
+def test_the_users_proto_over_the_limit_is_left_as_it_was(tmp_path, limit):
+    path, x = _file(tmp_path)
+    proto = onnx.load(path)
+    before = proto.SerializeToString()  # the real limit is far: this serializes
+    report = fp16lens.scan(proto, [x], progress=False)
+    assert report.spans
+    patched = fp16lens.patch(proto, report, batches=[x])
+    assert proto.SerializeToString() == before
+    assert patched is not proto
+
+
+def test_light_copies_keep_the_structure_and_save_round_trips(tmp_path):
+    path, _ = _file(tmp_path)
+    proto = onnx.load(path)
+    before = proto.SerializeToString()
+    lite = onnx_large.light(proto)
+    assert lite.ByteSize() < len(before) / 10
+    assert [(t.name, list(t.dims), t.data_type) for t in lite.graph.initializer] == [
+        (t.name, list(t.dims), t.data_type) for t in proto.graph.initializer
+    ]
+    full = onnx.shape_inference.infer_shapes(proto).graph.value_info
+    light = onnx.shape_inference.infer_shapes(lite).graph.value_info
+    assert [str(v) for v in light] == [str(v) for v in full]
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(onnx_large, "TWO_GB", LIMIT)
+        assert onnx_large.is_large(proto)
+        out = tmp_path / "saved.onnx"
+        onnx_large.save(onnx, proto, out)
+        assert out.stat().st_size < LIMIT and out.with_name("saved.onnx.data").is_file()
+    assert onnx.load(str(out)).SerializeToString() == before
+    assert proto.SerializeToString() == before
+
+
+def test_the_onnx_fingerprint_is_the_same_a_chunk_at_a_time(tmp_path, monkeypatch):
+    path, _ = _file(tmp_path)
+    proto = onnx.load(path)
+    whole = fingerprint.onnx_fingerprint(proto)
+    monkeypatch.setattr(fingerprint, "_CHUNK", 7)
+    chunked = fingerprint.onnx_fingerprint(proto)
+    assert whole.keys() == chunked.keys() and len(whole) >= 6
+    for name, sums in whole.items():
+        np.testing.assert_allclose(chunked[name], sums, rtol=1e-12, atol=1e-9)
+    assert not fingerprint.differing(whole, chunked)
