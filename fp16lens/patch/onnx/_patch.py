@@ -58,9 +58,10 @@ def fp32_nodes(proto) -> list[str]:
 
 def plan_onnx(model: Any, report: Report, options: PatchOptions) -> Plan:
     """What patch_onnx() would do; nothing is changed."""
-    original = load(model)
-    the_plan = _plan(read(load(original)), report, options)[0]
-    _count_flops(the_plan, original, report)
+    original = load(model)  # a copy: planning may change it
+    structure = onnx_large.light(original)  # what the FLOP count reads (names, shapes)
+    the_plan = _plan(read(original), report, options)[0]
+    _count_flops(the_plan, structure, report)
     return the_plan
 
 
@@ -98,7 +99,7 @@ def patch_onnx(
     nodes likewise, until it passes or nothing is left."""
     onnx = onnx_module()
     original = load(model)
-    _require(read(load(original)), report)
+    _require(original, report)
     feeds = None
     if options.check:
         feeds = _feeds(original, batches) if batches is not None else _inputs(original, report)
@@ -411,7 +412,7 @@ def _proven(original, report, options, feeds, m, the_plan, drop):
 
 
 def _plan(m: OnnxModel, report: Report, options: PatchOptions):
-    _require(m, report)
+    _require(m.proto, report)
     report = fold_branches(m, report)
     binding = OnnxBinding(m, set(fp32_nodes(m.proto)))
     the_plan = build_plan(None, report, options, binding)
@@ -431,13 +432,13 @@ def set_fp32_nodes(proto, names: list[str]) -> None:
     entry.key, entry.value = FP32_NODES_KEY, json.dumps(list(dict.fromkeys(names)))
 
 
-def _require(m: OnnxModel, report: Report) -> None:
+def _require(proto, report: Report) -> None:
     if not isinstance(report, Report):
         raise PatchError(
             f"patch needs a fp16lens Report, got {type(report).__name__}; create one with "
             "fp16lens.scan('model.onnx', batches) or load one with fp16lens.Report.load(path)"
         )
-    stale = onnx_changed(report.meta.weights, m.proto)
+    stale = onnx_changed(report.meta.weights, proto)
     if stale:
         raise StaleReportError(
             f"the report was made from other initializers than this graph's ({', '.join(stale[:3])} "
