@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Set up (or reuse) the local virtual environment .venv, then run one of:
 #   demo  - the main job: the end-to-end demo on the built-in model
-#   test  - lint and the whole test suite and (without pytest arguments), beside it, the
-#           torch matrix: the focused part of the suite on other torch releases
+#   test  - lint and the whole test suite in two lanes (the INT8 search tests, then the
+#           torch matrix, beside the rest); with pytest arguments, just those. The torch
+#           matrix is the focused part of the suite on other torch releases
 #           (scripts/torch_matrix.sh; FP16LENS_TORCH_MATRIX="" skips it)
 #
 # Torch: when the environment has no torch, install torch==2.13.0 (a CPU build on this
@@ -64,24 +65,37 @@ case "$what" in
     ruff check .
     ruff format --check .
     mypy fp16lens
-    matrix=""
-    if [ $# -eq 0 ] && [ -n "${FP16LENS_TORCH_MATRIX-default}" ]; then
-      # The matrix runs beside the main suite, one lane, each release tested as soon as it
-      # is installed: the main suite keeps about one of two cores busy (load 1.0), and the
-      # downloads are network-bound (see torch_matrix.sh).
-      mkdir -p .venv
-      FP16LENS_MATRIX_JOBS="${FP16LENS_MATRIX_JOBS:-1}" PYTHON="$PY" \
-        bash scripts/torch_matrix.sh > .venv/torch-matrix.log 2>&1 &
-      matrix=$!
+    if [ $# -gt 0 ]; then
+      exec python -m pytest "$@"
     fi
+    # Two lanes, one per core: the main suite keeps about one core busy (load 1.0), so the
+    # INT8 search tests (a fifth of its time) and then the torch matrix run beside it. The
+    # matrix's downloads start at once (network-bound) and each release is tested, one
+    # after another, once the INT8 tests are done (see torch_matrix.sh).
+    side=(tests/export/test_int8_*.py tests/verify/test_int8_*.py)
+    mkdir -p .venv
+    (
+      lane=0
+      installer=""
+      if [ -n "${FP16LENS_TORCH_MATRIX-default}" ]; then
+        PYTHON="$PY" bash scripts/torch_matrix.sh --install-only \
+          > .venv/torch-matrix-install.log 2>&1 &
+        installer=$!
+      fi
+      python -m pytest "${side[@]}" || lane=1
+      if [ -n "$installer" ]; then
+        wait "$installer" || { cat .venv/torch-matrix-install.log; exit 1; }
+        FP16LENS_MATRIX_JOBS=1 PYTHON="$PY" bash scripts/torch_matrix.sh || lane=1
+      fi
+      exit "$lane"
+    ) > .venv/side-lane.log 2>&1 &
+    side_lane=$!
     rc=0
-    python -m pytest "$@" || rc=$?
-    if [ -n "$matrix" ]; then
-      mrc=0
-      wait "$matrix" || mrc=$?
-      cat .venv/torch-matrix.log
-      [ "$mrc" -eq 0 ] || rc=1
-    fi
+    # shellcheck disable=SC2046
+    python -m pytest $(printf -- '--ignore=%s ' "${side[@]}") || rc=$?
+    wait "$side_lane" || rc=1
+    echo "== beside the main suite: the INT8 search tests, then the torch matrix"
+    cat .venv/side-lane.log
     exit "$rc"
     ;;
 esac

@@ -8,10 +8,10 @@
 #   bash scripts/torch_matrix.sh --install-only  # only make the environments ready
 #   FP16LENS_MATRIX_JOBS=1 bash scripts/torch_matrix.sh  # one release after another
 #
-# The test command (scripts/bootstrap.sh test) runs it in the background beside the main
-# suite, one lane (FP16LENS_MATRIX_JOBS=1), each release tested as soon as it is installed:
-# the downloads are network-bound, and the main suite keeps about one of the two cores
-# busy, so the matrix adds little to the CI's time even on a machine with nothing cached.
+# The test command (scripts/bootstrap.sh test) starts --install-only at once and runs the
+# matrix, one lane (FP16LENS_MATRIX_JOBS=1), beside the main suite once the INT8 search
+# tests are done: the downloads are network-bound, and the main suite keeps about one of
+# the two cores busy, so the matrix adds little to the CI's time even with nothing cached.
 #
 # Each release gets its own virtual environment, cached between runs and clones under
 # ${FP16LENS_CACHE:-$HOME/.cache/fp16lens}/torch-X.Y.Z and reinstalled only when
