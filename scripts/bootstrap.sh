@@ -82,7 +82,8 @@ case "$what" in
           > .venv/torch-matrix-install.log 2>&1 &
         installer=$!
       fi
-      python -m pytest "${side[@]}" || lane=1
+      OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" MKL_NUM_THREADS="${MKL_NUM_THREADS:-1}" \
+        python -m pytest "${side[@]}" || lane=1
       if [ -n "$installer" ]; then
         wait "$installer" || { cat .venv/torch-matrix-install.log; exit 1; }
         FP16LENS_MATRIX_JOBS=1 PYTHON="$PY" bash scripts/torch_matrix.sh || lane=1
@@ -91,8 +92,10 @@ case "$what" in
     ) > .venv/side-lane.log 2>&1 &
     side_lane=$!
     rc=0
+    # one torch thread a lane: two lanes of two threads on two cores only contend
     # shellcheck disable=SC2046
-    python -m pytest $(printf -- '--ignore=%s ' "${side[@]}") || rc=$?
+    OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" MKL_NUM_THREADS="${MKL_NUM_THREADS:-1}" \
+      python -m pytest $(printf -- '--ignore=%s ' "${side[@]}") || rc=$?
     wait "$side_lane" || rc=1
     echo "== beside the main suite: the INT8 search tests, then the torch matrix"
     cat .venv/side-lane.log
