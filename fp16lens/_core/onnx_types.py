@@ -25,6 +25,20 @@ def is_onnx(model: Any) -> bool:
     return type(model).__name__ == "ModelProto" and hasattr(model, "graph")
 
 
+def read_file(onnx, path: Path, error: type[Exception], missing: str = "check the path"):
+    """The ModelProto of the ONNX file ``path``, its external data read in; a missing file,
+    a file that is not ONNX or a missing data file raise ``error`` in one line."""
+    if not path.is_file():
+        raise error(f"ONNX model {path} does not exist; {missing}")
+    try:
+        return onnx.load(str(path), load_external_data=True)
+    except Exception as exc:  # protobuf decode errors, missing external data files
+        raise error(
+            f"cannot read {path} as ONNX ({type(exc).__name__}: {str(exc).splitlines()[0]}); "
+            "check that it is an .onnx file and that its external data files lie beside it"
+        ) from exc
+
+
 def check_graph(onnx, proto, source: Any = None) -> None:
     """``onnx.checker``'s full check (shape inference included) of ``proto``, made from the
     ONNX graph ``source`` (a path or ModelProto; None: from PyTorch). Where ``source`` fails

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from fp16lens._core import ExportError, OptionError, import_optional
-from fp16lens._core.onnx_types import FP32_NODES_KEY, in_order
+from fp16lens._core.onnx_types import FP32_NODES_KEY, in_order, read_file
 from fp16lens.export._naming import MODULE_KEY, NodeOrigin, map_nodes, stamp
 from fp16lens.export._onnx_meta import in_islands
 
@@ -30,16 +30,7 @@ def load_source(model):
     topological order (``in_order``: the file written must pass the checker)."""
     onnx = import_optional("onnx", "onnx", "converting an ONNX model")
     if isinstance(model, (str, Path)):
-        path = Path(model)
-        if not path.is_file():
-            raise ExportError(f"ONNX model {path} does not exist; check the path")
-        try:
-            return in_order(onnx.load(str(path), load_external_data=True))
-        except Exception as exc:  # protobuf decode errors, missing external data files
-            raise ExportError(
-                f"cannot read {path} as ONNX ({type(exc).__name__}: {str(exc).splitlines()[0]}); "
-                "check that it is an .onnx file and that its external data files lie beside it"
-            ) from exc
+        return in_order(read_file(onnx, Path(model), ExportError))
     proto = onnx.ModelProto()
     proto.CopyFrom(model)
     return in_order(proto)

@@ -13,7 +13,7 @@ from torch import nn
 
 from fp16lens._core import VerifyError, import_optional, onnx_large
 from fp16lens._core.feeds import feed_items
-from fp16lens._core.onnx_types import in_order
+from fp16lens._core.onnx_types import in_order, read_file
 from fp16lens._core.sites import Backend
 from fp16lens.verify._align import first_departure
 from fp16lens.verify._onnx_graph import float_tensors, fp32_compute, producers, tensor_types
@@ -39,12 +39,9 @@ def session(proto, optimize: bool = False):
 
 def load(path: str | Path):
     onnx = import_optional("onnx", "onnx", "running an ONNX candidate")
-    path = Path(path)
-    if not path.is_file():
-        raise VerifyError(
-            f"ONNX candidate {path} does not exist; export one with fp16lens.export(...)"
-        )
-    return in_order(onnx.load(str(path)))  # the first divergence is named in graph order
+    # the first divergence is named in graph order
+    missing = "export one with fp16lens.export(...)"
+    return in_order(read_file(onnx, Path(path), VerifyError, missing))
 
 
 class OnnxRunner(Runner):

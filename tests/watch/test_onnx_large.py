@@ -15,6 +15,7 @@ its FP16 file is then judged in real FP16 against the FP32 graph, without fp16le
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -173,3 +174,26 @@ def test_the_onnx_fingerprint_is_the_same_a_chunk_at_a_time(tmp_path, monkeypatc
     for name, sums in whole.items():
         np.testing.assert_allclose(chunked[name], sums, rtol=1e-12, atol=1e-9)
     assert not fingerprint.differing(whole, chunked)
+
+
+def test_a_missing_data_file_is_one_line_and_exit_2_for_every_command(tmp_path, capsys):
+    """A model whose .data file did not come along (copied without it): each command names
+    the file and the fix in one line; verify once printed onnx's traceback."""
+    path, x = _file(tmp_path)
+    np.savez(tmp_path / "x.npz", x=x)
+    Path(path).with_name("big.onnx.data").unlink()
+    xs = str(tmp_path / "x.npz")
+    inline = str(tmp_path / "inline.onnx")
+    report = tmp_path / "r.json"
+    assert main(["scan", inline, "--input", xs, "--save", str(report)]) == 0
+    capsys.readouterr()
+    for argv in (
+        ["scan", path, "--input", xs],
+        ["patch", path, "--report", str(report), "-o", str(tmp_path / "p.onnx")],
+        ["export", path, "--precision", "fp16", "-o", str(tmp_path / "o.onnx")],
+        ["verify", inline, path, "--input", xs],
+    ):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "big.onnx.data" in err[0], (argv, err)
+        assert "external data files lie beside it" in err[0]

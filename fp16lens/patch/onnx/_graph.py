@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from fp16lens._core import PatchError, import_optional
-from fp16lens._core.onnx_types import elem_types, in_order
+from fp16lens._core.onnx_types import elem_types, in_order, read_file
 from fp16lens._core.onnx_upcast import fp32_twin
 
 if TYPE_CHECKING:  # onnx is optional (and not followed by mypy: its names are Any)
@@ -61,10 +61,7 @@ def load(model):
     (``_core/onnx_upcast.py``): the patched graph is FP32."""
     onnx = onnx_module()
     if isinstance(model, (str, Path)):
-        path = Path(model)
-        if not path.is_file():
-            raise PatchError(f"ONNX model {path} does not exist; check the path")
-        proto = onnx.load(str(path), load_external_data=True)
+        proto = read_file(onnx, Path(model), PatchError)
     else:
         if any(t.data_location == 1 for t in model.graph.initializer):
             raise PatchError(

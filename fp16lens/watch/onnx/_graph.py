@@ -19,7 +19,7 @@ import numpy as np
 
 from fp16lens._core import WatchError, import_optional
 from fp16lens._core.feeds import ONNX_FLOATS
-from fp16lens._core.onnx_types import FP32_NODES_KEY, elem_types, in_order
+from fp16lens._core.onnx_types import FP32_NODES_KEY, elem_types, in_order, read_file
 from fp16lens._core.onnx_upcast import fp32_twin
 from fp16lens.watch._recorder import SiteInfo
 
@@ -83,15 +83,7 @@ def load(model, base_dir: str | Path | None = None):
     onnx = onnx_module()
     if isinstance(model, (str, Path)):
         path = Path(model)
-        if not path.is_file():
-            raise WatchError(f"ONNX model {path} does not exist; check the path")
-        try:
-            return onnx.load(str(path), load_external_data=True), path.stem
-        except Exception as exc:  # protobuf decode errors, missing external data files
-            raise WatchError(
-                f"cannot read {path} as ONNX ({type(exc).__name__}: {str(exc).splitlines()[0]}); "
-                "check that it is an .onnx file and that its external data files lie beside it"
-            ) from exc
+        return read_file(onnx, path, WatchError), path.stem
     external = [t.name for t in _tensors_of(model.graph) if t.data_location == 1]
     if external:
         if base_dir is None:
