@@ -33,7 +33,9 @@ def is_large(proto) -> bool:
     return weights + light(proto).ByteSize() > TWO_GB
 
 
-def _tensors(graph) -> Iterator[Any]:
+def tensors(graph) -> Iterator[Any]:
+    """Every TensorProto of ``graph``: initializers, Constant and other tensor attributes,
+    and those of control-flow bodies."""
     yield from graph.initializer
     for node in graph.node:
         for a in node.attribute:
@@ -42,10 +44,10 @@ def _tensors(graph) -> Iterator[Any]:
             elif a.type == a.TENSORS:
                 yield from a.tensors
             elif a.type == a.GRAPH:
-                yield from _tensors(a.g)
+                yield from tensors(a.g)
             elif a.type == a.GRAPHS:
                 for g in a.graphs:
-                    yield from _tensors(g)
+                    yield from tensors(g)
 
 
 def _copy_fields(dst, src, skip: tuple[str, ...] = ()) -> None:
@@ -86,7 +88,7 @@ def _light(proto, write: Callable[[bytes], tuple[str, int, int]] | None):
             continue
         _copy_fields(c, t, skip=("raw_data",))
         _external(c, write and write(t.raw_data))
-    for c in _tensors(copy.graph):  # Constant nodes and bodies: copied whole, emptied here
+    for c in tensors(copy.graph):  # Constant nodes and bodies: copied whole, emptied here
         if _large_tensor(c):
             where = write and write(c.raw_data)
             c.ClearField("raw_data")
@@ -165,7 +167,7 @@ def infer_shapes(onnx, proto):
 
 
 def _weight_bytes(proto) -> int:
-    return sum(_raw_bytes(t) for t in _tensors(proto.graph) if _large_tensor(t))
+    return sum(_raw_bytes(t) for t in tensors(proto.graph) if _large_tensor(t))
 
 
 _ITEM_BYTES = {1: 4, 4: 2, 5: 2, 6: 4, 7: 8, 10: 2, 11: 8, 12: 4, 13: 8, 14: 8, 15: 16, 16: 2}

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from fp16lens._core import WatchError, import_optional
+from fp16lens._core import WatchError, import_optional, onnx_large
 from fp16lens._core.feeds import ONNX_FLOATS
 from fp16lens._core.onnx_types import FP32_NODES_KEY, elem_types, in_order, read_file
 from fp16lens._core.onnx_upcast import fp32_twin
@@ -84,7 +84,7 @@ def load(model, base_dir: str | Path | None = None):
     if isinstance(model, (str, Path)):
         path = Path(model)
         return read_file(onnx, path, WatchError), path.stem
-    external = [t.name for t in _tensors_of(model.graph) if t.data_location == 1]
+    external = [t.name for t in onnx_large.tensors(model.graph) if t.data_location == 1]
     if external:
         if base_dir is None:
             raise WatchError(
@@ -98,14 +98,6 @@ def load(model, base_dir: str | Path | None = None):
         load_external_data_for_model(copy, str(base_dir))
         model = copy
     return model, model.graph.name or "onnx"
-
-
-def _tensors_of(graph):
-    yield from graph.initializer
-    for node in graph.node:
-        for a in node.attribute:
-            if a.HasField("t"):
-                yield a.t
 
 
 def constants(graph) -> dict[str, np.ndarray]:
