@@ -11,6 +11,9 @@ its exit code, its time, its peak memory, and that peak as a multiple of the mod
 weights and of ONNX Runtime's own peak running the model once. Then it checks the FP16
 file the user takes home, without fp16lens: every weight FP16, and its outputs in real
 FP16 storage (numpy float16, layer by layer) finite and at cosine > 0.999 against FP32.
+Last, the same weights as a PyTorch module exported to FP32 ONNX with each of torch's two
+exporters (`fp16lens export chain.py:build --precision fp32`): each file holds its weights
+in external data and ONNX Runtime computes the chain from it as FP32 does.
 Needs the onnx extra and about 8x the model's size in memory.
 """
 
@@ -83,6 +86,77 @@ def build(folder: Path, n: int, layers: int) -> tuple[Path, np.ndarray, list[np.
     return path, x, weights
 
 
+CHAIN = """import numpy as np, torch
+
+
+class Chain(torch.nn.Module):
+    \"\"\"The ONNX chain's weights (read from its .data file) as a PyTorch module.\"\"\"
+
+    def __init__(self):
+        super().__init__()
+        data = np.memmap({data!r}, dtype=np.float32, mode="r")
+        n = {n}
+        self.w = torch.nn.ParameterList(
+            torch.nn.Parameter(torch.from_numpy(np.array(data[i * n * n : (i + 1) * n * n]).reshape(n, n)), requires_grad=False)
+            for i in range({layers})
+        )
+
+    def forward(self, x):
+        for w in self.w:
+            x = torch.relu(x @ w)
+        return x
+
+
+def build():
+    return Chain().eval(), (torch.from_numpy(np.load({xs!r})["x"]),)
+"""
+
+
+def from_torch(folder: Path, n: int, layers: int, xs: str, ref: np.ndarray, size: float) -> int:
+    """Export the chain as a PyTorch module with each exporter; 0 when both files compute it."""
+    import onnx
+    import onnxruntime as ort
+
+    chain = folder / "chain.py"
+    data = str(folder / "model.onnx.data")
+    chain.write_text(CHAIN.format(data=data, n=n, layers=layers, xs=xs))
+    failed = 0
+    for exporter in ("torchscript", "dynamo"):
+        out = folder / f"torch_{exporter}.onnx"
+        argv, code = cli(
+            "export",
+            f"{chain}:build",
+            "--precision",
+            "fp32",
+            "--exporter",
+            exporter,
+            "-o",
+            str(out),
+        )
+        peak = stage(f"{exporter}", argv, code, size, None)
+        if peak != peak:
+            failed += 1
+            continue
+        session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+        got = session.run(None, {session.get_inputs()[0].name: np.load(xs)["x"]})[0]
+        graph = onnx.load(str(out), load_external_data=False).graph
+        external = all(t.data_location == onnx.TensorProto.EXTERNAL for t in graph.initializer)
+        err = float(np.abs(got - ref).max() / np.abs(ref).max())
+        ok = external and err < 1e-5
+        print(
+            f"  {out.name}: {out.stat().st_size / 1e6:.2f} MB graph, external data "
+            f"{'yes' if external else 'NO'}, max error {err:.1e} of the output's peak: "
+            f"{'holds' if ok else 'FAILS'}",
+            flush=True,
+        )
+        failed += not ok
+        del session
+        for p in folder.iterdir():
+            if p.name.startswith("torch_"):
+                p.unlink()
+    return failed
+
+
 def stage(name: str, argv: list[str], code: str, size: float, ort_peak: float | None) -> float:
     t0 = time.perf_counter()
     done = subprocess.run(
@@ -134,6 +208,9 @@ def main() -> int:
     parser.add_argument("--n", type=int, default=8192, help="each weight is n x n")
     parser.add_argument("--layers", type=int, default=9)
     parser.add_argument("--dir", help="keep the files here (default: a temporary folder)")
+    parser.add_argument(
+        "--no-torch", action="store_true", help="skip the PyTorch exports (about 2 minutes)"
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         folder = Path(tmp)
@@ -164,6 +241,11 @@ def main() -> int:
             f"the FP16 file in real FP16 storage: finite {bool(np.isfinite(got).all())}, "
             f"cosine {cosine:.6f} against FP32: {'holds' if ok else 'FAILS'}"
         )
+        for p in (report, fixed, half):
+            for q in folder.glob(p.name + "*"):
+                q.unlink()
+        if not args.no_torch:
+            failed += from_torch(folder, args.n, args.layers, xs, ref, size)
         return 0 if ok and not failed else 1
 
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-import io
+import tempfile
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from fp16lens._core import ExportError, import_optional
+from fp16lens._core.compat import TORCH_VERSION
 from fp16lens._core.quiet import plain, quiet
 
 _PURPOSE = "ONNX export"
@@ -21,6 +23,12 @@ def export_fp32(
     io = io or {}
     import_optional("onnx", "onnx", _PURPOSE)
     notes: list[str] = []
+    if exporter in ("auto", "dynamo") and TORCH_VERSION < DYNAMO_FROM:
+        older = f"torch {torch.__version__} has no dynamo ONNX exporter that returns a model (torch 2.5 and later)"
+        if exporter == "dynamo":
+            raise ExportError(f"{older}; use exporter='torchscript', or upgrade torch")
+        notes.append(f"{older}; used the TorchScript exporter")
+        exporter = "torchscript"
     if exporter in ("auto", "dynamo"):
         try:
             return _dynamo(model, args, opset, io), "dynamo", notes
@@ -49,6 +57,10 @@ def export_fp32(
         ) from exc
 
 
+DYNAMO_FROM = (2, 5)
+"""``torch.onnx.export(dynamo=True, external_data=...)`` returning an ONNXProgram."""
+
+
 def _dynamo(model: torch.nn.Module, args: tuple, opset: int | None, io: dict):
     import_optional("onnxscript", "onnx", _PURPOSE)
     kwargs = dict(io) if opset is None else {"opset_version": opset, **io}
@@ -60,19 +72,23 @@ def _dynamo(model: torch.nn.Module, args: tuple, opset: int | None, io: dict):
 
 
 def _torchscript(model: torch.nn.Module, args: tuple, opset: int | None, names: dict):
+    """Through a file in a temporary folder: the TorchScript exporter writes a model over
+    protobuf's 2 GB limit only to a path, its weights in external data files beside it;
+    the file is read back whole, as the dynamo exporter's proto is."""
     onnx = import_optional("onnx", "onnx", _PURPOSE)
-    buffer = io.BytesIO()
-    with quiet("torch.onnx"):
-        torch.onnx.export(
-            model,
-            args,
-            buffer,
-            dynamo=False,
-            opset_version=opset or 18,
-            do_constant_folding=True,
-            **names,
-        )
-    return onnx.load_from_string(buffer.getvalue())
+    with tempfile.TemporaryDirectory(prefix="fp16lens-export-") as folder:
+        path = Path(folder) / "model.onnx"
+        with quiet("torch.onnx"):
+            torch.onnx.export(
+                model,
+                args,
+                str(path),
+                dynamo=False,
+                opset_version=opset or 18,
+                do_constant_folding=True,
+                **names,
+            )
+        return onnx.load(str(path), load_external_data=True)
 
 
 def _first_line(exc: BaseException) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -41,6 +42,7 @@ def test_torchscript_fallback_when_dynamo_fails(tmp_path, monkeypatch):
         raise RuntimeError("torch.export cannot trace this model")
 
     monkeypatch.setattr(_torch_export, "_dynamo", broken)
+    monkeypatch.setattr(_torch_export, "TORCH_VERSION", _torch_export.DYNAMO_FROM)
     model, inputs = gelu_span()
     art = export(model, inputs, tmp_path / "g.onnx", fp32_modules=["act"])
     assert art.exporter == "torchscript"
@@ -73,3 +75,39 @@ def test_reloaded_artifact_has_the_same_map(tmp_path):
 def test_options_name_the_bad_value(kwargs, match):
     with pytest.raises(ValueError, match=match):
         ExportOptions(**kwargs)
+
+
+def test_torch_without_the_dynamo_exporter_uses_torchscript_and_says_so(tmp_path, monkeypatch):
+    """torch 2.4's ``export(dynamo=True)`` takes no ``external_data``: ``auto`` goes to the
+    TorchScript exporter with a note naming the torch release, ``dynamo`` is refused in
+    one line that names the way out."""
+    from fp16lens.export import _torch_export
+
+    monkeypatch.setattr(_torch_export, "TORCH_VERSION", (2, 4))
+    monkeypatch.setattr(_torch_export, "_dynamo", lambda *a, **k: pytest.fail("dynamo ran"))
+    model, inputs = gelu_span()
+    art = export(model, inputs, tmp_path / "g.onnx")
+    assert art.exporter == "torchscript"
+    assert "torch 2.5 and later" in art.warnings[0] and "TorchScript" in art.warnings[0]
+    with pytest.raises(ExportError, match="exporter='torchscript'") as err:
+        export(model, inputs, tmp_path / "g2.onnx", exporter="dynamo")
+    assert "\n" not in str(err.value)
+
+
+def test_the_torchscript_export_leaves_no_temporary_files(tmp_path, monkeypatch):
+    """The TorchScript exporter writes through a temporary folder (a model over 2 GB goes
+    only to a path, its weights beside it; scripts/check_large_onnx.py exports one): the
+    folder is gone afterwards, and the file holds every weight, none external."""
+    import tempfile
+
+    onnx = pytest.importorskip("onnx")
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    model, inputs = gelu_span()
+    art = export(model, inputs, tmp_path / "g.onnx", "fp32", exporter="torchscript")
+    assert list((tmp_path / "tmp").iterdir()) == []
+    proto = onnx.load(str(art.path), load_external_data=False)
+    weights = {t.name: t for t in proto.graph.initializer}
+    assert weights and all(t.data_location == onnx.TensorProto.DEFAULT for t in weights.values())
+    expected = sum(p.numel() for p in model.parameters())
+    assert sum(int(np.prod(t.dims)) for t in weights.values()) >= expected
