@@ -107,6 +107,19 @@ def _external(t, where: tuple[str, int, int] | None) -> None:
         entry.key, entry.value = key, value
 
 
+def replacing(proto, replace: Callable[[Any], Any]):
+    """A copy of ``proto`` whose initializers are ``replace(t)`` where that is not None
+    (a new TensorProto), the others copied. The replaced ones are never copied in first:
+    a value assigned over it would stay in the copy's arena, the weights twice."""
+    copy = type(proto)()
+    _copy_fields(copy, proto, skip=("graph",))
+    _copy_fields(copy.graph, proto.graph, skip=("initializer",))
+    for t in proto.graph.initializer:
+        new = replace(t)
+        copy.graph.initializer.add().CopyFrom(t if new is None else new)
+    return copy
+
+
 def light(proto):
     """A copy of ``proto`` whose large tensors keep their names, types and shapes but no
     values: what shape inference and the graph's structure need."""

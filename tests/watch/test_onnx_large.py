@@ -197,3 +197,48 @@ def test_a_missing_data_file_is_one_line_and_exit_2_for_every_command(tmp_path, 
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and "big.onnx.data" in err[0], (argv, err)
         assert "external data files lie beside it" in err[0]
+
+
+def test_scan_and_patch_hold_one_session_at_a_time(tmp_path, limit, monkeypatch):
+    """Each ONNX Runtime session holds the weights: the patch's FP32 check and its proof in
+    FP16 run the original, the patched and the FP16-storage graphs one after another (they
+    ran side by side, three sessions), and the scan drops its own sessions before the
+    advice plans (scripts/check_large_onnx.py prints what that saves)."""
+    import gc
+    import weakref
+
+    from fp16lens.patch.onnx import _patch
+    from fp16lens.watch.onnx import _dead, _run, _scan
+
+    path, x = _file(tmp_path)
+    live: weakref.WeakSet = weakref.WeakSet()
+    most = [0]
+
+    def counted(module, name):
+        real = getattr(module, name)
+
+        def session(*args, **kwargs):
+            made = real(*args, **kwargs)
+            live.add(made)
+            most[0] = max(most[0], len(live))
+            return made
+
+        monkeypatch.setattr(module, name, session)
+
+    for module, name in ((_patch, "_session"), (_run, "ort_session"), (_dead, "ort_session")):
+        counted(module, name)
+    at_advice = []
+    advised = _scan.advised
+
+    def advising(*args, **kwargs):
+        gc.collect()
+        at_advice.append(len(live))
+        return advised(*args, **kwargs)
+
+    monkeypatch.setattr(_scan, "advised", advising)
+    report = fp16lens.scan(path, [x], progress=False)
+    assert report.spans and report.advice is not None and at_advice == [0] and most[0] >= 1
+    gc.collect()
+    most[0] = 0
+    patched = fp16lens.patch(path, report, batches=[x])
+    assert patched.graph.node and most[0] == 1

@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from fp16lens._core import onnx_large
 from fp16lens.patch._check import relative_error
 from fp16lens.patch._emulate import FLUSH_SHARE
 from fp16lens.patch._plan import BatchProof
@@ -30,20 +31,22 @@ def fp16_storage(proto):
 
     onnx = onnx_module()
     helper, numpy_helper = onnx.helper, onnx.numpy_helper
-    out = onnx.ModelProto()
-    out.CopyFrom(proto)
-    m = read(out)
-    keep = set(fp32_nodes(out))
-    g = out.graph
+    keep = set(fp32_nodes(proto))
     fp32_readers: dict[str, list[bool]] = {}  # tensor -> whether each reader stays FP32
-    for node in g.node:
+    for node in proto.graph.node:
         for t in node.input:
             fp32_readers.setdefault(t, []).append((node.name or node.output[0]) in keep)
-    with np.errstate(over="ignore"):
-        for init in g.initializer:
-            if init.data_type == _FLOAT and not all(fp32_readers.get(init.name, [False])):
-                arr = numpy_helper.to_array(init).astype(np.float16).astype(np.float32)
-                init.CopyFrom(numpy_helper.from_array(arr, init.name))
+
+    def stored(init):
+        if init.data_type != _FLOAT or all(fp32_readers.get(init.name, [False])):
+            return None
+        with np.errstate(over="ignore"):
+            arr = numpy_helper.to_array(init).astype(np.float16).astype(np.float32)
+        return numpy_helper.from_array(arr, init.name)
+
+    out = onnx_large.replacing(proto, stored)
+    m = read(out, values=False)
+    g = out.graph
     nodes, rounded = [], []
     names = {id(n): s for s, n in m.nodes.items()}
     readers: dict[str, list] = {}
@@ -184,7 +187,7 @@ def step_rounding(original, feed: dict) -> tuple[float, dict[str, int]]:
     helper = onnx.helper
     out = onnx.ModelProto()
     out.CopyFrom(original)
-    elem = read(out).elem
+    elem = read(out, values=False).elem
     nodes: list = []
     counts: dict[str, int] = {}
     for k, node in enumerate(list(out.graph.node)):
@@ -232,15 +235,13 @@ def prove_graph(original, patched, feeds: list[dict]) -> list[BatchProof]:
     """Per batch: the patched graph's FP32 outputs against the original's, and its FP16
     (storage) outputs against the original's FP32 ones; the first node whose rounded
     output is non-finite where it is finite in FP32."""
-    emulated, rounded = fp16_storage(patched)
     same = patched is original  # the graph's own verdict: no FP32 comparison to make
-    ref, half = _session(original), _session(emulated)
-    fp32 = ref if same else _session(patched)
+    wants = run_each(original, feeds)  # one session at a time: each holds the weights
+    got32s = wants if same else run_each(patched, feeds)
+    emulated, rounded = fp16_storage(patched)
+    got16s = run_each(emulated, [_round_feed(feed) for feed in feeds])
     out = []
-    for k, feed in enumerate(feeds):
-        want = ref.run(None, feed)
-        got32 = want if same else fp32.run(None, feed)
-        got16 = half.run(None, _round_feed(feed))
+    for k, (feed, want, got32, got16) in enumerate(zip(feeds, wants, got32s, got16s)):
         floats = [i for i, w in enumerate(want) if np.issubdtype(np.asarray(w).dtype, np.floating)]
         fp32_rel = max(
             (
@@ -261,17 +262,29 @@ def prove_graph(original, patched, feeds: list[dict]) -> list[BatchProof]:
     return out
 
 
+def run_each(proto, feeds: list[dict]) -> list[list]:
+    """``proto``'s outputs on each feed, from one session freed on return (a session holds
+    the weights: a large graph's checks run one after another, not side by side)."""
+    sess = _session(proto)
+    return [sess.run(None, feed) for feed in feeds]
+
+
 def run_exposed(proto, tensors: list[str], feed: dict) -> dict[str, np.ndarray]:
     """``proto`` run on ``feed`` (rounded to FP16 as an FP16 graph receives it) with
-    ``tensors`` exposed as outputs too: every output by name."""
+    ``tensors`` exposed as outputs too: every output by name. The outputs are added to
+    ``proto`` itself for the session and taken off after (a copy would hold the weights
+    again)."""
     onnx = onnx_module()
-    probe = onnx.ModelProto()
-    probe.CopyFrom(proto)
-    have = {o.name for o in probe.graph.output}
-    for t in dict.fromkeys(tensors):
-        if t not in have:
-            probe.graph.output.append(onnx.helper.make_empty_tensor_value_info(t))
-    sess = _session(probe)
+    outputs = proto.graph.output
+    kept = len(outputs)
+    have = {o.name for o in outputs}
+    try:
+        for t in dict.fromkeys(tensors):
+            if t not in have:
+                outputs.append(onnx.helper.make_empty_tensor_value_info(t))
+        sess = _session(proto)
+    finally:
+        del outputs[kept:]
     names = [o.name for o in sess.get_outputs()]
     return dict(zip(names, sess.run(None, _round_feed(feed))))
 
@@ -279,7 +292,7 @@ def run_exposed(proto, tensors: list[str], feed: dict) -> dict[str, np.ndarray]:
 def storage_pairs(emulated) -> list[tuple[str, str, str]]:
     """Per stored tensor of an ``fp16_storage`` graph: (the node's site, the tensor as the
     node computed it, as FP16 stores it)."""
-    m = read(emulated)
+    m = read(emulated, values=False)
     names = {id(n): s for s, n in m.nodes.items()}
     producer = {o: n for n in emulated.graph.node for o in n.output}
     back = {n.input[0]: n.output[0] for n in emulated.graph.node if n.op_type == "Cast"}

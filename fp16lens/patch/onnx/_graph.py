@@ -73,14 +73,17 @@ def load(model):
     return fp32_twin(in_order(proto), onnx)[0]
 
 
-def read(proto) -> OnnxModel:
+def read(proto, values: bool = True) -> OnnxModel:
+    """The graph's maps (nodes by site, readers, producers, element types); ``values``
+    False: without the float constants' values (``consts`` empty), which cost the weights'
+    size again, for a caller that only needs the structure."""
     numpy_helper = onnx_module().numpy_helper
     g = proto.graph
     m = OnnxModel(
         proto, elem=elem_types(proto, onnx_module()), inits={i.name for i in g.initializer}
     )
     m.inputs = [i.name for i in g.input if i.name not in m.inits]
-    for init in g.initializer:
+    for init in g.initializer if values else ():
         if init.data_type in FLOAT_TYPES:
             m.consts[init.name] = numpy_helper.to_array(init)
     taken: dict[str, int] = {}
@@ -91,7 +94,7 @@ def read(proto) -> OnnxModel:
             m.producer[o] = node
         if node.op_type == "Constant":
             value = next((a.t for a in node.attribute if a.name == "value"), None)
-            if value is not None and value.data_type in FLOAT_TYPES:
+            if values and value is not None and value.data_type in FLOAT_TYPES:
                 m.consts[node.output[0]] = numpy_helper.to_array(value)
             continue
         if not any(o and m.elem.get(o) in FLOAT_TYPES for o in node.output):

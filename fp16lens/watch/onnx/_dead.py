@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from fp16lens._core import onnx_large
 from fp16lens._core.optional import import_optional
 from fp16lens._core.sites import FindingKind, Mechanism
 from fp16lens.report import Report
@@ -48,13 +49,25 @@ class DeadConstants:
         self._sessions: dict[tuple[str, ...], Any] = {}
 
     def _session(self, names: tuple[str, ...]):
-        if names not in self._sessions:
-            proto = type(self.graph.proto)()
-            proto.CopyFrom(self.graph.proto)
-            for name in names:
-                _replace(proto, name, _as_fp16(self.graph.consts[name]))
+        if names not in self._sessions:  # the graph itself, or a copy with those as FP16
+            proto = self.graph.proto
+            if names:
+                proto = onnx_large.replacing(proto, lambda t: self._fp16_init(t, names))
+                for name in names:
+                    _replace_constant(proto, name, _as_fp16(self.graph.consts[name]))
             self._sessions[names] = ort_session(proto, self.graph.name)
         return self._sessions[names]
+
+    def _fp16_init(self, init, names: tuple[str, ...]):
+        """The initializer ``init`` as FP16 holds it where ``names`` has it, else None."""
+        if init.name not in names:
+            return None
+        numpy_helper = import_optional("onnx", "onnx", "scanning an ONNX model").numpy_helper
+        return numpy_helper.from_array(_as_fp16(self.graph.consts[init.name]), init.name)
+
+    def release(self) -> None:
+        """Drop the sessions (the scan is done)."""
+        self._sessions.clear()
 
     def step(self, batch: Any) -> None:
         """One more run with every open constant as FP16 holds it; only where that changes
@@ -107,12 +120,9 @@ def _same(a: Any, b: Any) -> bool:
     return bool(np.array_equal(a, b, equal_nan=a.dtype.kind in "fc"))
 
 
-def _replace(proto, name: str, value: np.ndarray) -> None:
+def _replace_constant(proto, name: str, value: np.ndarray) -> None:
+    """The Constant node writing ``name`` (if any) given ``value``."""
     numpy_helper = import_optional("onnx", "onnx", "scanning an ONNX model").numpy_helper
-    for init in proto.graph.initializer:
-        if init.name == name:
-            init.CopyFrom(numpy_helper.from_array(value, name))
-            return
     for node in proto.graph.node:
         if node.op_type == "Constant" and node.output[0] == name:
             for a in node.attribute:

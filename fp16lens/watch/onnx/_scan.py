@@ -96,9 +96,20 @@ class OnnxScan:
             _note_clamped(report, self.graph)
         _note_hidden_subgraphs(report, [v.graph.proto for v in graphs.variants.values()])
         self.fp16.settle(report)
-        return advised(
-            self.graph.proto, _name_decomposed_norms(report, graphs), options.advise
-        )  # data loaded
+        report = _name_decomposed_norms(report, graphs)
+        self._release()
+        return advised(self.graph.proto, report, options.advise)  # data loaded
+
+    def _release(self) -> None:
+        """Before the advice, which reads the proto and plans on a copy of its own: drop
+        the ONNX Runtime sessions and the float constants the scan held (each about the
+        weights' size again on a large model). The report is settled: nothing runs after."""
+        for v in self.graphs.variants.values():
+            v.session = None
+            v.graph.consts.clear()
+        self.graphs.release()
+        if self.dead is not None:
+            self.dead.release()
 
 
 def _params(graphs: Graphs, options: WatchOptions) -> list:

@@ -90,6 +90,11 @@ class Graphs:
         v = self.variants[key] = Variant(key, graph, session(graph), ids, taken)
         return v
 
+    def release(self) -> None:
+        """Drop the If probes' sessions (the scan is done)."""
+        self._inliner = None
+        self._last = None
+
     def of_site(self, name: str) -> tuple[OnnxGraph, int] | None:
         """A graph holding site ``name`` and the site's id there."""
         return self._where.get(name)
