@@ -211,6 +211,7 @@ def _export_onnx(model, path, opts: ExportOptions, calibration, evaluation) -> E
     artifact = _typed(proto, path, job, islands)
     if opts.precision != "fp16":
         return artifact
+    del proto, job  # written: the check reads the file, and a large graph's weights go first
     return _checked_in_fp16(model, list(evaluation) if evaluation else None, artifact)
 
 

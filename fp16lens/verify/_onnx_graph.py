@@ -54,10 +54,8 @@ def fp32_compute(proto, round_storage: bool, expose: list[str] | None = None):
     original types FP16 is rounded to FP16 and back; ``expose`` adds tensors as outputs."""
     onnx = _onnx()
     types = tensor_types(proto)
-    model = onnx.ModelProto()
-    model.CopyFrom(proto)
+    model = onnx_large.replacing(proto, _widened)  # the FP16 values are not copied in first
     g = model.graph
-    _widen_initializers(g)
     nodes = []
     for node in g.node:
         _widen_attributes(node)
@@ -97,12 +95,12 @@ def _round_outputs(node, types: dict[str, int]) -> list:
     return extra
 
 
-def _widen_initializers(graph) -> None:
+def _widened(init):
+    """An FP16 initializer as FP32 holding the same values (None: not FP16)."""
+    if init.data_type != _F16:
+        return None
     numpy_helper = _onnx().numpy_helper
-    for i, init in enumerate(graph.initializer):
-        if init.data_type == _F16:
-            wide = numpy_helper.from_array(numpy_helper.to_array(init).astype("float32"), init.name)
-            graph.initializer[i].CopyFrom(wide)
+    return numpy_helper.from_array(numpy_helper.to_array(init).astype("float32"), init.name)
 
 
 def _widen_attributes(node) -> None:
