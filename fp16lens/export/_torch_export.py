@@ -26,7 +26,9 @@ def export_fp32(
     if exporter in ("auto", "dynamo") and TORCH_VERSION < DYNAMO_FROM:
         older = f"torch {torch.__version__} has no dynamo ONNX exporter that returns a model (torch 2.5 and later)"
         if exporter == "dynamo":
-            raise ExportError(f"{older}; use exporter='torchscript', or upgrade torch")
+            raise ExportError(
+                f"{older}; use exporter='torchscript' (--exporter torchscript), or upgrade torch"
+            )
         notes.append(f"{older}; used the TorchScript exporter")
         exporter = "torchscript"
     if exporter in ("auto", "dynamo"):
