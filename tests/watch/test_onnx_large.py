@@ -242,3 +242,27 @@ def test_scan_and_patch_hold_one_session_at_a_time(tmp_path, limit, monkeypatch)
     most[0] = 0
     patched = fp16lens.patch(path, report, batches=[x])
     assert patched.graph.node and most[0] == 1
+
+
+def test_the_advice_plans_on_the_graph_itself_and_leaves_it_as_it_was(tmp_path):
+    """The scan's advice reads the scanned proto without copying it (a copy held a large
+    graph's weights again): planning never writes it, whatever the plan holds. A span
+    rescaled, underflow islands before a log and a divide, and a conv that reads flushed
+    values (nothing to do): each proto is byte-identical after the scan and its advice."""
+    from underflow_graphs import log_eps, quiet, sqrt_div, square_into_conv
+
+    path, x = _file(tmp_path)
+    cases = [
+        (onnx.load(path), [x]),
+        (log_eps(), [{"x": quiet()}]),
+        (sqrt_div(), [{"x": quiet()}]),
+        (square_into_conv(), [{"x": quiet((4, 1, 16))}]),
+    ]
+    planned = []
+    for proto, batches in cases:
+        before = proto.SerializeToString()
+        report = fp16lens.scan(proto, batches, progress=False)
+        assert proto.SerializeToString() == before
+        advice = report.advice
+        planned.append((bool(advice and advice.regions), bool(advice and advice.islands)))
+    assert planned[0][0] and planned[1][1] and planned[2][1]  # a rescaling, two FP32 chains

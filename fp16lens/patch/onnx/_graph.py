@@ -55,10 +55,12 @@ class OnnxModel:
         return {o.name for o in self.proto.graph.output}
 
 
-def load(model):
+def load(model, copy: bool = True):
     """A ModelProto (a copy of a proto, external data read in) from a path or a proto; a
     file that already computes in float16 as its FP32 twin, as the scan read it
-    (``_core/onnx_upcast.py``): the patched graph is FP32."""
+    (``_core/onnx_upcast.py``): the patched graph is FP32. ``copy`` False: a proto given is
+    not copied, for a caller that only reads it (a large graph's weights are not held
+    twice)."""
     onnx = onnx_module()
     if isinstance(model, (str, Path)):
         proto = read_file(onnx, Path(model), PatchError)
@@ -68,8 +70,10 @@ def load(model):
                 "the ONNX model keeps tensors in external data files that were not loaded; "
                 "pass its path instead (fp16lens.patch('model.onnx', report)) so they are read in"
             )
-        proto = onnx.ModelProto()
-        proto.CopyFrom(model)
+        proto = model
+        if copy:
+            proto = onnx.ModelProto()
+            proto.CopyFrom(model)
     return fp32_twin(in_order(proto), onnx)[0]
 
 

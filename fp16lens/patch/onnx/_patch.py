@@ -58,7 +58,7 @@ def fp32_nodes(proto) -> list[str]:
 
 def plan_onnx(model: Any, report: Report, options: PatchOptions) -> Plan:
     """What patch_onnx() would do; nothing is changed."""
-    original = load(model)  # a copy: planning may change it
+    original = load(model, copy=False)  # only read: apply, which changes a graph, is not run
     structure = onnx_large.light(original)  # what the FLOP count reads (names, shapes)
     the_plan = _plan(read(original), report, options)[0]
     _count_flops(the_plan, structure, report)
