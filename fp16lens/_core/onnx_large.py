@@ -78,16 +78,16 @@ def _light(proto, write: Callable[[bytes], tuple[str, int, int]] | None):
     out, their names, types and shapes kept). ``proto`` is only read: a value assigned into
     a message stays in its protobuf arena until the message is freed, so a proto whose
     tensors were taken out and put back would hold them twice."""
-    copy = type(proto)()
-    _copy_fields(copy, proto, skip=("graph",))
-    _copy_fields(copy.graph, proto.graph, skip=("initializer",))
-    for t in proto.graph.initializer:
-        c = copy.graph.initializer.add()
+
+    def emptied(t):
         if not _large_tensor(t):
-            c.CopyFrom(t)
-            continue
+            return None
+        c = type(t)()
         _copy_fields(c, t, skip=("raw_data",))
         _external(c, write and write(t.raw_data))
+        return c
+
+    copy = replacing(proto, emptied)
     for c in tensors(copy.graph):  # Constant nodes and bodies: copied whole, emptied here
         if _large_tensor(c):
             where = write and write(c.raw_data)
