@@ -6,7 +6,6 @@ import torch
 from torch import nn
 
 from fp16lens._core.algebra import eps_name
-from fp16lens._core.compat import BN_AFFINE_EPS, BN_AFFINE_VAR
 from fp16lens._core.sites import site_module
 from fp16lens.patch._actisland import insert_island
 from fp16lens.patch._fx_read import find_op, functional_params, trace_owner
@@ -16,6 +15,7 @@ from fp16lens.patch._island import Fp32Island
 from fp16lens.patch._plan import Plan, Reparam
 from fp16lens.patch._rules import (
     bn_affine,
+    bn_affine_stats,
     scale_bn,
     scale_input_weight,
     scale_linear,
@@ -124,9 +124,14 @@ def _bn_scale(mod: nn.Module, r: Reparam) -> None:
 
 
 def _bn_affine(mod: nn.Module, r: Reparam) -> None:
+    """The exact affine form, with the module's own eps kept (``bn_affine_stats``): a
+    state_dict holds no eps, so the patched weights loaded into the original class compute
+    the same."""
     scale, shift = bn_affine(
         mod.running_mean, mod.running_var, mod.eps, mod.weight, mod.bias, r.s_in, r.s_out
     )
+    var, c = bn_affine_stats(mod.eps)
+    scale = scale * c  # a power of two: exact
     if mod.weight is None:  # affine=False: give it the parameters the affine form needs
         mod.weight = nn.Parameter(scale.clone(), requires_grad=False)
         mod.bias = nn.Parameter(shift.clone(), requires_grad=False)
@@ -134,8 +139,7 @@ def _bn_affine(mod: nn.Module, r: Reparam) -> None:
     _set(mod.weight, scale)
     _set(mod.bias, shift)
     mod.running_mean.zero_()
-    mod.running_var.fill_(BN_AFFINE_VAR)
-    mod.eps = BN_AFFINE_EPS
+    mod.running_var.fill_(var)
 
 
 def _norm(mod: nn.Module, r: Reparam) -> None:

@@ -5,10 +5,9 @@ from __future__ import annotations
 from torch import nn
 
 from fp16lens._core.algebra import Kind
-from fp16lens._core.compat import BN_AFFINE_EPS, BN_AFFINE_VAR
 from fp16lens.patch._graph import SiteGraph
 from fp16lens.patch._plan import Island, Reparam
-from fp16lens.patch._rules import fp16_safe, scale_bn
+from fp16lens.patch._rules import bn_affine, bn_affine_stats, fp16_holds, fp16_safe, scale_bn
 
 
 def module_changes(
@@ -81,6 +80,15 @@ def _norm_detail(s_in: float, s_out: float) -> str:
 
 
 def _bn(site: str, mod: nn.Module, s_in: float, s_out: float, affine: bool) -> Reparam:
+    """A batch norm seeing x / s_in that must give BN(x) / s_out. Scaling its statistics is
+    exact to the bit but divides eps by s_in^2, and a state_dict holds no eps (a checkpoint
+    loaded into the original class would compute with the old one); so where the input is
+    scaled, the exact affine form, which keeps eps, comes first when FP16 holds it."""
+    if not affine and s_in != 1:
+        scale, shift = bn_affine(
+            mod.running_mean, mod.running_var, mod.eps, mod.weight, mod.bias, s_in, s_out
+        )
+        affine = fp16_safe(scale * bn_affine_stats(mod.eps)[1]) and fp16_holds(shift)
     if not affine:
         m, v, _, w, b = scale_bn(
             mod.running_mean, mod.running_var, mod.eps, mod.weight, mod.bias, s_in, s_out
@@ -93,5 +101,5 @@ def _bn(site: str, mod: nn.Module, s_in: float, s_out: float, affine: bool) -> R
     detail = "exact affine form: weight = gamma/sqrt(var+eps)"
     detail += f" x {s_in / s_out:g}" if s_in != s_out else ""
     detail += ", bias = beta - mean*scale" + (f" / {s_out:g}" if s_out != 1 else "")
-    detail += f"; mean 0, var {BN_AFFINE_VAR:g}, eps {BN_AFFINE_EPS:g}"
+    detail += "; mean 0, var 1 - eps (eps kept)"
     return Reparam(site, "bn-affine", s_in, s_out, detail)

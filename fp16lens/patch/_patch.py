@@ -10,6 +10,7 @@ import warnings
 from torch import fx, nn
 
 from fp16lens._core import PatchError, StaleReportError
+from fp16lens._core.algebra import eps_name
 from fp16lens._core.fingerprint import changed
 from fp16lens._core.model_dtype import half_model
 from fp16lens._core.onnx_types import is_onnx
@@ -17,6 +18,7 @@ from fp16lens._core.options import one_form
 from fp16lens._core.sites import PLAN_ATTR, FindingKind
 from fp16lens.patch._apply import apply_plan
 from fp16lens.patch._check import NOT_CHECKED, check_equivalent
+from fp16lens.patch._island import Fp32Island
 from fp16lens.patch._options import PatchOptions
 from fp16lens.patch._plan import (
     INPUT_CAUSE,
@@ -42,7 +44,7 @@ from fp16lens.patch._prove import (
     spans_for_sites,
     statistics_problems,
 )
-from fp16lens.patch._save import state_dict_note
+from fp16lens.patch._save import eps_note, state_dict_note
 from fp16lens.patch._warn import PatchWarning
 from fp16lens.patch._widen import apply_widened, span_hosts, widen
 from fp16lens.report import Report
@@ -134,9 +136,28 @@ def patch(
         patched = apply_widened(apply_plan(model, the_plan), the_plan)
     if the_plan.fp32_modules:
         the_plan.notes.append(state_dict_note(len(the_plan.fp32_modules)))
+    if changed := _eps_changed(patched, the_plan):
+        the_plan.notes.append(eps_note(changed))
     object.__setattr__(patched, PLAN_ATTR, the_plan)
     finish(the_plan, opts)
     return patched
+
+
+def _eps_changed(patched: nn.Module, the_plan: Plan) -> dict[str, float]:
+    """Norms (and batch norms whose statistics were scaled) the plan gave eps / p^2: module
+    -> the new eps, which a state_dict does not hold."""
+    changed = {}
+    for r in the_plan.reparametrized:
+        if r.rule not in ("norm", "bn-scale") or r.s_in == 1:
+            continue
+        try:
+            mod = patched.get_submodule(r.module)
+        except AttributeError:
+            continue
+        mod = getattr(mod, "module", mod) if isinstance(mod, Fp32Island) else mod
+        if (key := eps_name(mod)) is not None:
+            changed[r.module] = getattr(mod, key)
+    return changed
 
 
 def _build(model: nn.Module, report: Report, opts: PatchOptions) -> Plan:

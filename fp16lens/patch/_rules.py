@@ -72,9 +72,36 @@ def bn_affine(
     return _cast(scale * (s_in / s_out), var), _cast(shift / s_out, var)
 
 
+def bn_affine_stats(eps: float) -> tuple[float, float]:
+    """The statistics a batch norm in its exact affine form stores while it keeps its own
+    ``eps`` (a state_dict holds the weights and statistics, not eps: a checkpoint loaded into
+    the original class must compute the same). Returns ``(running_var, c)``: c is the
+    smallest power of two with c^2 >= 2 eps (1 for any eps <= 0.5) and running_var is
+    c^2 - eps rounded once to FP32, so FP32's var + eps rounds to exactly c^2 (the rounding
+    error is at most half an ulp below c^2) and sqrt gives c exactly; the weight carries
+    the factor c (``scale * c``, exact). In FP16, var rounds to FP16's grid and
+    1/sqrt(var + eps) is within 2^-12 of 1/c: below FP16's own rounding of the output."""
+    c = 1.0
+    while c * c < 2 * eps:
+        c *= 2.0
+    eps32 = float(torch.tensor(eps, dtype=torch.float32))
+    var = float(torch.tensor(c * c - eps32, dtype=torch.float64).float())  # exact, then once
+    return var, c
+
+
 def scale_norm_eps(eps: float, s_in: float) -> float:
     """layer/group/instance/RMS norm: norm(x / s) = norm(x) exactly when eps -> eps / s^2."""
     return eps / (s_in * s_in)
+
+
+def fp16_holds(*tensors: torch.Tensor | None) -> bool:
+    """True when every value is finite and within FP16's range (small values allowed)."""
+    return all(
+        t is None
+        or t.numel() == 0
+        or (bool(torch.isfinite(t).all()) and float(t.detach().abs().max()) <= FP16_MAX)
+        for t in tensors
+    )
 
 
 def fp16_safe(*tensors: torch.Tensor | None) -> bool:

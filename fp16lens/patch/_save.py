@@ -1,9 +1,11 @@
 """Saving a patched model in a file that keeps its fix (``fp16lens.patch.save``), which the
 command line's MODEL arguments load again.
 
-A state_dict does not: FP32 islands are modules (``Fp32Island`` wrappers, activations moved
-into children), not tensors. ``patched.state_dict()`` has the original keys, so it loads
-into the original class, with the rescaled weights and without the islands."""
+A state_dict does not keep all of it: FP32 islands are modules (``Fp32Island`` wrappers,
+activations moved into children), not tensors, and a norm's eps is an attribute.
+``patched.state_dict()`` has the original keys, so it loads into the original class, with
+the rescaled weights, without the islands (and the scales they carry) and with the old
+eps. (A batch norm keeps its own eps: ``bn_affine_stats``.)"""
 
 from __future__ import annotations
 
@@ -22,13 +24,37 @@ STATE_DICT_NOTE = "FP32 islands are modules, not weights"
 """How the plan's note on saving a patched model with FP32 islands begins."""
 
 
+EPS_NOTE = "a norm's eps is an attribute, not a weight"
+"""How the plan's note on saving a patched model whose norms compute with eps / p^2 begins."""
+
+_KEEP = (
+    "keep the fix in a file with fp16lens.patch.save(patched, inputs, 'patched.pt2') "
+    "(torch.export.load(...).module().half() runs it) or export it, or keep the original "
+    "weights and the report and patch again where the model is loaded "
+    "(fp16lens.patch(model, fp16lens.Report.load('report.json')))"
+)
+
+
 def state_dict_note(islands: int) -> str:
     """The plan's note on saving a patched model with ``islands`` FP32 islands."""
     return (
         f"{STATE_DICT_NOTE} ({islands} here): patched.state_dict() loads into the original "
-        "class with the rescaled weights and without them, and real FP16 fails there again; "
-        "keep the fix in a file with fp16lens.patch.save(patched, inputs, 'patched.pt2') "
-        "(torch.export.load(...).module().half() runs it), or export it"
+        "class with the rescaled weights and without them or the scales they carry, so its "
+        f"outputs change and real FP16 fails there again; {_KEEP}"
+    )
+
+
+def eps_note(changed: dict[str, float]) -> str:
+    """The plan's note on saving a patched model whose norms ``changed`` (module -> new
+    eps) compute with eps / p^2: a state_dict loaded into the original class keeps the old
+    eps, which is exact only where each row's variance dwarfs p^2 eps."""
+    shown = ", ".join(f"{m or 'the model'}.eps = {e:.4g}" for m, e in list(changed.items())[:3])
+    more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
+    return (
+        f"{EPS_NOTE}: {len(changed)} norm(s) compute with eps / p^2 ({shown}{more}), which "
+        "patched.state_dict() does not hold: loaded into the original class, the rescaled "
+        "weights meet the old eps and its outputs move (most where a row's variance is "
+        f"small); {_KEEP}"
     )
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import math
 
 from fp16lens._core.algebra import is_batch_norm
-from fp16lens._core.compat import BN_AFFINE_EPS, BN_AFFINE_VAR
 from fp16lens._core.sites import FindingKind, Mechanism, site_module
 from fp16lens.report._fmt import value
 from fp16lens.report._model import Finding, Report, Span
@@ -81,8 +80,8 @@ def _param_fix(report: Report, f: Finding) -> str:
             return (
                 f"exact affine re-parametrization of {f.site}: fold it into "
                 "scale = weight/sqrt(running_var+eps) and shift = bias - running_mean·scale "
-                f"in FP32 (then running_mean = 0, running_var = {BN_AFFINE_VAR:g}, "
-                f"eps = {BN_AFFINE_EPS:g}), before .half()"
+                "in FP32 (then running_mean = 0, running_var = 1 - eps, eps kept), before "
+                ".half()"
             )
         k = rescale_exponent(f.peak)
         return (

@@ -13,8 +13,8 @@ from torch import nn
 
 from fp16lens._core import FP16_MAX, FP16_MIN_NORMAL
 from fp16lens._core.algebra import choose_factor
-from fp16lens._core.compat import BN_AFFINE_EPS, BN_AFFINE_VAR
 from fp16lens.patch import bn_affine, scale_bn, scale_linear, scale_norm_eps
+from fp16lens.patch._rules import bn_affine_stats
 
 P_VALUES = [2.0, 8.0, 64.0, 4096.0]
 
@@ -78,12 +78,15 @@ def test_bn_affine_float64_algebra(s_in, s_out):
     )
     got = (x / s_in) * scale.view(1, -1, 1, 1) + shift.view(1, -1, 1, 1)
     torch.testing.assert_close(got, bn(x) / s_out, rtol=1e-12, atol=1e-12)
-    # stored in a BatchNorm with mean 0, var 0.5, eps 0.5 (patch's form) it computes the same
-    var = torch.full((6,), BN_AFFINE_VAR, dtype=torch.float64)
+    # stored in a BatchNorm with mean 0, var c^2 - eps and its own eps (patch's form), the
+    # weight carrying c, it computes the same
+    v, c = bn_affine_stats(bn.eps)
+    var = torch.full((6,), v, dtype=torch.float64)
     stored = F.batch_norm(
-        x / s_in, torch.zeros(6).double(), var, scale, shift, False, 0.0, BN_AFFINE_EPS
+        x / s_in, torch.zeros(6).double(), var, scale * c, shift, False, 0.0, bn.eps
     )
-    torch.testing.assert_close(stored, bn(x) / s_out, rtol=1e-12, atol=1e-12)
+    # in float64 var + eps is c^2 within 2^-25 (the form is exact in FP32, test_patch_bn_eps)
+    torch.testing.assert_close(stored, bn(x) / s_out, rtol=2**-23, atol=1e-7)
 
 
 def test_bn_affine_makes_huge_running_var_fp16_safe():

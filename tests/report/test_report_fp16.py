@@ -50,8 +50,7 @@ def _reparametrize_bn(bn: torch.nn.BatchNorm2d, out_scale: float = 1.0) -> None:
     bn.bias.copy_(bn.bias - bn.running_mean * scale)
     bn.weight.copy_(scale * out_scale)
     bn.running_mean.zero_()
-    bn.running_var.fill_(0.5)  # as advised: running_var = 0.5, eps = 0.5
-    bn.eps = 0.5
+    bn.running_var.fill_(1 - bn.eps)  # as advised: running_var = 1 - eps, eps kept
 
 
 def test_watched_seed_report_renders_its_span_path():

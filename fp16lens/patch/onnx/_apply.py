@@ -10,10 +10,15 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from fp16lens._core.compat import BN_AFFINE_EPS, BN_AFFINE_VAR
 from fp16lens._core.onnx_types import outer_names, rename_reads, subgraphs
 from fp16lens.patch._plan import Plan, Reparam
-from fp16lens.patch._rules import bn_affine, scale_bn, scale_linear, scale_norm_eps
+from fp16lens.patch._rules import (
+    bn_affine,
+    bn_affine_stats,
+    scale_bn,
+    scale_linear,
+    scale_norm_eps,
+)
 from fp16lens.patch.onnx._graph import FLOAT_TYPES, OnnxModel, attr, onnx_module
 from fp16lens.patch.onnx._norms import Unit
 
@@ -237,12 +242,14 @@ def _bn_scale(ed: Editor, node, r: Reparam) -> None:
 
 
 def _bn_affine(ed: Editor, node, r: Reparam) -> None:
-    scale, shift = bn_affine(*_bn_args(ed, node), r.s_in, r.s_out)
-    ed.put(node, 1, scale)
+    """The exact affine form, its epsilon kept (``bn_affine_stats``)."""
+    args = _bn_args(ed, node)
+    scale, shift = bn_affine(*args, r.s_in, r.s_out)
+    var, c = bn_affine_stats(args[2])
+    ed.put(node, 1, scale * c)
     ed.put(node, 2, shift)
     ed.put(node, 3, torch.zeros_like(scale))
-    ed.put(node, 4, torch.full_like(scale, BN_AFFINE_VAR))
-    ed.set_attr(node, "epsilon", BN_AFFINE_EPS)
+    ed.put(node, 4, torch.full_like(scale, var))
 
 
 def _norm(ed: Editor, node, r: Reparam) -> None:
