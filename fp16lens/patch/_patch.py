@@ -44,7 +44,7 @@ from fp16lens.patch._prove import (
     spans_for_sites,
     statistics_problems,
 )
-from fp16lens.patch._save import eps_note, state_dict_note
+from fp16lens.patch._save import state_dict_note
 from fp16lens.patch._warn import PatchWarning
 from fp16lens.patch._widen import apply_widened, span_hosts, widen
 from fp16lens.report import Report
@@ -134,10 +134,11 @@ def patch(
         the_plan.kept = [*previous.kept, *previous.islands]
     if inplace:  # the copy passed its check: the same rewrite on the model cannot fail
         patched = apply_widened(apply_plan(model, the_plan), the_plan)
-    if the_plan.fp32_modules:
-        the_plan.notes.append(state_dict_note(len(the_plan.fp32_modules)))
-    if changed := _eps_changed(patched, the_plan):
-        the_plan.notes.append(eps_note(changed))
+    note = state_dict_note(
+        len(the_plan.fp32_modules), len(the_plan.multiplies), _eps_changed(patched, the_plan)
+    )
+    if note:
+        the_plan.notes.append(note)
     object.__setattr__(patched, PLAN_ATTR, the_plan)
     finish(the_plan, opts)
     return patched

@@ -20,12 +20,8 @@ if TYPE_CHECKING:
     from torch import nn
 
 
-STATE_DICT_NOTE = "FP32 islands are modules, not weights"
-"""How the plan's note on saving a patched model with FP32 islands begins."""
-
-
-EPS_NOTE = "a norm's eps is an attribute, not a weight"
-"""How the plan's note on saving a patched model whose norms compute with eps / p^2 begins."""
+STATE_DICT_NOTE = "patched.state_dict() does not hold the whole fix"
+"""How the plan's note on saving a patched model begins (when a state_dict misses a part)."""
 
 _KEEP = (
     "keep the fix in a file with fp16lens.patch.save(patched, inputs, 'patched.pt2') "
@@ -35,26 +31,26 @@ _KEEP = (
 )
 
 
-def state_dict_note(islands: int) -> str:
-    """The plan's note on saving a patched model with ``islands`` FP32 islands."""
+def state_dict_note(islands: int, multiplies: int, eps: dict[str, float]) -> str | None:
+    """The plan's note on what ``patched.state_dict()`` misses: ``islands`` FP32 islands
+    (modules, with the scales they carry), ``multiplies`` scalar multiplies inserted in a
+    forward, and the norms whose eps became eps / p^2 (``eps``: module -> new eps, an
+    attribute); None when it holds the whole fix."""
+    parts = []
+    if islands:
+        parts.append(f"{islands} FP32 island(s) (modules, with any scales they carry)")
+    if multiplies:
+        parts.append(f"{multiplies} multiply(s) the fix inserted in a forward")
+    if eps:
+        shown = ", ".join(f"{m or 'the model'}.eps = {e:.4g}" for m, e in list(eps.items())[:3])
+        more = f" and {len(eps) - 3} more" if len(eps) > 3 else ""
+        parts.append(f"{len(eps)} norm(s) computing with eps / p^2 ({shown}{more})")
+    if not parts:
+        return None
     return (
-        f"{STATE_DICT_NOTE} ({islands} here): patched.state_dict() loads into the original "
-        "class with the rescaled weights and without them or the scales they carry, so its "
-        f"outputs change and real FP16 fails there again; {_KEEP}"
-    )
-
-
-def eps_note(changed: dict[str, float]) -> str:
-    """The plan's note on saving a patched model whose norms ``changed`` (module -> new
-    eps) compute with eps / p^2: a state_dict loaded into the original class keeps the old
-    eps, which is exact only where each row's variance dwarfs p^2 eps."""
-    shown = ", ".join(f"{m or 'the model'}.eps = {e:.4g}" for m, e in list(changed.items())[:3])
-    more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
-    return (
-        f"{EPS_NOTE}: {len(changed)} norm(s) compute with eps / p^2 ({shown}{more}), which "
-        "patched.state_dict() does not hold: loaded into the original class, the rescaled "
-        "weights meet the old eps and its outputs move (most where a row's variance is "
-        f"small); {_KEEP}"
+        f"{STATE_DICT_NOTE}: {'; '.join(parts)}. Loaded into the original class, the "
+        "rescaled weights run without them: its outputs change, and real FP16 can fail "
+        f"again; {_KEEP}"
     )
 
 

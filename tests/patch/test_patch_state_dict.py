@@ -6,7 +6,8 @@ Batch norms keep their own eps (the affine form, also where their input is resca
 the loaded model computes what the patched one does, bit for bit in FP32, and real FP16
 keeps the fix. A layer norm's eps / p^2 cannot live in a state_dict: the plan's note names
 it, and the ways it names (``fp16lens.patch.save``, patching again from the saved report)
-keep the fix exactly.
+keep the fix exactly; so do a multiply the fix inserts in a forward and the FP32 islands
+(tests/patch/test_patch_islands.py).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 import fp16lens
-from fp16lens.patch._save import EPS_NOTE
+from fp16lens.patch import STATE_DICT_NOTE
 
 import models
 
@@ -70,7 +71,7 @@ def test_batch_norm_fixes_survive_a_state_dict(build):
     ref = _flat(model(*inputs))
     assert _fp16_cosine(model, inputs, ref) < 0.99  # the problem, in real FP16
     assert _fp16_cosine(loaded, inputs, ref) > 0.9999  # the fix, after the journey
-    assert not any(EPS_NOTE in n for n in patched._fp16lens_plan.notes)
+    assert not any(STATE_DICT_NOTE in n for n in patched._fp16lens_plan.notes)
 
 
 @torch.no_grad()
@@ -91,7 +92,8 @@ def test_a_norms_eps_is_named_and_kept_by_the_ways_the_note_names(tmp_path):
     plan = patched._fp16lens_plan
     norms = [r.module for r in plan.reparametrized if r.rule == "norm" and r.s_in != 1]
     assert norms
-    (note,) = [n for n in plan.notes if EPS_NOTE in n]
+    (note,) = [n for n in plan.notes if n.startswith(STATE_DICT_NOTE)]
+    assert "eps / p^2" in note
     for name in norms[:3]:
         assert f"{name}.eps = {patched.get_submodule(name).eps:.4g}" in note
     assert "fp16lens.patch.save" in note and "Report.load" in note
@@ -107,3 +109,22 @@ def test_a_norms_eps_is_named_and_kept_by_the_ways_the_note_names(tmp_path):
         copy.deepcopy(model), fp16lens.Report.load(tmp_path / "report.json"), batches=[inputs]
     )
     assert torch.equal(again(*inputs), ref)
+
+
+@torch.no_grad()
+def test_a_multiply_in_the_forward_is_named_and_kept_by_the_saved_file(tmp_path):
+    """A tied weight cannot take the stream's scale: the fix multiplies an operand in the
+    model's forward, which the original class does not run."""
+    model, patched, inputs, _ = _patched(models.shared_weight)
+    plan = patched._fp16lens_plan
+    assert plan.multiplies
+    (note,) = [n for n in plan.notes if n.startswith(STATE_DICT_NOTE)]
+    assert f"{len(plan.multiplies)} multiply(s)" in note
+    ref = patched(*inputs)
+    loaded = _loaded(model, patched)
+    for name, mod in patched.named_modules():  # even with every eps set as the patch's
+        if isinstance(getattr(mod, "eps", None), float):
+            loaded.get_submodule(name).eps = mod.eps
+    assert not torch.allclose(loaded(*inputs), ref, rtol=1e-3)  # what the note warns of
+    path = fp16lens.patch.save(patched, inputs, tmp_path / "patched.pt2")
+    assert torch.equal(torch.export.load(str(path)).module()(*inputs), ref)
