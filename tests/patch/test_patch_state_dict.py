@@ -128,3 +128,18 @@ def test_a_multiply_in_the_forward_is_named_and_kept_by_the_saved_file(tmp_path)
     assert not torch.allclose(loaded(*inputs), ref, rtol=1e-3)  # what the note warns of
     path = fp16lens.patch.save(patched, inputs, tmp_path / "patched.pt2")
     assert torch.equal(torch.export.load(str(path)).module()(*inputs), ref)
+
+
+@torch.no_grad()
+def test_a_torchscript_file_runs_other_lengths_and_a_program_keeps_the_examples(tmp_path):
+    """What the docs say of the two files fp16lens.patch.save writes: a .pt2 program holds
+    the example inputs' shapes (torch.export specializes them), a TorchScript .pt runs a
+    sequence of another length with the fix."""
+    model, patched, inputs, _ = _patched(models.layernorm_variance)
+    longer = (torch.randn(2, 9, inputs[0].shape[-1]) * inputs[0].abs().max(),)
+    assert longer[0].shape[1] != inputs[0].shape[1]
+    script = torch.jit.load(str(fp16lens.patch.save(patched, inputs, tmp_path / "p.pt")))
+    torch.testing.assert_close(script(*longer), patched(*longer), rtol=1e-6, atol=1e-6)
+    program = torch.export.load(str(fp16lens.patch.save(patched, inputs, tmp_path / "p.pt2")))
+    with pytest.raises(Exception, match="Guard failed|shape|size"):
+        program.module()(*longer)
