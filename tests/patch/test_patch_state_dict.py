@@ -135,7 +135,7 @@ def test_a_torchscript_file_runs_other_lengths_and_a_program_keeps_the_examples(
     """What the docs say of the two files fp16lens.patch.save writes: a .pt2 program holds
     the example inputs' shapes (torch.export specializes them), a TorchScript .pt runs a
     sequence of another length with the fix."""
-    model, patched, inputs, _ = _patched(models.layernorm_variance)
+    _, patched, inputs, _ = _patched(models.layernorm_variance)
     longer = (torch.randn(2, 9, inputs[0].shape[-1]) * inputs[0].abs().max(),)
     assert longer[0].shape[1] != inputs[0].shape[1]
     script = torch.jit.load(str(fp16lens.patch.save(patched, inputs, tmp_path / "p.pt")))
