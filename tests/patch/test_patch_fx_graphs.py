@@ -211,6 +211,13 @@ def test_ppocr_detector_verdict_matches_real_fp16_and_patch_fixes_it(ppocr, pixe
     )
     assert err_after <= err_before and err_after < 1e-2
     assert _disagree(after, want) <= _disagree(before, want) and _disagree(after, want) < 0.01
+    # the journey most users take: the patched state_dict into the converted graph as it
+    # was (the batch norms keep their own eps, so it is the patched model, bit for bit)
+    loaded = copy.deepcopy(ppocr)
+    loaded.load_state_dict(copy.deepcopy(patched.state_dict()), strict=True)
+    with torch.no_grad():
+        assert torch.equal(loaded(x), patched(x))
+    assert torch.equal(_half(loaded, (x,)), after)
 
 
 def _disagree(a: torch.Tensor, b: torch.Tensor) -> float:
