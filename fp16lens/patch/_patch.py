@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
+import inspect
 import math
 import warnings
 
@@ -463,10 +465,29 @@ def _require(model: nn.Module, report: Report) -> None:
 def _has_modes(module: nn.Module) -> bool:
     """Whether train/eval can change what the module computes: not for a GraphModule's
     own graph (fixed when traced; torch.export's modules refuse .eval()), nor for a
-    module with no forward of its own (torch.export keeps those to hold parameters)."""
+    module with no forward of its own (torch.export keeps those to hold parameters), nor
+    for one whose class never reads ``training`` (a cache a forward builds after .eval(),
+    torchfcpe's window holder)."""
     own_forward = type(module).forward is not nn.Module.forward
     return (
         own_forward
         and not isinstance(module, fx.GraphModule)
         and type(module).__name__ != "GuardsFn"
+        and _reads_training(type(module))
     )
+
+
+@functools.cache
+def _reads_training(cls: type) -> bool:
+    """Whether the code of ``cls`` or of a base below nn.Module mentions ``training`` (its
+    forward or a helper reads the mode: batch norms, dropout, RNNs, attention); True
+    where the source cannot be read."""
+    for klass in cls.__mro__:
+        if klass is nn.Module or not issubclass(klass, nn.Module):
+            continue
+        try:
+            if "training" in inspect.getsource(klass):
+                return True
+        except (OSError, TypeError):  # no source (built at run time, compiled): assume it does
+            return True
+    return False

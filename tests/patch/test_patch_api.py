@@ -76,13 +76,54 @@ def test_check_after_rewrite_refuses_a_report_with_wrong_dataflow(relu_case):
     assert _same(before, _state(model))
 
 
-def test_training_mode_is_refused(relu_case):
-    model, _, report = relu_case
-    model.train()
-    with pytest.raises(PatchError, match=r"training mode.*model\.eval\(\)"):
+def test_training_mode_is_refused_where_it_changes_the_model():
+    model, inputs = bn_huge_var()
+    report = _report(model, inputs)
+    model.train()  # its batch norm would normalize by the batch's statistics
+    with pytest.raises(PatchError, match=r"training mode \(bn\).*model\.eval\(\)"):
         patch(model, report)
     with pytest.raises(PatchError, match="training mode"):
         plan(model, report)
+
+
+class _Window(nn.Module):
+    """torchfcpe's window holder: a buffer and a forward that returns it."""
+
+    def __init__(self, n: int):
+        super().__init__()
+        self.register_buffer("window", torch.hann_window(n), persistent=False)
+
+    def forward(self):
+        return self.window
+
+
+class _CachesAWindow(nn.Module):
+    """relu_span's layers, and a window its forward builds on first use, after .eval():
+    a child in training mode whose class never reads the mode (as torchfcpe's mel
+    extractor does)."""
+
+    def __init__(self, inner: nn.Module):
+        super().__init__()
+        self.inner = inner
+        self.cache = nn.ModuleDict()
+
+    def forward(self, x):
+        if "16" not in self.cache:
+            self.cache["16"] = _Window(x.shape[-1])
+        return self.inner(x * (1 + self.cache["16"]()))
+
+
+def test_a_child_the_forward_builds_after_eval_does_not_block_patch(relu_case):
+    inner, inputs, _ = relu_case
+    model = _CachesAWindow(copy.deepcopy(inner)).eval()
+    report = _report(model, inputs)
+    assert model.cache["16"].training and not model.inner.training  # built after .eval()
+    patched = patch(model, report, batches=[inputs])
+    assert get_plan(patched).regions
+    with torch.no_grad():
+        assert relative_error(model(*inputs), patched(*inputs)) <= 1e-6
+        half = copy.deepcopy(patched).half()(inputs[0].half()).float()
+    assert torch.isfinite(half).all()
 
 
 @pytest.mark.parametrize("factor", [0, -8, math.inf, math.nan, 3.0, True])
