@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import functools
 import inspect
 import math
 import warnings
@@ -477,17 +476,22 @@ def _has_modes(module: nn.Module) -> bool:
     )
 
 
-@functools.cache
+_READS_TRAINING: dict[type, bool] = {}
+
+
 def _reads_training(cls: type) -> bool:
     """Whether the code of ``cls`` or of a base below nn.Module mentions ``training`` (its
     forward or a helper reads the mode: batch norms, dropout, RNNs, attention); True
     where the source cannot be read."""
-    for klass in cls.__mro__:
-        if klass is nn.Module or not issubclass(klass, nn.Module):
-            continue
-        try:
-            if "training" in inspect.getsource(klass):
-                return True
-        except (OSError, TypeError):  # no source (built at run time, compiled): assume it does
-            return True
-    return False
+    if cls not in _READS_TRAINING:
+        _READS_TRAINING[cls] = any(_mentions_training(k) for k in cls.__mro__)
+    return _READS_TRAINING[cls]
+
+
+def _mentions_training(klass: type) -> bool:
+    if klass is nn.Module or not issubclass(klass, nn.Module):
+        return False
+    try:
+        return "training" in inspect.getsource(klass)
+    except (OSError, TypeError):  # no source (built at run time, compiled): assume it does
+        return True
