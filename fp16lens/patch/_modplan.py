@@ -83,8 +83,10 @@ def _bn(site: str, mod: nn.Module, s_in: float, s_out: float, affine: bool) -> R
     """A batch norm seeing x / s_in that must give BN(x) / s_out. Scaling its statistics is
     exact to the bit but divides eps by s_in^2, and a state_dict holds no eps (a checkpoint
     loaded into the original class would compute with the old one); so where the input is
-    scaled, the exact affine form, which keeps eps, comes first when FP16 holds it."""
-    if not affine and s_in != 1:
+    scaled, the exact affine form, which keeps eps, comes first when FP16 holds it (and
+    the module has the weight and bias it needs: an affine=False batch norm given them would
+    hold keys the original class does not load)."""
+    if not affine and s_in != 1 and getattr(mod, "weight", None) is not None:
         scale, shift = bn_affine(
             mod.running_mean, mod.running_var, mod.eps, mod.weight, mod.bias, s_in, s_out
         )
