@@ -10,8 +10,10 @@ those watch named its functional ops after (``:add_1``).
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import operator
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -64,6 +66,46 @@ class _LeafTracer(fx.Tracer):
         return True  # only the owner's own forward is traced
 
 
+@contextlib.contextmanager
+def _state_kept(mod: nn.Module) -> Iterator[None]:
+    """``mod``'s own attributes as they were, after a trace ran its forward with fx's
+    proxies: a forward that caches (``self.cache[key] = ...``, ``self.last = ...``, as
+    anchor generators and rotary tables do) would otherwise keep proxies in the user's
+    model. Attributes set or added are put back or removed, and the dicts, lists and sets
+    it held get their contents back in place (their identity kept)."""
+    before = dict(mod.__dict__)
+    contents = {k: _contents(v) for k, v in before.items()}
+    try:
+        yield
+    finally:
+        for key in [k for k in mod.__dict__ if k not in before]:
+            del mod.__dict__[key]
+        for key, value in before.items():
+            mod.__dict__[key] = value
+            if contents[key] is not None:
+                _restore(value, contents[key])
+
+
+def _contents(value):
+    if isinstance(value, dict):
+        return dict(value)
+    if isinstance(value, (list, set)):
+        return type(value)(value)
+    return None
+
+
+def _restore(value, kept) -> None:
+    if isinstance(value, dict):
+        if value.keys() != kept.keys() or any(value[k] is not v for k, v in kept.items()):
+            value.clear()
+            value.update(kept)
+    elif isinstance(value, list):
+        value[:] = kept
+    elif isinstance(value, set):
+        value.clear()
+        value.update(kept)
+
+
 def trace_owner(model: nn.Module, owner: str) -> fx.GraphModule:
     """The owner module as a GraphModule (itself when it is one); PatchError naming the
     cause when it does not trace."""
@@ -71,13 +113,14 @@ def trace_owner(model: nn.Module, owner: str) -> fx.GraphModule:
     if isinstance(mod, fx.GraphModule):
         return mod
     try:
-        graph = _LeafTracer().trace(mod, concrete_args=_none_defaults(mod))
+        with _state_kept(mod):  # the GraphModule takes what the traced forward made
+            graph = _LeafTracer().trace(mod, concrete_args=_none_defaults(mod))
+            gm = fx.GraphModule(mod, graph, class_name=type(mod).__name__)
     except Exception as exc:
         raise PatchError(
             f"module {owner or '(the model)'!r} does not trace with torch.fx ({type(exc).__name__}: "
             f"{exc}); keep its ops in FP32 instead: export(..., fp32_modules=[...])"
         ) from None
-    gm = fx.GraphModule(mod, graph, class_name=type(mod).__name__)
     setattr(gm, _RETRACED, True)
     return gm
 
@@ -256,7 +299,8 @@ def _analysis_trace(mod: nn.Module) -> fx.Graph | None:
         if p.kind is p.POSITIONAL_OR_KEYWORD and (p.default is None or isinstance(p.default, bool))
     }
     try:
-        graph = _ReadTracer().trace(mod, concrete_args=concrete or None)
+        with _state_kept(mod):
+            graph = _ReadTracer().trace(mod, concrete_args=concrete or None)
     except Exception:  # a forward fx cannot follow: its joins stay opaque
         return None
     for node in list(graph.nodes):

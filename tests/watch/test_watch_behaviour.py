@@ -383,6 +383,21 @@ class CachesInForward(nn.Module):
         return x * 2 + self.cache[key]
 
 
+def test_the_advice_leaves_no_fx_proxies_in_a_caching_models_state():
+    """In eval mode the advice plans the fix, and patch's planner reads the forward with
+    torch.fx: a forward that caches (an anchor generator, a rotary table) ran with fx's
+    proxies and kept them in the user's model (cache keys and ``last`` were Proxies)."""
+    model = CachesInForward().eval()
+    x = torch.rand(2, 8) * 1e5
+    with torch.no_grad(), watch(model) as lens:
+        out = model(x)
+    assert lens.report.advice is not None and not lens.report.advice.error  # it planned
+    assert list(model.cache) == [8] and type(model.cache[8]) is torch.Tensor
+    assert type(model.last) is torch.Tensor and model.last is model.cache[8]
+    with torch.no_grad():
+        assert torch.equal(model(x), out)
+
+
 def test_half_dtype_trace_does_not_leave_meta_tensors_in_model_state():
     model = CachesInForward()
     x = torch.rand(2, 8) * 1e5  # past the threshold: the trace runs
