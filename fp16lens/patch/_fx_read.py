@@ -95,13 +95,9 @@ def _contents(value):
 
 
 def _restore(value, kept) -> None:
-    if isinstance(value, dict):
-        if value.keys() != kept.keys() or any(value[k] is not v for k, v in kept.items()):
-            value.clear()
-            value.update(kept)
-    elif isinstance(value, list):
+    if isinstance(value, list):
         value[:] = kept
-    elif isinstance(value, set):
+    else:  # a dict or a set
         value.clear()
         value.update(kept)
 

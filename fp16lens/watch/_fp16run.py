@@ -237,13 +237,13 @@ class TorchFp16Run:
     @staticmethod
     def _check(model: torch.nn.Module, kept: list, wants: list | None) -> tuple[Any, Any]:
         """The worst batch's proof and the runner, against ``wants`` (None: FP32 outputs of
-        a copy of ``model`` taken with the runner's, both from the model's present state)."""
+        ``model`` itself, a copy of the user's, run after the runner took its own copy, so
+        both start from the same state)."""
         from fp16lens.patch import BatchProof, Fp16Runner
 
-        runner = Fp16Runner(model)
+        runner = Fp16Runner(model)  # copies the model (FP16 storage, or .half() on a GPU)
         if wants is None:
-            reference = copy.deepcopy(model)
-            wants = [float_outputs(call_model(reference, batch)) for batch, _ in kept]
+            wants = [float_outputs(call_model(model, batch)) for batch, _ in kept]
         worst = None
         for k, ((batch, _), want) in enumerate(zip(kept, wants)):
             got, first = runner.run(batch)
