@@ -208,9 +208,9 @@ def quantize_int8(
         quantized = _quantize_ort(proto, calibration, exclude)
     cache = Path(cache_path) if cache_path else path.with_suffix(".cache")
     scales = activation_scales(quantized)
-    for t, amax in floors.items():  # a centred tensor: its range in the FP32 graph TensorRT 10
-        if t in scales:  # calibrates with the cache (the Q/DQ graph's range would clip it)
-            scales[t] = max(scales[t], amax / 127.0)
+    for t, amax in floors.items():  # a centred tensor, an input on a grid: its range in the
+        # FP32 graph TensorRT 10 calibrates with the cache (the Q/DQ graph's would clip it)
+        scales[t] = max(scales.get(t, 0.0), amax / 127.0)
     write_calibration_cache(cache, scales)
     return quantized, cache, notes
 

@@ -25,6 +25,7 @@ exact (``ensure_exact``) and keeps a pair only where the INT8 error it measures 
 
 from __future__ import annotations
 
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any
 
@@ -70,13 +71,16 @@ def _index(graph):
     return _consts(graph), producer, readers, outputs, {n.name: n for n in graph.node}
 
 
-def find_pairs(graph, units) -> list[Pair]:
-    """Every (affine producer, conv-like reader) pair of ``graph`` whose scale can move."""
+def find_pairs(graph, units, skip: AbstractSet[str] = frozenset()) -> list[Pair]:
+    """Every (affine producer, conv-like reader) pair of ``graph`` whose scale can move
+    (not into the tensors in ``skip``)."""
     consts, producer, readers, outputs, nodes = _index(graph)
     pairs = []
     for u in units:
         node = nodes[u.node]
         if u.op not in ("Conv", "MatMul") or u.weight is None or len(u.acts) != 1:
+            continue
+        if u.acts[0] in skip:
             continue
         t = u.acts[0]
         w = consts[u.weight]
@@ -219,7 +223,9 @@ def relative_error(a: list, b: list) -> float:
 EXACT = 1e-5  # relative to the outputs' norm: FP32 rounding of the rescaled constants
 
 
-def equalize(proto, units, feeds: list) -> tuple[Any, list[Pair], float]:
+def equalize(
+    proto, units, feeds: list, skip: AbstractSet[str] = frozenset()
+) -> tuple[Any, list[Pair], float]:
     """A copy of ``proto`` with every pair's scale moved (``find_pairs``), ranges from
     ``feeds``; with the relative output change it makes in FP32 on the first feed. Nothing
     moved (the copy equals ``proto``) where no pair is found or the change exceeds
@@ -228,7 +234,7 @@ def equalize(proto, units, feeds: list) -> tuple[Any, list[Pair], float]:
 
     from fp16lens.export._int8_search import _exposed, _run_all, session
 
-    pairs = find_pairs(proto.graph, units)
+    pairs = find_pairs(proto.graph, units, skip)
     if not pairs:
         return proto, [], 0.0
     tensors = [p.tensor for p in pairs]

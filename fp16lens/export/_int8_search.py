@@ -1,8 +1,11 @@
 """INT8 calibration and fallback measured at the model's output.
 
 One *switch graph* holds the whole search: every unit (``_int8_place.Unit``) reads
-``x + on[u] * (DQ(Q(x, scale[t])) - x)`` for each activation ``x`` and the same form for
-its weight (quantized per channel beforehand), with ``on`` and ``scale`` fed at run time.
+``Where(on[u], DQ(Q(x, scale[t])), x)`` for each activation ``x`` and the same form for
+its weight (quantized per channel beforehand), with ``on`` and ``scale`` fed at run time:
+switched on, a unit reads exactly the values the written Q/DQ graph gives it (a blend
+``x + on * (DQ(Q(x)) - x)`` rounds in FP32, and a target met by a hair in the search
+could be missed as written).
 One ONNX Runtime session then answers every question by feeds alone:
 
 1. **Calibration per tensor.** For each quantized tensor, each histogram candidate (max,
@@ -234,9 +237,10 @@ def switch_graph(
         for i in by_node.get(node.name, []):
             u = units[i]
             on = f"fp16lens_on_{i}"
-            nodes.append(
-                helper.make_node("Gather", [ON, const(f"{on}_idx", np.array(i, np.int64))], [on])
-            )
+            nodes += [
+                helper.make_node("Gather", [ON, const(f"{on}_idx", np.array(i, np.int64))], [on]),
+                helper.make_node("Cast", [on], [f"{on}_b"], to=onnx.TensorProto.BOOL),
+            ]
             for t in u.acts:
                 q = f"{t}__fq"
                 if t not in made:
@@ -250,11 +254,7 @@ def switch_graph(
                             "DequantizeLinear", [f"{t}__q", s, "fp16lens_int8_zp"], [q]
                         ),
                     ]
-                nodes += [
-                    helper.make_node("Sub", [q, t], [f"{t}__d{i}"]),
-                    helper.make_node("Mul", [f"{t}__d{i}", on], [f"{t}__m{i}"]),
-                    helper.make_node("Add", [t, f"{t}__m{i}"], [f"{t}__u{i}"]),
-                ]
+                nodes.append(helper.make_node("Where", [f"{on}_b", q, t], [f"{t}__u{i}"]))
                 for k, name in enumerate(node.input):
                     if name == t:
                         node.input[k] = f"{t}__u{i}"
@@ -266,14 +266,14 @@ def switch_graph(
                     if u.axis is None
                     else scale.reshape([-1 if a == u.axis else 1 for a in range(wt.ndim)])
                 )
-                delta = const(
-                    f"{u.weight}__delta{i}",
-                    (wq.astype(np.float32) * shaped - wt).astype(np.float32),
+                dequantized = const(  # as DequantizeLinear computes it: q * scale in FP32
+                    f"{u.weight}__dq{i}", wq.astype(np.float32) * shaped.astype(np.float32)
                 )
-                nodes += [
-                    helper.make_node("Mul", [delta, on], [f"{u.weight}__m{i}"]),
-                    helper.make_node("Add", [u.weight, f"{u.weight}__m{i}"], [f"{u.weight}__u{i}"]),
-                ]
+                nodes.append(
+                    helper.make_node(
+                        "Where", [f"{on}_b", dequantized, u.weight], [f"{u.weight}__u{i}"]
+                    )
+                )
                 node.input[1] = f"{u.weight}__u{i}"
             if corrections and u.node in corrections:
                 corr = const(f"{u.node}__corr", corrections[u.node].astype(np.float32))
@@ -383,6 +383,7 @@ class Int8Plan:
     equalized: list[str] = field(default_factory=list)  # readers whose input scale moved
     centred: list[str] = field(default_factory=list)  # readers whose input was centred
     cache_amax: dict = field(default_factory=dict)  # centred tensor -> its uncentred max |x|
+    encoded: list[str] = field(default_factory=list)  # readers of an input on an 8-bit grid
 
     @property
     def int8_flop_share(self) -> float:
@@ -411,13 +412,63 @@ class Int8Plan:
         return line
 
 
-def _equalized(proto, units: list[Unit], feeds: list[Feed], probe: int):
+def _int8_errors(graphs, feeds: list[Feed], pinned: dict, only=None) -> list[float]:
+    """The output error with every unit in INT8 (or the units of the nodes in ``only``),
+    max ranges (the ``pinned`` tensors at their own scale), of each (graph, units) on
+    ``feeds``."""
+    errors = []
+    for graph, us in graphs:
+        hists, _ = collect(graph, us, feeds)
+        tensors = list(hists)
+        scales = np.array([pinned.get(t, max(hists[t].amax, 1e-8) / QMAX) for t in tensors])
+        switch = Switch(graph, us, tensors)
+        on = np.array([only is None or u.node in only for u in us], np.float64)
+        refs = switch.run(feeds, np.zeros(len(us)), scales)
+        errors.append(nmse(refs, switch.run(feeds, on, scales)))
+    return errors
+
+
+def _encoded(proto, units: list[Unit], feeds: list[Feed], exclude, residual: bool):
+    """(graph, its units, grids, note): the exact encoding of inputs on an 8-bit grid
+    (``_int8_grid``), kept when it is exact in FP32 and lowers the output error of its
+    readers alone in INT8 (max ranges) on the calibration batches; else ``proto`` unchanged
+    (no note where no input holds a grid). Judged on the readers alone: with every unit in
+    INT8 the other units' errors dominate and, on two batches, cancel by chance (MTCNN
+    RNet: all in INT8 on two batches 1.9e-4 -> 9.0e-4, on all eight 1.8e-3 -> 8.3e-4; its
+    first conv alone 1.9e-4 -> 1.0e-4)."""
+    from fp16lens.export import _int8_grid as grid
+
+    moved, grids, change = grid.encode(proto, units, feeds)
+    if not grids:
+        return (
+            proto,
+            units,
+            [],
+            f"grid encoding left out (not exact: {change:.1e})" if change else "",
+        )
+    moved_units = find_units(moved.graph, set(exclude), residual)
+    errors = _int8_errors(
+        ((proto, units), (moved, moved_units)),
+        feeds,
+        {g.tensor: 1.0 for g in grids},
+        {g.reader for g in grids},
+    )
+    kept = errors[1] < errors[0]
+    note = (
+        f"grid encoding {'kept' if kept else 'left out'} ({len(grids)} inputs on an 8-bit "
+        f"grid, INT8 scale 1; output error with its readers in INT8 {errors[0]:.2e} -> "
+        f"{errors[1]:.2e}; FP32 change {change:.1e})"
+    )
+    return (moved, moved_units, grids, note) if kept else (proto, units, [], note)
+
+
+def _equalized(proto, units: list[Unit], feeds: list[Feed], probe: int, skip=frozenset()):
     """(graph, its units, pairs moved, note): the scale migration of ``_int8_equalize``, kept when it
     is exact in FP32 and lowers the all-INT8 output error (max ranges) on the probe
     batches; else ``proto`` unchanged."""
     from fp16lens.export import _int8_equalize as eq
 
-    moved, pairs, change = eq.equalize(proto, units, feeds)
+    moved, pairs, change = eq.equalize(proto, units, feeds, skip)
     nodes = {n.name: n for n in moved.graph.node}
     moved_units = [
         Unit(u.node, u.op, u.acts, nodes[u.node].input[1], u.axis) if u.weight else u for u in units
@@ -425,15 +476,7 @@ def _equalized(proto, units: list[Unit], feeds: list[Feed], probe: int):
     if not pairs:
         why = f"not exact ({change:.1e})" if change else "no affine op before a quantized input"
         return proto, units, [], f"equalization left out ({why})"
-    batches = feeds[: max(1, probe)]
-    errors = []
-    for graph, us in ((proto, units), (moved, moved_units)):
-        hists, _ = collect(graph, us, batches)
-        tensors = list(hists)
-        scales = np.array([max(hists[t].amax, 1e-8) / QMAX for t in tensors])
-        switch = Switch(graph, us, tensors)
-        refs = switch.run(batches, np.zeros(len(units)), scales)
-        errors.append(nmse(refs, switch.run(batches, np.ones(len(units)), scales)))
+    errors = _int8_errors(((proto, units), (moved, moved_units)), feeds[: max(1, probe)], {})
     kept = errors[1] < errors[0]
     note = (
         f"equalization {'kept' if kept else 'left out'} ({len(pairs)} inputs; all-INT8 output "
@@ -457,6 +500,7 @@ class Searcher:
         choose: bool = True,
         correct_bias: bool = True,
         equalize: bool = True,
+        encode: bool = True,
     ):
         name_nodes(proto.graph)
         units = find_units(proto.graph, set(exclude), residual)
@@ -471,6 +515,7 @@ class Searcher:
             choose=choose,
             correct_bias=correct_bias,
             equalize=equalize,
+            encode=encode,
         )
         # what ``fallback`` needs to build the max-ranges twin
         self._source = (proto, feeds, exclude, options)
@@ -478,10 +523,16 @@ class Searcher:
         self._memo: dict = {}  # a task metric's per-unit losses, kept across targets
         self.found = units  # the units as found, before equalization and FLOPs
         notes = []
-        graph, equalized = None, []
+        graph, equalized, grids = None, [], []
+        if encode:
+            proto, units, grids, note = _encoded(proto, units, feeds, exclude, residual)
+            graph = proto if grids else None
+            notes += [note] if note else []
         if equalize:
-            proto, units, equalized, note = _equalized(proto, units, feeds, search_batches)
-            graph = proto if equalized else None
+            proto, units, equalized, note = _equalized(
+                proto, units, feeds, search_batches, {g.tensor for g in grids}
+            )
+            graph = proto if equalized or grids else None
             notes.append(note)
         hists, shapes = collect(proto, units, feeds)
         inits = {i.name: tuple(i.dims) for i in proto.graph.initializer}
@@ -494,6 +545,8 @@ class Searcher:
         ]
         tensors = list(hists)
         cands = {t: hists[t].candidates() for t in tensors}
+        for g in grids:  # on the INT8 codes themselves: scale 1, nothing to choose
+            cands[g.tensor] = {"grid": QMAX}
         scales = np.array([max(c.values()) / QMAX for c in cands.values()], np.float64)
         methods = {t: max(c, key=c.__getitem__) for t, c in cands.items()}
         self.feeds, self.switch = feeds, Switch(proto, units, tensors)
@@ -563,6 +616,8 @@ class Searcher:
             notes=notes,
             graph=graph,
             equalized=[p.reader for p in equalized],
+            encoded=[g.reader for g in grids],
+            cache_amax={g.source: g.amax for g in grids},
         )
 
     def all_int8_error(self) -> float:
@@ -693,7 +748,7 @@ def searcher(
     if keep:
         best.plan.graph = best.plan.graph if best.plan.graph is not None else centred
         best.plan.centred = [s.reader for s in shifts]
-        best.plan.cache_amax = {s.tensor: s.amax for s in shifts}
+        best.plan.cache_amax.update({s.tensor: s.amax for s in shifts})
     best.plan.notes.insert(
         0,
         f"centring {'kept' if keep else 'left out'} ({len(shifts)} inputs; all-INT8 "
@@ -793,7 +848,9 @@ def _fallback(
 
         def grow(order: list[int]) -> tuple[set[int], float]:
             # grow the set out of INT8 in steps along ``order`` (1, 2, 4, 8, 16, 24, ...),
-            # then try each one back in, cheapest first: what stays out is needed
+            # then try each one back in, cheapest first, and again while one goes back:
+            # what stays out is needed (the metric is not monotone: a unit back in can
+            # make another one out unneeded)
             k, last, out = 1, s, set()
             while last < target.threshold and k <= len(order):
                 out = set(order[:k])
@@ -803,11 +860,14 @@ def _fallback(
                 k = k * 2 if k < 8 else k + 8
             if last < target.threshold and k > len(order):
                 out, last = set(order), score(set(order))
-            for i in sorted(out, key=rank, reverse=True) if last >= target.threshold else ():
-                trial = out - {i}
-                t = score(trial)
-                if t >= target.threshold:
-                    out, last = trial, t
+            changed = last >= target.threshold
+            while changed:
+                changed = False
+                for i in sorted(out, key=rank, reverse=True):
+                    trial = out - {i}
+                    t = score(trial)
+                    if t >= target.threshold:
+                        out, last, changed = trial, t, True
             return out, last
 
         out, last = grow(order)
@@ -958,9 +1018,8 @@ def write_qdq(proto, plan: Int8Plan):
                     numpy_helper.to_array(inits[bias]) if bias else np.zeros(corr.shape, np.float32)
                 )
                 name = f"{node.name}_corrected_bias"
-                g.initializer.append(
-                    numpy_helper.from_array((base + corr).astype(np.float32), name)
-                )
+                corrected = base.astype(np.float32) + corr.astype(np.float32)  # the switch's sum
+                g.initializer.append(numpy_helper.from_array(corrected, name))
                 if bias:
                     node.input[2] = name
                     used_weights.add(bias)
