@@ -163,13 +163,14 @@ def encode(proto, units, feeds: list) -> tuple[Any, list[Grid], float]:
         bias = -(new_w.reshape(w.shape[0], w.shape[1], -1).sum(axis=2) @ offset)
         if len(conv.input) > 2 and conv.input[2]:
             bias = bias + consts[conv.input[2]].astype(np.float64)
+        weight = f"{conv.input[1]}__grid_{reader}"  # a weight two convs share stays theirs
         g.initializer.extend(
             [
-                numpy_helper.from_array(new_w.astype(np.float32), f"{conv.input[1]}__grid"),
+                numpy_helper.from_array(new_w.astype(np.float32), weight),
                 numpy_helper.from_array(bias.astype(np.float32), f"{reader}__grid_bias"),
             ]
         )
-        conv.input[0], conv.input[1] = tag, f"{conv.input[1]}__grid"
+        conv.input[0], conv.input[1] = tag, weight
         if len(conv.input) > 2:
             conv.input[2] = f"{reader}__grid_bias"
         else:

@@ -455,8 +455,8 @@ def _encoded(proto, units: list[Unit], feeds: list[Feed], exclude, residual: boo
     )
     kept = errors[1] < errors[0]
     note = (
-        f"grid encoding {'kept' if kept else 'left out'} ({len(grids)} inputs on an 8-bit "
-        f"grid, INT8 scale 1; output error with its readers in INT8 {errors[0]:.2e} -> "
+        f"grid encoding {'kept' if kept else 'left out'} ({len(grids)} "
+        f"input{'s' if len(grids) != 1 else ''} on an 8-bit grid, INT8 scale 1; output error with its readers in INT8 {errors[0]:.2e} -> "
         f"{errors[1]:.2e}; FP32 change {change:.1e})"
     )
     return (moved, moved_units, grids, note) if kept else (proto, units, [], note)
