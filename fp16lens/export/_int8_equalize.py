@@ -223,6 +223,19 @@ def relative_error(a: list, b: list) -> float:
 EXACT = 1e-5  # relative to the outputs' norm: FP32 rounding of the rescaled constants
 
 
+def proven(proto, moved, found: list, feeds: list) -> tuple[Any, list, float]:
+    """(``moved``, ``found``, change) where the rewrite ``moved`` of ``proto`` changes its
+    FP32 outputs on the first feed by at most ``EXACT`` of their norm; else (``proto``, [],
+    change): nothing moves."""
+    from fp16lens.export._int8_search import session
+
+    outs = [o.name for o in proto.graph.output]
+    change = relative_error(
+        [session(proto).run(outs, feeds[0])], [session(moved).run(outs, feeds[0])]
+    )
+    return (proto, [], change) if change > EXACT else (moved, found, change)
+
+
 def equalize(
     proto, units, feeds: list, skip: AbstractSet[str] = frozenset()
 ) -> tuple[Any, list[Pair], float]:
@@ -246,13 +259,7 @@ def equalize(
     for p in pairs:
         ranges = channel_ranges([v[p.tensor] for v in values], p.axis)
         apply(moved, p, scales_for(p, ranges, consts[p.weight]))
-    outs = [o.name for o in proto.graph.output]
-    before = [session(proto).run(outs, feeds[0])]
-    after = [session(moved).run(outs, feeds[0])]
-    change = relative_error(before, after)
-    if change > EXACT:
-        return proto, [], change
-    return moved, pairs, change
+    return proven(proto, moved, pairs, feeds)
 
 
 # ---- centring: a per-channel shift into the affine op before a padless conv -------------
@@ -350,10 +357,4 @@ def centre(proto, units, feeds: list) -> tuple[Any, list[Shift], float]:
             conv.input.append(name)
         amax = float(np.maximum(np.abs(lo), np.abs(hi)).max())
         shifts.append(Shift(t, reader, add, const, tuple(float(x) for x in c), amax))
-    outs = [o.name for o in proto.graph.output]
-    change = relative_error(
-        [session(proto).run(outs, feeds[0])], [session(moved).run(outs, feeds[0])]
-    )
-    if change > EXACT:
-        return proto, [], change
-    return moved, shifts, change
+    return proven(proto, moved, shifts, feeds)

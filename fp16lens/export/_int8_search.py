@@ -454,10 +454,11 @@ def _encoded(proto, units: list[Unit], feeds: list[Feed], exclude, residual: boo
         {g.reader for g in grids},
     )
     kept = errors[1] < errors[0]
+    inputs = f"{len(grids)} input{'s' if len(grids) != 1 else ''}"
     note = (
-        f"grid encoding {'kept' if kept else 'left out'} ({len(grids)} "
-        f"input{'s' if len(grids) != 1 else ''} on an 8-bit grid, INT8 scale 1; output error with its readers in INT8 {errors[0]:.2e} -> "
-        f"{errors[1]:.2e}; FP32 change {change:.1e})"
+        f"grid encoding {'kept' if kept else 'left out'} ({inputs} on an 8-bit grid, INT8 "
+        f"scale 1; output error with its readers in INT8 {errors[0]:.2e} -> {errors[1]:.2e}; "
+        f"FP32 change {change:.1e})"
     )
     return (moved, moved_units, grids, note) if kept else (proto, units, [], note)
 

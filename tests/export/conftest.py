@@ -71,3 +71,27 @@ def _run(onnx, ort, path, feeds: dict[str, np.ndarray], extra=(), level=None) ->
         model.SerializeToString(), options, providers=["CPUExecutionProvider"]
     )
     return dict(zip(outputs, session.run(outputs, feeds)))
+
+
+@pytest.fixture(scope="session")
+def int8_prepared():
+    """``make(name, n_cal, n_eval)`` -> (an ``int8_zoo`` case, its FP32 graph prepared for
+    INT8 with named nodes, its units); skips where the model's wheel is missing."""
+    onnx = pytest.importorskip("onnx")
+    pytest.importorskip("onnxruntime")
+    import int8_zoo
+    from zoo_real import Missing
+
+    from fp16lens.export._int8 import prepared
+    from fp16lens.export._int8_place import find_units, name_nodes
+
+    def make(name: str, n_cal: int = 2, n_eval: int = 2):
+        try:
+            case = int8_zoo.MODELS[name](n_cal, n_eval)
+        except Missing as exc:
+            pytest.skip(str(exc))
+        proto = prepared(onnx.load(case.path))
+        name_nodes(proto.graph)
+        return case, proto, find_units(proto.graph, set())
+
+    return make

@@ -15,27 +15,13 @@ pytest.importorskip("onnxruntime")
 onnx = pytest.importorskip("onnx")
 
 import int8_zoo  # noqa: E402
-from zoo_real import Missing  # noqa: E402
-
-
-def _prepared(name: str, n_cal: int = 2, n_eval: int = 2):
-    from fp16lens.export._int8 import prepared
-    from fp16lens.export._int8_place import find_units, name_nodes
-
-    try:
-        case = int8_zoo.MODELS[name](n_cal, n_eval)
-    except Missing as exc:
-        pytest.skip(str(exc))
-    proto = prepared(onnx.load(case.path))
-    name_nodes(proto.graph)
-    return case, proto, find_units(proto.graph, set())
 
 
 @pytest.mark.parametrize("name", ["detector", "recognizer"])
-def test_equalization_is_exact_in_fp32(name):
+def test_equalization_is_exact_in_fp32(name, int8_prepared):
     from fp16lens.export import _int8_equalize as eq
 
-    case, proto, units = _prepared(name)
+    case, proto, units = int8_prepared(name)
     before = proto.SerializeToString()
     moved, pairs, change = eq.equalize(proto, units, case.cal)
     assert proto.SerializeToString() == before  # the user's graph is not touched
@@ -57,12 +43,12 @@ def moved_op(model, pair) -> str:
     return next(n.op_type for n in model.graph.node if n.name == pair.producer)
 
 
-def test_equalization_lowers_the_detectors_int8_error():
+def test_equalization_lowers_the_detectors_int8_error(int8_prepared):
     """PP-OCRv4's detector: channels behind its first hardswishes span 0.5 to 105 (median
     6); moved into the affine blocks, the all-INT8 error at the output falls more than 3x."""
     from fp16lens.export._int8_search import Switch, _equalized, collect, nmse
 
-    case, proto, units = _prepared("detector", n_cal=2, n_eval=1)
+    case, proto, units = int8_prepared("detector", n_cal=2, n_eval=1)
     graph, moved_units, pairs, note = _equalized(proto, units, case.cal, 1)
     assert pairs and "equalization kept" in note, note
     errors = []
@@ -76,7 +62,7 @@ def test_equalization_lowers_the_detectors_int8_error():
     assert errors[1] < errors[0] / 3, errors
 
 
-def test_centring_is_exact_and_with_bias_correction_lowers_the_detectors_int8_error():
+def test_centring_is_exact_and_with_bias_correction_lowers_the_detectors_int8_error(int8_prepared):
     """PP-OCRv4's detector: the 1x1 convs after its hardswish + affine blocks read channels
     from about -0.4 to 29. Shifted per channel to the middle of their range (the shift in the
     conv's bias), the FP32 output is unchanged to FP32 rounding on other inputs and every
@@ -87,7 +73,7 @@ def test_centring_is_exact_and_with_bias_correction_lowers_the_detectors_int8_er
     from fp16lens.export import _int8_equalize as eq
     from fp16lens.export._int8_search import Switch, bias_corrections, collect, nmse
 
-    case, proto, units = _prepared("detector", n_cal=2, n_eval=2)
+    case, proto, units = int8_prepared("detector", n_cal=2, n_eval=2)
     before = proto.SerializeToString()
     centred, shifts, change = eq.centre(proto, units, case.cal)
     assert proto.SerializeToString() == before  # the user's graph is not touched

@@ -15,23 +15,9 @@ pytest.importorskip("onnxruntime")
 onnx = pytest.importorskip("onnx")
 
 import int8_zoo  # noqa: E402
-from zoo_real import Missing  # noqa: E402
 
 MEAN = np.array([0.485, 0.456, 0.406]).reshape(1, 3, 1, 1)
 STD = np.array([0.229, 0.224, 0.225]).reshape(1, 3, 1, 1)
-
-
-def _case(name: str, n_cal: int, n_eval: int):
-    from fp16lens.export._int8 import prepared
-    from fp16lens.export._int8_place import find_units, name_nodes
-
-    try:
-        case = int8_zoo.MODELS[name](n_cal, n_eval)
-    except Missing as exc:
-        pytest.skip(str(exc))
-    proto = prepared(onnx.load(case.path))
-    name_nodes(proto.graph)
-    return case, proto, find_units(proto.graph, set())
 
 
 def test_a_grid_is_found_in_normalized_pixels_and_nowhere_else():
@@ -63,7 +49,7 @@ def test_a_grid_is_found_in_normalized_pixels_and_nowhere_else():
     assert channel_grid(skewed) is None  # one value off the grid
 
 
-def test_grid_encoding_is_exact_and_puts_the_detectors_pixels_on_the_int8_codes():
+def test_grid_encoding_is_exact_and_puts_the_detectors_pixels_on_the_int8_codes(int8_prepared):
     """PP-OCRv4's detector reads ImageNet-normalized pixels through a padded stride-2 conv:
     the pixels become codes, the conv's zeros come from a Pad before them, and FP32 does
     not move; the stem alone in INT8 then costs the output over 20x less."""
@@ -72,7 +58,7 @@ def test_grid_encoding_is_exact_and_puts_the_detectors_pixels_on_the_int8_codes(
     from fp16lens.export._int8_place import find_units
     from fp16lens.export._int8_search import _exposed, _int8_errors, _run_all, session
 
-    case, proto, units = _case("detector", 2, 2)
+    case, proto, units = int8_prepared("detector", 2, 2)
     before = proto.SerializeToString()
     moved, grids, change = grid.encode(proto, units, case.cal)
     assert proto.SerializeToString() == before  # the user's graph is not touched
@@ -98,23 +84,23 @@ def test_grid_encoding_is_exact_and_puts_the_detectors_pixels_on_the_int8_codes(
     assert errors[1] < errors[0] / 20, errors
 
 
-def test_a_feature_input_is_left_as_it_is():
+def test_a_feature_input_is_left_as_it_is(int8_prepared):
     """CREPE reads audio frames divided by their std: no grid, nothing rewritten."""
     from fp16lens.export import _int8_grid as grid
 
-    case, proto, units = _case("crepe", 2, 1)
+    case, proto, units = int8_prepared("crepe", 2, 1)
     moved, grids, change = grid.encode(proto, units, case.cal)
     assert moved is proto and grids == [] and change == 0.0
 
 
-def test_the_plan_writes_scale_one_and_the_cache_keeps_the_inputs_range(tmp_path):
+def test_the_plan_writes_scale_one_and_the_cache_keeps_the_inputs_range(tmp_path, int8_prepared):
     """MTCNN PNet through ``export``: the Q/DQ file quantizes the encoded pixels with scale 1,
     the face cells hold better than without the encoding on the held-out items, and the
     TensorRT 10 cache gives the FP32 graph's input its own range."""
     from fp16lens.export import export, read_calibration_cache
     from fp16lens.export._int8_search import searcher, write_qdq
 
-    case, proto, _ = _case("pnet", 8, 24)
+    case, proto, _ = int8_prepared("pnet", 8, 24)
     out = tmp_path / "pnet_int8.onnx"
     art = export(case.path, None, str(out), "int8", calibration=list(case.cal))
     written = onnx.load(str(out))
