@@ -113,9 +113,12 @@ def session(proto):
     return onnx_large.session(ort, proto, options)
 
 
-def quantize_weight(w: np.ndarray, axis: int | None) -> tuple[np.ndarray, np.ndarray]:
+def quantize_weight(
+    w: np.ndarray, axis: int | None, codes: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """Symmetric INT8 of ``w``, per channel along ``axis`` (per tensor when None):
-    (int8 values, float32 scales)."""
+    (int8 values, float32 scales); ``codes``: the values fitted for it (``_int8_round``),
+    on the same scales, instead of the nearest."""
     w = np.asarray(w, np.float32)
     if axis is None:
         amax = np.array(np.abs(w).max() if w.size else 0.0, np.float32)
@@ -125,6 +128,8 @@ def quantize_weight(w: np.ndarray, axis: int | None) -> tuple[np.ndarray, np.nda
     shaped = (
         scale if axis is None else scale.reshape([-1 if i == axis else 1 for i in range(w.ndim)])
     )
+    if codes is not None:
+        return np.asarray(codes, np.int8), scale
     q = np.clip(np.rint(w / shaped), -QMAX, QMAX).astype(np.int8)
     return q, scale
 
@@ -192,10 +197,12 @@ def switch_graph(
     tensors: list[str],
     corrections: dict | None = None,
     shadow: Sequence[str] = (),
+    rounded: dict | None = None,
 ):
     """A copy of ``proto`` whose units are switched by the inputs ``ON`` (one float per unit)
     and whose activations are quantized with the scales of input ``SCALE`` (one per tensor);
-    a unit in ``corrections`` adds that per-channel bias correction when on. Each unit node
+    a unit in ``corrections`` adds that per-channel bias correction when on; a weight in
+    ``rounded`` takes those INT8 codes (``_int8_round``) instead of the nearest. Each unit node
     in ``shadow`` also gets a float twin reading its unquantized inputs, its output and the
     twin's exposed as graph outputs (``<output>`` and ``<output>__shadow``)."""
     import onnx
@@ -260,7 +267,7 @@ def switch_graph(
                         node.input[k] = f"{t}__u{i}"
             if u.weight is not None:
                 wt = numpy_helper.to_array(inits[u.weight]).astype(np.float32)
-                wq, scale = quantize_weight(wt, u.axis)
+                wq, scale = quantize_weight(wt, u.axis, (rounded or {}).get(u.weight))
                 shaped = (
                     scale
                     if u.axis is None
@@ -297,10 +304,15 @@ class Switch:
     """The switch graph in one session, run on a fixed list of batches."""
 
     def __init__(
-        self, proto, units: list[Unit], tensors: list[str], corrections: dict | None = None
+        self,
+        proto,
+        units: list[Unit],
+        tensors: list[str],
+        corrections: dict | None = None,
+        rounded: dict | None = None,
     ):
         self.units, self.tensors = units, tensors
-        self.sess = session(switch_graph(proto, units, tensors, corrections))
+        self.sess = session(switch_graph(proto, units, tensors, corrections, rounded=rounded))
         self.outputs = [o.name for o in proto.graph.output]
         self.runs = 0
 
@@ -319,7 +331,12 @@ def _channel_means(values: list[np.ndarray], axis: int) -> np.ndarray:
 
 
 def bias_corrections(
-    proto, units: list[Unit], tensors: list[str], scales: np.ndarray, feeds: list[Feed]
+    proto,
+    units: list[Unit],
+    tensors: list[str],
+    scales: np.ndarray,
+    feeds: list[Feed],
+    rounded: dict | None = None,
 ) -> dict[str, np.ndarray]:
     """Per output channel, minus the mean error each Conv/ConvTranspose/Gemm (with a bias)
     adds by itself in the all-INT8 graph on ``feeds``: its output against a float twin
@@ -334,7 +351,7 @@ def bias_corrections(
     }
     if not where:
         return {}
-    sess = session(switch_graph(proto, units, tensors, None, list(where)))
+    sess = session(switch_graph(proto, units, tensors, None, list(where), rounded))
     names = [f"{nodes[n].output[0]}{suffix}" for n in where for suffix in ("", "__shadow")]
     extra = {ON: np.ones(len(units), np.float32), SCALE: scales.astype(np.float32)}
     got = [sess.run(names, {**f, **extra}) for f in feeds]
@@ -384,6 +401,7 @@ class Int8Plan:
     centred: list[str] = field(default_factory=list)  # readers whose input was centred
     cache_amax: dict = field(default_factory=dict)  # centred tensor -> its uncentred max |x|
     encoded: list[str] = field(default_factory=list)  # readers of an input on an 8-bit grid
+    rounded: dict = field(default_factory=dict)  # weight -> its fitted INT8 codes
 
     @property
     def int8_flop_share(self) -> float:
@@ -486,6 +504,37 @@ def _equalized(proto, units: list[Unit], feeds: list[Feed], probe: int, skip=fro
     return (moved, moved_units, pairs, note) if kept else (proto, units, [], note)
 
 
+def _rounded(proto, units: list[Unit], tensors, feeds: list[Feed], scales, switch):
+    """(weight -> fitted INT8 codes, note): ``_int8_round``'s rounding, fitted on one half
+    of the calibration batches and checked on the other, both ways, with every unit in INT8
+    (``scales``); kept (fitted on all) only where both held-out halves show less output
+    error. Never with a single calibration batch."""
+    from fp16lens.export import _int8_round
+
+    if len(feeds) < 2:
+        return {}, (
+            "weight rounding not fitted: it needs two calibration batches or more "
+            "(one to fit it, one to check it)"
+        )
+    half = len(feeds) // 2
+    on, off = np.ones(len(units)), np.zeros(len(units))
+    gains = []
+    for fit, check in ((feeds[:half], feeds[half:]), (feeds[half:], feeds[:half])):
+        codes = _int8_round.fit(proto, units, fit, dict(zip(tensors, scales)))
+        if not codes:
+            return {}, "weight rounding left out (no weight it can fit)"
+        ref = switch.run(check, off, scales)
+        before = nmse(ref, switch.run(check, on, scales))
+        after = nmse(ref, Switch(proto, units, tensors, rounded=codes).run(check, on, scales))
+        gains.append((before, after))
+    kept = all(a < b for b, a in gains)
+    codes = _int8_round.fit(proto, units, feeds, dict(zip(tensors, scales))) if kept else {}
+    return codes, (
+        f"weight rounding {'fitted' if kept else 'left out'} ({len(codes)} weights; output "
+        "error on held-out halves " + ", ".join(f"{b:.2e} -> {a:.2e}" for b, a in gains) + ")"
+    )
+
+
 class Searcher:
     """Calibration, per-tensor ranges and per-unit costs of one graph (the expensive part,
     done once); ``fallback`` then keeps units out of INT8 for a target."""
@@ -502,6 +551,7 @@ class Searcher:
         correct_bias: bool = True,
         equalize: bool = True,
         encode: bool = True,
+        round_weights: bool = True,
     ):
         name_nodes(proto.graph)
         units = find_units(proto.graph, set(exclude), residual)
@@ -517,6 +567,7 @@ class Searcher:
             correct_bias=correct_bias,
             equalize=equalize,
             encode=encode,
+            round_weights=round_weights,
         )
         # what ``fallback`` needs to build the max-ranges twin
         self._source = (proto, feeds, exclude, options)
@@ -551,8 +602,8 @@ class Searcher:
         scales = np.array([max(c.values()) / QMAX for c in cands.values()], np.float64)
         methods = {t: max(c, key=c.__getitem__) for t, c in cands.items()}
         self.feeds, self.switch = feeds, Switch(proto, units, tensors)
-        probe = feeds[: max(1, search_batches)]
         off = np.zeros(len(units))
+        probe = feeds[: max(1, search_batches)]
         refs = self.switch.run(probe, off, scales)
         readers = {t: [i for i, u in enumerate(units) if t in u.acts] for t in tensors}
         for j, t in enumerate(tensors if choose else ()):
@@ -571,6 +622,12 @@ class Searcher:
                 (s for s in scored if s[0] <= best * 1.02 + 1e-12), key=lambda s: s[1]
             )
             scales[j], methods[t] = amax / QMAX, name
+        rounded: dict[str, np.ndarray] = {}
+        if round_weights:
+            rounded, note = _rounded(proto, units, tensors, feeds, scales, self.switch)
+            notes.append(note)
+            if rounded:
+                self.switch = Switch(proto, units, tensors, rounded=rounded)
         corrections: dict[str, np.ndarray] = {}
         if correct_bias and len(feeds) < 2:
             notes.append(
@@ -588,12 +645,16 @@ class Searcher:
                 ref = self.switch.run(check, off, scales)
                 before = nmse(ref, self.switch.run(check, all_on, scales))
                 trial = Switch(
-                    proto, units, tensors, bias_corrections(proto, units, tensors, scales, fit)
+                    proto,
+                    units,
+                    tensors,
+                    bias_corrections(proto, units, tensors, scales, fit, rounded),
+                    rounded,
                 )
                 gains.append((before, nmse(ref, trial.run(check, all_on, scales))))
             if all(after < before for before, after in gains):
-                corrections = bias_corrections(proto, units, tensors, scales, feeds)
-                self.switch = Switch(proto, units, tensors, corrections)
+                corrections = bias_corrections(proto, units, tensors, scales, feeds, rounded)
+                self.switch = Switch(proto, units, tensors, corrections, rounded)
             notes.append(
                 f"bias correction {'kept' if corrections else 'left out'} (output "
                 "error on held-out halves "
@@ -619,6 +680,7 @@ class Searcher:
             equalized=[p.reader for p in equalized],
             encoded=[g.reader for g in grids],
             cache_amax={g.source: g.amax for g in grids},
+            rounded=rounded,
         )
 
     def all_int8_error(self) -> float:
@@ -990,7 +1052,9 @@ def write_qdq(proto, plan: Int8Plan):
             if u.weight is not None:
                 w = u.weight
                 if w not in done:
-                    q, scale = quantize_weight(numpy_helper.to_array(inits[w]), u.axis)
+                    q, scale = quantize_weight(
+                        numpy_helper.to_array(inits[w]), u.axis, plan.rounded.get(w)
+                    )
                     names = (f"{w}_quantized", f"{w}_scale", f"{w}_zero_point")
                     g.initializer.extend(
                         [

@@ -223,14 +223,16 @@ def onet_search():
 
 @pytest.fixture(scope="module")
 def onet_search_plain():
-    """The same, with its pixels quantized as any tensor (no grid encoding): ONet's box and
-    landmark targets are where the max ranges beat the chosen ones there; with the pixels
-    on the INT8 codes the chosen ranges hold at every placement tried."""
+    """The same, with its pixels quantized as any tensor (no grid encoding) and its weights
+    rounded to the nearest: ONet's box and landmark targets are where the max ranges beat
+    the chosen ones there; with the pixels on the INT8 codes, or the weights' rounding
+    fitted (on this graph it is kept), the chosen ranges hold at every placement tried."""
     from fp16lens.export._int8_search import searcher
 
     case = _case_sized("onet", 8, 24)
     proto = _prepared(case)
-    return case, (proto, searcher(proto, list(case.cal), search_batches=2, encode=False))
+    found = searcher(proto, list(case.cal), search_batches=2, encode=False, round_weights=False)
+    return case, (proto, found)
 
 
 def _box_target(threshold: float):
@@ -360,18 +362,21 @@ def test_a_missed_target_is_never_shown_as_met():
     assert float(shown(0.9999999999999999, 1.0)) < 1.0
 
 
-def test_the_written_graph_computes_what_the_search_measured():
-    """MTCNN PNet with its pixels on the INT8 codes, bias correction and one unit out: the
-    Q/DQ file as written gives the switch graph's outputs bit for bit, so a target the
-    search met by a hair is met as written too (a blend ``x + on * (DQ(Q(x)) - x)`` rounded
-    in FP32 and missed the detector's IoU 0.995 by 1e-4 as written)."""
+@pytest.mark.parametrize("rounding", [False, True], ids=["bias-corrected", "rounded"])
+def test_the_written_graph_computes_what_the_search_measured(rounding):
+    """MTCNN PNet with its pixels on the INT8 codes, bias correction (or, when its weights'
+    rounding is fitted, those codes) and one unit out: the Q/DQ file as written gives the
+    switch graph's outputs bit for bit, so a target the search met by a hair is met as
+    written too (a blend ``x + on * (DQ(Q(x)) - x)`` rounded in FP32 and missed the
+    detector's IoU 0.995 by 1e-4 as written)."""
     from fp16lens.export._int8_search import searcher, write_qdq
 
     case = _case_sized("pnet", 8, 2)
     proto = _prepared(case)
-    found = searcher(proto, list(case.cal))
+    found = searcher(proto, list(case.cal), round_weights=rounding)
     plan = found.plan
-    assert plan.encoded and plan.corrections, plan.notes  # the rewrites this covers
+    covered = plan.rounded if rounding else plan.corrections
+    assert plan.encoded and covered, plan.notes  # the rewrites this covers
     on = np.ones(len(plan.units))
     on[int(np.argmax(plan.costs))] = 0  # the costliest unit out, as a fallback leaves it
     written = write_qdq(proto, dataclasses.replace(plan, on=[bool(o) for o in on]))

@@ -1,0 +1,285 @@
+"""Weight rounding fitted to the layer's inputs (GPTQ; Frantar et al., 2022).
+
+Per-channel INT8 rounds every weight to its nearest code. That is the least error per
+weight, not per output: a conv's output error is ``(W - Ŵ) x``, and where its inputs are
+correlated (neighbouring pixels, a pixel's three colours, a depthwise conv's nine taps) the
+errors of nearest rounding add up. On EfficientNet-Lite0 the weights' rounding alone costs
+more at the output than every activation quantizer together.
+
+For each conv-like node and the Hessian of its layer error on the calibration inputs,
+``H = sum x xᵀ`` (one per group; ``x`` the im2col patch), GPTQ quantizes one input column
+at a time and spreads each rounding error over the columns not yet quantized, the way the
+inverse Hessian says is least costly (Optimal Brain Quantization). The scale stays the one
+``quantize_weight`` gives (the channel's max over 127), so the written DequantizeLinear, the
+TensorRT 10 cache's weights and TensorRT's own reading of the codes are unchanged in form:
+only which integer each weight takes.
+
+``fit`` returns, per weight it could fit, the INT8 codes; the caller keeps them only where
+the all-INT8 output error falls on calibration batches it did not fit on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from fp16lens.export._int8_place import Unit
+
+QMAX = 127
+DAMP = 0.01  # of the Hessian's mean diagonal, added to its diagonal (GPTQ's default)
+BLOCK = 128  # columns quantized before the rest is updated
+SAMPLES = 16384
+MAX_INPUTS = 4608  # a 3x3 conv over 512 channels: 170 MB per product
+BUDGET = (
+    1 << 30
+)  # bytes of moments held at once  # patch columns kept per batch and node: enough for a 2304-wide Hessian
+
+
+def _attrs(node) -> dict[str, Any]:
+    from onnx import helper
+
+    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
+
+
+def _patches(node, x: np.ndarray, w_shape: tuple[int, ...]) -> tuple[np.ndarray, int] | None:
+    """(columns (groups, K, L), groups) of what ``node`` multiplies its weight with, or None
+    where the node's form is not one this fits."""
+    import torch
+
+    a = _attrs(node)
+    if node.op_type in ("Gemm", "MatMul"):
+        if node.op_type == "Gemm" and a.get("transA", 0):
+            return None
+        return x.reshape(-1, x.shape[-1]).T[None], 1
+    if node.op_type != "Conv" or a.get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET"):
+        return None
+    if x.ndim == 3:
+        x = x[:, :, None, :]
+        kernel = (1, w_shape[2])
+        pads = a.get("pads", [0, 0])
+        pads = [0, pads[0], 0, pads[1]]
+        strides, dilations = [1, *a.get("strides", [1])], [1, *a.get("dilations", [1])]
+    elif x.ndim == 4:
+        kernel = tuple(w_shape[2:])
+        pads = a.get("pads", [0, 0, 0, 0])
+        strides, dilations = a.get("strides", [1, 1]), a.get("dilations", [1, 1])
+    else:
+        return None
+    group = a.get("group", 1)
+    t = torch.from_numpy(np.ascontiguousarray(x, np.float32))
+    t = torch.nn.functional.pad(t, (pads[1], pads[3], pads[0], pads[2]))
+    cols = torch.nn.functional.unfold(t, kernel, dilation=dilations, stride=strides)
+    n, k, length = cols.shape
+    return cols.permute(1, 0, 2).reshape(group, k // group, n * length).numpy(), group
+
+
+def quantized(x: np.ndarray, scale: float) -> np.ndarray:
+    """``x`` through QuantizeLinear and DequantizeLinear (symmetric INT8, zero point 0)."""
+    return (np.clip(np.rint(x / np.float32(scale)), -128, 127) * np.float32(scale)).astype(
+        np.float32
+    )
+
+
+def _rows(w: np.ndarray, node_op: str, axis: int, groups: int) -> np.ndarray:
+    """The weight as (groups, rows per group, K): one row per output channel, its columns
+    in the order of the patches."""
+    if node_op == "Conv":
+        return w.reshape(groups, w.shape[0] // groups, -1)
+    return np.moveaxis(w, axis, 0).reshape(1, w.shape[axis], -1)
+
+
+def _back(q: np.ndarray, w: np.ndarray, node_op: str, axis: int) -> np.ndarray:
+    if node_op == "Conv":
+        return q.reshape(w.shape)
+    moved = np.moveaxis(w, axis, 0).shape
+    return np.moveaxis(q.reshape(moved), 0, axis)
+
+
+def gptq(rows: np.ndarray, scale: np.ndarray, hessian: np.ndarray) -> np.ndarray:
+    """INT8 codes of ``rows`` (groups, R, K) with per-row ``scale`` (groups, R), fitted to
+    ``hessian`` (groups, K, K): one column at a time, each rounding error spread over the
+    columns after it by the inverse Hessian's Cholesky factor."""
+    import torch
+
+    w = torch.from_numpy(rows.astype(np.float64)).clone()
+    s = torch.from_numpy(scale.astype(np.float64))
+    h = torch.from_numpy(hessian.astype(np.float64)).clone()
+    k = h.shape[-1]
+    eye = torch.eye(k, dtype=h.dtype)
+    diag = torch.diagonal(h, dim1=-2, dim2=-1)
+    dead = diag <= 0
+    h = h + eye * dead.unsqueeze(-1).to(h.dtype)  # a column no input reaches: nearest
+    damp = DAMP * torch.diagonal(h, dim1=-2, dim2=-1).mean(-1)
+    h = h + damp[:, None, None] * eye
+    u = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(h)), upper=True)
+    q = torch.empty_like(w)
+    for start in range(0, k, BLOCK):  # GPTQ's lazy batches: the rest updated once a block
+        end = min(start + BLOCK, k)
+        errs = torch.empty_like(w[:, :, start:end])
+        for i in range(start, end):
+            col = w[:, :, i]
+            qi = torch.clamp(torch.round(col / s), -QMAX, QMAX)
+            q[:, :, i] = qi
+            err = (col - qi * s) / u[:, i, i].unsqueeze(-1)
+            errs[:, :, i - start] = err
+            w[:, :, i + 1 : end] -= err.unsqueeze(-1) * u[:, i, i + 1 : end].unsqueeze(1)
+        if end < k:
+            w[:, :, end:] -= errs @ u[:, start:end, end:]
+    return q.numpy().astype(np.int8)
+
+
+@dataclass
+class Moments:
+    """A layer's input products over some calibration batches, per group: ``xx = X Xᵀ``,
+    ``qx = X̂ Xᵀ``, ``qq = X̂ X̂ᵀ`` (``X`` the FP32 patches, ``X̂`` them quantized)."""
+
+    xx: np.ndarray
+    qx: np.ndarray
+    qq: np.ndarray
+
+    def __add__(self, other: Moments) -> Moments:
+        return Moments(self.xx + other.xx, self.qx + other.qx, self.qq + other.qq)
+
+    def error(self, w: np.ndarray, w_hat: np.ndarray) -> float:
+        """``sum |W x - Ŵ x̂|²`` over these inputs (``w``, ``w_hat``: (groups, R, K))."""
+        w, w_hat = w.astype(np.float64), w_hat.astype(np.float64)
+        return float(
+            np.sum((w @ self.xx) * w)
+            - 2 * np.sum((w_hat @ self.qx) * w)
+            + np.sum((w_hat @ self.qq) * w_hat)
+        )
+
+
+def _inputs(u: Unit, shape: tuple[int, ...], node) -> tuple[int, int]:
+    """(groups, inputs per output) of the unit's weight: the Hessian's size."""
+    if u.op == "Conv":
+        group = next((a.i for a in node.attribute if a.name == "group"), 1)
+        return group, int(np.prod(shape[1:]))
+    return 1, shape[1 - u.axis] if len(shape) == 2 else int(np.prod(shape)) // shape[u.axis]
+
+
+def _passes(todo: list[Unit], shapes: dict, nodes: dict) -> list[list[Unit]]:
+    """``todo`` in runs whose moments (two halves, three products, float64) fit in
+    ``BUDGET`` bytes together: one pass over the calibration batches each. A weight wider
+    than ``MAX_INPUTS`` is left to the nearest rounding."""
+    runs: list[list[Unit]] = [[]]
+    used = 0
+    for u in todo:
+        g, k = _inputs(u, shapes[u.weight], nodes[u.node])
+        if k > MAX_INPUTS:
+            continue
+        size = 2 * 3 * g * k * k * 8
+        if runs[-1] and used + size > BUDGET:
+            runs.append([])
+            used = 0
+        runs[-1].append(u)
+        used += size
+    return [r for r in runs if r]
+
+
+def moments(proto, units: Sequence[Unit], feeds: list, scales: dict, seed: int = 0):
+    """(the units it can fit, their FP32 weights, per unit node its ``Moments`` on the first
+    half of ``feeds`` and on the second (one entry with a single feed), its groups)."""
+    from onnx import numpy_helper
+
+    from fp16lens.export._int8_search import _exposed, _run_all, session
+
+    inits = {i.name: i for i in proto.graph.initializer}
+    nodes = {n.name: n for n in proto.graph.node}
+    readers: dict[str, int] = {}
+    for u in units:
+        if u.weight is not None:
+            readers[u.weight] = readers.get(u.weight, 0) + 1
+    todo = [
+        u
+        for u in units
+        if u.weight is not None
+        and u.axis is not None
+        and u.op in ("Conv", "Gemm", "MatMul")
+        and readers[u.weight] == 1
+        and len(u.acts) == 1
+        and u.acts[0] in scales
+        and u.weight in inits
+    ]
+    shapes = {u.weight: tuple(inits[u.weight].dims) for u in todo}
+    rng = np.random.default_rng(seed)
+    half = max(1, len(feeds) // 2)
+    parts: dict[str, list[Moments]] = {u.node: [] for u in todo}
+    groups: dict[str, int] = {}
+    skip: set[str] = set()
+    for batch in _passes(todo, shapes, nodes):
+        acts = list(dict.fromkeys(u.acts[0] for u in batch))
+        sess = session(_exposed(proto, acts))
+        for n, feed in enumerate(feeds):
+            values = _run_all(sess, feed, acts)
+            for u in batch:
+                x = values.get(u.acts[0])
+                node = nodes[u.node]
+                got = None if u.node in skip or x is None else _patches(node, x, shapes[u.weight])
+                if got is None:
+                    skip.add(u.node)
+                    continue
+                cols, groups[u.node] = got
+                qcols, _ = _patches(node, quantized(x, scales[u.acts[0]]), shapes[u.weight])
+                if cols.shape[-1] > SAMPLES:
+                    keep = np.sort(rng.choice(cols.shape[-1], SAMPLES, replace=False))
+                    cols, qcols = cols[..., keep], qcols[..., keep]
+                c, q = cols.astype(np.float64), qcols.astype(np.float64)
+                ct, qt = c.transpose(0, 2, 1), q.transpose(0, 2, 1)
+                m = Moments(c @ ct, q @ ct, q @ qt)  # BLAS: einsum would not use it
+                if n == 0 or n == half:
+                    parts[u.node].append(m)
+                else:
+                    parts[u.node][-1] = parts[u.node][-1] + m
+    fitted = [u for u in todo if u.node not in skip and parts[u.node]]
+    weights = {u.weight: numpy_helper.to_array(inits[u.weight]).astype(np.float32) for u in fitted}
+    return fitted, weights, parts, groups
+
+
+def _solve(rows: np.ndarray, scale: np.ndarray, m: Moments) -> np.ndarray:
+    """Codes ``Ŵ`` for ``min |W X - Ŵ X̂|²``: the real least squares ``W* = W + W (X - X̂)
+    X̂ᵀ (X̂ X̂ᵀ)⁻¹`` (damped towards ``W``: a damping towards 0 would take a high-frequency
+    filter's response off with the noise), rounded by GPTQ on ``X̂ X̂ᵀ``."""
+    k = m.qq.shape[-1]
+    w = rows.astype(np.float64)
+    qq = m.qq + np.eye(k) * (DAMP * np.diagonal(m.qq, axis1=-2, axis2=-1).mean(-1))[:, None, None]
+    qq = qq + np.eye(k) * (np.diagonal(qq, axis1=-2, axis2=-1) <= 0)[:, :, None]
+    # (X̂ X̂ᵀ) Δᵀ = (X̂ Xᵀ - X̂ X̂ᵀ) Wᵀ
+    delta = np.linalg.solve(qq, (m.qx - m.qq) @ w.transpose(0, 2, 1))
+    return gptq(w + np.moveaxis(delta, -1, -2), scale, m.qq)
+
+
+def fit(
+    proto, units: Sequence[Unit], feeds: list, scales: dict, seed: int = 0
+) -> dict[str, np.ndarray]:
+    """Per weight (read by one unit only) its fitted INT8 codes, for its layer's output on
+    the inputs it reads over ``feeds`` quantized with ``scales`` (activation tensor ->
+    scale) against the FP32 output. A weight keeps its nearest rounding unless codes fitted
+    on each half of ``feeds`` cost its layer less than the nearest on the other half (a deep
+    layer of a small image sees few patches, and a fit to few overfits them)."""
+    from fp16lens.export._int8_search import quantize_weight
+
+    fitted, weights, parts, groups = moments(proto, units, feeds, scales, seed)
+    codes = {}
+    for u in fitted:
+        w, g = weights[u.weight], groups[u.node]
+        rows = _rows(w, u.op, u.axis, g)
+        ms = parts[u.node]
+        if rows.shape[-1] != ms[0].xx.shape[-1]:
+            continue
+        nearest, scale = quantize_weight(w, u.axis)
+        scale = scale.reshape(g, -1)
+        near = _rows(nearest, u.op, u.axis, g) * scale[..., None].astype(np.float64)
+        if len(ms) == 2:
+            a, b = ms
+            if not all(
+                check.error(rows, _solve(rows, scale, fit_m) * scale[..., None])
+                < check.error(rows, near)
+                for fit_m, check in ((a, b), (b, a))
+            ):
+                continue
+        codes[u.weight] = _back(_solve(rows, scale, sum(ms[1:], ms[0])), w, u.op, u.axis)
+    return codes
