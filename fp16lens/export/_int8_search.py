@@ -522,7 +522,10 @@ def _rounded(proto, units: list[Unit], tensors, feeds: list[Feed], scales, switc
     for fit, check in ((feeds[:half], feeds[half:]), (feeds[half:], feeds[:half])):
         codes = _int8_round.fit(proto, units, fit, dict(zip(tensors, scales)))
         if not codes:
-            return {}, "weight rounding left out (no weight it can fit)"
+            return {}, (
+                "weight rounding left out (no layer's fitted codes beat the nearest on "
+                "the other half of its batches)"
+            )
         ref = switch.run(check, off, scales)
         before = nmse(ref, switch.run(check, on, scales))
         after = nmse(ref, Switch(proto, units, tensors, rounded=codes).run(check, on, scales))
