@@ -58,7 +58,7 @@ def _patches(node, x: np.ndarray, w_shape: tuple[int, ...]) -> tuple[np.ndarray,
         return None
     if x.ndim == 3:
         x = x[:, :, None, :]
-        kernel = (1, w_shape[2])
+        kernel: tuple[int, ...] = (1, w_shape[2])
         pads = a.get("pads", [0, 0])
         pads = [0, pads[0], 0, pads[1]]
         strides, dilations = [1, *a.get("strides", [1])], [1, *a.get("dilations", [1])]
@@ -158,7 +158,8 @@ def _inputs(u: Unit, shape: tuple[int, ...], node) -> tuple[int, int]:
     if u.op == "Conv":
         group = next((a.i for a in node.attribute if a.name == "group"), 1)
         return group, int(np.prod(shape[1:]))
-    return 1, shape[1 - u.axis] if len(shape) == 2 else int(np.prod(shape)) // shape[u.axis]
+    axis = u.axis if u.axis is not None else 0
+    return 1, int(np.prod(shape)) // shape[axis]
 
 
 def _passes(todo: list[Unit], shapes: dict, nodes: dict) -> list[list[Unit]]:
@@ -219,11 +220,13 @@ def moments(proto, units: Sequence[Unit], feeds: list, scales: dict, seed: int =
                 x = values.get(u.acts[0])
                 node = nodes[u.node]
                 got = None if u.node in skip or x is None else _patches(node, x, shapes[u.weight])
-                if got is None:
+                if got is None or x is None:
                     skip.add(u.node)
                     continue
                 cols, groups[u.node] = got
-                qcols, _ = _patches(node, quantized(x, scales[u.acts[0]]), shapes[u.weight])
+                qgot = _patches(node, quantized(x, scales[u.acts[0]]), shapes[u.weight])
+                assert qgot is not None  # the same node and shape as ``got``
+                qcols = qgot[0]
                 if cols.shape[-1] > SAMPLES:
                     keep = np.sort(rng.choice(cols.shape[-1], SAMPLES, replace=False))
                     cols, qcols = cols[..., keep], qcols[..., keep]
