@@ -224,12 +224,12 @@ def moments(proto, units: Sequence[Unit], feeds: list, scales: dict, seed: int =
                     skip.add(u.node)
                     continue
                 cols, groups[u.node] = got
-                qgot = _patches(node, quantized(x, scales[u.acts[0]]), shapes[u.weight])
-                assert qgot is not None  # the same node and shape as ``got``
-                qcols = qgot[0]
                 if cols.shape[-1] > SAMPLES:
                     keep = np.sort(rng.choice(cols.shape[-1], SAMPLES, replace=False))
-                    cols, qcols = cols[..., keep], qcols[..., keep]
+                    cols = cols[..., keep]
+                # im2col copies values and pads zeros, which INT8 keeps: quantizing the
+                # patches is quantizing the input
+                qcols = quantized(cols, scales[u.acts[0]])
                 c, q = cols.astype(np.float64), qcols.astype(np.float64)
                 ct, qt = c.transpose(0, 2, 1), q.transpose(0, 2, 1)
                 m = Moments(c @ ct, q @ ct, q @ qt)  # BLAS: einsum would not use it
