@@ -535,7 +535,10 @@ def _corrected(
         )
     half = len(feeds) // 2
     on, off = np.ones(len(units)), np.zeros(len(units))
-    fitted = lambda part: _int8_round.fit(proto, units, part, dict(zip(tensors, scales)))  # noqa: E731
+
+    def fitted(part: list[Feed]) -> dict[str, np.ndarray]:
+        return _int8_round.fit(proto, units, part, dict(zip(tensors, scales)))
+
     errors: dict[str, list[tuple[float, float]]] = {}
     notes = []
     for part, check in ((feeds[:half], feeds[half:]), (feeds[half:], feeds[:half])):
