@@ -27,6 +27,20 @@ from fp16lens.cli._models import load_model, parse_kwargs
 from fp16lens.cli._output import console, emit_json
 
 
+def _cosine(text: str) -> float:
+    """``--target``: a worst output cosine in (0, 1]."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value <= 1:  # nan fails too
+        raise argparse.ArgumentTypeError(
+            f"give the worst output cosine to FP32 that INT8 must keep, in (0, 1] (e.g. "
+            f"0.999), not {text!r}"
+        )
+    return value
+
+
 def add_parser(sub) -> None:
     p = sub.add_parser("export", help="write FP16 / INT8 ONNX", description=__doc__)
     add_model_arguments(p)
@@ -55,7 +69,7 @@ def add_parser(sub) -> None:
     )
     p.add_argument(
         "--target",
-        type=float,
+        type=_cosine,
         default=None,
         metavar="COSINE",
         help="INT8 parity target: the worst output cosine to FP32 on the calibration batches "

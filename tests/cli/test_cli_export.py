@@ -63,6 +63,19 @@ def test_export_of_an_unknown_island_is_a_user_error(capsys, tmp_path):
     assert err.startswith("fp16lens: error: ") and "'nope'" in err and "Traceback" not in err
 
 
+@pytest.mark.parametrize("target", ["1.5", "-2", "0", "nan", "abc"])
+def test_export_target_outside_a_cosine_is_one_line(capsys, tmp_path, target):
+    """--target is a worst output cosine: anything outside (0, 1] exits 2 before any model
+    loads, with one line that says what it takes (not the library's Int8Target hint)."""
+    argv = ["export", "models:clean", "-o", str(tmp_path / "m.onnx"), "--precision", "int8"]
+    assert main([*argv, "--target", target]) == 2
+    err = capsys.readouterr().err
+    assert "argument --target" in err and "in (0, 1]" in err and repr(target) in err
+    assert "Traceback" not in err and "Int8Target" not in err
+    assert len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "m.onnx").exists()
+
+
 def test_export_int8_target_fails_loudly_when_missed(capsys, tmp_path):
     """--target 1.0 keeps everything out of INT8, beyond the 10% of FLOPs allowed: exit 2,
     one line naming what was reached; --target 0.99 passes and says what it kept."""
