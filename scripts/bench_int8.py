@@ -157,7 +157,7 @@ def _fp16lens(
     start = time.perf_counter()
     searcher, seconds, first = _searcher(case, proto, choose, equalize, centre)
     plan = searcher.plan if target is None else searcher.fallback(target, max_fallback=max_fallback)
-    if not bias:  # the search rounds the weights before it corrects the biases
+    if not bias:  # the corrections were measured on the rounded weights where both are kept
         plan = dataclasses.replace(plan, corrections={})
     if not (bias if rounding is None else rounding):
         plan = dataclasses.replace(plan, rounded={})

@@ -31,11 +31,9 @@ from fp16lens.export._int8_place import Unit
 QMAX = 127
 DAMP = 0.01  # of the Hessian's mean diagonal, added to its diagonal (GPTQ's default)
 BLOCK = 128  # columns quantized before the rest is updated
-SAMPLES = 16384
+SAMPLES = 16384  # patch columns kept per batch and node: enough for a 2304-wide Hessian
 MAX_INPUTS = 4608  # a 3x3 conv over 512 channels: 170 MB per product
-BUDGET = (
-    1 << 30
-)  # bytes of moments held at once  # patch columns kept per batch and node: enough for a 2304-wide Hessian
+BUDGET = 1 << 30  # bytes of moments held at once
 
 
 def _attrs(node) -> dict[str, Any]:
@@ -220,7 +218,7 @@ def moments(proto, units: Sequence[Unit], feeds: list, scales: dict, seed: int =
                 x = values.get(u.acts[0])
                 node = nodes[u.node]
                 got = None if u.node in skip or x is None else _patches(node, x, shapes[u.weight])
-                if got is None or x is None:
+                if got is None:
                     skip.add(u.node)
                     continue
                 cols, groups[u.node] = got

@@ -364,8 +364,8 @@ def test_a_missed_target_is_never_shown_as_met():
 
 @pytest.mark.parametrize("rounding", [False, True], ids=["bias-corrected", "rounded"])
 def test_the_written_graph_computes_what_the_search_measured(rounding):
-    """MTCNN PNet with its pixels on the INT8 codes, bias correction (or, when its weights'
-    rounding is fitted, those codes) and one unit out: the Q/DQ file as written gives the
+    """MTCNN PNet with its pixels on the INT8 codes, bias correction (and, when its weights'
+    rounding is fitted, those codes too) and one unit out: the Q/DQ file as written gives the
     switch graph's outputs bit for bit, so a target the search met by a hair is met as
     written too (a blend ``x + on * (DQ(Q(x)) - x)`` rounded in FP32 and missed the
     detector's IoU 0.995 by 1e-4 as written)."""
