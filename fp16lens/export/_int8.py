@@ -126,7 +126,7 @@ def quantize_fp16lens(
 
     initializers = {i.name for i in proto.graph.initializer}
     names = [v.name for v in proto.graph.input if v.name not in initializers]
-    feeds = _feeds(calibration, names, "calibration")
+    feeds, split = _split(proto, _feeds(calibration, names, "calibration"))
     checks = _feeds(evaluation, names, "evaluation") if evaluation is not None else None
     plan = search(
         proto,
@@ -137,10 +137,62 @@ def quantize_fp16lens(
         max_fallback=max_fallback,
         search_batches=search_batches,
     )
+    if split:
+        plan.notes.insert(0, split)
     quantized = write_qdq(proto, plan)
     if plan.target is not None:
         _check_as_written(proto, quantized, plan, checks or feeds)
     return quantized, plan
+
+
+SPLIT = 8  # batches one calibration batch is split into, at most
+
+
+def _split(proto, feeds: list[dict[str, np.ndarray]]) -> tuple[list[dict[str, np.ndarray]], str]:
+    """One calibration batch of N >= 2 items (``--input cal.npz``), on a graph whose first
+    axis is free: ``min(N, SPLIT)`` batches and a note, where the FP32 graph computes on the
+    parts what it computes on the whole (the first axis is the batch, not a sequence). The
+    corrections are fitted on some batches and checked on others, and the worst batch is a
+    part: with one batch they are not tried at all."""
+    from fp16lens.export._int8_search import session
+
+    if len(feeds) != 1:
+        return feeds, ""
+    feed = feeds[0]
+    sizes = {a.shape[0] if a.ndim else 0 for a in feed.values()}
+    n = sizes.pop() if len(sizes) == 1 else 0
+    inputs = [v for v in proto.graph.input if v.name in feed]
+    fixed = any(
+        v.type.tensor_type.shape.dim and v.type.tensor_type.shape.dim[0].dim_value > 0
+        for v in inputs
+    )
+    if n < 2 or fixed:
+        return feeds, ""
+    parts = [
+        {k: a[i] for k, a in feed.items()} for i in np.array_split(np.arange(n), min(n, SPLIT))
+    ]
+    sess = session(proto)
+    whole = sess.run(None, feed)
+    pieces = [sess.run(None, part) for part in parts]
+    for j, out in enumerate(whole):
+        out = np.asarray(out)
+        got = [np.asarray(p[j]) for p in pieces]
+        if out.ndim == 0 or any(g.ndim != out.ndim or g.shape[1:] != out.shape[1:] for g in got):
+            return feeds, ""
+        joined = np.concatenate(got)
+        if joined.shape != out.shape:
+            return feeds, ""
+        if out.dtype.kind == "f" and not np.allclose(
+            joined, out, rtol=1e-3, atol=1e-5 * max(float(np.abs(out).max()), 1e-30)
+        ):
+            return feeds, ""
+        if out.dtype.kind != "f" and not np.array_equal(joined, out):
+            return feeds, ""
+    return parts, (
+        f"the calibration batch of {n} items split into {len(parts)} batches along its first "
+        "axis (the FP32 graph computes the same on them), so corrections are fitted on some "
+        "and checked on others"
+    )
 
 
 def _check_as_written(proto, quantized, plan, feeds) -> None:
