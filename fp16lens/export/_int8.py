@@ -126,8 +126,13 @@ def quantize_fp16lens(
 
     initializers = {i.name for i in proto.graph.initializer}
     names = [v.name for v in proto.graph.input if v.name not in initializers]
-    feeds, split = _split(proto, _feeds(calibration, names, "calibration"))
-    checks = _feeds(evaluation, names, "evaluation") if evaluation is not None else None
+    feeds, split = _split(
+        proto, _declared(proto, _feeds(calibration, names, "calibration"), "calibration")
+    )
+    checks = None
+    if evaluation is not None:
+        given = _declared(proto, _feeds(evaluation, names, "evaluation"), "evaluation")
+        checks, _ = _split(proto, given, free=False)
     plan = search(
         proto,
         feeds,
@@ -148,51 +153,95 @@ def quantize_fp16lens(
 SPLIT = 8  # batches one calibration batch is split into, at most
 
 
-def _split(proto, feeds: list[dict[str, np.ndarray]]) -> tuple[list[dict[str, np.ndarray]], str]:
-    """One calibration batch of N >= 2 items (``--input cal.npz``), on a graph whose first
-    axis is free: ``min(N, SPLIT)`` batches and a note, where the FP32 graph computes on the
-    parts what it computes on the whole (the first axis is the batch, not a sequence). The
-    corrections are fitted on some batches and checked on others, and the worst batch is a
-    part: with one batch they are not tried at all."""
-    from fp16lens.export._int8_search import session
+def _first_dims(proto, feed: dict[str, np.ndarray]) -> set[int]:
+    """The first axis's declared sizes over the graph inputs ``feed`` holds (0: free)."""
+    dims = set()
+    for v in proto.graph.input:
+        if v.name in feed:
+            shape = v.type.tensor_type.shape.dim
+            dims.add(shape[0].dim_value if shape else -1)
+    return dims
 
+
+def _split(
+    proto, feeds: list[dict[str, np.ndarray]], free: bool = True
+) -> tuple[list[dict[str, np.ndarray]], str]:
+    """One calibration batch of N >= 2 items (``--input cal.npz``) as several, with a note:
+    on a graph that takes one item at a time (a first axis of 1), its N items; on a graph
+    whose first axis is free, ``min(N, SPLIT)`` parts where the FP32 graph computes on them
+    what it computes on the whole (the first axis is the batch, not a sequence). The
+    corrections are fitted on some batches and checked on others, and with one batch they
+    are not tried at all. ``free=False``: only the first (evaluation batches, which need
+    only to run)."""
     if len(feeds) != 1:
         return feeds, ""
     feed = feeds[0]
     sizes = {a.shape[0] if a.ndim else 0 for a in feed.values()}
     n = sizes.pop() if len(sizes) == 1 else 0
-    inputs = [v for v in proto.graph.input if v.name in feed]
-    fixed = any(
-        v.type.tensor_type.shape.dim and v.type.tensor_type.shape.dim[0].dim_value > 0
-        for v in inputs
-    )
-    if n < 2 or fixed:
+    dims = _first_dims(proto, feed)
+    if n < 2 or dims not in ({0}, {1}) or (dims == {0} and not free):
         return feeds, ""
     parts = [
-        {k: a[i] for k, a in feed.items()} for i in np.array_split(np.arange(n), min(n, SPLIT))
+        {k: a[i] for k, a in feed.items()}
+        for i in np.array_split(np.arange(n), n if dims == {1} else min(n, SPLIT))
     ]
-    sess = session(proto)
-    whole = sess.run(None, feed)
-    pieces = [sess.run(None, part) for part in parts]
-    for j, out in enumerate(whole):
-        out = np.asarray(out)
-        got = [np.asarray(p[j]) for p in pieces]
-        if out.ndim == 0 or any(g.ndim != out.ndim or g.shape[1:] != out.shape[1:] for g in got):
-            return feeds, ""
-        joined = np.concatenate(got)
-        if joined.shape != out.shape:
-            return feeds, ""
-        if out.dtype.kind == "f" and not np.allclose(
-            joined, out, rtol=1e-3, atol=1e-5 * max(float(np.abs(out).max()), 1e-30)
-        ):
-            return feeds, ""
-        if out.dtype.kind != "f" and not np.array_equal(joined, out):
-            return feeds, ""
+    if dims == {1}:
+        return (
+            parts,
+            f"the calibration batch of {n} items split into its items (the graph takes one)",
+        )
+    if not _same_on_parts(proto, feed, parts):
+        return feeds, ""
     return parts, (
         f"the calibration batch of {n} items split into {len(parts)} batches along its first "
         "axis (the FP32 graph computes the same on them), so corrections are fitted on some "
         "and checked on others"
     )
+
+
+def _same_on_parts(proto, feed: dict[str, np.ndarray], parts: list[dict[str, np.ndarray]]) -> bool:
+    """Whether the FP32 graph's outputs on ``parts``, joined, are its outputs on ``feed``."""
+    from fp16lens.export._int8_search import session
+
+    sess = session(proto)
+    pieces = [sess.run(None, part) for part in parts]
+    for j, out in enumerate(sess.run(None, feed)):
+        out = np.asarray(out)
+        got = [np.asarray(p[j]) for p in pieces]
+        if out.ndim == 0 or any(g.ndim != out.ndim or g.shape[1:] != out.shape[1:] for g in got):
+            return False
+        joined = np.concatenate(got)
+        if joined.shape != out.shape:
+            return False
+        if out.dtype.kind != "f":
+            if not np.array_equal(joined, out):
+                return False
+        elif not np.allclose(
+            joined, out, rtol=1e-3, atol=1e-5 * max(float(np.abs(out).max()), 1e-30)
+        ):
+            return False
+    return True
+
+
+def _declared(proto, feeds: list[dict[str, np.ndarray]], what: str) -> list[dict[str, np.ndarray]]:
+    """``feeds``, or ExportError (one line: the input, its shape, the graph's) where a batch
+    does not fit the shape the graph declares (a single batch's first axis aside where the
+    graph's is 1: ``_split`` gives its items)."""
+    for v in proto.graph.input:
+        if v.name not in feeds[0] or not v.type.tensor_type.HasField("shape"):
+            continue
+        declared = [d.dim_value or None for d in v.type.tensor_type.shape.dim]
+        got = feeds[0][v.name].shape
+        one = len(feeds) == 1 and declared[:1] == [1]  # its items, from _split
+        want = [None, *declared[1:]] if one else declared
+        if len(want) != len(got) or any(w is not None and w != g for w, g in zip(want, got)):
+            shown = "x".join("?" if w is None else str(w) for w in declared)
+            raise ExportError(
+                f"INT8 {what} input {v.name!r} has shape {'x'.join(map(str, got))} where the "
+                f"graph takes {shown}; give batches of that shape (one batch of N items along a "
+                "first axis of 1 is split into its items)"
+            )
+    return feeds
 
 
 def _check_as_written(proto, quantized, plan, feeds) -> None:

@@ -31,20 +31,29 @@ def _free_first_axis(proto):
     return proto
 
 
-def test_one_batch_of_trained_pnet_is_split_as_its_items():
-    """MTCNN PNet (facenet-pytorch's trained weights) with a free batch axis, calibrated
-    with its 8 calibration crops as one batch: split into 8, the search keeps both
-    corrections and writes the same INT8 file as from the 8 crops given one by one (the
-    run the bench measures); before, one batch left both corrections untried."""
+def _pnet():
     try:
-        case = int8_zoo.MODELS["pnet"](8, 24)
+        return int8_zoo.MODELS["pnet"](8, 24)
     except int8_zoo.Missing as exc:
         pytest.skip(str(exc))
-    proto = _free_first_axis(onnx.load(case.path))
+
+
+@pytest.mark.parametrize("free", [True, False], ids=["a free batch axis", "one item at a time"])
+def test_one_batch_of_trained_pnet_is_split_as_its_items(free):
+    """MTCNN PNet (facenet-pytorch's trained weights), calibrated with its 8 calibration
+    crops as one batch, on a graph with a free batch axis or one that takes one crop at a
+    time (as exported): split into 8, the search keeps both corrections and writes the same
+    INT8 file as from the 8 crops given one by one (the run the bench measures). Before,
+    one batch left both corrections untried, or ONNX Runtime refused it."""
+    case = _pnet()
+    proto = onnx.load(case.path)
+    assert proto.graph.input[0].type.tensor_type.shape.dim[0].dim_value == 1
+    if free:
+        proto = _free_first_axis(proto)
     name = next(iter(case.cal[0]))
     whole = {name: np.concatenate([item[name] for item in case.cal])}
     quantized, plan = _quantize(onnx.ModelProto.FromString(proto.SerializeToString()), [whole])
-    assert plan.notes[0].startswith("the calibration batch of 8 items split into 8 batches")
+    assert plan.notes[0].startswith("the calibration batch of 8 items split into")
     assert not any(NOT_TRIED in n for n in plan.notes), plan.notes
     assert plan.rounded and plan.corrections, plan.notes
     one_by_one, _ = _quantize(proto, list(case.cal))
@@ -86,3 +95,18 @@ def test_one_batch_stays_whole_where_its_first_axis_is_not_a_free_batch(first):
     _, plan = _quantize(_sequence_model(first), [{"x": x}])
     assert not any("split into" in n for n in plan.notes), plan.notes
     assert sum(NOT_TRIED in n for n in plan.notes) == 2, plan.notes
+
+
+def test_a_batch_the_graph_cannot_take_is_one_line(tmp_path, capsys):
+    """A calibration file of 48x48 crops for PNet's 96x96 graph: exit 2, one line naming
+    the input, both shapes and the fix, no traceback."""
+    from fp16lens.cli import main
+
+    case = _pnet()
+    cal = tmp_path / "cal.npz"
+    np.savez(cal, x=np.zeros((8, 3, 48, 48), np.float32))
+    argv = ["export", case.path, "-o", str(tmp_path / "q.onnx"), "--precision", "int8"]
+    assert main([*argv, "--input", str(cal)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert "has shape 8x3x48x48 where the graph takes 1x3x96x96" in err, err
