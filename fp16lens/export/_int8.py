@@ -171,8 +171,8 @@ def _split(
     whose first axis is free, ``min(N, SPLIT)`` parts where the FP32 graph computes on them
     what it computes on the whole (the first axis is the batch, not a sequence). The
     corrections are fitted on some batches and checked on others, and with one batch they
-    are not tried at all. ``free=False``: only the first (evaluation batches, which need
-    only to run)."""
+    are not tried at all. ``free=False`` (evaluation batches, which need only to run): only
+    on a graph that takes one item at a time."""
     if len(feeds) != 1:
         return feeds, ""
     feed = feeds[0]
