@@ -111,10 +111,13 @@ def run(args: argparse.Namespace) -> int:
             "(build a TensorRT engine from it with fp16lens.export.build_engine)"
         )
     check_writable(args.output)
-    if is_onnx(args.model):
-        artifact = _export_onnx(export, args)
-    else:
-        artifact = _export_torch(export, args)
+    try:
+        artifact = (_export_onnx if is_onnx(args.model) else _export_torch)(export, args)
+    except Fp16LensError as exc:  # the library's advice in the words a terminal user types
+        words = terminal_words(str(exc))
+        if words == str(exc):
+            raise
+        raise Fp16LensError(words) from exc
     return _print(artifact, args)
 
 
@@ -212,14 +215,31 @@ def _print(artifact, args: argparse.Namespace) -> int:
             f"{parity.cosine:.6f} against FP32"
         )
     for warning in summary["warnings"]:
-        con.print(f"[yellow]warning:[/] {escape(terminal_words(warning))}")
+        head, *rest = (
+            clauses(terminal_words(warning)) if warning.startswith("INT8: ") else [warning]
+        )
+        con.print(f"[yellow]warning:[/] {escape(terminal_words(head))}")
+        for clause in rest:  # the INT8 plan: one line per decision
+            con.print(f"  - {escape(clause)}")
     return 1 if failed else 0
+
+
+def clauses(text: str) -> list[str]:
+    """``text`` split at each "; " outside parentheses."""
+    out, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        depth += {"(": 1, ")": -1}.get(ch, 0)
+        if depth == 0 and text.startswith("; ", i):
+            out.append(text[start:i])
+            start = i + 2
+    return [*out, text[start:]]
 
 
 _TERMINAL = (  # the library's words -> what a terminal user types
     ("fp16lens.scan(model, inputs), then fp16lens.patch", "`fp16lens scan`, then `fp16lens patch`"),
     ("fp16lens.verify(..., backend='onnx-fp16')", "`fp16lens verify --backend onnx-fp16`"),
     ("export(..., fp32_modules=[...])", "--fp32-modules NAME,..."),
+    ("export precision='fp16'", "--precision fp16"),
 )
 
 

@@ -431,7 +431,7 @@ class Int8Plan:
         if self.target is not None and self.score is not None:
             line += f"; {self.target.name} {self.score:.4f} (target {self.target.threshold:g})"
         if self.kept:
-            line += "; kept out of INT8: " + "; ".join(map(str, self.kept))
+            line += "; kept out of INT8: " + ", ".join(map(str, self.kept))
         return line
 
 

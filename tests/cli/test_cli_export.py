@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from fp16lens.cli import main
+from fp16lens.cli._cmd_export import clauses
 
 import models
 
@@ -54,6 +55,16 @@ def test_export_int8_needs_and_uses_calibration_batches(capsys, tmp_path):
     data = json.loads(capsys.readouterr().out)
     ops = {n.op_type for n in onnx.load(data["output"]).graph.node}
     assert {"QuantizeLinear", "DequantizeLinear"} <= ops
+    # in a terminal the plan reads one decision per line, each with its numbers
+    assert main(argv[:-1]) == 0
+    out = capsys.readouterr().out
+    bullets = [line[4:] for line in out.splitlines() if line.startswith("  - ")]
+    plan = next(w for w in data["warnings"] if w.startswith("INT8: "))
+    decisions = clauses(plan)[1:]
+    assert len(bullets) == len(decisions) >= 4, out  # equalization, the three corrections
+    assert sum(b.startswith("weight rounding") for b in bullets) == 2, out
+    flat = " ".join(out.split())
+    assert all(" ".join(d.split()) in flat for d in decisions), out
 
 
 def test_export_of_an_unknown_island_is_a_user_error(capsys, tmp_path):
@@ -93,6 +104,8 @@ def test_export_int8_target_fails_loudly_when_missed(capsys, tmp_path):
     assert main([*base, "-o", str(tmp_path / "no.onnx"), "--target", "1.0"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("fp16lens: error: INT8 misses its target") and "Traceback" not in err
+    # the way out in the terminal's words: a flag, not the library's keyword
+    assert "or --precision fp16" in err and "precision='fp16'" not in err, err
     assert main([*base, "-o", str(tmp_path / "ok.onnx"), "--target", "0.99", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert any("target 0.99" in w for w in data["warnings"])
