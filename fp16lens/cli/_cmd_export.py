@@ -215,10 +215,9 @@ def _print(artifact, args: argparse.Namespace) -> int:
             f"{parity.cosine:.6f} against FP32"
         )
     for warning in summary["warnings"]:
-        head, *rest = (
-            clauses(terminal_words(warning)) if warning.startswith("INT8: ") else [warning]
-        )
-        con.print(f"[yellow]warning:[/] {escape(terminal_words(head))}")
+        text = terminal_words(warning)
+        head, *rest = clauses(text) if warning.startswith("INT8: ") else [text]
+        con.print(f"[yellow]warning:[/] {escape(head)}")
         for clause in rest:  # the INT8 plan: one line per decision
             con.print(f"  - {escape(clause)}")
     return 1 if failed else 0

@@ -153,14 +153,16 @@ def quantize_fp16lens(
 SPLIT = 8  # batches one calibration batch is split into, at most
 
 
-def _first_dims(proto, feed: dict[str, np.ndarray]) -> set[int]:
-    """The first axis's declared sizes over the graph inputs ``feed`` holds (0: free)."""
-    dims = set()
-    for v in proto.graph.input:
-        if v.name in feed:
-            shape = v.type.tensor_type.shape.dim
-            dims.add(shape[0].dim_value if shape else -1)
-    return dims
+def _declared_shapes(proto, feed: dict[str, np.ndarray]) -> dict[str, list[int | None] | None]:
+    """Per graph input ``feed`` holds, its declared shape (None: a free axis), or None
+    where the graph declares none."""
+    return {
+        v.name: [d.dim_value or None for d in v.type.tensor_type.shape.dim]
+        if v.type.tensor_type.HasField("shape")
+        else None
+        for v in proto.graph.input
+        if v.name in feed
+    }
 
 
 def _split(
@@ -178,8 +180,8 @@ def _split(
     feed = feeds[0]
     sizes = {a.shape[0] if a.ndim else 0 for a in feed.values()}
     n = sizes.pop() if len(sizes) == 1 else 0
-    dims = _first_dims(proto, feed)
-    if n < 2 or dims not in ({0}, {1}) or (dims == {0} and not free):
+    dims = {shape[0] if shape else -1 for shape in _declared_shapes(proto, feed).values()}
+    if n < 2 or dims not in ({None}, {1}) or (dims == {None} and not free):
         return feeds, ""
     parts = [
         {k: a[i] for k, a in feed.items()}
@@ -213,12 +215,12 @@ def _same_on_parts(proto, feed: dict[str, np.ndarray], parts: list[dict[str, np.
         joined = np.concatenate(got)
         if joined.shape != out.shape:
             return False
-        if out.dtype.kind != "f":
-            if not np.array_equal(joined, out):
-                return False
-        elif not np.allclose(
-            joined, out, rtol=1e-3, atol=1e-5 * max(float(np.abs(out).max()), 1e-30)
-        ):
+        same = (
+            np.allclose(joined, out, rtol=1e-3, atol=1e-5 * max(float(np.abs(out).max()), 1e-30))
+            if out.dtype.kind == "f"
+            else np.array_equal(joined, out)
+        )
+        if not same:
             return False
     return True
 
@@ -227,17 +229,16 @@ def _declared(proto, feeds: list[dict[str, np.ndarray]], what: str) -> list[dict
     """``feeds``, or ExportError (one line: the input, its shape, the graph's) where a batch
     does not fit the shape the graph declares (a single batch's first axis aside where the
     graph's is 1: ``_split`` gives its items)."""
-    for v in proto.graph.input:
-        if v.name not in feeds[0] or not v.type.tensor_type.HasField("shape"):
+    for name, declared in _declared_shapes(proto, feeds[0]).items():
+        if declared is None:
             continue
-        declared = [d.dim_value or None for d in v.type.tensor_type.shape.dim]
-        got = feeds[0][v.name].shape
+        got = feeds[0][name].shape
         one = len(feeds) == 1 and declared[:1] == [1]  # its items, from _split
         want = [None, *declared[1:]] if one else declared
         if len(want) != len(got) or any(w is not None and w != g for w, g in zip(want, got)):
             shown = "x".join("?" if w is None else str(w) for w in declared)
             raise ExportError(
-                f"INT8 {what} input {v.name!r} has shape {'x'.join(map(str, got))} where the "
+                f"INT8 {what} input {name!r} has shape {'x'.join(map(str, got))} where the "
                 f"graph takes {shown}; give batches of that shape (one batch of N items along a "
                 "first axis of 1 is split into its items)"
             )
