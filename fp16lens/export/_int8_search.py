@@ -90,9 +90,37 @@ def worst_cosine(refs: list[Outputs], outs: list[Outputs]) -> float:
     )
 
 
-def _item_errors(refs: list[Outputs], outs: list[Outputs]) -> np.ndarray:
-    """``nmse`` of each batch on its own."""
-    return np.array([nmse([r], [o]) for r, o in zip(refs, outs)])
+def _output_errors(refs: list[Outputs], outs: list[Outputs]) -> np.ndarray:
+    """``nmse`` of each batch (rows) and float output (columns) on its own; a row's mean is
+    the batch's ``nmse``."""
+    return np.array(
+        [
+            [nmse([[r]], [[o]]) for r, o in zip(ref, out) if np.asarray(r).dtype.kind == "f"]
+            for ref, out in zip(refs, outs)
+        ]
+    ).reshape(len(refs), -1)
+
+
+NOISE = 1e-6  # an output's nmse under this (cosine above 0.9999995) is no loss to guard
+
+
+def _raises(before: np.ndarray, after: np.ndarray, outputs: Sequence[str]) -> str | None:
+    """None where ``after`` (batches x outputs, ``_output_errors``) lowers ``before`` on a
+    held-out half: the batches' mean and the worst batch, of the outputs together and of
+    each output on its own (above ``NOISE``); else what it raises ("" for the outputs
+    together). Each output on its own: a correction that halves a model's side output can
+    leave the one the task reads worse (easyocr CRAFT's feature map and its score maps)."""
+    b, a = before.mean(axis=1), after.mean(axis=1)
+    if not (a.mean() < b.mean() and a.max() < b.max()):
+        return ""
+    if before.shape[1] < 2:
+        return None
+    for j, name in enumerate(outputs):
+        for what, of in (("mean", np.mean), ("worst batch", np.max)):
+            was, now = float(of(before[:, j])), float(of(after[:, j]))
+            if now > max(was, NOISE):
+                return f"output {name!r} {what} {was:.2e} -> {now:.2e}"
+    return None
 
 
 def nmse(refs: list[Outputs], outs: list[Outputs]) -> float:
@@ -516,8 +544,9 @@ def _corrected(
     correction (``bias_corrections``), weight rounding (``_int8_round``) and both (the biases
     measured on the rounded weights), each fitted on one half of the calibration batches and
     checked on the other, both ways, with every unit in INT8 (``scales``); among those that
-    lower both the mean output error and the worst batch's on both held-out halves, the one
-    with the least worst-batch error over the two, fitted again on all the batches.
+    lower both the mean output error and the worst batch's on both held-out halves, of the
+    outputs together and of each on its own (``_raises``), the one with the least
+    worst-batch error over the two, fitted again on all the batches.
 
     Side by side on the same folds: checked after the rounding, on codes fitted on all the
     batches (the check half among them), bias correction looked worthless on MTCNN PNet
@@ -550,11 +579,13 @@ def _corrected(
     def fitted(part: list[Feed]) -> dict[str, np.ndarray]:
         return _int8_round.fit(proto, units, part, dict(zip(tensors, scales)))
 
-    errors: dict[str, list[tuple[float, float, float, float]]] = {}  # mean, worst: before, after
+    errors: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}  # per fold: before, after
     notes = []
+    outputs: list[str] = []
     for part, check in ((feeds[:half], feeds[half:]), (feeds[half:], feeds[:half])):
         ref = switch.run(check, off, scales)
-        before = _item_errors(ref, switch.run(check, on, scales))
+        outputs = [n for n, r in zip(switch.outputs, ref[0]) if np.asarray(r).dtype.kind == "f"]
+        before = _output_errors(ref, switch.run(check, on, scales))
         codes = fitted(part) if rounding else {}
         candidates: dict[str, tuple[dict, dict]] = {}
         if bias:
@@ -571,10 +602,7 @@ def _corrected(
                 )
         for name, (corr, rounded) in candidates.items():
             trial = Switch(proto, units, tensors, corr, rounded).run(check, on, scales)
-            after = _item_errors(ref, trial)
-            errors.setdefault(name, []).append(
-                (before.mean(), after.mean(), before.max(), after.max())
-            )
+            errors.setdefault(name, []).append((before, _output_errors(ref, trial)))
     if rounding and len(errors.get("weight rounding", ())) < 2:
         for name in ("weight rounding", "both"):
             errors.pop(name, None)
@@ -582,12 +610,14 @@ def _corrected(
             "weight rounding left out (on one half of the batches or both, no layer's fitted "
             "codes beat the nearest on the other half of its batches)"
         )
-    # lower on both held-out halves, on the mean and on the worst batch; of those, the least
-    # worst batch (a mean per channel can leave a batch unlike the rest worse: see above)
-    gaining = [
-        n for n, e in errors.items() if len(e) == 2 and all(a < b and w < v for b, a, v, w in e)
-    ]
-    best = min(gaining, key=lambda n: sum(e[3] for e in errors[n]), default=None)
+    # lower on both held-out halves, on the mean and on the worst batch, every output; of
+    # those, the least worst batch (a mean per channel can leave a batch unlike the rest
+    # worse: see above)
+    raised = {n: [_raises(b, a, outputs) for b, a in e] for n, e in errors.items()}
+    gaining = [n for n, r in raised.items() if len(r) == 2 and all(x is None for x in r)]
+    best = min(
+        gaining, key=lambda n: sum(a.mean(axis=1).max() for _, a in errors[n]), default=None
+    )
     codes = fitted(feeds) if best in ("weight rounding", "both") else {}
     corrections = (
         bias_corrections(proto, units, tensors, scales, feeds, codes)
@@ -605,8 +635,11 @@ def _corrected(
             + "".join(counts if kept else [])
             + "output error on held-out halves "
             + ", ".join(
-                f"{b:.2e} -> {a:.2e} (worst batch {v:.2e} -> {w:.2e})" for b, a, v, w in errs
+                f"{b.mean():.2e} -> {a.mean():.2e} (worst batch {b.mean(axis=1).max():.2e} -> "
+                f"{a.mean(axis=1).max():.2e})"
+                for b, a in errs
             )
+            + "".join(f"; raises {r} on a held-out half" for r in raised[name] if r)
             + ")"
         )
     return codes, corrections, notes

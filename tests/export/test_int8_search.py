@@ -400,6 +400,35 @@ def test_a_missed_target_is_never_shown_as_met():
     assert float(shown(0.9999999999999999, 1.0)) < 1.0
 
 
+def test_a_correction_that_raises_one_output_is_not_kept():
+    """easyocr CRAFT's held-out half (its numbers): the weight rounding halves the error of
+    its side output (the feature map) and the outputs together fall, mean and worst batch,
+    while the score maps the task reads get a worse worst batch; on the evaluation images
+    the score maps' error rose 7.6e-4 -> 8.8e-4 and the worst item's IoU fell 0.977 ->
+    0.957. Judged output by output it is left out, and the note says which output."""
+    from fp16lens.export._int8_search import NOISE, _raises
+
+    outputs = ["y", "feature"]
+    before = np.array([[1.89e-3, 8.08e-3], [6.0e-4, 3.0e-3], [5.0e-4, 3.2e-3], [6.4e-4, 3.0e-3]])
+    after = before * np.array([0.95, 0.6])  # the score maps' mean a little lower too
+    after[0, 0] = 1.93e-3
+    assert after.mean(axis=1).max() < before.mean(axis=1).max()  # together: lower
+    assert after.mean() < before.mean()
+    raised = _raises(before, after, outputs)
+    assert raised == "output 'y' worst batch 1.89e-03 -> 1.93e-03"
+    after[0, 0] = 1.80e-3  # every output lower: kept
+    assert _raises(before, after, outputs) is None
+    # an output whose error stays under NOISE does not veto (a saturated softmax: 1e-9)
+    tiny = np.array([[1e-2, 1e-9], [8e-3, 2e-9]])
+    assert _raises(tiny, tiny * np.array([0.5, 2.0]), ["box", "prob"]) is None
+    assert NOISE > 2e-9
+    # the outputs together still decide first, and one output is judged as before
+    assert _raises(before, before * 1.01, outputs) == ""
+    one = before[:, :1]
+    assert _raises(one, one * 0.9, ["y"]) is None
+    assert _raises(one, one * 1.1, ["y"]) == ""
+
+
 @pytest.mark.parametrize("rounding", [False, True], ids=["bias-corrected", "rounded"])
 def test_the_written_graph_computes_what_the_search_measured(rounding):
     """MTCNN PNet with its pixels on the INT8 codes, bias correction (and, when its weights'
