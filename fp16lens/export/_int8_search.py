@@ -615,9 +615,7 @@ def _corrected(
     # worse: see above)
     raised = {n: [_raises(b, a, outputs) for b, a in e] for n, e in errors.items()}
     gaining = [n for n, r in raised.items() if len(r) == 2 and all(x is None for x in r)]
-    best = min(
-        gaining, key=lambda n: sum(a.mean(axis=1).max() for _, a in errors[n]), default=None
-    )
+    best = min(gaining, key=lambda n: sum(a.mean(axis=1).max() for _, a in errors[n]), default=None)
     codes = fitted(feeds) if best in ("weight rounding", "both") else {}
     corrections = (
         bias_corrections(proto, units, tensors, scales, feeds, codes)
