@@ -141,6 +141,12 @@ class Moments:
     def __add__(self, other: Moments) -> Moments:
         return Moments(self.xx + other.xx, self.qx + other.qx, self.qq + other.qq)
 
+    def __iadd__(self, other: Moments) -> Moments:
+        self.xx += other.xx
+        self.qx += other.qx
+        self.qq += other.qq
+        return self
+
     def error(self, w: np.ndarray, w_hat: np.ndarray) -> float:
         """``sum |W x - Ŵ x̂|²`` over these inputs (``w``, ``w_hat``: (groups, R, K))."""
         w, w_hat = w.astype(np.float64), w_hat.astype(np.float64)
@@ -179,12 +185,51 @@ def _passes(todo: list[Unit], shapes: dict, nodes: dict) -> list[list[Unit]]:
     return [r for r in runs if r]
 
 
+def _products(cols: np.ndarray, scale: float, rng) -> Moments:
+    """One batch's ``Moments`` of a layer's patches ``cols`` (groups, K, N), at most
+    ``SAMPLES`` of them drawn at random; its float64 copies die with the call."""
+    if cols.shape[-1] > SAMPLES:
+        keep = np.sort(rng.choice(cols.shape[-1], SAMPLES, replace=False))
+        cols = cols[..., keep]
+    # im2col copies values and pads zeros, which INT8 keeps: quantizing the patches is
+    # quantizing the input
+    c, q = cols.astype(np.float64), quantized(cols, scale).astype(np.float64)
+    ct = c.transpose(0, 2, 1)
+    return Moments(c @ ct, q @ ct, q @ q.transpose(0, 2, 1))  # BLAS: einsum would not use it
+
+
+def _take(sess, acts, feed, batch: list[Unit], graph: tuple, rng, into: tuple, first: bool) -> None:
+    """One calibration batch's ``Moments`` of each unit of ``batch`` (``graph``: nodes,
+    weight shapes, scales) added to ``into`` (parts, groups, skipped); a function, so its
+    arrays die with the call rather than be held while the next pass makes its own."""
+    from fp16lens.export._int8_search import _run_all
+
+    nodes, shapes, scales = graph
+    parts, groups, skip = into
+    values = _run_all(sess, feed, acts)
+    for u in batch:
+        x = values.get(u.acts[0])
+        got = None if u.node in skip or x is None else _patches(nodes[u.node], x, shapes[u.weight])
+        if got is None:
+            skip.add(u.node)
+            continue
+        cols, groups[u.node] = got
+        m = _products(cols, scales[u.acts[0]], rng)
+        if first:
+            parts[u.node].append(m)
+        else:
+            parts[u.node][-1] += m  # in place: no third copy of the sums
+
+
 def moments(proto, units: Sequence[Unit], feeds: list, scales: dict, seed: int = 0):
-    """(the units it can fit, their FP32 weights, per unit node its ``Moments`` on the first
-    half of ``feeds`` and on the second (one entry with a single feed), its groups)."""
+    """Per pass of ``_passes``: (the units it can fit, their FP32 weights, per unit node its
+    ``Moments`` on the first half of ``feeds`` and on the second (one entry with a single
+    feed), its groups). A generator: a pass's moments (up to ``BUDGET`` bytes) can be
+    dropped before the next pass makes its own, so the fit holds one pass at a time, not
+    every layer's (easyocr CRAFT's 512-channel 3x3 convs hold 1 GB each)."""
     from onnx import numpy_helper
 
-    from fp16lens.export._int8_search import _exposed, _run_all, session
+    from fp16lens.export._int8_search import _exposed, session
 
     inits = {i.name: i for i in proto.graph.initializer}
     nodes = {n.name: n for n in proto.graph.node}
@@ -206,38 +251,29 @@ def moments(proto, units: Sequence[Unit], feeds: list, scales: dict, seed: int =
     shapes = {u.weight: tuple(inits[u.weight].dims) for u in todo}
     rng = np.random.default_rng(seed)
     half = max(1, len(feeds) // 2)
-    parts: dict[str, list[Moments]] = {u.node: [] for u in todo}
-    groups: dict[str, int] = {}
-    skip: set[str] = set()
     for batch in _passes(todo, shapes, nodes):
+        parts: dict[str, list[Moments]] = {u.node: [] for u in batch}
+        groups: dict[str, int] = {}
+        skip: set[str] = set()
         acts = list(dict.fromkeys(u.acts[0] for u in batch))
         sess = session(_exposed(proto, acts))
         for n, feed in enumerate(feeds):
-            values = _run_all(sess, feed, acts)
-            for u in batch:
-                x = values.get(u.acts[0])
-                node = nodes[u.node]
-                got = None if u.node in skip or x is None else _patches(node, x, shapes[u.weight])
-                if got is None:
-                    skip.add(u.node)
-                    continue
-                cols, groups[u.node] = got
-                if cols.shape[-1] > SAMPLES:
-                    keep = np.sort(rng.choice(cols.shape[-1], SAMPLES, replace=False))
-                    cols = cols[..., keep]
-                # im2col copies values and pads zeros, which INT8 keeps: quantizing the
-                # patches is quantizing the input
-                qcols = quantized(cols, scales[u.acts[0]])
-                c, q = cols.astype(np.float64), qcols.astype(np.float64)
-                ct, qt = c.transpose(0, 2, 1), q.transpose(0, 2, 1)
-                m = Moments(c @ ct, q @ ct, q @ qt)  # BLAS: einsum would not use it
-                if n == 0 or n == half:
-                    parts[u.node].append(m)
-                else:
-                    parts[u.node][-1] = parts[u.node][-1] + m
-    fitted = [u for u in todo if u.node not in skip and parts[u.node]]
-    weights = {u.weight: numpy_helper.to_array(inits[u.weight]).astype(np.float32) for u in fitted}
-    return fitted, weights, parts, groups
+            _take(
+                sess,
+                acts,
+                feed,
+                batch,
+                (nodes, shapes, scales),
+                rng,
+                (parts, groups, skip),
+                n in (0, half),
+            )
+        del sess
+        fitted = [u for u in batch if u.node not in skip and parts[u.node]]
+        weights = {
+            u.weight: numpy_helper.to_array(inits[u.weight]).astype(np.float32) for u in fitted
+        }
+        yield fitted, weights, parts, groups
 
 
 def _solve(rows: np.ndarray, scale: np.ndarray, m: Moments) -> np.ndarray:
@@ -261,26 +297,35 @@ def fit(
     scale) against the FP32 output. A weight keeps its nearest rounding unless codes fitted
     on each half of ``feeds`` cost its layer less than the nearest on the other half (a deep
     layer of a small image sees few patches, and a fit to few overfits them)."""
+    codes = {}
+    for fitted, weights, parts, groups in moments(proto, units, feeds, scales, seed):
+        for u in fitted:
+            codes.update(_fitted(u, weights[u.weight], groups[u.node], parts[u.node]))
+        del fitted, weights, parts, groups  # this pass's moments, before the next is made
+    return codes
+
+
+def _fitted(u: Unit, w: np.ndarray, g: int, ms: list[Moments]) -> dict[str, np.ndarray]:
+    """{weight: codes} where codes fitted on each half of the batches beat the nearest on
+    the other half (or with one half, always); {} otherwise."""
     from fp16lens.export._int8_search import quantize_weight
 
-    fitted, weights, parts, groups = moments(proto, units, feeds, scales, seed)
-    codes = {}
-    for u in fitted:
-        w, g = weights[u.weight], groups[u.node]
-        rows = _rows(w, u.op, u.axis, g)
-        ms = parts[u.node]
-        if rows.shape[-1] != ms[0].xx.shape[-1]:
-            continue
-        nearest, scale = quantize_weight(w, u.axis)
-        scale = scale.reshape(g, -1)
-        near = _rows(nearest, u.op, u.axis, g) * scale[..., None].astype(np.float64)
-        if len(ms) == 2:
-            a, b = ms
-            if not all(
-                check.error(rows, _solve(rows, scale, fit_m) * scale[..., None])
-                < check.error(rows, near)
-                for fit_m, check in ((a, b), (b, a))
-            ):
-                continue
-        codes[u.weight] = _back(_solve(rows, scale, sum(ms[1:], ms[0])), w, u.op, u.axis)
-    return codes
+    assert u.weight is not None and u.axis is not None  # moments() fits only these
+    rows = _rows(w, u.op, u.axis, g)
+    if rows.shape[-1] != ms[0].xx.shape[-1]:
+        return {}
+    nearest, scale = quantize_weight(w, u.axis)
+    scale = scale.reshape(g, -1)
+    near = _rows(nearest, u.op, u.axis, g) * scale[..., None].astype(np.float64)
+    if len(ms) == 2:
+        a, b = ms
+        if not all(
+            check.error(rows, _solve(rows, scale, fit_m) * scale[..., None])
+            < check.error(rows, near)
+            for fit_m, check in ((a, b), (b, a))
+        ):
+            return {}
+    total = ms[0]
+    for m in ms[1:]:
+        total += m  # in place: the halves are not read again
+    return {u.weight: _back(_solve(rows, scale, total), w, u.op, u.axis)}

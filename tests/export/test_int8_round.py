@@ -51,6 +51,41 @@ def test_fitted_rounding_costs_lite0_less_on_images_it_was_not_fitted_on(int8_pr
     assert fitted_err < 0.7 * nearest_err, (nearest_err, fitted_err)  # measured 0.032 -> 0.016
 
 
+def test_the_fit_holds_one_pass_of_moments_at_a_time(int8_prepared, monkeypatch):
+    """Trained MTCNN PNet with the moments' budget cut so that each layer takes a pass of
+    its own: a pass's moments are freed before the next pass has made its own, and the
+    codes are those one pass over every layer gives (PNet's patches are too few to be
+    sampled, so the passes draw nothing at random). Holding every layer's moments until
+    the end, the search of easyocr CRAFT at 96x320 peaked at 10.1 GB; one pass at a time,
+    3.9 GB (``scripts/mem_int8_round.py``)."""
+    import gc
+    import weakref
+
+    from fp16lens.export import _int8_round
+    from fp16lens.export._int8_search import QMAX, collect
+
+    case, proto, units = int8_prepared("pnet", 4, 1)
+    hists, _ = collect(proto, units, case.cal)
+    scales = {t: hists[t].candidates()["max"] / QMAX for t in hists}
+    whole = _int8_round.fit(proto, units, case.cal, scales)
+    assert len(whole) >= 2
+    monkeypatch.setattr(_int8_round, "BUDGET", 1)
+    passes = _int8_round.moments(proto, units, case.cal, scales)
+    held: list = []
+    count = 0
+    for fitted, _, parts, _ in passes:
+        gc.collect()
+        assert all(r() is None for r in held), "the previous pass's moments are still held"
+        held = [weakref.ref(m) for ms in parts.values() for m in ms]
+        assert len(fitted) <= 1 and held
+        count += 1
+        del fitted, parts
+    assert count >= len(whole)
+    split = _int8_round.fit(proto, units, case.cal, scales)
+    assert sorted(split) == sorted(whole)
+    assert all(np.array_equal(split[w], whole[w]) for w in whole)
+
+
 def test_gptq_beats_nearest_on_correlated_inputs_and_keeps_exact_weights():
     """The algorithm on its own: rows whose inputs are correlated (a pixel's neighbours)
     get a smaller layer error ``|(W - Ŵ) x|`` on fresh inputs than nearest rounding; a
