@@ -92,10 +92,11 @@ def worst_cosine(refs: list[Outputs], outs: list[Outputs]) -> float:
 
 def _output_errors(refs: list[Outputs], outs: list[Outputs]) -> np.ndarray:
     """``nmse`` of each batch (rows) and float output (columns) on its own; a row's mean is
-    the batch's ``nmse``."""
+    the batch's ``nmse`` (0 where no output is float, as ``nmse``)."""
     return np.array(
         [
             [nmse([[r]], [[o]]) for r, o in zip(ref, out) if np.asarray(r).dtype.kind == "f"]
+            or [0.0]
             for ref, out in zip(refs, outs)
         ]
     ).reshape(len(refs), -1)
