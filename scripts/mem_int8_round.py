@@ -47,12 +47,11 @@ def main(argv=None) -> int:
 
     inits = {i.name: tuple(i.dims) for i in proto.graph.initializer}
     nodes = {n.name: n for n in proto.graph.node}
-    every = 0
-    for u in units:
-        if u.weight in inits and u.axis is not None and len(u.acts) == 1 and u.acts[0] in scales:
-            g, k = _int8_round._inputs(u, inits[u.weight], nodes[u.node])
-            if k <= _int8_round.MAX_INPUTS:
-                every += 2 * 3 * g * k * k * 8
+    sizes = [
+        _int8_round.moment_bytes(u, inits[u.weight], nodes[u.node])
+        for u in _int8_round.fittable(proto, units, scales)
+    ]
+    every = sum(b for b in sizes if b is not None)
 
     proc = psutil.Process()
     start = proc.memory_info().rss

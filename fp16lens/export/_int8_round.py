@@ -138,9 +138,6 @@ class Moments:
     qx: np.ndarray
     qq: np.ndarray
 
-    def __add__(self, other: Moments) -> Moments:
-        return Moments(self.xx + other.xx, self.qx + other.qx, self.qq + other.qq)
-
     def __iadd__(self, other: Moments) -> Moments:
         self.xx += other.xx
         self.qx += other.qx
@@ -166,6 +163,13 @@ def _inputs(u: Unit, shape: tuple[int, ...], node) -> tuple[int, int]:
     return 1, int(np.prod(shape)) // shape[axis]
 
 
+def moment_bytes(u: Unit, shape: tuple[int, ...], node) -> int | None:
+    """Bytes of the unit's moments (two halves, three float64 products), or None where its
+    weight is wider than ``MAX_INPUTS`` (left to the nearest rounding)."""
+    g, k = _inputs(u, shape, node)
+    return None if k > MAX_INPUTS else 2 * 3 * g * k * k * 8
+
+
 def _passes(todo: list[Unit], shapes: dict, nodes: dict) -> list[list[Unit]]:
     """``todo`` in runs whose moments (two halves, three products, float64) fit in
     ``BUDGET`` bytes together: one pass over the calibration batches each. A weight wider
@@ -173,10 +177,9 @@ def _passes(todo: list[Unit], shapes: dict, nodes: dict) -> list[list[Unit]]:
     runs: list[list[Unit]] = [[]]
     used = 0
     for u in todo:
-        g, k = _inputs(u, shapes[u.weight], nodes[u.node])
-        if k > MAX_INPUTS:
+        size = moment_bytes(u, shapes[u.weight], nodes[u.node])
+        if size is None:
             continue
-        size = 2 * 3 * g * k * k * 8
         if runs[-1] and used + size > BUDGET:
             runs.append([])
             used = 0
@@ -221,6 +224,27 @@ def _take(sess, acts, feed, batch: list[Unit], graph: tuple, rng, into: tuple, f
             parts[u.node][-1] += m  # in place: no third copy of the sums
 
 
+def fittable(proto, units: Sequence[Unit], scales: dict) -> list[Unit]:
+    """The units whose weight the fit can take: a Conv/Gemm/MatMul weight per channel, in
+    the graph's initializers, read by that unit alone, with one quantized input."""
+    inits = {i.name for i in proto.graph.initializer}
+    readers: dict[str, int] = {}
+    for u in units:
+        if u.weight is not None:
+            readers[u.weight] = readers.get(u.weight, 0) + 1
+    return [
+        u
+        for u in units
+        if u.weight is not None
+        and u.axis is not None
+        and u.op in ("Conv", "Gemm", "MatMul")
+        and readers[u.weight] == 1
+        and len(u.acts) == 1
+        and u.acts[0] in scales
+        and u.weight in inits
+    ]
+
+
 def moments(proto, units: Sequence[Unit], feeds: list, scales: dict, seed: int = 0):
     """Per pass of ``_passes``: (the units it can fit, their FP32 weights, per unit node its
     ``Moments`` on the first half of ``feeds`` and on the second (one entry with a single
@@ -233,21 +257,7 @@ def moments(proto, units: Sequence[Unit], feeds: list, scales: dict, seed: int =
 
     inits = {i.name: i for i in proto.graph.initializer}
     nodes = {n.name: n for n in proto.graph.node}
-    readers: dict[str, int] = {}
-    for u in units:
-        if u.weight is not None:
-            readers[u.weight] = readers.get(u.weight, 0) + 1
-    todo = [
-        u
-        for u in units
-        if u.weight is not None
-        and u.axis is not None
-        and u.op in ("Conv", "Gemm", "MatMul")
-        and readers[u.weight] == 1
-        and len(u.acts) == 1
-        and u.acts[0] in scales
-        and u.weight in inits
-    ]
+    todo = fittable(proto, units, scales)
     shapes = {u.weight: tuple(inits[u.weight].dims) for u in todo}
     rng = np.random.default_rng(seed)
     half = max(1, len(feeds) // 2)
