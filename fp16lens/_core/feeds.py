@@ -47,3 +47,60 @@ def as_input(item: Any, elem: int | None) -> np.ndarray:
     if a.dtype.kind == "f" and elem in ONNX_FLOATS:
         a = a.astype(ONNX_FLOATS[elem], copy=False)
     return a
+
+
+def declared_batch(graph: Any) -> int | None:
+    """The first axis every graph input (initializers aside) declares, where they all
+    declare the same fixed one (1 for a graph exported to take one item at a time); None
+    where any input's first axis is free or unknown, or they differ. ``graph`` is an ONNX
+    ModelProto, or the path of an .onnx file (read without its external weights)."""
+    if isinstance(graph, (str, bytes)) or hasattr(graph, "__fspath__"):
+        try:
+            import onnx
+
+            graph = onnx.load(str(graph), load_external_data=False)
+        except Exception:  # the command itself says what is wrong with the file
+            return None
+    init = {i.name for i in graph.graph.initializer}
+    firsts = set()
+    for v in graph.graph.input:
+        if v.name in init:
+            continue
+        shape = v.type.tensor_type.shape if v.type.tensor_type.HasField("shape") else None
+        firsts.add(shape.dim[0].dim_value or None if shape is not None and shape.dim else None)
+    return firsts.pop() if len(firsts) == 1 and None not in firsts else None
+
+
+def split_to_declared(batches: list, size: int | None) -> tuple[list, str]:
+    """``batches`` (each a dict by input name, a tuple/list in input order, or one tensor
+    or array) as the graph takes them, with a note: a single batch of N items, where every
+    input shares the first axis N and N is a multiple of the graph's fixed first axis
+    ``size`` < N, as N/size batches of ``size`` items (a calibration or evaluation file of
+    N images for a graph exported with batch 1); anything else as it is, with no note."""
+    if size is None or len(batches) != 1:
+        return batches, ""
+    batch = batches[0]
+    values = (
+        list(batch.values())
+        if isinstance(batch, Mapping)
+        else list(batch)
+        if isinstance(batch, (tuple, list))
+        else [batch]
+    )
+    firsts = {v.shape[0] if getattr(v, "shape", ()) else None for v in values}
+    n = firsts.pop() if len(firsts) == 1 else None
+    if not n or n <= size or n % size:
+        return batches, ""
+
+    def part(v, i):
+        return v[i * size : (i + 1) * size]
+
+    count = n // size
+    if isinstance(batch, Mapping):
+        parts = [{k: part(v, i) for k, v in batch.items()} for i in range(count)]
+    elif isinstance(batch, (tuple, list)):
+        parts = [type(batch)(part(v, i) for v in batch) for i in range(count)]
+    else:
+        parts = [part(batch, i) for i in range(count)]
+    what = "its items" if size == 1 else f"{count} batches of {size}"
+    return parts, f"the batch of {n} items split into {what} (the graph's first axis is {size})"

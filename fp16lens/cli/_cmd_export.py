@@ -158,7 +158,7 @@ def _export_onnx(export, args: argparse.Namespace):
         if args.calibration:
             calibration = _batches_file(args.calibration)
         elif args.input:
-            calibration = onnx_batches(args)
+            calibration = onnx_batches(args, split=False)  # export splits it, and says so
         else:
             raise Fp16LensError(
                 "--precision int8 of an .onnx MODEL needs calibration batches: "
@@ -189,6 +189,12 @@ def _batches_file(path: str) -> list:
     return load_batches(path)
 
 
+def _checked_on(args: argparse.Namespace) -> str:
+    """What an FP16 file was checked on: an .onnx MODEL's --input batches, else the model's
+    example inputs (the first --input batch, or the ones the MODEL brings)."""
+    return "the evaluation batches (--input)" if is_onnx(args.model) else "the example inputs"
+
+
 def _print(artifact, args: argparse.Namespace) -> int:
     """The summary; exit 1 when the written FP16 file fails its check in real FP16."""
     parity = getattr(artifact, "parity", None)
@@ -211,7 +217,7 @@ def _print(artifact, args: argparse.Namespace) -> int:
     )
     if parity is not None and parity.passed:
         con.print(
-            f"checked in real FP16 on the example inputs: worst output cosine "
+            f"checked in real FP16 on {_checked_on(args)}: worst output cosine "
             f"{parity.cosine:.6f} against FP32"
         )
     for warning in summary["warnings"]:

@@ -14,6 +14,7 @@ from fp16lens.cli._inputargs import (
     add_input_arguments,
     add_model_arguments,
     batches_from_args,
+    fitted,
     onnx_batches,
 )
 from fp16lens.cli._models import MODEL_HELP, load_model, parse_kwargs
@@ -73,6 +74,8 @@ def run(args: argparse.Namespace) -> int:
         loaded = load_model(args.model, parse_kwargs(args.kwargs))
         reference = loaded.model
         batches = batches_from_args(args, loaded.example_inputs, loaded.model)
+    if onnx_candidate and not is_onnx(args.model):  # a torch MODEL: split as the file takes it
+        batches = fitted(args, batches, args.candidate)
     candidate = args.candidate if onnx_candidate else load_model(args.candidate).model
     result = verify(reference, candidate, batches, backend=args.backend, tolerance=args.tolerance)
     if args.json:

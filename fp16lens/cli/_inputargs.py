@@ -211,8 +211,10 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-def onnx_batches(args: argparse.Namespace) -> Sequence:
-    """The --input batches for an .onnx MODEL (scan, and patch's FP32 check)."""
+def onnx_batches(args: argparse.Namespace, split: bool = True) -> Sequence:
+    """The --input batches for an .onnx MODEL (scan, verify, patch's FP32 check, export's
+    FP16 check); a file's one batch of N items split as the graph's fixed first axis takes
+    them (``fitted``) unless ``split`` is False (INT8 calibration: export splits it)."""
     import numpy as np
 
     specs = args.input or []
@@ -225,9 +227,31 @@ def onnx_batches(args: argparse.Namespace) -> Sequence:
             and set(batch) != set(wanted)
             and len(batch) == len(wanted)
         ):
-            return [tuple(batch.values())]  # names that are not the graph's: by position
-        return [batch]
-    return batches_from_args(args, None)
+            batch = tuple(batch.values())  # names that are not the graph's: by position
+        batches: Sequence = [batch]
+    else:
+        batches = batches_from_args(args, None)
+    return fitted(args, batches, args.model) if split else batches
+
+
+def fitted(args: argparse.Namespace, batches: Sequence, onnx_file: str) -> Sequence:
+    """``batches`` as ``onnx_file`` takes them: the one batch of an --input file (no
+    --batch-size) split along its first axis where the graph declares a smaller fixed one
+    (a file of N images for a graph exported with batch 1), with a note on stderr."""
+    from fp16lens._core.feeds import declared_batch, split_to_declared
+    from fp16lens.cli._inputs import is_file_spec
+
+    specs = args.input or []
+    if args.batch_size is not None or len(specs) != 1 or not is_file_spec(specs[0]):
+        return batches
+    if not isinstance(batches, list) or len(batches) != 1:
+        return batches
+    parts, note = split_to_declared(batches, declared_batch(onnx_file))
+    if note:
+        import sys
+
+        print(f"fp16lens: note: {note}; --batch-size N splits it otherwise", file=sys.stderr)
+    return parts
 
 
 def _graph_inputs(path: str) -> list[str]:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from fp16lens._core import ExportError, import_optional, onnx_large
+from fp16lens._core.feeds import declared_batch, split_to_declared
 from fp16lens._core.model_dtype import half_model
 from fp16lens._core.onnx_types import check_graph, is_onnx
 from fp16lens._core.options import given, one_form
@@ -212,7 +213,11 @@ def _export_onnx(model, path, opts: ExportOptions, calibration, evaluation) -> E
     if opts.precision != "fp16":
         return artifact
     del proto, job  # written: the check reads the file, and a large graph's weights go first
-    return _checked_in_fp16(model, list(evaluation) if evaluation else None, artifact)
+    if not evaluation:
+        return _checked_in_fp16(model, None, artifact)
+    batches, split = split_to_declared(list(evaluation), declared_batch(model))
+    what = f"the evaluation batches ({split})" if split else "the evaluation batches"
+    return _checked_in_fp16(model, batches, artifact, what)
 
 
 def _stored_islands_as_fp32(model: torch.nn.Module) -> torch.nn.Module:

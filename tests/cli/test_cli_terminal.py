@@ -422,17 +422,23 @@ def test_verify_against_the_onnx_file_of_another_model(capsys, files, tmp_path):
     )
 
 
+def _linear_onnx(folder: Path, batch: int) -> Path:
+    """An FP32 .onnx file of nn.Linear(4, 4) exported with a fixed first axis ``batch``."""
+    pytest.importorskip("onnxruntime")
+    (folder / "lin.py").write_text(
+        "import torch\n\ndef build():\n    return torch.nn.Linear(4, 4).eval()\n"
+    )
+    onnx_path = folder / "lin.onnx"
+    fp32 = ["--input", f"{batch}x4", "--precision", "fp32", "-o", str(onnx_path)]
+    assert main(["export", f"{folder}/lin.py:build", *fp32]) == 0
+    return onnx_path
+
+
 def test_an_onnx_file_with_a_fixed_batch_takes_a_file_of_its_items(capsys, tmp_path):
     """A calibration file of 8 items for a graph whose batch is 1: split into its items
     (the plan says so) and the file written; a file of items of another width: one line
     naming both shapes, nothing written."""
-    pytest.importorskip("onnxruntime")
-    (tmp_path / "lin.py").write_text(
-        "import torch\n\ndef build():\n    return torch.nn.Linear(4, 4).eval()\n"
-    )
-    onnx_path = tmp_path / "lin.onnx"
-    fp32 = ["--input", "1x4", "--precision", "fp32", "-o", str(onnx_path)]
-    assert main(["export", f"{tmp_path}/lin.py:build", *fp32]) == 0
+    onnx_path = _linear_onnx(tmp_path, batch=1)
     rng = np.random.default_rng(0)
     np.savez(tmp_path / "cal.npz", x=rng.normal(size=(8, 4)).astype(np.float32))
     np.savez(tmp_path / "wide.npz", x=rng.normal(size=(8, 5)).astype(np.float32))
@@ -449,6 +455,81 @@ def test_an_onnx_file_with_a_fixed_batch_takes_a_file_of_its_items(capsys, tmp_p
     assert (tmp_path / "q.onnx").exists()
     out = " ".join(capsys.readouterr().out.split())
     assert "the calibration batch of 8 items split into its items" in out, out
+
+
+def test_every_command_takes_a_file_of_items_for_a_graph_of_batch_one(capsys, tmp_path):
+    """A file of 8 items for an .onnx graph exported with batch 1: scan, verify (an ONNX or
+    a torch reference) and the FP16 export's own check run it item by item, with a note,
+    and verify's numbers are the ones --batch-size 1 gives. The FP16 check really runs:
+    a graph whose real FP16 is inf (ground truth: torch in FP16, no fp16lens) exits 1
+    naming the failure, where the check used to be skipped with a warning."""
+    pytest.importorskip("onnxruntime")
+    (tmp_path / "big.py").write_text(
+        "import torch\n\ndef build():\n    torch.manual_seed(0)\n"
+        "    fc = torch.nn.Linear(4, 4)\n    with torch.no_grad():\n"
+        "        fc.weight.fill_(2.0e4)\n"
+        "    return torch.nn.Sequential(fc, torch.nn.ReLU(), torch.nn.Linear(4, 3)).eval()\n"
+    )
+    model = f"{tmp_path}/big.py:build"
+    fp32 = tmp_path / "big.onnx"
+    assert main(["export", model, "--input", "1x4", "--precision", "fp32", "-o", str(fp32)]) == 0
+    x = np.random.default_rng(0).uniform(1, 2, size=(8, 4)).astype(np.float32)
+    np.savez(tmp_path / "cal.npz", x=x)
+    np.savez(tmp_path / "small.npz", x=x / 1e5)
+    torch.manual_seed(0)
+    fc = torch.nn.Linear(4, 4)
+    with torch.no_grad():
+        fc.weight.fill_(2.0e4)
+    truth = torch.nn.Sequential(fc, torch.nn.ReLU(), torch.nn.Linear(4, 3)).half()
+    assert not torch.isfinite(truth(torch.from_numpy(x).half())).all()  # real FP16 breaks
+    assert torch.isfinite(truth(torch.from_numpy(x / 1e5).half())).all()
+    capsys.readouterr()
+    note = "the batch of 8 items split into its items (the graph's first axis is 1)"
+
+    half = tmp_path / "half.onnx"
+    argv = ["export", str(fp32), "--precision", "fp16", "-o", str(half)]
+    assert main([*argv, "--input", str(tmp_path / "cal.npz")]) == 1
+    got = capsys.readouterr()
+    out = " ".join(got.out.split())
+    assert note in got.err and "fails in real FP16 on the evaluation batches" in out, out
+    assert "was not run in real FP16" not in out
+    assert main([*argv, "--input", str(tmp_path / "small.npz")]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "checked in real FP16 on the evaluation batches (--input)" in out, out
+
+    small = str(tmp_path / "small.npz")
+    code = main(["scan", str(fp32), "--input", small, "--no-progress"])
+    got = capsys.readouterr()
+    assert code == 0 and note in got.err and "over 8 batches" in " ".join(got.out.split())
+    for reference in (str(fp32), model):
+        code = main(["verify", reference, str(half), "--input", small, "--json"])
+        got = capsys.readouterr()
+        assert code == 0 and note in got.err, got.err
+        assert (
+            main(["verify", reference, str(half), "--input", small, "--json", "--batch-size", "1"])
+            == 0
+        )
+        assert got.out == capsys.readouterr().out  # the same numbers, item by item
+
+
+def test_a_file_the_graph_batch_does_not_divide_is_refused_in_one_line(capsys, tmp_path):
+    """6 items for a graph of batch 4: not split (no batch of 4 holds them all), and the
+    refusal names both shapes; 8 items: two batches of 4."""
+    onnx_path = _linear_onnx(tmp_path, batch=4)
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "six.npz", x=rng.normal(size=(6, 4)).astype(np.float32))
+    np.savez(tmp_path / "eight.npz", x=rng.normal(size=(8, 4)).astype(np.float32))
+    capsys.readouterr()
+    one_line(
+        capsys,
+        ["scan", str(onnx_path), "--input", str(tmp_path / "six.npz"), "--no-progress"],
+        "(6, 4)",
+    )
+    code = main(["scan", str(onnx_path), "--input", str(tmp_path / "eight.npz"), "--no-progress"])
+    got = capsys.readouterr()
+    assert code == 0, got.err
+    assert "the batch of 8 items split into 2 batches of 4" in got.err
+    assert "over 2 batches" in " ".join(got.out.split())
 
 
 def test_a_threshold_never_lets_real_fp16_overflow_pass(capsys, tmp_path):

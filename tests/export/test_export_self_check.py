@@ -67,6 +67,24 @@ def test_an_onnx_source_is_checked_on_its_evaluation_batches_or_says_it_was_not(
     assert main(["export", str(src), "-o", str(tmp_path / "c.onnx"), "--json"]) == 0
 
 
+def test_an_onnx_source_of_batch_one_is_checked_item_by_item(tmp_path):
+    """One evaluation batch of 3 items for a graph exported with batch 1: the check runs
+    on each item (it used to fail to run and say the file was not checked), and a failure
+    says how the batch was split. Ground truth: the demo model's own .half() per item."""
+    model, (x,) = build_demo_model()
+    assert x.shape[0] == 1
+    src = tmp_path / "demo32.onnx"
+    export(model, (x,), src, "fp32")
+    three = torch.cat([x, x * 0.5, x * 2.0])
+    assert not all(_half_finite(model, item[None]) for item in three)  # real FP16 overflows
+    art = export(src, None, tmp_path / "b.onnx", "fp16", evaluation=[(three.numpy(),)])
+    assert art.parity is not None and not art.parity.passed and art.parity.nonfinite
+    assert art.parity.batches == 3
+    (note,) = [w for w in art.warnings if "fails in real FP16" in w]
+    assert "(the batch of 3 items split into its items (the graph's first axis is 1))" in note
+    assert not any("not run in real FP16" in w for w in art.warnings)
+
+
 def test_a_subnormal_weight_warning_says_what_the_check_saw(tmp_path):
     # fc2's weights are all subnormal in FP16 (about 1e-6): each output channel loses up to
     # 0.8% of its magnitude, more than FP16's own rounding, so the export warns; its own
