@@ -96,6 +96,7 @@ def split_to_declared(batches: list, size: int | None) -> tuple[list, str]:
         return v[i * size : (i + 1) * size]
 
     count = n // size
+    parts: list[Any]
     if isinstance(batch, Mapping):
         parts = [{k: part(v, i) for k, v in batch.items()} for i in range(count)]
     elif isinstance(batch, (tuple, list)):
