@@ -129,6 +129,7 @@ def _export_torch(export, args: argparse.Namespace):
     calibration = None
     if args.precision == "int8":
         calibration = load_batches(args.calibration) if args.calibration else batches
+    _say_fixed_batch(args, batches)
     # the islands a file saved by `fp16lens patch` names stay FP32 without being asked for
     islands = list(dict.fromkeys([*loaded.fp32_modules, *_names(args.fp32_modules)]))
     with verbose(args.verbose):
@@ -143,6 +144,27 @@ def _export_torch(export, args: argparse.Namespace):
             io_dtype=args.io_dtype,
             exporter=args.exporter,
             dynamic=_names(args.dynamic),
+        )
+
+
+def _say_fixed_batch(args: argparse.Namespace, batches) -> None:
+    """A note on stderr where the graph will take exactly the N items of an --input file's
+    one batch (the example inputs fix the axes; a file of calibration images is no batch
+    size a deployment chose)."""
+    from fp16lens.cli._inputs import is_file_spec
+
+    specs = args.input or []
+    if args.dynamic or len(specs) != 1 or not is_file_spec(specs[0]) or len(batches) != 1:
+        return
+    firsts = {int(t.shape[0]) if getattr(t, "ndim", 0) else 0 for t in batches[0]}
+    if len(firsts) == 1 and (n := firsts.pop()) > 1:
+        import sys
+
+        print(
+            f"fp16lens: note: the graph takes exactly {n} items per batch, as the --input "
+            "file's batch; give --dynamic batch for any batch size, or --input with a shape "
+            "(1x...) and the file as --calibration",
+            file=sys.stderr,
         )
 
 

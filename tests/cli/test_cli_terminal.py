@@ -532,6 +532,35 @@ def test_a_file_the_graph_batch_does_not_divide_is_refused_in_one_line(capsys, t
     assert "over 2 batches" in " ".join(got.out.split())
 
 
+def test_a_graph_fixed_to_the_files_batch_is_said(capsys, tmp_path):
+    """A torch MODEL exported from an --input file of 8 items takes exactly 8 (its example
+    fixes the axes): a note says so and names the two ways out, each of which the written
+    file then shows (a free first axis; batch 1 calibrated by the file)."""
+    pytest.importorskip("onnxruntime")
+    onnx = pytest.importorskip("onnx")
+    (tmp_path / "lin.py").write_text(
+        "import torch\n\ndef build():\n    return torch.nn.Linear(4, 4).eval()\n"
+    )
+    x = np.random.default_rng(0).normal(size=(8, 4)).astype(np.float32)
+    np.savez(tmp_path / "cal.npz", x=x)
+    model, cal = f"{tmp_path}/lin.py:build", str(tmp_path / "cal.npz")
+
+    def first_axis(argv: list[str]) -> tuple[object, str]:
+        out = tmp_path / "m.onnx"
+        assert main(["export", model, "--precision", "int8", "-o", str(out), *argv]) == 0
+        dim = onnx.load(out).graph.input[0].type.tensor_type.shape.dim[0]
+        return dim.dim_value or dim.dim_param, capsys.readouterr().err
+
+    capsys.readouterr()
+    size, err = first_axis(["--input", cal])
+    assert size == 8 and "the graph takes exactly 8 items per batch" in err, err
+    assert "--dynamic batch" in err and "--calibration" in err
+    size, err = first_axis(["--input", cal, "--dynamic", "batch"])
+    assert isinstance(size, str) and "exactly" not in err
+    size, err = first_axis(["--input", "1x4", "--calibration", cal])
+    assert size == 1 and "exactly" not in err
+
+
 def test_a_threshold_never_lets_real_fp16_overflow_pass(capsys, tmp_path):
     """--threshold 1e9 would have passed a model whose real FP16 is inf; a margin below
     65504 is named as the limit of the spans."""
