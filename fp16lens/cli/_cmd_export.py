@@ -20,7 +20,7 @@ from fp16lens.cli._inputargs import (
     add_input_arguments,
     add_model_arguments,
     batches_from_args,
-    npz_batch,
+    graph_npz,
     onnx_batches,
 )
 from fp16lens.cli._models import load_model, parse_kwargs
@@ -65,15 +65,18 @@ def add_parser(sub) -> None:
         "--calibration",
         metavar="FILE",
         default=None,
-        help="INT8 calibration batches (.pt/.npz/.npy); default: the --input batches",
+        help="INT8 calibration batches (.pt/.npz/.npy); default: the --input batches. With "
+        "both, an --input file holds the evaluation batches, held out: the INT8 file is "
+        "checked on them (and --target holds there)",
     )
     p.add_argument(
         "--target",
         type=_cosine,
         default=None,
         metavar="COSINE",
-        help="INT8 parity target: the worst output cosine to FP32 on the calibration batches "
-        "(e.g. 0.999); the costliest layers leave INT8 until it holds, else the export fails",
+        help="INT8 parity target: the worst output cosine to FP32 on the evaluation batches "
+        "(an --input file beside --calibration; else the calibration batches), e.g. 0.999; "
+        "the costliest layers leave INT8 until it holds, else the export fails",
     )
     p.add_argument(
         "--fp32-modules",
@@ -126,9 +129,10 @@ def _export_torch(export, args: argparse.Namespace):
         raise Fp16LensError("--fp32-nodes names nodes of an .onnx MODEL; use --fp32-modules")
     loaded = load_model(args.model, parse_kwargs(args.kwargs))
     batches = batches_from_args(args, loaded.example_inputs, loaded.model)
-    calibration = None
+    calibration = evaluation = None
     if args.precision == "int8":
         calibration = load_batches(args.calibration) if args.calibration else batches
+        evaluation = batches if args.calibration and _input_file(args) else None
     _say_fixed_batch(args, batches)
     # the islands a file saved by `fp16lens patch` names stay FP32 without being asked for
     islands = list(dict.fromkeys([*loaded.fp32_modules, *_names(args.fp32_modules)]))
@@ -139,6 +143,7 @@ def _export_torch(export, args: argparse.Namespace):
             args.output,
             precision=args.precision,
             calibration=calibration,
+            evaluation=evaluation,
             target=args.target,
             fp32_modules=islands or None,
             io_dtype=args.io_dtype,
@@ -147,14 +152,18 @@ def _export_torch(export, args: argparse.Namespace):
         )
 
 
+def _input_file(args: argparse.Namespace) -> bool:
+    """Whether --input names a file of batches (real inputs), not shapes."""
+    from fp16lens.cli._inputs import is_file_spec
+
+    return bool(args.input) and len(args.input) == 1 and is_file_spec(args.input[0])
+
+
 def _say_fixed_batch(args: argparse.Namespace, batches) -> None:
     """A note on stderr where the graph will take exactly the N items of an --input file's
     one batch (the example inputs fix the axes; a file of calibration images is no batch
     size a deployment chose)."""
-    from fp16lens.cli._inputs import is_file_spec
-
-    specs = args.input or []
-    if args.dynamic or len(specs) != 1 or not is_file_spec(specs[0]) or len(batches) != 1:
+    if args.dynamic or not _input_file(args) or len(batches) != 1:
         return
     firsts = {int(t.shape[0]) if getattr(t, "ndim", 0) else 0 for t in batches[0]}
     if len(firsts) == 1 and (n := firsts.pop()) > 1:
@@ -178,7 +187,8 @@ def _export_onnx(export, args: argparse.Namespace):
     evaluation = onnx_batches(args) if args.precision == "fp16" and args.input else None
     if args.precision == "int8":
         if args.calibration:
-            calibration = _batches_file(args.calibration)
+            calibration = _batches_file(args.calibration, args.model)
+            evaluation = onnx_batches(args) if _input_file(args) else None
         elif args.input:
             calibration = onnx_batches(args, split=False)  # export splits it, and says so
         else:
@@ -201,13 +211,11 @@ def _export_onnx(export, args: argparse.Namespace):
         )
 
 
-def _batches_file(path: str) -> list:
+def _batches_file(path: str, graph: str) -> list:
     """A --calibration file for an .onnx MODEL: an .npz is one batch by input name (or
     position), a .pt file a list of batches."""
     if path.lower().endswith(".npz"):
-        import numpy as np
-
-        return [npz_batch(Path(path), np)]
+        return [graph_npz(path, graph)]
     return load_batches(path)
 
 
@@ -218,16 +226,20 @@ def _checked_on(args: argparse.Namespace) -> str:
 
 
 def _print(artifact, args: argparse.Namespace) -> int:
-    """The summary; exit 1 when the written FP16 file fails its check in real FP16."""
+    """The summary; exit 1 when the written file fails its check (an FP16 file in real
+    FP16; an INT8 file on the evaluation batches)."""
     parity = getattr(artifact, "parity", None)
+    int8 = args.precision == "int8"
     summary = {
         "output": str(artifact.path),
         "precision": args.precision,
         "nodes": len(getattr(artifact, "nodes", ())),
         "fp32_nodes": list(getattr(artifact, "fp32_nodes", ())),
         "warnings": list(getattr(artifact, "warnings", ())),
-        "fp16_check": parity.to_dict() if parity is not None else None,
+        "fp16_check": parity.to_dict() if parity is not None and int8 is False else None,
     }
+    if int8:
+        summary["int8_check"] = parity.to_dict() if parity is not None else None
     failed = parity is not None and not parity.passed
     if args.json:
         emit_json(summary)
@@ -238,10 +250,9 @@ def _print(artifact, args: argparse.Namespace) -> int:
         f"({summary['nodes']} nodes)"
     )
     if parity is not None and parity.passed:
-        con.print(
-            f"checked in real FP16 on {_checked_on(args)}: worst output cosine "
-            f"{parity.cosine:.6f} against FP32"
-        )
+        how = "as TensorRT computes its Q/DQ graph" if int8 else "in real FP16"
+        on = "the evaluation batches (--input)" if int8 else _checked_on(args)
+        con.print(f"checked {how} on {on}: worst output cosine {parity.cosine:.6f} against FP32")
     for warning in summary["warnings"]:
         text = terminal_words(warning)
         head, *rest = clauses(text) if warning.startswith("INT8: ") else [text]
@@ -267,6 +278,7 @@ _TERMINAL = (  # the library's words -> what a terminal user types
     ("fp16lens.verify(..., backend='onnx-fp16')", "`fp16lens verify --backend onnx-fp16`"),
     ("export(..., fp32_modules=[...])", "--fp32-modules NAME,..."),
     ("export precision='fp16'", "--precision fp16"),
+    ("export(..., target=0.999)", "--target 0.999"),
 )
 
 

@@ -215,23 +215,30 @@ def onnx_batches(args: argparse.Namespace, split: bool = True) -> Sequence:
     """The --input batches for an .onnx MODEL (scan, verify, patch's FP32 check, export's
     FP16 check); a file's one batch of N items split as the graph's fixed first axis takes
     them (``fitted``) unless ``split`` is False (INT8 calibration: export splits it)."""
-    import numpy as np
-
     specs = args.input or []
     if len(specs) == 1 and specs[0].lower().endswith(".npz") and args.batch_size is None:
-        (batch,) = cast_batches([npz_batch(Path(specs[0]), np)], args.dtype)
-        wanted = _graph_inputs(args.model)
-        if (
-            isinstance(batch, dict)
-            and wanted
-            and set(batch) != set(wanted)
-            and len(batch) == len(wanted)
-        ):
-            batch = tuple(batch.values())  # names that are not the graph's: by position
-        batches: Sequence = [batch]
+        batches: Sequence = cast_batches([graph_npz(specs[0], args.model)], args.dtype)
     else:
         batches = batches_from_args(args, None)
     return fitted(args, batches, args.model) if split else batches
+
+
+def graph_npz(path: str, graph: str):
+    """An .npz file as one batch for the .onnx ``graph``: a dict by input name, or its
+    arrays in file order where their names are not the graph's inputs (numpy.savez's
+    arr_0, or x for an input called input) and their count is."""
+    import numpy as np
+
+    batch = npz_batch(Path(path), np)
+    wanted = _graph_inputs(graph)
+    if (
+        isinstance(batch, dict)
+        and wanted
+        and set(batch) != set(wanted)
+        and len(batch) == len(wanted)
+    ):
+        return tuple(batch.values())  # names that are not the graph's: by position
+    return batch
 
 
 def fitted(args: argparse.Namespace, batches: Sequence, onnx_file: str) -> Sequence:

@@ -74,7 +74,11 @@ def export(
     An FP16 file is checked in real FP16 once written (``artifact.parity``, verify's
     ``onnx-fp16``: FP16 storage of every tensor): on the example inputs for a PyTorch
     model, on ``evaluation`` for an ONNX source; a warning says where it fails, or that an
-    ONNX source came without batches to check it on.
+    ONNX source came without batches to check it on. An INT8 file given ``evaluation``
+    (batches held out from the calibration ones) is checked on them as TensorRT computes
+    its Q/DQ graph (``artifact.parity``, verify's ``onnx-int8``), and a warning says where
+    it fails. One batch of N items for a graph whose first axis is fixed below N is fed
+    in parts of that size.
 
     ``model`` may also be an FP32 ONNX file (a path or an ``onnx.ModelProto``; pass
     ``example_inputs=None``): its graph is re-typed, the FP32 islands being the nodes
@@ -125,6 +129,8 @@ def export(
     notes += decomposed_norm_warnings(proto.graph, origins)
     job = _Job(opts, used, notes, calibration, fp32_outputs(model), evaluation)
     artifact = _typed(proto, path, job)
+    if opts.precision == "int8":
+        return _checked_int8(model, evaluation, artifact)
     if opts.precision != "fp16":
         return artifact
     return _checked_in_fp16(model, [args], artifact, "the example inputs")
@@ -147,26 +153,12 @@ def _checked_in_fp16(
     ONNX source on ``evaluation``): ``artifact.parity``, and a warning where it fails,
     naming where the values first go wrong. An FP16 file is never handed over unchecked
     without saying so."""
-    from fp16lens.verify import verify
-
     if not batches:
         return replace(artifact, warnings=(*artifact.warnings, UNCHECKED))
-    module = reference if isinstance(reference, torch.nn.Module) else None
-    was_training = module.training if module is not None else False
-    if module is not None:
-        module.eval()
-    try:
-        result = verify(reference, artifact.path, batches, backend="onnx-fp16")
-    except Exception as exc:  # the check itself failed: say so, the file stays written
-        said = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
-        note = (
-            f"the FP16 file was not run in real FP16 on {what} "
-            f"({type(exc).__name__}: {said}); check it with fp16lens.verify"
-        )
+    result, failed = _run_check(reference, batches, artifact, "onnx-fp16")
+    if result is None:
+        note = f"the FP16 file was not run in real FP16 on {what} ({failed}); check it with fp16lens.verify"
         return replace(artifact, warnings=(*artifact.warnings, note))
-    finally:
-        if module is not None:
-            module.train(was_training)
     if result.passed:  # a subnormal weight's loss did not show on these inputs: say so
         seen = (
             f"{MAY_CHANGE} (not on {what}: the FP16 file's check there passed, worst output "
@@ -174,20 +166,76 @@ def _checked_in_fp16(
         )
         warnings = tuple(w.replace(MAY_CHANGE, seen, 1) for w in artifact.warnings)
         return replace(artifact, parity=result, warnings=warnings)
-    where = f", first at {result.first_divergence}" if result.first_divergence else ""
-    why = (
-        f"its outputs hold inf/NaN where FP32 is finite{where}"
-        if result.nonfinite
-        else f"its worst output cosine against FP32 is {result.cosine:.6f}, below "
-        f"{result.tolerance.min_cosine}{where}"
-    )
     note = (
         f"the FP16 file fails in real FP16 on {what} (FP16 storage of every "
-        f"tensor, as TensorRT keeps it): {why}; find and fix the cause first "
+        f"tensor, as TensorRT keeps it): {_why(result)}; find and fix the cause first "
         "(fp16lens.scan(model, inputs), then fp16lens.patch), or keep those modules FP32 "
         "(export(..., fp32_modules=[...]))"
     )
     return replace(artifact, parity=result, warnings=(*artifact.warnings, note))
+
+
+def _checked_int8(reference, evaluation: Iterable | None, artifact: ExportArtifact):
+    """The written INT8 file computed as TensorRT runs its Q/DQ graph (verify's
+    ``onnx-int8``) on the held-out ``evaluation`` batches against the FP32 ``reference``
+    (the PyTorch model, or the FP32 ONNX source): ``artifact.parity``, and a warning where
+    it fails verify's INT8 tolerance. Without evaluation batches, as written (a target
+    was checked on the calibration batches)."""
+    if not evaluation:
+        return artifact
+    graph = artifact.path if isinstance(reference, torch.nn.Module) else reference
+    batches, what = _as_declared(evaluation, graph)
+    result, failed = _run_check(reference, batches, artifact, "onnx-int8")
+    if result is None:
+        note = f"the INT8 file was not checked on {what} ({failed}); check it with fp16lens.verify"
+        return replace(artifact, warnings=(*artifact.warnings, note))
+    if result.passed:
+        return replace(artifact, parity=result)
+    note = (
+        f"the INT8 file fails its check on {what} (the Q/DQ graph computed as TensorRT "
+        f"runs it): {_why(result)}; give a parity target (export(..., target=0.999)) so "
+        "the costliest layers leave INT8, or keep those modules FP32 (export(..., "
+        "fp32_modules=[...]))"
+    )
+    return replace(artifact, parity=result, warnings=(*artifact.warnings, note))
+
+
+def _run_check(reference, batches: list, artifact: ExportArtifact, backend: str):
+    """(verify's result of the written file on ``batches`` against ``reference``, a
+    PyTorch model run in eval mode and left as it was, or an FP32 ONNX source; None) or
+    (None, why the check itself failed): the file stays written either way."""
+    from fp16lens.verify import verify
+
+    module = reference if isinstance(reference, torch.nn.Module) else None
+    was_training = module.training if module is not None else False
+    if module is not None:
+        module.eval()
+    try:
+        return verify(reference, artifact.path, batches, backend=backend), ""
+    except Exception as exc:  # the check failed to run: the caller says so
+        said = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
+        return None, f"{type(exc).__name__}: {said}"
+    finally:
+        if module is not None:
+            module.train(was_training)
+
+
+def _why(result) -> str:
+    """Why a failed check failed: inf/NaN, or the worst cosine, and where it starts."""
+    where = f", first at {result.first_divergence}" if result.first_divergence else ""
+    if result.nonfinite:
+        return f"its outputs hold inf/NaN where FP32 is finite{where}"
+    return (
+        f"its worst output cosine against FP32 is {result.cosine:.6f}, below "
+        f"{result.tolerance.min_cosine}{where}"
+    )
+
+
+def _as_declared(evaluation: Iterable, graph) -> tuple[list, str]:
+    """The evaluation batches as the ONNX ``graph`` takes them (one batch of N items split
+    where its first axis is fixed below N), and the words naming them."""
+    batches, split = split_to_declared(list(evaluation), declared_batch(graph))
+    return batches, f"the evaluation batches ({split})" if split else "the evaluation batches"
 
 
 def _export_onnx(model, path, opts: ExportOptions, calibration, evaluation) -> ExportArtifact:
@@ -210,13 +258,14 @@ def _export_onnx(model, path, opts: ExportOptions, calibration, evaluation) -> E
     opts = replace(opts, fp32_modules=tuple(recorded))
     job = _Job(opts, ONNX_EXPORTER, [], calibration, (), evaluation, source=model)
     artifact = _typed(proto, path, job, islands)
+    del proto, job  # written: the check reads the file, and a large graph's weights go first
+    if opts.precision == "int8":
+        return _checked_int8(model, evaluation, artifact)
     if opts.precision != "fp16":
         return artifact
-    del proto, job  # written: the check reads the file, and a large graph's weights go first
     if not evaluation:
         return _checked_in_fp16(model, None, artifact)
-    batches, split = split_to_declared(list(evaluation), declared_batch(model))
-    what = f"the evaluation batches ({split})" if split else "the evaluation batches"
+    batches, what = _as_declared(evaluation, model)
     return _checked_in_fp16(model, batches, artifact, what)
 
 
@@ -296,6 +345,8 @@ def retype(
     _check_calibration(opts, calibration)
     job = _Job(opts, meta.get(EXPORTER_KEY, "unknown"), [], calibration, (), evaluation)
     artifact = _typed(proto, Path(dst), job)
+    if opts.precision == "int8":
+        return _checked_int8(str(src), evaluation, artifact)
     if opts.precision != "fp16":
         return artifact
     return _checked_in_fp16(str(src), list(evaluation) if evaluation else None, artifact)

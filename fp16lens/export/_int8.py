@@ -263,7 +263,7 @@ def _check_as_written(proto, quantized, plan, feeds) -> None:
     if score < target.threshold:
         raise ExportError(
             f"INT8 misses its target as written: {target.name} {shown(score, target.threshold)} "
-            f"< {target.threshold:g} on the Q/DQ graph (the search measured "
+            f"< {target.threshold:.12g} on the Q/DQ graph (the search measured "
             f"{shown(plan.score, target.threshold)}); "
             "lower the target, give more representative calibration batches, or export "
             "precision='fp16'"

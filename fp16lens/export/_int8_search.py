@@ -458,7 +458,7 @@ class Int8Plan:
         if self.notes:
             line += "; " + "; ".join(self.notes)
         if self.target is not None and self.score is not None:
-            line += f"; {self.target.name} {self.score:.4f} (target {self.target.threshold:g})"
+            line += f"; {self.target.name} {self.score:.4f} (target {self.target.threshold:.12g})"
         if self.kept:
             line += "; kept out of INT8: " + ", ".join(map(str, self.kept))
         return line
@@ -1069,9 +1069,9 @@ def _check(plan: Int8Plan, max_fallback: float) -> None:
     if s < target.threshold or float_share > max_fallback:
         kept = "; ".join(map(str, plan.kept[:8])) + (" ..." if len(plan.kept) > 8 else "")
         reached = (
-            f"{target.name} {shown(s, target.threshold)} < {target.threshold:g}"
+            f"{target.name} {shown(s, target.threshold)} < {target.threshold:.12g}"
             if s < target.threshold
-            else f"{target.name} {shown(s, target.threshold)} >= {target.threshold:g} only"
+            else f"{target.name} {shown(s, target.threshold)} >= {target.threshold:.12g} only"
         )
         raise ExportError(
             f"INT8 misses its target: {reached} with {float_share:.1%} of the conv/gemm/matmul "

@@ -115,7 +115,7 @@ def test_terminal_journey_scan_patch_export_verify(name, suffix, capsys, tmp_pat
         "--json",
     )
     assert code == 0, out
-    summary = json.loads(out[out.index("{") :])
+    summary = json.loads(out[out.index("{") : out.rindex("}") + 1])  # notes on stderr follow
     assert summary["fp32_nodes"], summary  # the islands, taken from the file's metadata
     code, out = _cli(capsys, "verify", spec, str(onnx_file), "--backend", "onnx-fp16")
     assert code == 0, out

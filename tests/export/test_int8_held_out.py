@@ -1,0 +1,136 @@
+"""An INT8 export given evaluation batches held out from the calibration ones checks the
+file it wrote on them, as TensorRT computes its Q/DQ graph (verify's ``onnx-int8``):
+``artifact.parity``, the CLI's ``checked ... on the evaluation batches`` line and its JSON
+``int8_check``, a warning and exit 1 where the file fails, and ``--target`` held on
+them. Ground truth: the written file and the FP32 one run in ONNX Runtime directly, graph
+optimizations off (each QuantizeLinear/DequantizeLinear on its own), without fp16lens."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+ort = pytest.importorskip("onnxruntime")
+onnx = pytest.importorskip("onnx")
+
+import int8_zoo  # noqa: E402
+
+from fp16lens.cli import main  # noqa: E402
+from fp16lens.export import export  # noqa: E402
+
+
+def _run(path, feeds: list[dict]) -> list[list[np.ndarray]]:
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    name = sess.get_inputs()[0].name
+    return [sess.run(None, {name: next(iter(f.values()))}) for f in feeds]
+
+
+def _worst_cosine(fp32, int8, feeds: list[dict]) -> float:
+    """Per output, the cosine over every item together; the worst output's."""
+    refs, outs = _run(fp32, feeds), _run(int8, feeds)
+    worst = 1.0
+    for j in range(len(refs[0])):
+        a = np.concatenate([np.ravel(r[j]) for r in refs]).astype(np.float64)
+        b = np.concatenate([np.ravel(o[j]) for o in outs]).astype(np.float64)
+        worst = min(worst, float(a @ b / np.sqrt((a @ a) * (b @ b))))
+    return worst
+
+
+def _items(feeds: list[dict]) -> np.ndarray:
+    return np.concatenate([next(iter(f.values())) for f in feeds])
+
+
+def test_trained_pnet_is_checked_on_its_held_out_crops(tmp_path, capsys):
+    """MTCNN PNet (trained weights), calibrated on its 8 calibration crops and checked on
+    its 24 evaluation crops, each file holding one batch for a graph of batch 1: the CLI
+    reports the worst output cosine ONNX Runtime gives on the held-out crops, and the
+    library's artifact the same."""
+    try:
+        case = int8_zoo.MODELS["pnet"](8, 24)
+    except int8_zoo.Missing as exc:
+        pytest.skip(str(exc))
+    np.savez(tmp_path / "cal.npz", x=_items(case.cal))
+    np.savez(tmp_path / "eval.npz", x=_items(case.eval))
+    out = tmp_path / "pnet_int8.onnx"
+    argv = ["export", case.path, "--precision", "int8", "-o", str(out)]
+    argv += ["--calibration", str(tmp_path / "cal.npz"), "--input", str(tmp_path / "eval.npz")]
+    assert main([*argv, "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)["int8_check"]
+    truth = _worst_cosine(case.path, out, case.eval)
+    assert got["passed"] and got["batches"] == 24
+    assert got["cosine"] == pytest.approx(truth, abs=1e-6) and truth > 0.99
+    assert main(argv) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert f"on the evaluation batches (--input): worst output cosine {truth:.6f}" in text, text
+    art = export(
+        case.path, None, tmp_path / "lib.onnx", "int8", calibration=case.cal, evaluation=case.eval
+    )
+    assert art.parity.passed and art.parity.cosine == pytest.approx(
+        _worst_cosine(case.path, tmp_path / "lib.onnx", case.eval), abs=1e-6
+    )
+
+
+def _mismatched(tmp_path):
+    """A two-layer MLP calibrated on inputs 1000x smaller than the ones it is checked on:
+    INT8 clips every held-out input to the calibration range."""
+    (tmp_path / "mlp.py").write_text(
+        "import torch\n\ndef build():\n    torch.manual_seed(0)\n"
+        "    return torch.nn.Sequential(torch.nn.Linear(16, 32, bias=False), torch.nn.ReLU(),"
+        " torch.nn.Linear(32, 8, bias=False)).eval()\n"
+    )
+    model = f"{tmp_path}/mlp.py:build"
+    fp32 = tmp_path / "mlp.onnx"
+    assert main(["export", model, "--input", "1x16", "--precision", "fp32", "-o", str(fp32)]) == 0
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "cal.npz", x=rng.normal(size=(8, 16)).astype(np.float32) * 1e-3)
+    np.savez(tmp_path / "eval.npz", x=rng.normal(size=(8, 16)).astype(np.float32))
+    return model, fp32
+
+
+def test_a_file_that_fails_on_the_held_out_batches_says_so_and_exits_1(tmp_path, capsys):
+    model, fp32 = _mismatched(tmp_path)
+    capsys.readouterr()
+    out = tmp_path / "q.onnx"
+    argv = ["export", str(fp32), "--precision", "int8", "-o", str(out)]
+    argv += ["--calibration", str(tmp_path / "cal.npz"), "--input", str(tmp_path / "eval.npz")]
+    assert main(argv) == 1
+    text = " ".join(capsys.readouterr().out.split())
+    feeds = [{"x": a[None]} for a in np.load(tmp_path / "eval.npz")["x"]]
+    truth = _worst_cosine(fp32, out, feeds)
+    assert truth < 0.99  # ground truth: the written file does fail there
+    assert "the INT8 file fails its check on the evaluation batches" in text, text
+    assert f"worst output cosine against FP32 is {truth:.6f}, below 0.99" in text
+    assert "--target 0.999" in text and "target=" not in text
+    # the calibration batches alone pass: nothing was checked where it fails
+    argv_cal = ["export", str(fp32), "--precision", "int8", "-o", str(tmp_path / "c.onnx")]
+    assert main([*argv_cal, "--input", str(tmp_path / "cal.npz")]) == 0
+    assert "fails its check" not in capsys.readouterr().out
+    # the PyTorch model itself: the same check against the model in FP32
+    argv[1] = model
+    assert main(argv) == 1
+    text = " ".join(capsys.readouterr().out.split())
+    x = np.load(tmp_path / "eval.npz")["x"]  # the file takes the 8 items at once
+    a = np.concatenate([r[0] for r in _run(fp32, feeds)]).ravel().astype(np.float64)
+    b = _run(out, [{"x": x}])[0][0].ravel().astype(np.float64)
+    truth = float(a @ b / np.sqrt((a @ a) * (b @ b)))
+    assert f"worst output cosine against FP32 is {truth:.6f}, below 0.99" in text, text
+
+
+def test_the_target_holds_on_the_held_out_batches(tmp_path, capsys):
+    """--target beside --calibration and an --input file is checked on the --input
+    batches: met on the calibration batches alone, missed on the held-out ones (every
+    layer would have to leave INT8), and the export fails in one line."""
+    _, fp32 = _mismatched(tmp_path)
+    capsys.readouterr()
+    argv = ["export", str(fp32), "--precision", "int8", "-o", str(tmp_path / "q.onnx")]
+    argv += ["--calibration", str(tmp_path / "cal.npz"), "--target", "0.999"]
+    assert main(argv) == 0  # on the calibration batches
+    capsys.readouterr()
+    code = main([*argv, "--input", str(tmp_path / "eval.npz")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and err[-1].startswith("fp16lens: error: INT8 misses its target"), err
+    assert len([e for e in err if e.startswith("fp16lens: error")]) == 1
