@@ -215,7 +215,7 @@ def _batches_file(path: str, graph: str) -> list:
     """A --calibration file for an .onnx MODEL: an .npz is one batch by input name (or
     position), a .pt file a list of batches."""
     if path.lower().endswith(".npz"):
-        return [graph_npz(path, graph)]
+        return [graph_npz(path, graph, "--calibration")]
     return load_batches(path)
 
 

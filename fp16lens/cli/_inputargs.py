@@ -223,13 +223,13 @@ def onnx_batches(args: argparse.Namespace, split: bool = True) -> Sequence:
     return fitted(args, batches, args.model) if split else batches
 
 
-def graph_npz(path: str, graph: str):
+def graph_npz(path: str, graph: str, flag: str = "--input"):
     """An .npz file as one batch for the .onnx ``graph``: a dict by input name, or its
     arrays in file order where their names are not the graph's inputs (numpy.savez's
     arr_0, or x for an input called input) and their count is."""
     import numpy as np
 
-    batch = npz_batch(Path(path), np)
+    batch = npz_batch(Path(path), np, flag)
     wanted = _graph_inputs(graph)
     if (
         isinstance(batch, dict)
@@ -273,13 +273,14 @@ def _graph_inputs(path: str) -> list[str]:
     return [i.name for i in graph.input if i.name not in init]
 
 
-def npz_batch(path: Path, np) -> dict | tuple:
+def npz_batch(path: Path, np, flag: str = "--input") -> dict | tuple:
     from fp16lens.cli._batchfile import load_batches
 
     if not path.is_file():
         raise Fp16LensError(
-            f"cannot read --input {path}: no such file; give a .npz of the graph's inputs "
-            "(numpy.savez(path, name=array)) or shapes such as 1x3x224x224"
+            f"cannot read {flag} {path}: no such file; give a .npz of the graph's inputs "
+            "(numpy.savez(path, name=array))"
+            + (" or shapes such as 1x3x224x224" if flag == "--input" else "")
         )
     with np.load(path) as data:
         named = {k: data[k] for k in data.files}

@@ -798,6 +798,13 @@ def test_onnx_scan_with_a_missing_npz_is_one_line_and_exit_2(tmp_path, capsys):
     assert main(["scan", str(path), "--input", str(tmp_path / "nope.npz")]) == 2
     err = capsys.readouterr().err
     assert "cannot read --input" in err and "Traceback" not in err and len(err.splitlines()) == 1
+    np.savez(tmp_path / "x.npz", x=np.ones((2, 2), "f4"))
+    argv = ["export", str(path), "--precision", "int8", "-o", str(tmp_path / "q.onnx")]
+    argv += ["--calibration", str(tmp_path / "nope.npz"), "--input", str(tmp_path / "x.npz")]
+    assert main(argv) == 2  # the flag that names the missing file, not another
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("fp16lens: error: cannot read --calibration") and "\n" not in err, err
+    assert "shapes such as" not in err and not (tmp_path / "q.onnx").exists()
 
 
 def _overflowing_report(path: Path) -> None:
