@@ -236,7 +236,7 @@ def _print(artifact, args: argparse.Namespace) -> int:
         "nodes": len(getattr(artifact, "nodes", ())),
         "fp32_nodes": list(getattr(artifact, "fp32_nodes", ())),
         "warnings": list(getattr(artifact, "warnings", ())),
-        "fp16_check": parity.to_dict() if parity is not None and int8 is False else None,
+        "fp16_check": parity.to_dict() if parity is not None and not int8 else None,
     }
     if int8:
         summary["int8_check"] = parity.to_dict() if parity is not None else None

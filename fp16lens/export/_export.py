@@ -201,9 +201,10 @@ def _checked_int8(reference, evaluation: Iterable | None, artifact: ExportArtifa
 
 
 def _run_check(reference, batches: list, artifact: ExportArtifact, backend: str):
-    """(verify's result of the written file on ``batches`` against ``reference``, a
-    PyTorch model run in eval mode and left as it was, or an FP32 ONNX source; None) or
-    (None, why the check itself failed): the file stays written either way."""
+    """``(result, "")``: verify's result of the written file on ``batches`` against
+    ``reference`` (a PyTorch model, run in eval mode and left as it was, or an FP32 ONNX
+    source); ``(None, why)`` where the check itself failed to run. The file stays written
+    either way."""
     from fp16lens.verify import verify
 
     module = reference if isinstance(reference, torch.nn.Module) else None

@@ -35,9 +35,10 @@ TRT_QDQ_OPTIONS = {
 }
 
 
-def batch_feed(batch, names: list[str]) -> dict[str, np.ndarray]:
-    """One calibration item (tensor, tuple of tensors, or dict by input name) as an ORT feed."""
-    items = feed_items(batch, names, ExportError, "the model (calibration)")
+def batch_feed(batch, names: list[str], what: str = "calibration") -> dict[str, np.ndarray]:
+    """One calibration (or ``what``) item (tensor, tuple of tensors, or dict by input name)
+    as an ORT feed."""
+    items = feed_items(batch, names, ExportError, f"the model ({what})")
     return {n: _numpy(t) for n, t in items}
 
 
@@ -96,7 +97,7 @@ def prepared(proto):
 
 
 def _feeds(batches: Iterable | None, names: list[str], what: str) -> list[dict[str, np.ndarray]]:
-    feeds = [batch_feed(b, names) for b in batches] if batches is not None else []
+    feeds = [batch_feed(b, names, what) for b in batches] if batches is not None else []
     if batches is not None and not feeds:
         raise ExportError(f"INT8 {what} is empty; pass at least one input batch")
     first = {n: a.shape for n, a in feeds[0].items()} if feeds else {}

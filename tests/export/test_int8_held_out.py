@@ -109,6 +109,16 @@ def test_a_file_that_fails_on_the_held_out_batches_says_so_and_exits_1(tmp_path,
     argv_cal = ["export", str(fp32), "--precision", "int8", "-o", str(tmp_path / "c.onnx")]
     assert main([*argv_cal, "--input", str(tmp_path / "cal.npz")]) == 0
     assert "fails its check" not in capsys.readouterr().out
+    # retype of the FP32 file: the same check, through the library
+    from fp16lens.export import retype
+
+    cal = [(np.load(tmp_path / "cal.npz")["x"],)]  # in input order
+    held = [(f["x"],) for f in feeds]
+    art = retype(fp32, tmp_path / "r.onnx", "int8", calibration=cal, evaluation=held)
+    assert not art.parity.passed and art.parity.cosine == pytest.approx(
+        _worst_cosine(fp32, tmp_path / "r.onnx", feeds), abs=1e-6
+    )
+    assert any("fails its check on the evaluation batches" in w for w in art.warnings)
     # the PyTorch model itself: the same check against the model in FP32
     argv[1] = model
     assert main(argv) == 1
