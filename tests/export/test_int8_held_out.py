@@ -47,8 +47,8 @@ def _items(feeds: list[dict]) -> np.ndarray:
 def test_trained_pnet_is_checked_on_its_held_out_crops(tmp_path, capsys):
     """MTCNN PNet (trained weights), calibrated on its 8 calibration crops and checked on
     its 24 evaluation crops, each file holding one batch for a graph of batch 1: the CLI
-    reports the worst output cosine ONNX Runtime gives on the held-out crops, and the
-    library's artifact the same."""
+    reports the worst output cosine ONNX Runtime gives on the held-out crops, `verify`
+    on the same file of 24 gives it item by item, and the library's artifact the same."""
     try:
         case = int8_zoo.MODELS["pnet"](8, 24)
     except int8_zoo.Missing as exc:
@@ -66,6 +66,13 @@ def test_trained_pnet_is_checked_on_its_held_out_crops(tmp_path, capsys):
     assert main(argv) == 0
     text = " ".join(capsys.readouterr().out.split())
     assert f"on the evaluation batches (--input): worst output cosine {truth:.6f}" in text, text
+    # verify takes the same file of 24 crops for the graph of batch 1, item by item
+    assert (
+        main(["verify", case.path, str(out), "--input", str(tmp_path / "eval.npz"), "--json"]) == 0
+    )
+    checked = capsys.readouterr()
+    assert "split into its items" in checked.err
+    assert json.loads(checked.out)["cosine"] == pytest.approx(truth, abs=1e-6)
     art = export(
         case.path, None, tmp_path / "lib.onnx", "int8", calibration=case.cal, evaluation=case.eval
     )
