@@ -9,7 +9,9 @@ Models: PP-OCRv4's detector and recognizer as rapidocr-onnxruntime ships them, a
 EfficientNet-Lite0 (ImageNet), MTCNN ONet, RNet and PNet, easyocr's CRAFT and english_g2, and CREPE tiny,
 exported to FP32 ONNX by fp16lens; inputs from
 ``tests/int8_zoo.py``: 8 calibration items and 24 evaluation items (``--quick``: 4 and
-8, about 4 minutes on 2 cores), disjoint (other words, other crops).
+8, about 4 minutes on 2 cores; ``--evaluation N``: N evaluation items, the first 24 the
+default's, where a model's builder has that many: MTCNN's up to 200), disjoint (other
+words, other crops).
 
 Methods, each given the same calibration feeds:
 - fp16lens before: ONNX Runtime's quantize_static as fp16lens ran it (Entropy, Q/DQ on
@@ -515,9 +517,15 @@ def main(argv=None) -> int:
         help="calibration items each range candidate is measured on (default 2, --quick 1)",
     )
     p.add_argument("--calibration", type=int, help="calibration items (default 8, --quick 4)")
+    p.add_argument(
+        "--evaluation",
+        type=int,
+        help="evaluation items (default 24, --quick 8); more narrow the noise of a metric",
+    )
     args = p.parse_args(argv)
     n_eval, n_cal = (8, 4) if args.quick else (24, 8)
     n_cal = args.calibration or n_cal
+    n_eval = args.evaluation or n_eval
     SEARCH_BATCHES[0] = args.search_batches or (1 if args.quick else 2)
     why = "ModelOpt left out (--no-modelopt)" if args.no_modelopt else modelopt_status()
     if why:

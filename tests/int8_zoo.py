@@ -450,6 +450,9 @@ def _mtcnn_onnx(stage: str) -> str:
     return _fp32_onnx(z._mtcnn(stage), (1, 3, side, side), f"{stage.lower()}.onnx")
 
 
+EVAL_MAX_FACES = 200  # ONet's and RNet's evaluation items: 50 LFW faces, 50 non-faces, 100 crops
+
+
 def onet(n_cal: int = 8, n_eval: int = 24, stage: str = "ONet", cal_seed: int = 7) -> Int8Case:
     """MTCNN's ONet on 48x48 crops, normalized as facenet-pytorch does ((x - 127.5) / 128).
 
@@ -477,6 +480,8 @@ def onet(n_cal: int = 8, n_eval: int = 24, stage: str = "ONet", cal_seed: int = 
         return _crop(rng, others[rng.integers(len(others))], side, side)
 
     def evaluation(seed, n):
+        if n > EVAL_MAX_FACES:  # LFW images 50-99 and 150-199, one of each kind in four
+            raise ValueError(f"{stage} has {EVAL_MAX_FACES} evaluation items, not {n}")
         rng = np.random.default_rng(seed)
         out = []
         for i in range(n):

@@ -136,3 +136,20 @@ def test_pnet_metric_exact_on_fp32_and_moved_by_int8():
     assert moved["face cell IoU"] == pytest.approx((n - 1) / n)
     assert moved["face cell agreement"] == pytest.approx(1 - 1 / sum(r[1][0, 1].size for r in refs))
     assert moved["box cosine"] < 1.0 and moved["box px"] == pytest.approx(2.0 * 12 / (4 * n))
+
+
+@pytest.mark.parametrize("name", ["onet", "pnet"])
+def test_more_evaluation_items_continue_the_benchs_24(name):
+    """``bench_int8.py --evaluation N`` (docs/int8.md, MTCNN on 200 evaluation items): the
+    first items of a longer evaluation set are the default's, so its rows extend the
+    table's; ONet's and RNet's stop at the 200 their LFW images hold."""
+    import numpy as np
+
+    short, long = _case(name, 1, 3), _case(name, 1, 9)
+    for a, b in zip(short.eval, long.eval):
+        assert a.keys() == b.keys()
+        assert all(np.array_equal(a[k], b[k]) for k in a)
+    assert not all(np.array_equal(long.eval[3][k], long.eval[0][k]) for k in long.eval[0])
+    if name == "onet":
+        with pytest.raises(ValueError, match="200 evaluation items, not 201"):
+            int8_zoo.onet(1, 201)
