@@ -420,7 +420,11 @@ def bench(
     name: str, n_cal: int, n_eval: int, with_modelopt: bool, only_modelopt: bool = False
 ) -> list[dict]:
 
-    case = int8_zoo.MODELS[name](n_cal, n_eval)
+    try:
+        case = int8_zoo.MODELS[name](n_cal, n_eval)
+    except ValueError as exc:  # more items than the model's builder holds
+        print(f"bench_int8: {exc}; give --evaluation at most that", file=sys.stderr)
+        sys.exit(2)
     refs = int8_zoo.run_outputs(case.path, case.eval)
     rows = []
     for label, make in methods(name, with_modelopt, only_modelopt):
