@@ -289,6 +289,7 @@ def quantize_int8(
     if calibrator not in CALIBRATORS:
         raise ExportError(f"calibrator must be one of {', '.join(CALIBRATORS)}, got {calibrator!r}")
     proto = prepared(proto)
+    cache = Path(cache_path) if cache_path else path.with_suffix(".cache")
     notes: list[str] = []
     floors: dict[str, float] = {}
     if calibrator == "search":
@@ -299,6 +300,7 @@ def quantize_int8(
             quantized, plan = quantize_fp16lens(proto, calibration, exclude, target, evaluation)
             notes.append(plan.summary())
             floors = plan.cache_amax
+            notes += _cache_leaves_out(plan, cache.name)
         else:
             quantized = proto
             notes.append(
@@ -309,13 +311,38 @@ def quantize_int8(
         if target is not None:
             raise ExportError("target= needs calibrator='search' (the fallback search)")
         quantized = _quantize_ort(proto, calibration, exclude)
-    cache = Path(cache_path) if cache_path else path.with_suffix(".cache")
     scales = activation_scales(quantized)
     for t, amax in floors.items():  # a centred tensor, an input on a grid: its range in the
         # FP32 graph TensorRT 10 calibrates with the cache (the Q/DQ graph's would clip it)
         scales[t] = max(scales.get(t, 0.0), amax / 127.0)
     write_calibration_cache(cache, scales)
     return quantized, cache, notes
+
+
+def _cache_leaves_out(plan, cache: str) -> list[str]:
+    """The note (none where the cache carries it all) on what the TensorRT 10 cache named
+    ``cache`` cannot carry of ``plan``: it holds activation ranges for a build from the
+    FP32 graph, where TensorRT rounds the FP32 weights itself, so the weights and constants
+    the search rewrote reach TensorRT only through the Q/DQ file, the file checked."""
+    parts = [
+        f"{what} {n} {unit}{'' if n == 1 else 's'}"
+        for what, n, unit in (
+            ("the fitted codes of", len(plan.rounded), "weight"),
+            ("the bias corrections of", len(plan.corrections), "layer"),
+            ("the scale migration before", len(plan.equalized), "layer"),
+            ("the centring before", len(plan.centred), "layer"),
+            ("the input's encoding on the INT8 codes before", len(plan.encoded), "layer"),
+        )
+        if n
+    ]
+    if not parts:
+        return []
+    made = parts[0] if len(parts) == 1 else f"{', '.join(parts[:-1])} and {parts[-1]}"
+    return [
+        f"the TensorRT 10 calibration cache {cache} holds only the activation ranges, for a "
+        f"build from the FP32 graph: it does not carry {made} made here; the accuracy "
+        "checked is the Q/DQ file's, which TensorRT 8 and later build as it is"
+    ]
 
 
 def _quantize_ort(proto, calibration: Iterable, exclude: list[str]):

@@ -136,3 +136,30 @@ def test_int8_without_calibration_is_refused():
     model, inputs = clean()
     with pytest.raises(ExportError, match="calibration="):
         export(model, inputs, "unused.onnx", "int8")
+
+
+def test_the_cache_note_names_what_only_the_qdq_file_carries():
+    """A plan that rewrote nothing of the FP32 graph is carried whole by the cache (no
+    note); each rewrite is named with its count, and the cache by its file name."""
+    from fp16lens.export._int8 import _cache_leaves_out
+    from fp16lens.export._int8_search import Int8Plan
+
+    plain = Int8Plan(units=[], scales={"x": 0.1}, methods={"x": "max"}, on=[])
+    assert _cache_leaves_out(plain, "m.cache") == []
+    rewrote = Int8Plan(
+        units=[],
+        scales={"x": 0.1},
+        methods={"x": "max"},
+        on=[],
+        rounded={"w1": None, "w2": None},
+        corrections={"conv": None},
+        equalized=["conv"],
+    )
+    (note,) = _cache_leaves_out(rewrote, "m.cache")
+    assert note.startswith("the TensorRT 10 calibration cache m.cache holds only the activation")
+    made = (
+        "the fitted codes of 2 weights, the bias corrections of 1 layer and the scale "
+        "migration before 1 layer made here"
+    )
+    assert made in note, note
+    assert "centring" not in note and "encoding" not in note
