@@ -851,3 +851,68 @@ def flop_share(proto, feed: dict) -> float:
     )
     values = _run_all(session(_exposed(proto, names)), feed, names)
     return int8_flop_share(proto, {n: tuple(np.shape(v)) for n, v in values.items()})[0]
+
+
+def fused_layernorms(proto):
+    """``proto`` (opset <= 17) at opset 17 with each decomposed LayerNorm over the last axis
+    (ReduceMean, Sub, Pow 2, ReduceMean, Add eps, Sqrt, Div, Mul gamma, Add beta: what
+    paddle2onnx writes) as one LayerNormalization node, the form PyTorch's exporter writes."""
+    import onnx
+    from onnx import helper, numpy_helper, version_converter
+
+    model = version_converter.convert_version(proto, 17)
+    g = model.graph
+    consts = {i.name: numpy_helper.to_array(i) for i in g.initializer}
+    for n in g.node:
+        if n.op_type == "Constant":
+            consts[n.output[0]] = numpy_helper.to_array(n.attribute[0].t)
+    readers: dict = {}
+    for n in g.node:
+        for t in n.input:
+            readers.setdefault(t, []).append(n)
+
+    def only(t, op):
+        r = readers.get(t, [])
+        return r[0] if len(r) == 1 and r[0].op_type == op else None
+
+    drop, new = set(), {}
+    for mean in g.node:
+        axes = [a.ints for a in mean.attribute if a.name == "axes"]
+        if mean.op_type != "ReduceMean" or not axes or list(axes[0]) != [-1]:
+            continue
+        x = mean.input[0]
+        sub = only(mean.output[0], "Sub")
+        if sub is None or list(sub.input) != [x, mean.output[0]]:
+            continue
+        users = readers.get(sub.output[0], [])
+        pow_ = next((u for u in users if u.op_type == "Pow"), None)
+        div = next((u for u in users if u.op_type == "Div"), None)
+        if len(users) != 2 or pow_ is None or div is None:
+            continue
+        var = only(pow_.output[0], "ReduceMean")
+        add = var and only(var.output[0], "Add")
+        sqrt = add and only(add.output[0], "Sqrt")
+        if sqrt is None or div.input[1] != sqrt.output[0]:
+            continue
+        mul = only(div.output[0], "Mul")
+        beta = mul and only(mul.output[0], "Add")
+        if beta is None:
+            continue
+        eps = float(np.asarray(consts[next(t for t in add.input if t in consts)]).ravel()[0])
+        gamma = next(t for t in mul.input if t in consts)
+        bias = next(t for t in beta.input if t in consts)
+        chain = [mean, sub, pow_, var, add, sqrt, div, mul, beta]
+        drop |= {id(n) for n in chain}
+        new[id(beta)] = helper.make_node(
+            "LayerNormalization",
+            [x, gamma, bias],
+            [beta.output[0]],
+            name=f"LayerNorm_{mul.name}",
+            axis=-1,
+            epsilon=eps,
+        )
+    nodes = [new.get(id(n), n) for n in g.node if id(n) not in drop or id(n) in new]
+    del g.node[:]
+    g.node.extend(nodes)
+    onnx.checker.check_model(model)
+    return model

@@ -25,18 +25,19 @@ from fp16lens.cli._inputargs import (
 )
 from fp16lens.cli._models import load_model, parse_kwargs
 from fp16lens.cli._output import console, emit_json
+from fp16lens.cli._target import parse_target
 
 
-def _cosine(text: str) -> float:
-    """``--target``: a worst output cosine in (0, 1]."""
+def _share(text: str) -> float:
+    """``--max-fallback``: a share of the FLOPs, 0.25 or 25%."""
     try:
-        value = float(text)
+        value = float(text[:-1]) / 100 if text.endswith("%") else float(text)
     except ValueError:
         value = float("nan")
-    if not 0 < value <= 1:  # nan fails too
+    if not 0 <= value <= 1:  # nan fails too
         raise argparse.ArgumentTypeError(
-            f"give the worst output cosine to FP32 that INT8 must keep, in (0, 1] (e.g. "
-            f"0.999), not {text!r}"
+            f"give the share of the FLOPs that may leave INT8, in [0, 1] or as a percentage "
+            f"(0.25 or 25%), not {text!r}"
         )
     return value
 
@@ -71,12 +72,24 @@ def add_parser(sub) -> None:
     )
     p.add_argument(
         "--target",
-        type=_cosine,
+        type=parse_target,
         default=None,
-        metavar="COSINE",
-        help="INT8 parity target: the worst output cosine to FP32 on the evaluation batches "
-        "(an --input file beside --calibration; else the calibration batches), e.g. 0.999; "
-        "the costliest layers leave INT8 until it holds, else the export fails",
+        metavar="TARGET",
+        help="INT8 parity target on the evaluation batches (an --input file beside "
+        "--calibration; else the calibration batches): the worst output cosine to FP32 "
+        "(0.999), or NAME=VALUE: cosine, mean-cosine, sqnr (worst, dB: sqnr=30), top1 or ctc "
+        "(the share of FP32's top-1 or greedy-CTC decision margin kept, output 0: "
+        "top1=0.9), or your metric FILE.py:FUNC=VALUE, FUNC(refs, outs) -> float on the "
+        "FP32 and INT8 outputs per batch; the costliest layers leave INT8 until it holds, "
+        "else the export fails",
+    )
+    p.add_argument(
+        "--max-fallback",
+        type=_share,
+        default=None,
+        metavar="SHARE",
+        help="with --target: the share of the conv/gemm/matmul FLOPs that may leave INT8 "
+        "(default 0.1; 0.25 or 25%%)",
     )
     p.add_argument(
         "--fp32-modules",
@@ -113,6 +126,13 @@ def run(args: argparse.Namespace) -> int:
             f"-o {args.output}: export writes an ONNX file; name it with the .onnx suffix "
             "(build a TensorRT engine from it with fp16lens.export.build_engine)"
         )
+    if args.target is not None and args.precision != "int8":
+        raise Fp16LensError("--target is the INT8 parity target; give --precision int8 with it")
+    if args.max_fallback is not None and args.target is None:
+        raise Fp16LensError(
+            "--max-fallback is the share of the FLOPs that --target's fallback may keep out of "
+            "INT8; give --target too (e.g. --target 0.999)"
+        )
     check_writable(args.output)
     try:
         artifact = (_export_onnx if is_onnx(args.model) else _export_torch)(export, args)
@@ -144,7 +164,8 @@ def _export_torch(export, args: argparse.Namespace):
             precision=args.precision,
             calibration=calibration,
             evaluation=evaluation,
-            target=args.target,
+            target=args.target.resolve() if args.target else None,
+            max_fallback=args.max_fallback,
             fp32_modules=islands or None,
             io_dtype=args.io_dtype,
             exporter=args.exporter,
@@ -203,7 +224,8 @@ def _export_onnx(export, args: argparse.Namespace):
             args.output,
             precision=args.precision,
             calibration=calibration,
-            target=args.target,
+            target=args.target.resolve() if args.target else None,
+            max_fallback=args.max_fallback,
             fp32_modules=_names(args.fp32_modules) or None,
             fp32_nodes=_names(args.fp32_nodes) or None,
             io_dtype=args.io_dtype,
@@ -284,6 +306,8 @@ _TERMINAL = (  # the library's words -> what a terminal user types
 
 def terminal_words(text: str) -> str:
     """An export warning as a terminal user acts on it (the JSON keeps the library's)."""
+    import re
+
     for lib, cli in _TERMINAL:
         text = text.replace(lib, cli)
-    return text
+    return re.sub(r"export\(\.\.\., max_fallback=([0-9.]+)\)", r"--max-fallback \1", text)

@@ -14,7 +14,7 @@ from fp16lens.export._artifact import ExportArtifact
 from fp16lens.export._calib_cache import read_calibration_cache, write_calibration_cache
 from fp16lens.export._engine_config import EngineConfig, engine_config
 from fp16lens.export._export import export, retype
-from fp16lens.export._int8_metrics import ctc_margin, top1_margin
+from fp16lens.export._int8_metrics import ctc_margin, mean_cosine, top1_margin, worst_sqnr
 from fp16lens.export._int8_search import Target as Int8Target
 from fp16lens.export._options import ExportOptions
 from fp16lens.export._torchtrt import compile_torch_tensorrt, half_with_islands
@@ -32,9 +32,11 @@ __all__ = [
     "engine_config",
     "export",
     "half_with_islands",
+    "mean_cosine",
     "read_calibration_cache",
     "retype",
     "top1_margin",
+    "worst_sqnr",
     "write_calibration_cache",
 ]
 

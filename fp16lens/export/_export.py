@@ -55,6 +55,7 @@ def export(
     calibration_cache: str | Path | None = None,
     dynamic: Iterable[str] | str | None = None,
     target: float | Int8Target | None = None,
+    max_fallback: float | None = None,
 ) -> ExportArtifact:
     """Export ``model(*example_inputs)`` to ``path``.
 
@@ -69,7 +70,7 @@ def export(
     with ``target`` (a worst output cosine such as 0.999, or ``Int8Target(threshold,
     metric)``) the costliest layers leave INT8 until the target holds on ``evaluation``
     (default: the calibration batches), and ExportError says so when it cannot (more than
-    10% of the FLOPs would leave INT8).
+    ``max_fallback`` of the FLOPs, default 10%, would leave INT8).
 
     An FP16 file is checked in real FP16 once written (``artifact.parity``, verify's
     ``onnx-fp16``: FP16 storage of every tensor): on the example inputs for a PyTorch
@@ -102,6 +103,7 @@ def export(
             calibration_cache=calibration_cache,
             dynamic=dynamic,
             target=target,
+            max_fallback=max_fallback,
         ),
     )
     if is_onnx(model):
@@ -316,6 +318,7 @@ def retype(
     io_dtype: str | None = None,
     calibration_cache: str | Path | None = None,
     target: float | Int8Target | None = None,
+    max_fallback: float | None = None,
 ) -> ExportArtifact:
     """Make an FP32 file written by ``export`` FP16 or INT8 without exporting again
     (the node <-> module map is stored in the file). Options as for ``export``."""
@@ -328,6 +331,7 @@ def retype(
             io_dtype=io_dtype,
             calibration_cache=calibration_cache,
             target=target,
+            max_fallback=max_fallback,
         ),
     )
     if opts.fp32_nodes is not None or opts.opset is not None or opts.dynamic:
@@ -370,6 +374,11 @@ def _check_calibration(opts: ExportOptions, calibration) -> None:
     if opts.target is not None and opts.precision != "int8":
         raise ExportError(
             f"target= is the INT8 parity target; precision {opts.precision!r} takes none"
+        )
+    if opts.max_fallback is not None and opts.target is None:
+        raise ExportError(
+            "max_fallback= is the share of the FLOPs an INT8 target's fallback may keep out "
+            "of INT8; give target= too (e.g. target=0.999)"
         )
 
 
@@ -414,6 +423,7 @@ def _typed(proto, path: Path, job: _Job, island_nodes: set[str] | None = None) -
             options.calibration_cache,
             target=options.target,
             evaluation=job.evaluation,
+            max_fallback=options.max_fallback,
         )
         warnings += int8_notes
     for node, origin in zip(proto.graph.node, map_nodes(proto.graph, set(), [])):

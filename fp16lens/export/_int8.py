@@ -26,6 +26,7 @@ from fp16lens._core.feeds import feed_items
 from fp16lens._core.quiet import quiet
 from fp16lens.export._artifact import default_opset
 from fp16lens.export._calib_cache import write_calibration_cache
+from fp16lens.export._int8_search import MAX_FALLBACK
 
 _PURPOSE = "INT8 quantization"
 TRT_QDQ_OPTIONS = {
@@ -118,7 +119,7 @@ def quantize_fp16lens(
     exclude=(),
     target=None,
     evaluation=None,
-    max_fallback: float = 0.1,
+    max_fallback: float = MAX_FALLBACK,
     search_batches: int = 2,
 ):
     """Quantize the prepared FP32 ``proto`` (``prepared``): (Q/DQ ModelProto, Int8Plan)."""
@@ -283,6 +284,7 @@ def quantize_int8(
     target=None,
     evaluation=None,
     calibrator: str = "search",
+    max_fallback: float | None = None,
 ):
     """Quantize the FP32 ``proto``; returns (Q/DQ ModelProto, path of the TensorRT cache,
     notes). ``target``: see ``_int8_search.Target`` (ExportError when it is not met)."""
@@ -297,7 +299,14 @@ def quantize_int8(
 
         name_nodes(proto.graph)
         if find_units(proto.graph, set(exclude)):
-            quantized, plan = quantize_fp16lens(proto, calibration, exclude, target, evaluation)
+            quantized, plan = quantize_fp16lens(
+                proto,
+                calibration,
+                exclude,
+                target,
+                evaluation,
+                MAX_FALLBACK if max_fallback is None else max_fallback,
+            )
             notes.append(plan.summary())
             floors = plan.cache_amax
             notes += _cache_leaves_out(plan, cache.name)

@@ -10,10 +10,16 @@ al., 2019) do, and nothing changes in FP32:
     y = W · x,  x = a ⊙ h + b   ->   x' = x / s = (a / s) ⊙ h + b / s,   W' = W · diag(s)
 
 The affine ops that take the division exactly: ``BatchNormalization`` (scale and bias),
-``Mul`` by a constant and ``Add`` of a constant after it (PaddlePaddle's learnable affine
-blocks and a LayerNorm's gamma and beta, per-tensor constants turned per channel). The
-readers: Conv (the input channel is the weight's axis 1, or axis 0 of a depthwise conv)
-and MatMul with a 2-D constant weight (its rows). A depthwise conv's weights are
+``LayerNormalization`` over the last axis (gamma and beta: a transformer block's norm
+before its QKV or MLP projection, one node in every opset-17 export from PyTorch), ``Mul``
+by a constant and ``Add`` of a constant after it (PaddlePaddle's learnable affine blocks
+and a decomposed LayerNorm's gamma and beta, per-tensor constants turned per channel). The
+readers: Conv (the input channel is the weight's axis 1, or axis 0 of a depthwise conv),
+MatMul with a 2-D constant weight (its rows) and Gemm (its rows, or its columns with
+``transB``); a tensor read by several of them (a norm before separate query, key and
+value projections) moves once, every reader's weights taking the product; a Transpose
+that keeps the last axis last between the norm and its reader passes the channels as
+they are. A depthwise conv's weights are
 quantized per output channel = input channel, so the division costs its weights nothing:
 each input channel is stretched to the tensor's full range (``s = r_c / r_max``). A full
 conv or MatMul shares its weights' quantization over input channels: ``s = sqrt(r_c /
@@ -47,6 +53,13 @@ class Pair:
     weight_axis: int  # the weight's input-channel axis
     depthwise: bool
     axis: int  # the channel axis of ``tensor``
+    # further readers of ``tensor`` (reader, weight, weight_axis): a norm before separate
+    # query, key and value projections; one division for all, each weight takes it
+    more: tuple[tuple[str, str, int], ...] = ()
+
+    def weights(self) -> list[tuple[str, str, int]]:
+        """(reader, weight, input-channel axis) of every reader."""
+        return [(self.reader, self.weight, self.weight_axis), *self.more]
 
 
 def _consts(graph) -> dict:
@@ -75,32 +88,51 @@ def find_pairs(graph, units, skip: AbstractSet[str] = frozenset()) -> list[Pair]
     """Every (affine producer, conv-like reader) pair of ``graph`` whose scale can move
     (not into the tensors in ``skip``)."""
     consts, producer, readers, outputs, nodes = _index(graph)
-    pairs = []
+    by_tensor: dict[str, list] = {}
     for u in units:
-        node = nodes[u.node]
-        if u.op not in ("Conv", "MatMul") or u.weight is None or len(u.acts) != 1:
+        if u.op in ("Conv", "MatMul", "Gemm") and u.weight is not None and len(u.acts) == 1:
+            by_tensor.setdefault(u.acts[0], []).append(u)
+    pairs = []
+    for t, users in by_tensor.items():
+        if t in skip or t in outputs or t not in producer:
             continue
-        if u.acts[0] in skip:
+        if len(readers.get(t, ())) != len(users):  # a reader that is not a unit: no move
             continue
-        t = u.acts[0]
-        w = consts[u.weight]
-        if u.op == "Conv":
-            group = _attr(node, "group", 1)
-            channels = w.shape[1] * group
-            depthwise = group > 1 and group == w.shape[0] == channels and w.shape[1] == 1
-            if group > 1 and not depthwise:
-                continue
-            axis, w_axis = 1, 0 if depthwise else 1
-        else:
-            if w.ndim != 2:
-                continue
-            channels, depthwise, axis, w_axis = w.shape[0], False, -1, 0
-        if t in outputs or len(readers.get(t, ())) != 1 or t not in producer:
-            continue
+        reads = [r for u in users if (r := _reads(nodes[u.node], t, consts[u.weight]))]
+        if len(reads) != len(users) or len({r[:3] for r in reads}) != 1:
+            continue  # every reader takes the division the same way, or none does
+        channels, depthwise, axis, w_axis = reads[0]
+        if depthwise and len(users) > 1:
+            continue  # a depthwise conv's powers of two are its own
         found = _affine(producer[t], producer, readers, consts, outputs, channels, axis)
-        if found is not None:
-            pairs.append(Pair(t, u.node, found[0], found[1], u.weight, w_axis, depthwise, axis))
+        if found is None:
+            continue
+        first, rest = users[0], zip(users[1:], reads[1:])
+        more = tuple((u.node, str(u.weight), r[3]) for u, r in rest)
+        pairs.append(
+            Pair(
+                t, first.node, found[0], found[1], str(first.weight), w_axis, depthwise, axis, more
+            )
+        )
     return pairs
+
+
+def _reads(node, t: str, w: np.ndarray) -> tuple[int, bool, int, int] | None:
+    """How the conv-like ``node`` reads ``t`` against its weight ``w``: (input channels,
+    depthwise, the channel axis of ``t``, the weight's input-channel axis); None where a
+    per-channel division of ``t`` cannot move into ``w``."""
+    if node.op_type == "Conv":
+        group = _attr(node, "group", 1)
+        channels = w.shape[1] * group
+        depthwise = group > 1 and group == w.shape[0] == channels and w.shape[1] == 1
+        if group > 1 and not depthwise:
+            return None
+        return channels, depthwise, 1, 0 if depthwise else 1
+    # x · W (MatMul, Gemm), or x · W^T (Gemm's transB): x's last axis
+    if w.ndim != 2 or node.input[0] != t or _attr(node, "transA", 0):
+        return None
+    w_axis = 1 if node.op_type == "Gemm" and _attr(node, "transB", 0) else 0
+    return w.shape[w_axis], False, -1, w_axis
 
 
 def _per_channel_ok(value: np.ndarray, channels: int, axis: int) -> bool:
@@ -119,6 +151,22 @@ def _affine(node, producer, readers, consts, outputs, channels, axis):
     if node.op_type == "BatchNormalization" and axis == 1:
         scale, bias = node.input[1], node.input[2]
         return (node.name, (scale, bias)) if scale in consts and bias in consts else None
+    if node.op_type == "LayerNormalization" and axis == -1 and _attr(node, "axis", -1) == -1:
+        # normalized over the last axis alone: its gamma and beta are per channel there
+        gamma_beta = tuple(t for t in node.input[1:3] if t)
+        ok = all(t in consts and consts[t].shape == (channels,) for t in gamma_beta)
+        return (node.name, gamma_beta) if ok else None
+    if node.op_type == "Transpose" and axis == -1:
+        # a permutation that keeps the last axis last carries each channel as it is
+        # (nn.MultiheadAttention with batch_first, between its norm and its projection)
+        perm = next((list(a.ints) for a in node.attribute if a.name == "perm"), [])
+        src = node.input[0]
+        before = producer.get(src)
+        if not perm or perm[-1] != len(perm) - 1 or before is None or before.op_type == "Transpose":
+            return None
+        if src in outputs or len(readers.get(src, ())) != 1:
+            return None
+        return _affine(before, producer, readers, consts, outputs, channels, axis)
     if node.op_type == "Mul":
         c = [t for t in node.input if t in consts]
         if len(c) == 1 and _per_channel_ok(consts[c[0]], channels, axis):
@@ -147,7 +195,18 @@ def channel_ranges(values: list[np.ndarray], axis: int) -> np.ndarray:
     )
 
 
-def scales_for(pair: Pair, x_range: np.ndarray, weight: np.ndarray) -> np.ndarray:
+def weight_ranges(pair: Pair, consts: dict) -> np.ndarray:
+    """Per input channel, the largest |w| over the pair's readers' weights."""
+    return np.max(
+        [
+            np.abs(np.moveaxis(consts[w], axis, 0).reshape(consts[w].shape[axis], -1)).max(axis=1)
+            for _, w, axis in pair.weights()
+        ],
+        axis=0,
+    )
+
+
+def scales_for(pair: Pair, x_range: np.ndarray, w_range: np.ndarray) -> np.ndarray:
     """The per-channel divisor ``s`` of the pair's input (its weights multiplied by it).
     For a depthwise conv a power of two: every product ``(w s)(x / s)`` is then the FP32
     product ``w x`` to the bit (as ``patch``'s factors are powers of two for FP16). For a
@@ -159,10 +218,7 @@ def scales_for(pair: Pair, x_range: np.ndarray, weight: np.ndarray) -> np.ndarra
     if pair.depthwise:  # no channel past the widest one: s >= r / r_max
         s = 2.0 ** np.ceil(np.log2(np.clip(r / r.max(), S_CLIP, 1.0)))
     else:
-        w = np.abs(
-            np.moveaxis(weight, pair.weight_axis, 0).reshape(weight.shape[pair.weight_axis], -1)
-        )
-        s = np.sqrt(r / np.maximum(w.max(axis=1), 1e-12))
+        s = np.sqrt(r / np.maximum(w_range, 1e-12))
         s = np.clip(s / s.max(), S_CLIP, 1.0)  # not rounded: measured, rounding costs here
     return s
 
@@ -186,19 +242,19 @@ def apply(proto, pair: Pair, s: np.ndarray):
         renamed = f"{name}__eq_{pair.reader}"
         g.initializer.append(numpy_helper.from_array(new.astype(np.float32), renamed))
         _rename_input(g, pair, name, renamed)  # in the producer, or the Mul before its Add
-    w = consts[pair.weight].astype(np.float64)
-    shaped = s.reshape([-1 if a == pair.weight_axis else 1 for a in range(w.ndim)])
-    new_w = numpy_helper.from_array((w * shaped).astype(np.float32), f"{pair.weight}__eq")
-    g.initializer.append(new_w)
-    reader = nodes[pair.reader]
-    reader.input[1] = new_w.name
+    for reader, weight, axis in pair.weights():
+        w = consts[weight].astype(np.float64)
+        shaped = s.reshape([-1 if a == axis else 1 for a in range(w.ndim)])
+        new_w = numpy_helper.from_array((w * shaped).astype(np.float32), f"{weight}__eq")
+        g.initializer.append(new_w)
+        nodes[reader].input[1] = new_w.name
 
 
 def _rename_input(g, pair: Pair, old: str, new: str) -> None:
     """The constant ``old`` read by the pair's producer chain (not by anyone else) -> ``new``."""
     producer = {o: n for n in g.node for o in n.output}
     node = producer[pair.tensor]
-    for _ in range(2):
+    for _ in range(3):  # the affine op, the Mul before its Add, a Transpose after it
         for k, t in enumerate(node.input):
             if t == old:
                 node.input[k] = new
@@ -258,7 +314,7 @@ def equalize(
     moved.CopyFrom(proto)
     for p in pairs:
         ranges = channel_ranges([v[p.tensor] for v in values], p.axis)
-        apply(moved, p, scales_for(p, ranges, consts[p.weight]))
+        apply(moved, p, scales_for(p, ranges, weight_ranges(p, consts)))
     return proven(proto, moved, pairs, feeds)
 
 

@@ -1,4 +1,5 @@
-"""Task metrics a user can state without an evaluation set, for ``Int8Target``.
+"""Task metrics a user can state without an evaluation set, for ``Int8Target``; and the
+targets a terminal names (``named_target``: ``fp16lens export --target sqnr=30``).
 
 Both measure how much of FP32's *decision margin* the INT8 graph keeps, item by item or
 frame by frame: finer than "the same answer" (which a handful of calibration items shows as
@@ -18,6 +19,9 @@ Each returns the mean over items (frames) of that share, clipped to [-1, 1]: 1.0
 every margin is kept, and a flipped decision costs up to 2 / (number of items). Use as
 ``Int8Target(0.98, ctc_margin, "CTC margin kept")``; ``functools.partial`` sets ``output``
 (which graph output) and ``blank``.
+
+On the outputs themselves, every float output of every batch: ``mean_cosine`` (the
+worst cosine is ``Int8Target``'s default) and ``worst_sqnr``, in dB.
 """
 
 from __future__ import annotations
@@ -103,3 +107,53 @@ def ctc_margin(
             ref_gaps.append(_gaps(rb, good))
             out_gaps.append(_gaps(ob, good))
     return _kept(np.concatenate(ref_gaps), np.concatenate(out_gaps))
+
+
+def _float_pairs(refs: list[Outputs], outs: list[Outputs]):
+    for ref, out in zip(refs, outs):
+        for r, o in zip(ref, out):
+            if np.asarray(r).dtype.kind == "f":
+                yield np.asarray(r, np.float64).ravel(), np.asarray(o, np.float64).ravel()
+
+
+def mean_cosine(refs: list[Outputs], outs: list[Outputs]) -> float:
+    """The output cosine to FP32, mean over batches and float outputs."""
+    from fp16lens.export._int8_search import cosine
+
+    values = [cosine(r, o) for r, o in _float_pairs(refs, outs)]
+    return float(np.mean(values)) if values else 1.0
+
+
+def worst_sqnr(refs: list[Outputs], outs: list[Outputs]) -> float:
+    """The signal-to-quantization-noise ratio in dB, 10 log10(sum ref^2 / sum (out -
+    ref)^2), of the worst batch and float output (inf where INT8 equals FP32)."""
+    from fp16lens.verify._metrics import sqnr_db
+
+    values = [sqnr_db(float(r @ r), float((o - r) @ (o - r))) for r, o in _float_pairs(refs, outs)]
+    return min(values) if values else float("inf")
+
+
+# name -> (metric, what the threshold is, the thresholds that make sense: low < t <= high)
+NAMED = {
+    "cosine": (None, "worst output cosine", (0.0, 1.0)),
+    "mean-cosine": (mean_cosine, "mean output cosine", (0.0, 1.0)),
+    "sqnr": (worst_sqnr, "worst output SQNR (dB)", (0.0, 200.0)),
+    "top1": (top1_margin, "top-1 margin kept", (-1.0, 1.0)),
+    "ctc": (ctc_margin, "CTC margin kept", (-1.0, 1.0)),
+}
+
+
+def named_target(name: str, threshold: float):
+    """The ``Int8Target`` a terminal names: ``cosine`` (the worst output cosine),
+    ``mean-cosine``, ``sqnr`` (worst, dB), ``top1`` (``top1_margin`` of output 0), ``ctc``
+    (``ctc_margin`` of output 0, blank 0); ExportError (one line) for another name or a
+    threshold the metric cannot reach."""
+    from fp16lens._core import ExportError
+    from fp16lens.export._int8_search import Target
+
+    if name not in NAMED:
+        raise ExportError(f"no INT8 target named {name!r}; the names are {', '.join(NAMED)}")
+    metric, what, (low, high) = NAMED[name]
+    if not low < threshold <= high:  # nan fails too
+        raise ExportError(f"the {what} target must be in ({low:g}, {high:g}], not {threshold!r}")
+    return Target(float(threshold), metric, what)

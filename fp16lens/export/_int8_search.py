@@ -30,6 +30,7 @@ the switch graph computed with those feeds.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
@@ -42,6 +43,7 @@ from fp16lens.export._int8_calib import Histogram
 from fp16lens.export._int8_place import Unit, find_units, name_nodes, node_flops
 
 QMAX = 127.0
+MAX_FALLBACK = 0.1  # the share of the FLOPs a target's fallback may keep out of INT8
 Feed = dict  # input name -> np.ndarray
 Outputs = list  # the graph's outputs on one batch, np.ndarrays
 
@@ -409,10 +411,12 @@ class Kept:
     cost: float
     flops: int
     task_loss: float | None = None
+    alone: float | None = None  # the task metric with this unit alone in INT8
+    metric: str = ""  # that metric's name
 
     def __str__(self) -> str:
-        task = f", task metric -{self.task_loss:.4f}" if self.task_loss is not None else ""
-        return f"{self.node} ({self.op}, error {self.cost:.2e} alone{task})"
+        task = f", {self.metric} {self.alone:.4f}" if self.alone is not None else ""
+        return f"{self.node} ({self.op}, error {self.cost:.2e}{task} alone)"
 
 
 @dataclass
@@ -760,7 +764,7 @@ class Searcher:
             corrections=corrections,
             notes=notes,
             graph=graph,
-            equalized=[p.reader for p in equalized],
+            equalized=[reader for p in equalized for reader, _, _ in p.weights()],
             encoded=[g.reader for g in grids],
             cache_amax={g.source: g.amax for g in grids},
             rounded=rounded,
@@ -777,7 +781,7 @@ class Searcher:
         self,
         target,
         evaluation: list[Feed] | None = None,
-        max_fallback: float = 0.1,
+        max_fallback: float = MAX_FALLBACK,
         *,
         max_ranges: bool = True,
     ) -> Int8Plan:
@@ -921,7 +925,7 @@ def search(
     evaluation: list[Feed] | None = None,
     search_batches: int = 2,
     residual: bool = True,
-    max_fallback: float = 0.1,
+    max_fallback: float = MAX_FALLBACK,
     choose: bool = True,
     correct_bias: bool = True,
     equalize: bool = True,
@@ -974,15 +978,18 @@ def _fallback(
     # breaks ties); without one, the output error. On PP-OCRv4's detector the IoU rank keeps
     # 8 convs out for IoU 0.967 where the error rank needed 24 for 0.979.
     losses: list[float] | None = None
+    alone: list[float] = []
     if s < target.threshold and target.metric is not None:
         # the same metric on the same batches (a ladder of thresholds): measured once
         key = (target.metric, target.name, id(evaluation))
         memo = {} if memo is None else memo
         if key not in memo:
             every = set(range(len(units)))
-            full = target.score(refs, refs)
-            memo[key] = (evaluation, [full - score(every - {i}) for i in range(len(units))])
-        losses = memo[key][1]
+            memo[key] = (evaluation, [score(every - {i}) for i in range(len(units))])
+        alone = memo[key][1]
+        full = target.score(refs, refs)
+        # a metric without a finite best (SQNR: inf where INT8 equals FP32) ranks by itself
+        losses = [full - a if math.isfinite(full) else -a for a in alone]
     costs = plan.costs
     rank = (lambda i: (-losses[i], -costs[i])) if losses is not None else (lambda i: -costs[i])
     order = sorted(range(len(units)), key=rank)
@@ -1045,6 +1052,8 @@ def _fallback(
             costs[i],
             units[i].flops,
             None if losses is None else losses[i],
+            None if losses is None else alone[i],
+            target.name,
         )
         for i in sorted(out, key=rank)
     ]
@@ -1055,7 +1064,9 @@ def shown(score: float, threshold: float) -> str:
     """``score`` with enough digits to tell it from ``threshold`` (0.9999996 is not "1")."""
     for digits in range(4, 13):
         text = f"{score:.{digits}f}"
-        if score == threshold or float(text) != threshold:
+        # on the side of the threshold the score is (1.0000 is not "< 0.999999")
+        read = float(text)
+        if score == threshold or (read != threshold and (read < threshold) == (score < threshold)):
             return text
     return repr(score)
 
@@ -1073,10 +1084,17 @@ def _check(plan: Int8Plan, max_fallback: float) -> None:
             if s < target.threshold
             else f"{target.name} {shown(s, target.threshold)} >= {target.threshold:.12g} only"
         )
+        # met with more FLOPs out than allowed: that share allowed keeps this very set
+        allow = (
+            f"allow that share (export(..., max_fallback={math.ceil(round(float_share * 100, 6)) / 100:g})), "
+            if s >= target.threshold and float_share < 1
+            else ""
+        )
         raise ExportError(
             f"INT8 misses its target: {reached} with {float_share:.1%} of the conv/gemm/matmul "
-            f"FLOPs kept out of INT8 (allowed {max_fallback:.0%}; kept: {kept or 'none'}); give "
-            f"more representative calibration batches, lower the target, or export precision='fp16'"
+            f"FLOPs kept out of INT8 (allowed {max_fallback:.0%}; kept: {kept or 'none'}); "
+            f"{allow}give more representative calibration batches, lower the target, or export "
+            "precision='fp16'"
         )
 
 

@@ -28,7 +28,9 @@ class ExportOptions:
     outputs, "sequence": dimension 1 of inputs of rank 2 or 3). ``calibration_cache``: where
     an INT8 export writes TensorRT's calibration cache (default: next to the file).
     ``target``: the INT8 parity target, a worst output cosine such as 0.999 or
-    ``Int8Target(threshold, metric)``.
+    ``Int8Target(threshold, metric)``. ``max_fallback``: with a target, the share of the
+    conv/gemm/matmul FLOPs the fallback may keep out of INT8 (default 0.1) before the
+    export fails.
     """
 
     precision: str = "fp16"
@@ -40,6 +42,7 @@ class ExportOptions:
     fp32_nodes: tuple[str, ...] | None = None
     calibration_cache: str | Path | None = None
     target: object = None
+    max_fallback: float | None = None
 
     def __post_init__(self):
         from fp16lens.export._io import check_dynamic
@@ -59,6 +62,17 @@ class ExportOptions:
                 f"fp32_modules must be a list of module names, got {self.fp32_modules!r}"
             )
         object.__setattr__(self, "fp32_modules", tuple(self.fp32_modules))
+        if self.max_fallback is not None:
+            share = self.max_fallback
+            if (
+                isinstance(share, bool)
+                or not isinstance(share, (int, float))
+                or not 0 <= share <= 1
+            ):
+                raise OptionError(
+                    f"max_fallback must be a share of the FLOPs in [0, 1] (0.25: a quarter "
+                    f"may leave INT8), got {share!r}"
+                )
         if self.fp32_nodes is not None:
             if isinstance(self.fp32_nodes, str) or not all(
                 isinstance(n, str) for n in self.fp32_nodes

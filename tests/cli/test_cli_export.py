@@ -88,20 +88,26 @@ def test_export_target_outside_a_cosine_is_one_line(capsys, tmp_path, target):
     assert not (tmp_path / "m.onnx").exists()
 
 
-def test_export_int8_target_fails_loudly_when_missed(capsys, tmp_path):
-    """--target 1.0 keeps everything out of INT8, beyond the 10% of FLOPs allowed: exit 2,
-    one line naming what was reached; --target 0.99 passes and says what it kept."""
+def _int8_argv(tmp_path) -> list[str]:
+    """`fp16lens export models:clean --precision int8` calibrated on 3 seeded batches."""
+    torch.manual_seed(0)
     torch.save([torch.rand(1, 3, 16, 16) for _ in range(3)], tmp_path / "calib.pt")
-    base = [
+    calibration = ["--calibration", str(tmp_path / "calib.pt")]
+    return [
         "export",
         "models:clean",
         "--precision",
         "int8",
         "--exporter",
         "torchscript",
-        "--calibration",
-        str(tmp_path / "calib.pt"),
+        *calibration,
     ]
+
+
+def test_export_int8_target_fails_loudly_when_missed(capsys, tmp_path):
+    """--target 1.0 keeps everything out of INT8, beyond the 10% of FLOPs allowed: exit 2,
+    one line naming what was reached; --target 0.99 passes and says what it kept."""
+    base = _int8_argv(tmp_path)
     assert main([*base, "-o", str(tmp_path / "no.onnx"), "--target", "1.0"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("fp16lens: error: INT8 misses its target") and "Traceback" not in err
@@ -110,3 +116,139 @@ def test_export_int8_target_fails_loudly_when_missed(capsys, tmp_path):
     assert main([*base, "-o", str(tmp_path / "ok.onnx"), "--target", "0.99", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert any("target 0.99" in w for w in data["warnings"])
+
+
+def _as_written(path, tmp_path) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """The PyTorch model's FP32 outputs and the written INT8 file's, on the calibration
+    batches: ONNX Runtime with optimizations off (each Q/DQ on its own), not fp16lens."""
+    model, _ = models.clean()
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    sess = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    refs, outs = [], []
+    for x in torch.load(tmp_path / "calib.pt"):
+        with torch.no_grad():
+            refs.append(model(x).double().numpy())
+        outs.append(sess.run(None, {sess.get_inputs()[0].name: x.numpy()})[0].astype(np.float64))
+    return refs, outs
+
+
+def _sqnr(refs, outs) -> float:
+    return min(10 * np.log10((r**2).sum() / ((o - r) ** 2).sum()) for r, o in zip(refs, outs))
+
+
+def _float_weights(path) -> list[str]:
+    """The Conv/Gemm nodes of a written file whose weight is no DequantizeLinear's output:
+    those left out of INT8."""
+    graph = onnx.load(str(path)).graph
+    dequantized = {n.output[0] for n in graph.node if n.op_type == "DequantizeLinear"}
+    return [
+        n.name
+        for n in graph.node
+        if n.op_type in ("Conv", "Gemm") and n.input[1] not in dequantized
+    ]
+
+
+def _plan(out: str) -> str:
+    return next(w for w in json.loads(out)["warnings"] if w.startswith("INT8: "))
+
+
+def test_export_int8_targets_a_terminal_names(capsys, tmp_path):
+    """--target sqnr=40 holds all in INT8 (the summary names the metric); sqnr>=70 keeps
+    the classifier Gemm out of INT8 (named with the metric it reaches alone in INT8); both
+    files hold their SQNR as written, against the PyTorch model; top1=0.9 names its
+    metric."""
+    argv = _int8_argv(tmp_path)
+    for target, out in (("sqnr=40", []), ("sqnr>=70", ["/fc/Gemm"])):
+        path = tmp_path / "m.onnx"
+        assert main([*argv, "-o", str(path), "--target", target, "--json"]) == 0, target
+        plan = _plan(capsys.readouterr().out)
+        threshold = float(target.split("=")[1])
+        assert "worst output SQNR (dB)" in plan and f"(target {threshold:g})" in plan, plan
+        assert _float_weights(path) == out, target
+        assert all(f"{n} (Gemm, error" in plan for n in out), plan
+        assert _sqnr(*_as_written(path, tmp_path)) >= threshold - 0.01, target
+    assert main([*argv, "-o", str(tmp_path / "t.onnx"), "--target", "top1=0.9", "--json"]) == 0
+    assert "top-1 margin kept" in _plan(capsys.readouterr().out)
+
+
+METRICS = """
+import numpy as np
+
+
+def close(refs, outs):  # a task metric: here, minus the largest error of output 0
+    assert isinstance(refs, list) and isinstance(refs[0], list), type(refs)
+    assert all(isinstance(a, np.ndarray) for batch in refs + outs for a in batch)
+    return -max(float(np.abs(o[0] - r[0]).max()) for r, o in zip(refs, outs))
+
+
+def raises(refs, outs):
+    raise ValueError("no labels here")
+
+
+def nothing(refs, outs):
+    return None
+"""
+
+
+def test_export_int8_target_of_your_own_metric(capsys, tmp_path):
+    """--target FILE.py:FUNC=VALUE holds the user's metric, given each batch's FP32 and INT8
+    outputs as numpy arrays: the file written holds it as written. A metric that raises,
+    returns no number or is not in the file, or a file that is not there: exit 2, one line
+    naming the metric, no file written."""
+    (tmp_path / "metric.py").write_text(METRICS)
+    argv = _int8_argv(tmp_path)
+    path = tmp_path / "m.onnx"
+    metric = f"{tmp_path / 'metric.py'}:close"
+    assert main([*argv, "-o", str(path), "--target", f"{metric}=-0.0002", "--json"]) == 0
+    plan = _plan(capsys.readouterr().out)
+    assert f"{metric} " in plan and "(target -0.0002)" in plan, plan
+    refs, outs = _as_written(path, tmp_path)
+    assert max(np.abs(o - r).max() for r, o in zip(refs, outs)) <= 0.0002 + 1e-6
+    path.unlink()
+    for func, why in (
+        ("raises", "raised ValueError: no labels here"),
+        ("nothing", "returned None, not a number"),
+        ("missing", "has no callable 'missing'"),
+    ):
+        spec = f"{tmp_path / 'metric.py'}:{func}"
+        assert main([*argv, "-o", str(path), "--target", f"{spec}=0.5"]) == 2, func
+        err = capsys.readouterr().err
+        assert err.startswith(f"fp16lens: error: --target {spec}") and why in err, err
+        assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+        assert not path.exists()
+    assert main([*argv, "-o", str(path), "--target", "nowhere.py:close=0.5"]) == 2
+    assert "no file nowhere.py" in capsys.readouterr().err
+
+
+def test_export_int8_max_fallback_allows_what_the_target_needs(capsys, tmp_path):
+    """sqnr=85 holds only with the Gemm, the residual Add and a conv out, 72.7% of the
+    FLOPs: the error names the share to allow in the terminal's words; --max-fallback 73%
+    then writes a file that holds 85 dB as written with those out."""
+    argv = _int8_argv(tmp_path)
+    path = tmp_path / "m.onnx"
+    assert main([*argv, "-o", str(path), "--target", "sqnr=85"]) == 2
+    err = capsys.readouterr().err
+    assert "allow that share (--max-fallback 0.73)" in err and "max_fallback=" not in err, err
+    assert not path.exists()
+    assert main([*argv, "-o", str(path), "--target", "sqnr=85", "--max-fallback", "73%"]) == 0
+    assert sorted(_float_weights(path)) == ["/fc/Gemm", "/features/features.3/Conv"]
+    assert _sqnr(*_as_written(path, tmp_path)) >= 85 - 0.01
+
+
+@pytest.mark.parametrize(
+    ("extra", "why"),
+    [
+        (["--max-fallback", "0.5"], "give --target too"),
+        (["--precision", "fp16", "--target", "0.99"], "give --precision int8 with it"),
+        (["--target", "0.99", "--max-fallback", "150%"], "argument --max-fallback"),
+        (["--target", "sqnr=abc"], "NAME=VALUE with NAME one of cosine, mean-cosine, sqnr"),
+        (["--target", "iou=0.9"], "no target named 'iou'"),
+    ],
+)
+def test_export_target_mistakes_are_one_line(capsys, tmp_path, extra, why):
+    argv = ["export", "models:clean", "-o", str(tmp_path / "m.onnx"), *extra]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert why in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert not (tmp_path / "m.onnx").exists()

@@ -70,6 +70,8 @@ def test_reloaded_artifact_has_the_same_map(tmp_path):
         ({"opset": 16}, "opset must be an int >= 17"),
         ({"exporter": "jit"}, "exporter must be one of"),
         ({"fp32_modules": "act"}, "list of module names"),
+        ({"max_fallback": 1.5}, r"max_fallback must be a share of the FLOPs in \[0, 1\]"),
+        ({"max_fallback": "10%"}, "max_fallback must be a share"),
     ],
 )
 def test_options_name_the_bad_value(kwargs, match):
@@ -111,3 +113,13 @@ def test_the_torchscript_export_leaves_no_temporary_files(tmp_path, monkeypatch)
     assert weights and all(t.data_location == onnx.TensorProto.DEFAULT for t in weights.values())
     expected = sum(p.numel() for p in model.parameters())
     assert sum(int(np.prod(t.dims)) for t in weights.values()) >= expected
+
+
+def test_max_fallback_needs_an_int8_target(tmp_path):
+    """max_fallback bounds a target's fallback: without target= it is refused, in one line
+    naming the fix, before anything is exported."""
+    model, (x,) = gelu_span()
+    with pytest.raises(ExportError, match=r"give target= too") as caught:
+        export(model, x, tmp_path / "m.onnx", "int8", calibration=[x], max_fallback=0.25)
+    assert len(str(caught.value).splitlines()) == 1
+    assert not (tmp_path / "m.onnx").exists()

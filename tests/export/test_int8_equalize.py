@@ -8,6 +8,8 @@ rounding, on inputs the ranges were not taken from, and must lower the all-INT8 
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -98,3 +100,147 @@ def test_centring_is_exact_and_with_bias_correction_lowers_the_detectors_int8_er
     assert all(s.amax == pytest.approx(amaxes[0][s.tensor], rel=1e-6) for s in shifts)
     assert plain[1] > plain[0], plain  # the off-grid zeros: why centring needs the correction
     assert corrected[1] < corrected[0] / 2, corrected
+
+
+def test_a_layernorm_node_takes_the_scale_as_its_decomposed_form(int8_prepared):
+    """PP-OCRv4's recognizer with its SVTR LayerNorms as LayerNormalization nodes (the form
+    PyTorch's exporter writes at opset 17; paddle2onnx writes nine ops): the same norms move
+    their scale into the same MatMuls as in the decomposed graph, exactly in FP32 on inputs
+    the ranges were not taken from, and the search keeps it for the same drop in the
+    all-INT8 error."""
+    from fp16lens.export import _int8_equalize as eq
+    from fp16lens.export._int8_place import find_units
+    from fp16lens.export._int8_search import _equalized
+
+    case, proto, units = int8_prepared("recognizer", n_cal=2, n_eval=2)
+    fused = int8_zoo.fused_layernorms(proto)
+    assert sum(n.op_type == "LayerNormalization" for n in fused.graph.node) == 5
+    fused_units = find_units(fused.graph, set())
+    by_norm = {
+        p.reader
+        for p in eq.find_pairs(fused.graph, fused_units)
+        if moved_op(fused, p) == "LayerNormalization"
+    }
+    decomposed = {p.reader for p in eq.find_pairs(proto.graph, units) if p.axis == -1}
+    assert by_norm == decomposed == {"p2o.MatMul.8", "p2o.MatMul.20"}, (by_norm, decomposed)
+    ref = int8_zoo.run_outputs(proto, case.eval)
+    errors = {}
+    for label, (graph, us) in {"decomposed": (proto, units), "fused": (fused, fused_units)}.items():
+        moved, _, pairs, note = _equalized(graph, us, case.cal, 1)
+        assert "equalization kept" in note and decomposed <= {p.reader for p in pairs}, note
+        assert eq.relative_error(ref, int8_zoo.run_outputs(moved, case.eval)) < 2e-6
+        before, after = (float(x) for x in note.split("error ")[1].split(";")[0].split(" -> "))
+        errors[label] = (before, after)
+    assert errors["fused"][1] < errors["fused"][0] / 2, errors
+    assert errors["fused"] == pytest.approx(errors["decomposed"], rel=0.05), errors
+
+
+def _migrated(model, shape: tuple[int, ...], tmp_path, dynamo: bool = False):
+    """``model`` exported (opset 18: LayerNormalization one node) and its scale migration on two random batches: (the
+    pairs moved, the FP32 change on a third batch, the all-INT8 output error there at max
+    ranges before and after)."""
+    import torch
+
+    from fp16lens.export import _int8_equalize as eq
+    from fp16lens.export._int8 import prepared
+    from fp16lens.export._int8_place import find_units, name_nodes
+    from fp16lens.export._int8_search import Switch, collect, nmse
+
+    torch.onnx.export(
+        model, (torch.randn(shape),), tmp_path / "m.onnx", dynamo=dynamo, opset_version=18
+    )
+    proto = prepared(onnx.load(tmp_path / "m.onnx"))
+    name_nodes(proto.graph)
+    units = find_units(proto.graph, set())
+    feeds = [{proto.graph.input[0].name: torch.randn(shape).numpy()} for _ in range(3)]
+    moved, pairs, _ = eq.equalize(proto, units, feeds[:2])
+    ref = int8_zoo.run_outputs(proto, feeds[2:])
+    change = eq.relative_error(ref, int8_zoo.run_outputs(moved, feeds[2:]))
+    nodes = {n.name: n for n in moved.graph.node}
+    movers = [
+        dataclasses.replace(u, weight=nodes[u.node].input[1]) if u.weight else u for u in units
+    ]
+    errors = []
+    for graph, us in ((proto, units), (moved, movers)):
+        hists, _ = collect(graph, us, feeds[:2])
+        tensors = list(hists)
+        scales = np.array([hists[t].amax / 127 for t in tensors])
+        errors.append(
+            nmse(ref, Switch(graph, us, tensors).run(feeds[2:], np.ones(len(us)), scales))
+        )
+    return [(moved_op(proto, p), p) for p in pairs], change, errors
+
+
+def _outlier(norm, *readers) -> None:
+    """One channel's gamma 100 times the rest, read by weights 100 times smaller: the
+    outlier features trained transformers grow."""
+    import torch
+
+    with torch.no_grad():
+        norm.weight[3] = 100.0
+        norm.bias.normal_()
+        for weight in readers:
+            weight[:, 3] /= 100
+
+
+def test_a_layernorm_before_a_gemm_moves_its_scale(tmp_path):
+    """A LayerNorm over the last axis before nn.Linear on 2-D tokens (exported as Gemm,
+    transB=1): its gamma and beta take the division, the Gemm's weight columns the product;
+    exact in FP32, and with an outlier channel the all-INT8 error at max ranges falls."""
+    from torch import nn
+
+    model = nn.Sequential(nn.LayerNorm(32), nn.Linear(32, 8)).eval()
+    _outlier(model[0], model[1].weight)
+    pairs, change, errors = _migrated(model, (16, 32), tmp_path)
+    assert [(op, p.weight_axis, p.more) for op, p in pairs] == [("LayerNormalization", 1, ())]
+    assert change < 2e-6
+    assert errors[1] < errors[0] / 4, errors
+
+
+def test_a_layernorm_before_separate_query_key_value_moves_its_scale_into_all(tmp_path):
+    """A pre-norm attention block with separate query, key and value Linears (as Hugging
+    Face's ViT writes it): the norm is read by three MatMuls, one division serves all three
+    and each weight takes the product: one pair, exact in FP32, the error falls. With the
+    norm's output read by a residual Add too (a post-norm block), nothing moves."""
+    import torch
+    from torch import nn
+
+    class Attention(nn.Module):
+        def __init__(self, residual: bool):
+            super().__init__()
+            self.norm = nn.LayerNorm(32)
+            self.q, self.k, self.v = nn.Linear(32, 32), nn.Linear(32, 32), nn.Linear(32, 32)
+            self.residual = residual
+
+        def forward(self, x):
+            h = self.norm(x)
+            a = torch.softmax(self.q(h) @ self.k(h).transpose(-1, -2) / 32**0.5, dim=-1)
+            return a @ self.v(h) + (h if self.residual else 0)
+
+    model = Attention(residual=False).eval()
+    _outlier(model.norm, model.q.weight, model.k.weight, model.v.weight)
+    pairs, change, errors = _migrated(model, (1, 16, 32), tmp_path)
+    assert [(op, len(p.more)) for op, p in pairs] == [("LayerNormalization", 2)], pairs
+    assert change < 2e-6
+    assert errors[1] < errors[0] / 4, errors
+    post = Attention(residual=True).eval()
+    assert _migrated(post, (1, 16, 32), tmp_path)[0] == []
+
+
+def test_a_pre_norm_encoder_layer_moves_both_norms(tmp_path):
+    """torch's nn.TransformerEncoderLayer (norm_first, batch_first), as torch's own
+    exporter writes it: the first norm reaches the packed QKV projection through a
+    Transpose that keeps the channels last, the second reads the MLP's first Linear; both
+    move, exact in FP32, and with outlier channels the all-INT8 error falls."""
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True, norm_first=True)
+    layer.eval()
+    _outlier(layer.norm1, layer.self_attn.in_proj_weight)
+    _outlier(layer.norm2, layer.linear1.weight)
+    pairs, change, errors = _migrated(layer, (1, 16, 32), tmp_path, dynamo=True)
+    assert [op for op, _ in pairs] == ["LayerNormalization"] * 2, pairs
+    assert change < 2e-6
+    assert errors[1] < errors[0] / 4, errors

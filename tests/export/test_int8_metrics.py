@@ -13,7 +13,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fp16lens.export import ctc_margin, top1_margin
+from fp16lens.export import ExportError, ctc_margin, mean_cosine, top1_margin, worst_sqnr
+from fp16lens.export._int8_metrics import named_target
 
 
 def _frames(ids: list[int], classes: int = 4, p: float = 0.7) -> np.ndarray:
@@ -55,6 +56,34 @@ def test_top1_margin_counts_flips_and_near_ties():
 
 
 @pytest.mark.slow
+def test_output_metrics_on_hand_made_outputs():
+    """mean_cosine and worst_sqnr over every batch and float output; integer outputs aside."""
+    ref = np.array([3.0, 4.0])
+    noisy = ref + np.array([0.03, -0.04])  # noise power 1e-4 * signal power: 40 dB
+    ids = np.array([1, 2])  # an integer output (argmax ids): not a float output
+    refs, outs = [[ref, ids], [ref, ids]], [[ref, ids], [noisy, ids]]
+    assert worst_sqnr(refs, outs) == pytest.approx(40.0)
+    assert worst_sqnr([[ref]], [[ref]]) == float("inf")  # INT8 equal to FP32
+    cos = float(ref @ noisy / np.linalg.norm(ref) / np.linalg.norm(noisy))
+    assert mean_cosine(refs, outs) == pytest.approx((1.0 + cos) / 2)
+
+
+@pytest.mark.parametrize(
+    "name,value,what",
+    [
+        ("cosine", 1.5, "(0, 1]"),
+        ("sqnr", -3, "(0, 200]"),
+        ("top1", 2, "(-1, 1]"),
+        ("ioU", 0.9, "cosine, mean-cosine, sqnr"),
+    ],
+)
+def test_named_targets_refuse_what_they_cannot_reach(name, value, what):
+    with pytest.raises(ExportError, match=r"\(|names") as caught:
+        named_target(name, value)
+    assert what in str(caught.value) and len(str(caught.value).splitlines()) == 1
+    assert named_target("sqnr", 30).name == "worst output SQNR (dB)"
+
+
 def test_ctc_margin_target_holds_on_held_out_lines_and_names_what_it_keeps():
     """PP-OCRv4's recognizer, trained weights, as the bench runs it (8 calibration lines, 24
     held-out lines, other words). The target "96% of FP32's CTC decision margin kept" is

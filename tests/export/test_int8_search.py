@@ -191,7 +191,7 @@ def test_fallback_keeps_the_fewest_and_names_them(detector, det_search):
     assert all(name in plan.summary() for name in names)
     # a task metric ranks by itself: each one kept out is named with its IoU loss alone
     assert all(k.task_loss is not None and k.task_loss > 0 for k in plan.kept), plan.kept
-    assert "task metric -" in plan.summary()
+    assert f"{plan.target.name} " in plan.summary() and " alone" in plan.summary()
 
 
 def _worst_cosine_of_files(fp32_path, int8_path, inputs) -> float:
@@ -398,6 +398,9 @@ def test_a_missed_target_is_never_shown_as_met():
     assert shown(0.97282, 0.98) == "0.9728"
     assert shown(0.99999996, 1.0) == "0.99999996"
     assert float(shown(0.9999999999999999, 1.0)) < 1.0
+    # rounded up past the threshold is no better: 0.9999987 is not "1.0000 < 0.999999"
+    assert shown(0.9999987, 0.999999) == "0.9999987"
+    assert shown(1.0000004, 1.0) == "1.0000004"
 
 
 def test_a_correction_that_raises_one_output_is_not_kept():
