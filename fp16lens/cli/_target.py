@@ -32,29 +32,27 @@ class TargetSpec:
     """``--target`` as read: a named target (``name``) or a user's metric (``metric``, as
     ``FILE.py:FUNC`` or ``module:FUNC``), and its threshold."""
 
-    text: str
     threshold: float
     name: str = "cosine"
     metric: str | None = None
 
     def resolve(self):
-        """What ``export(..., target=)`` takes: a float for a plain cosine, else an
-        ``Int8Target``."""
-        from fp16lens.export._int8_metrics import named_target
-        from fp16lens.export._int8_search import Target
+        """The ``Int8Target`` for ``export(..., target=)`` (the worst output cosine's is
+        the one a plain number gives)."""
+        from fp16lens.export import Int8Target
 
         if self.metric is None:
-            return named_target(self.name, self.threshold)
-        return Target(self.threshold, _UserMetric(self.metric, _load(self.metric)), self.metric)
+            return Int8Target.named(self.name, self.threshold)
+        return Int8Target(self.threshold, _UserMetric(self.metric, _load(self.metric)), self.metric)
 
 
 def parse_target(text: str) -> TargetSpec:
     """argparse ``type`` of ``--target``: ArgumentTypeError (argparse's one line, exit 2)
     for a text none of the forms reads."""
-    from fp16lens.export._int8_metrics import NAMED
+    from fp16lens.export import ExportError, Int8Target
 
     def refuse(why: str = "") -> argparse.ArgumentTypeError:
-        forms = FORMS.format(names=", ".join(NAMED))
+        forms = FORMS.format(names=", ".join(Int8Target.NAMES))
         return argparse.ArgumentTypeError(f"{why}give {forms}; not {text!r}")
 
     name, eq, value = text.strip().rpartition("=")
@@ -71,13 +69,12 @@ def parse_target(text: str) -> TargetSpec:
         source, _, func = name.rpartition(":")
         if not source or not func.isidentifier():
             raise refuse("a metric is FILE.py:FUNC or module:FUNC; ")
-        return TargetSpec(text, threshold, metric=name)
-    if name not in NAMED:
-        raise refuse(f"no target named {name!r}; ")
-    _, what, (low, high) = NAMED[name]
-    if not low < threshold <= high:
-        raise refuse(f"the {what} target is in ({low:g}, {high:g}]; ")
-    return TargetSpec(text, threshold, name=name)
+        return TargetSpec(threshold, metric=name)
+    try:
+        Int8Target.named(name, threshold)
+    except ExportError as exc:
+        raise refuse(f"{exc}; ") from None
+    return TargetSpec(threshold, name=name)
 
 
 def _load(spec: str):

@@ -34,7 +34,7 @@ import math
 from collections.abc import Callable, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -58,10 +58,23 @@ class Target:
     metric: Callable[[list[Outputs], list[Outputs]], float] | None = None
     name: str = "worst output cosine"
 
+    NAMES: ClassVar[tuple[str, ...]] = ("cosine", "mean-cosine", "sqnr", "top1", "ctc")
+
     def score(self, refs: list[Outputs], outs: list[Outputs]) -> float:
         if self.metric is not None:
             return float(self.metric(refs, outs))
         return worst_cosine(refs, outs)
+
+    @classmethod
+    def named(cls, name: str, threshold: float) -> Target:
+        """The target a terminal names (``fp16lens export --target sqnr=30``), one of
+        ``NAMES``: ``cosine`` (the worst output cosine), ``mean-cosine``, ``sqnr`` (the
+        worst batch and output's SQNR in dB, ``worst_sqnr``), ``top1`` and ``ctc``
+        (``top1_margin`` and ``ctc_margin`` of output 0, blank 0); ExportError (one line)
+        for another name or a threshold the metric cannot reach."""
+        from fp16lens.export._int8_metrics import named_target
+
+        return named_target(name, threshold)
 
 
 def as_target(target) -> Target | None:

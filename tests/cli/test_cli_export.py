@@ -243,7 +243,7 @@ def test_export_int8_max_fallback_allows_what_the_target_needs(capsys, tmp_path)
         (["--precision", "fp16", "--target", "0.99"], "give --precision int8 with it"),
         (["--target", "0.99", "--max-fallback", "150%"], "argument --max-fallback"),
         (["--target", "sqnr=abc"], "NAME=VALUE with NAME one of cosine, mean-cosine, sqnr"),
-        (["--target", "iou=0.9"], "no target named 'iou'"),
+        (["--target", "iou=0.9"], "target named 'iou'"),
     ],
 )
 def test_export_target_mistakes_are_one_line(capsys, tmp_path, extra, why):

@@ -13,8 +13,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fp16lens.export import ExportError, ctc_margin, mean_cosine, top1_margin, worst_sqnr
-from fp16lens.export._int8_metrics import named_target
+from fp16lens.export import (
+    ExportError,
+    Int8Target,
+    ctc_margin,
+    mean_cosine,
+    top1_margin,
+    worst_sqnr,
+)
 
 
 def _frames(ids: list[int], classes: int = 4, p: float = 0.7) -> np.ndarray:
@@ -79,9 +85,9 @@ def test_output_metrics_on_hand_made_outputs():
 )
 def test_named_targets_refuse_what_they_cannot_reach(name, value, what):
     with pytest.raises(ExportError, match=r"\(|names") as caught:
-        named_target(name, value)
+        Int8Target.named(name, value)
     assert what in str(caught.value) and len(str(caught.value).splitlines()) == 1
-    assert named_target("sqnr", 30).name == "worst output SQNR (dB)"
+    assert Int8Target.named("sqnr", 30).name == "worst output SQNR (dB)"
 
 
 def test_ctc_margin_target_holds_on_held_out_lines_and_names_what_it_keeps():
