@@ -262,6 +262,7 @@ def _print(artifact, args: argparse.Namespace) -> int:
     }
     if int8:
         summary["int8_check"] = parity.to_dict() if parity is not None else None
+        summary["int8_plan"] = getattr(artifact, "int8", None)
     failed = parity is not None and not parity.passed
     if args.json:
         emit_json(summary)

@@ -34,7 +34,10 @@ class ExportArtifact:
     in FP32 (the islands) in an FP16 export. ``parity``: for an FP16 export, the written file
     checked in real FP16 (a ``fp16lens.verify.ParityResult``; a warning says so where it
     fails): on a PyTorch model's example inputs, on an ONNX source's ``evaluation=``
-    batches (None without them, and a warning says the file was not checked).
+    batches (None without them, and a warning says the file was not checked). ``int8``:
+    for an INT8 export, its plan as plain data (units quantized, the INT8 FLOPs share, the
+    target with its score, each unit kept out of INT8 with its FLOPs share and what it
+    costs alone in INT8, the rewrites made); None otherwise and for a loaded artifact.
     """
 
     path: Path
@@ -46,6 +49,7 @@ class ExportArtifact:
     warnings: tuple[str, ...] = ()
     calibration_cache: Path | None = None
     parity: Any = field(default=None, repr=False, compare=False)
+    int8: dict | None = field(default=None, repr=False, compare=False)
 
     @property
     def node_map(self) -> dict[str, str]:

@@ -402,7 +402,7 @@ def _typed(proto, path: Path, job: _Job, island_nodes: set[str] | None = None) -
             n.name for n, o in zip(proto.graph.node, origins) if in_islands(o.modules, islands)
         }
     fp32_nodes: list[str] = []
-    cache = None
+    cache, int8_plan = None, None
     if options.precision == "fp16":
         by_name = {n.name: o for n, o in zip(proto.graph.node, origins)}
         keep = {
@@ -415,7 +415,7 @@ def _typed(proto, path: Path, job: _Job, island_nodes: set[str] | None = None) -
 
         assert job.calibration is not None  # _check_calibration: INT8 needs calibration
 
-        proto, cache, int8_notes = quantize_int8(
+        proto, cache, int8_notes, int8_plan = quantize_int8(
             proto,
             job.calibration,
             sorted(island_nodes),
@@ -440,6 +440,7 @@ def _typed(proto, path: Path, job: _Job, island_nodes: set[str] | None = None) -
         fp32_nodes=tuple(fp32_nodes),
         warnings=tuple(warnings),
         calibration_cache=cache,
+        int8=int8_plan,
     )
 
 

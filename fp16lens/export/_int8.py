@@ -287,13 +287,15 @@ def quantize_int8(
     max_fallback: float | None = None,
 ):
     """Quantize the FP32 ``proto``; returns (Q/DQ ModelProto, path of the TensorRT cache,
-    notes). ``target``: see ``_int8_search.Target`` (ExportError when it is not met)."""
+    notes, the search's plan as plain data or None). ``target``: see
+    ``_int8_search.Target`` (ExportError when it is not met)."""
     if calibrator not in CALIBRATORS:
         raise ExportError(f"calibrator must be one of {', '.join(CALIBRATORS)}, got {calibrator!r}")
     proto = prepared(proto)
     cache = Path(cache_path) if cache_path else path.with_suffix(".cache")
     notes: list[str] = []
     floors: dict[str, float] = {}
+    plan_data = None
     if calibrator == "search":
         from fp16lens.export._int8_place import find_units, name_nodes
 
@@ -308,6 +310,7 @@ def quantize_int8(
                 MAX_FALLBACK if max_fallback is None else max_fallback,
             )
             notes.append(plan.summary())
+            plan_data = plan.to_dict()
             floors = plan.cache_amax
             notes += _cache_leaves_out(plan, cache.name)
         else:
@@ -325,7 +328,7 @@ def quantize_int8(
         # FP32 graph TensorRT 10 calibrates with the cache (the Q/DQ graph's would clip it)
         scales[t] = max(scales.get(t, 0.0), amax / 127.0)
     write_calibration_cache(cache, scales)
-    return quantized, cache, notes
+    return quantized, cache, notes, plan_data
 
 
 def _cache_leaves_out(plan, cache: str) -> list[str]:

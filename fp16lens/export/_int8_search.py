@@ -465,6 +465,35 @@ class Int8Plan:
             counts[m] = counts.get(m, 0) + 1
         return counts
 
+    def to_dict(self) -> dict:
+        """Plain data (JSON): what the plan quantized, what it kept out of INT8 and why."""
+        total = sum(u.flops for u in self.units) or 1
+        target = self.target
+        return {
+            "units": len(self.units),
+            "quantized": int(sum(self.on)),
+            "int8_flop_share": self.int8_flop_share,
+            "scales": self.method_counts(),
+            "target": None
+            if target is None
+            else {"metric": target.name, "threshold": target.threshold, "score": self.score},
+            "kept": [
+                {
+                    "node": k.node,
+                    "op": k.op,
+                    "flop_share": k.flops / total,
+                    "error_alone": k.cost,  # normalized MSE at the output, alone in INT8
+                    "metric_alone": k.alone,  # the target's metric, alone in INT8
+                }
+                for k in self.kept
+            ],
+            "equalized": list(self.equalized),
+            "centred": list(self.centred),
+            "encoded": list(self.encoded),
+            "bias_corrected": sorted(self.corrections),
+            "rounded": sorted(self.rounded),
+        }
+
     def summary(self) -> str:
         methods = ", ".join(f"{m} {n}" for m, n in sorted(self.method_counts().items()))
         line = (

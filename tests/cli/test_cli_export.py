@@ -231,9 +231,19 @@ def test_export_int8_max_fallback_allows_what_the_target_needs(capsys, tmp_path)
     err = capsys.readouterr().err
     assert "allow that share (--max-fallback 0.73)" in err and "max_fallback=" not in err, err
     assert not path.exists()
-    assert main([*argv, "-o", str(path), "--target", "sqnr=85", "--max-fallback", "73%"]) == 0
+    argv += ["-o", str(path), "--target", "sqnr=85", "--max-fallback", "73%", "--json"]
+    assert main(argv) == 0
     assert sorted(_float_weights(path)) == ["/fc/Gemm", "/features/features.3/Conv"]
     assert _sqnr(*_as_written(path, tmp_path)) >= 85 - 0.01
+    # the plan as data: the target and its score, each unit kept out with its share
+    plan = json.loads(capsys.readouterr().out)["int8_plan"]
+    assert plan["target"]["metric"] == "worst output SQNR (dB)"
+    assert plan["target"]["threshold"] == 85 <= plan["target"]["score"]
+    kept = {k["node"]: k for k in plan["kept"]}
+    assert set(kept) == {"/fc/Gemm", "/features/features.3/Conv", "/Add"}, kept
+    assert 1 - plan["int8_flop_share"] == pytest.approx(sum(k["flop_share"] for k in kept.values()))
+    assert 0.1 < 1 - plan["int8_flop_share"] <= 0.73
+    assert kept["/fc/Gemm"]["metric_alone"] < 85 and plan["quantized"] == plan["units"] - 3
 
 
 @pytest.mark.parametrize(
