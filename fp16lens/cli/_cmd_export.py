@@ -6,6 +6,7 @@ serves only the INT8 calibration."""
 from __future__ import annotations
 
 import argparse
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -134,6 +135,8 @@ def run(args: argparse.Namespace) -> int:
             "INT8; give --target too (e.g. --target 0.999)"
         )
     check_writable(args.output)
+    if args.target is not None:  # a user's metric file is imported here, not when parsed
+        args.target = args.target.resolve()
     try:
         artifact = (_export_onnx if is_onnx(args.model) else _export_torch)(export, args)
     except Fp16LensError as exc:  # the library's advice in the words a terminal user types
@@ -164,7 +167,7 @@ def _export_torch(export, args: argparse.Namespace):
             precision=args.precision,
             calibration=calibration,
             evaluation=evaluation,
-            target=args.target.resolve() if args.target else None,
+            target=args.target,
             max_fallback=args.max_fallback,
             fp32_modules=islands or None,
             io_dtype=args.io_dtype,
@@ -224,7 +227,7 @@ def _export_onnx(export, args: argparse.Namespace):
             args.output,
             precision=args.precision,
             calibration=calibration,
-            target=args.target.resolve() if args.target else None,
+            target=args.target,
             max_fallback=args.max_fallback,
             fp32_modules=_names(args.fp32_modules) or None,
             fp32_nodes=_names(args.fp32_nodes) or None,
@@ -307,8 +310,6 @@ _TERMINAL = (  # the library's words -> what a terminal user types
 
 def terminal_words(text: str) -> str:
     """An export warning as a terminal user acts on it (the JSON keeps the library's)."""
-    import re
-
     for lib, cli in _TERMINAL:
         text = text.replace(lib, cli)
     return re.sub(r"export\(\.\.\., max_fallback=([0-9.]+)\)", r"--max-fallback \1", text)

@@ -27,6 +27,12 @@ FORMS = (
 )
 
 
+GIVEN = (
+    "it is given refs and outs: per batch, the FP32 and INT8 graph outputs as lists of numpy "
+    "arrays, and returns a float"
+)
+
+
 @dataclass(frozen=True)
 class TargetSpec:
     """``--target`` as read: a named target (``name``) or a user's metric (``metric``, as
@@ -105,20 +111,16 @@ class _UserMetric:
         self.spec, self.metric = spec, metric
 
     def __call__(self, refs, outs) -> float:
-        given = (
-            "it is given refs and outs: per batch, the FP32 and INT8 graph outputs as "
-            "lists of numpy arrays, and returns a float"
-        )
         try:
             value = self.metric(refs, outs)
         except Exception as exc:
             raise Fp16LensError(
-                f"--target {self.spec} raised {type(exc).__name__}: {exc}; {given}"
+                f"--target {self.spec} raised {type(exc).__name__}: {exc}; {GIVEN}"
             ) from exc
         try:
             number = float(value)
         except (TypeError, ValueError):
             number = math.nan
         if not math.isfinite(number):
-            raise Fp16LensError(f"--target {self.spec} returned {value!r}, not a number; {given}")
+            raise Fp16LensError(f"--target {self.spec} returned {value!r}, not a number; {GIVEN}")
         return number

@@ -98,7 +98,7 @@ def find_pairs(graph, units, skip: AbstractSet[str] = frozenset()) -> list[Pair]
             continue
         if len(readers.get(t, ())) != len(users):  # a reader that is not a unit: no move
             continue
-        reads = [r for u in users if (r := _reads(nodes[u.node], t, consts[u.weight]))]
+        reads = [r for u in users if (r := _reads(nodes[u.node], u, consts[u.weight]))]
         if len(reads) != len(users) or len({r[:3] for r in reads}) != 1:
             continue  # every reader takes the division the same way, or none does
         channels, depthwise, axis, w_axis = reads[0]
@@ -117,10 +117,10 @@ def find_pairs(graph, units, skip: AbstractSet[str] = frozenset()) -> list[Pair]
     return pairs
 
 
-def _reads(node, t: str, w: np.ndarray) -> tuple[int, bool, int, int] | None:
-    """How the conv-like ``node`` reads ``t`` against its weight ``w``: (input channels,
-    depthwise, the channel axis of ``t``, the weight's input-channel axis); None where a
-    per-channel division of ``t`` cannot move into ``w``."""
+def _reads(node, unit, w: np.ndarray) -> tuple[int, bool, int, int] | None:
+    """How the conv-like ``node`` (``unit``) reads its input against its weight ``w``:
+    (input channels, depthwise, the channel axis of the input, the weight's input-channel
+    axis); None where a per-channel division of the input cannot move into ``w``."""
     if node.op_type == "Conv":
         group = _attr(node, "group", 1)
         channels = w.shape[1] * group
@@ -128,10 +128,13 @@ def _reads(node, t: str, w: np.ndarray) -> tuple[int, bool, int, int] | None:
         if group > 1 and not depthwise:
             return None
         return channels, depthwise, 1, 0 if depthwise else 1
-    # x · W (MatMul, Gemm), or x · W^T (Gemm's transB): x's last axis
-    if w.ndim != 2 or node.input[0] != t or _attr(node, "transA", 0):
+    # x · W (MatMul, Gemm), or x · W^T (Gemm's transB): x's last axis, and the weight's
+    # input channels on the axis its per-channel quantization (``unit.axis``) is not
+    if w.ndim != 2 or unit.axis is None or node.input[0] != unit.acts[0]:
         return None
-    w_axis = 1 if node.op_type == "Gemm" and _attr(node, "transB", 0) else 0
+    if _attr(node, "transA", 0):
+        return None
+    w_axis = 1 - unit.axis
     return w.shape[w_axis], False, -1, w_axis
 
 

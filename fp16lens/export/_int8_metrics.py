@@ -127,14 +127,10 @@ def mean_cosine(refs: list[Outputs], outs: list[Outputs]) -> float:
 def worst_sqnr(refs: list[Outputs], outs: list[Outputs]) -> float:
     """The signal-to-quantization-noise ratio in dB, 10 log10(sum ref^2 / sum (out -
     ref)^2), of the worst batch and float output (inf where INT8 equals FP32)."""
-    values = []
-    for r, o in _float_pairs(refs, outs):
-        signal, noise = float(r @ r), float((o - r) @ (o - r))
-        if not np.isfinite(noise) or (signal == 0 and noise > 0):
-            values.append(-np.inf)
-        else:
-            values.append(np.inf if noise == 0 else 10.0 * np.log10(signal / noise))
-    return float(min(values)) if values else float("inf")
+    from fp16lens._core.parity import sqnr_db
+
+    values = [sqnr_db(float(r @ r), float((o - r) @ (o - r))) for r, o in _float_pairs(refs, outs)]
+    return min(values) if values else float("inf")
 
 
 # name -> (metric, what the threshold is, the thresholds that make sense: low < t <= high)
@@ -155,7 +151,6 @@ def named_target(name: str, threshold: float):
     from fp16lens._core import ExportError
     from fp16lens.export._int8_search import Target
 
-    assert tuple(NAMED) == Target.NAMES  # one list of names
     if name not in NAMED:
         raise ExportError(f"no INT8 target named {name!r}; the names are {', '.join(NAMED)}")
     metric, what, (low, high) = NAMED[name]

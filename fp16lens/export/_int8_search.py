@@ -40,6 +40,7 @@ import numpy as np
 
 from fp16lens._core import ExportError, onnx_large
 from fp16lens.export._int8_calib import Histogram
+from fp16lens.export._int8_metrics import NAMED, named_target
 from fp16lens.export._int8_place import Unit, find_units, name_nodes, node_flops
 
 QMAX = 127.0
@@ -58,7 +59,7 @@ class Target:
     metric: Callable[[list[Outputs], list[Outputs]], float] | None = None
     name: str = "worst output cosine"
 
-    NAMES: ClassVar[tuple[str, ...]] = ("cosine", "mean-cosine", "sqnr", "top1", "ctc")
+    NAMES: ClassVar[tuple[str, ...]] = tuple(NAMED)  # what ``named`` takes
 
     def score(self, refs: list[Outputs], outs: list[Outputs]) -> float:
         if self.metric is not None:
@@ -72,8 +73,6 @@ class Target:
         worst batch and output's SQNR in dB, ``worst_sqnr``), ``top1`` and ``ctc``
         (``top1_margin`` and ``ctc_margin`` of output 0, blank 0); ExportError (one line)
         for another name or a threshold the metric cannot reach."""
-        from fp16lens.export._int8_metrics import named_target
-
         return named_target(name, threshold)
 
 

@@ -19,6 +19,7 @@ import torch
 
 from fp16lens._core import FP16_MIN_NORMAL, VerifyError
 from fp16lens._core.flush import small_as_fp16
+from fp16lens._core.parity import sqnr_db
 
 
 @dataclass(frozen=True)
@@ -126,16 +127,6 @@ def cosine(dot: float, a_sq: float, b_sq: float) -> float:
     if a_sq == 0 or b_sq == 0:
         return 0.0
     return max(-1.0, min(1.0, dot / math.sqrt(a_sq * b_sq)))
-
-
-def sqnr_db(signal_sq: float, noise_sq: float) -> float:
-    if not math.isfinite(noise_sq):
-        return -math.inf
-    if noise_sq == 0:
-        return math.inf
-    if signal_sq == 0:
-        return -math.inf
-    return 10.0 * math.log10(signal_sq / noise_sq)
 
 
 def worst(values, lower_is_worse: bool = True) -> float | None:

@@ -110,7 +110,7 @@ def test_a_layernorm_node_takes_the_scale_as_its_decomposed_form(int8_prepared):
     all-INT8 error."""
     from fp16lens.export import _int8_equalize as eq
     from fp16lens.export._int8_place import find_units
-    from fp16lens.export._int8_search import _equalized
+    from fp16lens.export._int8_search import _equalized, _int8_errors
 
     case, proto, units = int8_prepared("recognizer", n_cal=2, n_eval=2)
     fused = int8_zoo.fused_layernorms(proto)
@@ -126,11 +126,12 @@ def test_a_layernorm_node_takes_the_scale_as_its_decomposed_form(int8_prepared):
     ref = int8_zoo.run_outputs(proto, case.eval)
     errors = {}
     for label, (graph, us) in {"decomposed": (proto, units), "fused": (fused, fused_units)}.items():
-        moved, _, pairs, note = _equalized(graph, us, case.cal, 1)
+        moved, moved_units, pairs, note = _equalized(graph, us, case.cal, 1)
         assert "equalization kept" in note and decomposed <= {p.reader for p in pairs}, note
         assert eq.relative_error(ref, int8_zoo.run_outputs(moved, case.eval)) < 2e-6
-        before, after = (float(x) for x in note.split("error ")[1].split(";")[0].split(" -> "))
-        errors[label] = (before, after)
+        # all in INT8 at max ranges, on the probe line the move was decided on
+        probe = case.cal[:1]
+        errors[label] = tuple(_int8_errors(((graph, us), (moved, moved_units)), probe, {}))
     assert errors["fused"][1] < errors["fused"][0] / 2, errors
     assert errors["fused"] == pytest.approx(errors["decomposed"], rel=0.05), errors
 
