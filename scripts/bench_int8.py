@@ -3,11 +3,11 @@
     python scripts/bench_int8.py [--quick] [--models detector,recognizer,classifier] [--json OUT]
 
 ``--models`` (comma-separated): detector, recognizer, classifier (the default), onet,
-rnet, pnet, craft, english_g2, crepe.
+rnet, pnet, craft, english_g2, crepe, yolo.
 
 Models: PP-OCRv4's detector and recognizer as rapidocr-onnxruntime ships them, and
 EfficientNet-Lite0 (ImageNet), MTCNN ONet, RNet and PNet, easyocr's CRAFT and english_g2, and CREPE tiny,
-exported to FP32 ONNX by fp16lens; inputs from
+exported to FP32 ONNX by fp16lens, and NudeNet's YOLOv8n as its wheel ships it; inputs from
 ``tests/int8_zoo.py``: 8 calibration items and 24 evaluation items (``--quick``: 4 and
 8, about 4 minutes on 2 cores; ``--evaluation N``: N evaluation items, the first 24 the
 default's, where a model's builder has that many: MTCNN's up to 200), disjoint (other
@@ -236,6 +236,14 @@ def _task_targets(name: str) -> dict:
                 -0.1, int8_zoo.onet_px, "minus the larger mean error of box and landmarks, in px"
             )
         return rows
+    if name == "yolo":  # the detections NudeNet reports, FP32's against INT8's
+        return {
+            "fp16lens + target (detection F1 0.5:0.95 0.95)": Int8Target(
+                0.95,
+                lambda r, o: int8_zoo.yolo_metric(r, o)["detection F1 0.5:0.95"],
+                "detection F1 0.5:0.95",
+            )
+        }
     if name == "pnet":  # the face map is PNet's decision (the cells it turns into boxes);
         m = int8_zoo.pnet_metric  # the box offsets at those cells, a row of their own
         return {
@@ -261,6 +269,7 @@ LADDERS = {
     "craft": (0.998, 0.995, 0.99, 0.985, 0.98),
     "english_g2": (0.9995, 0.999, 0.998, 0.995, 0.99),
     "crepe": (0.9995, 0.999, 0.998, 0.995),
+    "yolo": (0.99, 0.98, 0.97, 0.95, 0.9),  # detection F1 0.5:0.95
 }
 
 
@@ -483,6 +492,12 @@ def markdown(rows: list[dict]) -> str:
             )
         elif "same string" in r:
             task = f"same string {r['same string']:.1%}"
+        elif "detection F1" in r:
+            task = (
+                f"detection F1 {r['detection F1']:.3f} (worst {r['detection F1 worst']:.3f}), "
+                f"0.5:0.95 {r['detection F1 0.5:0.95']:.3f}; box IoU {r['box IoU']:.3f} "
+                f"({r['box px']:.2f} px)"
+            )
         elif "face cell IoU" in r:
             task = (
                 f"face cell IoU {r['face cell IoU']:.3f} (worst {r['face cell IoU worst']:.3f}); "

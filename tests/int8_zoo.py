@@ -811,6 +811,141 @@ def crepe(n_cal: int = 8, n_eval: int = 24) -> Int8Case:
     )
 
 
+# ---- NudeNet's YOLOv8n: faces and body parts, 18 classes ---------------------------------
+
+YOLO_SIZE = 320  # NudeNet's input side (320n.onnx)
+YOLO_CONF = 0.25  # NudeNet keeps candidates >= 0.2, then cv2's NMS drops those below 0.25
+YOLO_NMS = 0.45  # NudeNet's NMS IoU threshold (class-agnostic, cv2.dnn.NMSBoxes)
+YOLO_MATCH = 0.5  # a detection matches FP32's of the same class at this box IoU
+
+
+def _box_iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """IoU of every box of ``a`` (n, 4) with every box of ``b`` (m, 4), corners x0 y0 x1 y1."""
+    lo = np.maximum(a[:, None, :2], b[None, :, :2])
+    hi = np.minimum(a[:, None, 2:], b[None, :, 2:])
+    inter = np.prod(np.clip(hi - lo, 0, None), axis=-1)
+    area = np.prod(a[:, 2:] - a[:, :2], axis=-1)[:, None] + np.prod(b[:, 2:] - b[:, :2], axis=-1)
+    return inter / np.maximum(area - inter, 1e-9)
+
+
+def yolo_detections(y: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """NudeNet's post-processing of one output (1, 4 + classes, anchors): each anchor's best
+    class and score, those >= ``YOLO_CONF``, then greedy class-agnostic NMS at
+    ``YOLO_NMS``: (boxes (n, 4) as corners in input pixels, classes, scores), best first."""
+    y = y[0]
+    scores, classes = y[4:].max(0), y[4:].argmax(0)
+    keep = np.nonzero(scores >= YOLO_CONF)[0]
+    keep = keep[np.argsort(-scores[keep], kind="stable")]
+    cx, cy, w, h = y[:4, keep]
+    boxes = np.stack([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2], axis=1)
+    chosen: list[int] = []
+    for i in range(len(keep)):
+        if not chosen or _box_iou(boxes[i : i + 1], boxes[chosen]).max() <= YOLO_NMS:
+            chosen.append(i)
+    return boxes[chosen], classes[keep][chosen], scores[keep][chosen]
+
+
+YOLO_MATCHES = tuple(np.round(np.arange(0.5, 0.96, 0.05), 2))  # COCO's IoU thresholds
+
+
+def _matches(rb, rc, ob, oc, at: float) -> list[tuple[int, int]]:
+    """(FP32 index, INT8 index) pairs: same class, box IoU >= ``at``; greedy, FP32's best
+    detection first, the INT8 detection it overlaps most, each used once."""
+    overlap = _box_iou(rb, ob) if len(rb) and len(ob) else np.zeros((len(rb), len(ob)))
+    free, pairs = np.ones(len(ob), bool), []
+    for i in range(len(rb)):
+        cand = np.nonzero(free & (oc == rc[i]) & (overlap[i] >= at))[0]
+        if len(cand):
+            j = int(cand[np.argmax(overlap[i, cand])])
+            free[j] = False
+            pairs.append((i, j))
+    return pairs
+
+
+def yolo_metric(refs, outs) -> dict:
+    """Detections as NudeNet makes them (``yolo_detections``), FP32's against INT8's: an
+    INT8 detection matches an FP32 one of the same class whose box it overlaps at IoU >=
+    0.5 (``_matches``). Detection F1: 2 matched / (FP32's + INT8's), over all items
+    together, and the worst item (1.0 when neither finds anything); F1 0.5:0.95: its mean
+    over the match thresholds 0.5, 0.55, ..., 0.95 (COCO's, with FP32's detections as the
+    ground truth), so that boxes that move count too. Box IoU and px: of the pairs matched
+    at 0.5, mean IoU and mean absolute corner difference in input pixels; score error:
+    their mean score difference. Cosine: of the whole output, mean over items."""
+    dets = [(yolo_detections(r[0]), yolo_detections(o[0])) for r, o in zip(refs, outs)]
+    total = sum(len(a[0]) + len(b[0]) for a, b in dets)
+    f1 = {}
+    for at in YOLO_MATCHES:
+        matched = sum(len(_matches(a[0], a[1], b[0], b[1], at)) for a, b in dets)
+        f1[at] = 2 * matched / total if total else 1.0
+    worst, ious, px, errs = 1.0, [], [], []
+    for (rb, rc, rs), (ob, oc, os_) in dets:
+        pairs = _matches(rb, rc, ob, oc, YOLO_MATCH)
+        for i, j in pairs:
+            ious.append(float(_box_iou(rb[i : i + 1], ob[j : j + 1])[0, 0]))
+            px.append(float(np.abs(rb[i] - ob[j]).mean()))
+            errs.append(float(abs(rs[i] - os_[j])))
+        if len(rb) + len(ob):
+            worst = min(worst, 2 * len(pairs) / (len(rb) + len(ob)))
+    return {
+        "detection F1": f1[YOLO_MATCH],
+        "detection F1 worst": worst,
+        "detection F1 0.5:0.95": float(np.mean(list(f1.values()))),
+        "detections": sum(len(a[0]) for a, _ in dets),
+        "box IoU": float(np.mean(ious)) if ious else 1.0,
+        "box px": float(np.mean(px)) if px else 0.0,
+        "score error": float(np.mean(errs)) if errs else 0.0,
+        "cosine": float(np.mean(_cosines(refs, outs))),
+    }
+
+
+def yolo(n_cal: int = 8, n_eval: int = 24) -> Int8Case:
+    """NudeNet 3.4.2's YOLOv8n (``320n.onnx`` as its wheel ships it) on 320x320 RGB / 255,
+    NudeNet's input. Items, in turn: a square window of 0.5 to 1.0 of the astronaut's
+    photograph, the same of the cameraman's (their faces, FACE_FEMALE and FACE_MALE, at
+    many sizes and places, cut at the border), and a crop of another photograph with one
+    to three LFW faces pasted at 48 to 128 pixels. Calibration pastes LFW images 0-49,
+    evaluation 50-99; other seeds, so other windows and crops."""
+    from PIL import Image
+
+    path = z.nudenet_yolo()
+    name = _input_name(path)
+    lfw = _lfw()
+    others = [p for p in _photos() if p not in ("astronaut", "camera", "page", "text")]
+    n = YOLO_SIZE
+
+    def window(rng, photo):
+        img = _photo(photo)
+        side = int(rng.uniform(0.5, 1.0) * min(img.shape[:2]))
+        y = rng.integers(0, img.shape[0] - side + 1)
+        x = rng.integers(0, img.shape[1] - side + 1)
+        return np.asarray(Image.fromarray(img[y : y + side, x : x + side]).resize((n, n)))
+
+    def items(seed, base, count):
+        rng = np.random.default_rng(seed)
+        out, used = [], 0
+        for i in range(count):
+            if i % 3 < 2:
+                img = window(rng, ("astronaut", "camera")[i % 3])
+            else:
+                img = _crop(rng, others[rng.integers(len(others))], n, n).copy()
+                for _ in range(int(rng.integers(1, 4))):
+                    side = int(rng.integers(48, 129))
+                    y, x = rng.integers(0, n - side + 1, size=2)
+                    face = Image.fromarray(lfw[base + used % 50]).resize((side, side))
+                    img[y : y + side, x : x + side], used = np.asarray(face), used + 1
+            out.append({name: (_nchw(img) / 255).astype(np.float32)})
+        return out
+
+    return Int8Case(
+        "NudeNet YOLOv8n",
+        path,
+        items(17, 0, n_cal),
+        items(18, 50, n_eval),
+        yolo_metric,
+        ("detection F1", "detection F1 worst", "detection F1 0.5:0.95", "box IoU", "cosine"),
+    )
+
+
 MODELS = {
     "detector": detector,
     "recognizer": recognizer,
@@ -821,6 +956,7 @@ MODELS = {
     "craft": craft,
     "english_g2": english_g2,
     "crepe": crepe,
+    "yolo": yolo,
 }
 
 

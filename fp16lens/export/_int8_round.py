@@ -325,6 +325,10 @@ def _fitted(u: Unit, w: np.ndarray, g: int, ms: list[Moments]) -> dict[str, np.n
     if rows.shape[-1] != ms[0].xx.shape[-1]:
         return {}
     nearest, scale = quantize_weight(w, u.axis)
+    if np.array_equal(
+        nearest * scale.reshape([-1 if i == u.axis else 1 for i in range(w.ndim)]), w
+    ):
+        return {}  # stored exactly (``exact_levels``): its coarse grid is not one to fit on
     scale = scale.reshape(g, -1)
     near = _rows(nearest, u.op, u.axis, g) * scale[..., None].astype(np.float64)
     if len(ms) == 2:

@@ -153,3 +153,32 @@ def test_more_evaluation_items_continue_the_benchs_24(name):
     if name == "onet":
         with pytest.raises(ValueError, match="200 evaluation items, not 201"):
             int8_zoo.onet(1, 201)
+
+
+def test_yolo_metric_exact_on_fp32_and_moved_by_int8():
+    """NudeNet's detections (its post-processing: best class >= 0.25, class-agnostic NMS):
+    exact on FP32; a box moved by 4 pixels still matches at IoU 0.5 and no longer at the
+    strict thresholds; INT8 with one scale for the output's boxes (pixels) and class scores
+    (0 to 1) together, as ONNX Runtime's Q/DQ on every op writes it, keeps no detection."""
+    import numpy as np
+
+    case = _case("yolo", 2, 4)
+    refs = int8_zoo.run_outputs(case.path, case.eval)
+    same = case.metric(refs, refs)
+    assert same["detections"] >= 4  # the evaluation items hold faces, as FP32 finds them
+    assert same["detection F1"] == same["detection F1 worst"] == same["detection F1 0.5:0.95"]
+    assert same["detection F1"] == 1.0 and same["box IoU"] == pytest.approx(1.0)
+    assert same["box px"] == same["score error"] == 0.0
+
+    boxes, _, _ = int8_zoo.yolo_detections(refs[0][0])
+    anchor = int(np.argmax(refs[0][0][0, 4:].max(0)))  # the best detection's anchor
+    moved = [[a.copy() for a in r] for r in refs]
+    moved[0][0][0, 0, anchor] += 4.0  # its box centre 4 pixels to the right
+    got = case.metric(refs, moved)
+    n = same["detections"]
+    assert got["detection F1"] == 1.0 and got["box px"] == pytest.approx(2.0 / n)
+    assert got["detection F1 0.5:0.95"] < 1.0 and got["box IoU"] < 1.0
+    assert len(boxes) >= 1
+
+    got = case.metric(refs, int8_zoo.run_outputs(_all_int8(case), case.eval))
+    assert got["detection F1"] == 0.0 and 0.99 < got["cosine"] < 1.0, got
