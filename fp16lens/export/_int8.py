@@ -312,7 +312,7 @@ def quantize_int8(
             notes.append(plan.summary())
             plan_data = plan.to_dict()
             floors = plan.cache_amax
-            notes += _cache_leaves_out(plan, cache.name)
+            notes += _cache_leaves_out(plan, cache.name, plan.graph or proto)
         else:
             quantized = proto
             notes.append(
@@ -331,15 +331,20 @@ def quantize_int8(
     return quantized, cache, notes, plan_data
 
 
-def _cache_leaves_out(plan, cache: str) -> list[str]:
+def _cache_leaves_out(plan, cache: str, graph) -> list[str]:
     """The note (none where the cache carries it all) on what the TensorRT 10 cache named
-    ``cache`` cannot carry of ``plan``: it holds activation ranges for a build from the
-    FP32 graph, where TensorRT rounds the FP32 weights itself, so the weights and constants
-    the search rewrote reach TensorRT only through the Q/DQ file, the file checked."""
+    ``cache`` cannot carry of ``plan`` (whose units read ``graph``): it holds activation
+    ranges for a build from the FP32 graph, where TensorRT rounds the FP32 weights itself
+    (over 127 steps), so the weights and constants the search rewrote or stored exactly
+    reach TensorRT only through the Q/DQ file, the file checked."""
+    from fp16lens.export._int8_search import on_grid
+
+    exact = set(on_grid(graph, plan.units, plan.on)) - set(plan.rounded)
     parts = [
         f"{what} {n} {unit}{'' if n == 1 else 's'}"
         for what, n, unit in (
             ("the fitted codes of", len(plan.rounded), "weight"),
+            ("the exact grid of", len(exact), "weight"),
             ("the bias corrections of", len(plan.corrections), "layer"),
             ("the scale migration before", len(plan.equalized), "layer"),
             ("the centring before", len(plan.centred), "layer"),

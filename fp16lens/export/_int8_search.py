@@ -210,6 +210,23 @@ def exact_levels(rows: np.ndarray, amax: np.ndarray) -> np.ndarray:
     return levels
 
 
+def on_grid(proto, units: Sequence[Unit], on: Sequence[bool]) -> list[str]:
+    """The weights of the units switched ``on`` that ``quantize_weight`` stores exactly on
+    a grid of fewer than 127 steps in some channel (``exact_levels``)."""
+    from onnx import numpy_helper
+
+    inits = {i.name: i for i in proto.graph.initializer}
+    found: list[str] = []
+    for u, o in zip(units, on):
+        if not o or u.weight is None or u.weight not in inits or u.axis is None:
+            continue
+        w = numpy_helper.to_array(inits[u.weight]).astype(np.float32)
+        rows = np.moveaxis(w, u.axis, 0).reshape(w.shape[u.axis], -1)
+        if (exact_levels(rows, np.abs(rows).max(axis=1)) < QMAX).any():
+            found.append(u.weight)
+    return found
+
+
 def quantize_weight(
     w: np.ndarray, axis: int | None, codes: np.ndarray | None = None
 ) -> tuple[np.ndarray, np.ndarray]:

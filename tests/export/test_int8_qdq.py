@@ -141,11 +141,16 @@ def test_int8_without_calibration_is_refused():
 def test_the_cache_note_names_what_only_the_qdq_file_carries():
     """A plan that rewrote nothing of the FP32 graph is carried whole by the cache (no
     note); each rewrite is named with its count, and the cache by its file name."""
+    import dataclasses
+
+    import onnx
+
     from fp16lens.export._int8 import _cache_leaves_out
     from fp16lens.export._int8_search import Int8Plan
 
     plain = Int8Plan(units=[], scales={"x": 0.1}, methods={"x": "max"}, on=[])
-    assert _cache_leaves_out(plain, "m.cache") == []
+    graph = onnx.helper.make_model(onnx.helper.make_graph([], "g", [], []))
+    assert _cache_leaves_out(plain, "m.cache", graph) == []
     rewrote = Int8Plan(
         units=[],
         scales={"x": 0.1},
@@ -155,11 +160,23 @@ def test_the_cache_note_names_what_only_the_qdq_file_carries():
         corrections={"conv": None},
         equalized=["conv"],
     )
-    (note,) = _cache_leaves_out(rewrote, "m.cache")
+    (note,) = _cache_leaves_out(rewrote, "m.cache", graph)
     assert note.startswith("the TensorRT 10 calibration cache m.cache holds only the activation")
     made = (
         "the fitted codes of 2 weights, the bias corrections of 1 layer and the scale "
         "migration before 1 layer made here"
     )
     assert made in note, note
-    assert "centring" not in note and "encoding" not in note
+    assert "centring" not in note and "encoding" not in note and "grid" not in note
+    # a weight stored exactly on a grid of 16 steps (YOLOv8's DFL conv): TensorRT's own
+    # rounding from the FP32 graph (127 steps) would not keep it
+    from fp16lens.export._int8_place import Unit
+
+    dfl = np.arange(16, dtype=np.float32).reshape(1, 16, 1, 1)
+    graph.graph.initializer.append(onnx.numpy_helper.from_array(dfl, "w"))
+    exact = Int8Plan(
+        units=[Unit("c", "Conv", ("p",), "w", 0, 16)], scales={}, methods={}, on=[True]
+    )
+    (note,) = _cache_leaves_out(exact, "m.cache", graph)
+    assert "it does not carry the exact grid of 1 weight made here" in note, note
+    assert _cache_leaves_out(dataclasses.replace(exact, on=[False]), "m.cache", graph) == []
