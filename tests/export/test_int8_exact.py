@@ -104,6 +104,7 @@ def test_quantize_weight_stores_a_grid_exactly_and_leaves_the_rest():
     assert one.shape == () and one == pytest.approx(np.abs(w[1]).max() / 127)
 
 
+@pytest.mark.slow
 def test_yolov8_int8_keeps_its_boxes():
     """NudeNet's YOLOv8n as its wheel ships it: its DFL conv is stored exactly and reads
     its softmax at the calibration max, and INT8 keeps FP32's detections and their boxes
