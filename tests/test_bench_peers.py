@@ -97,10 +97,14 @@ def test_unfixed_fp16_fails_where_real_fp16_overflows(seed_result):
 def test_exactness_rows_show_the_fold_never_worse_than_warp_conv(seed_result):
     rows = seed_result["exactness"]
     assert [r["p"] for r in rows] == ["8", "32", "256", "4096"]
+    # at small p both errors are FP32 rounding, whose order depends on the CPU's BLAS (the
+    # span form at p=8: 1.19e-07 against 1.04e-07 on one CPU); one FP32 ulp of slack, as
+    # tests/patch/test_patch_baselines.py allows
+    ulp = 2**-24
     for r in rows:
-        assert float(r["conv fold"]) <= float(r["warp_conv"])
-        assert float(r["bn fold"]) <= float(r["warp_bn"])
-        assert float(r["span fold"]) <= float(r["span formula"])
+        assert float(r["conv fold"]) <= float(r["warp_conv"]) + ulp
+        assert float(r["bn fold"]) <= float(r["warp_bn"]) + ulp
+        assert float(r["span fold"]) <= float(r["span formula"]) + ulp
     assert float(rows[-1]["warp_conv"]) > 10 * float(rows[0]["warp_conv"])
 
 
