@@ -493,10 +493,14 @@ def markdown(rows: list[dict]) -> str:
         elif "same string" in r:
             task = f"same string {r['same string']:.1%}"
         elif "detection F1" in r:
+            boxes = (
+                f"box IoU {r['box IoU']:.3f} ({r['box px']:.2f} px)"
+                if r["matched"]
+                else "no detection matched"
+            )
             task = (
                 f"detection F1 {r['detection F1']:.3f} (worst {r['detection F1 worst']:.3f}), "
-                f"0.5:0.95 {r['detection F1 0.5:0.95']:.3f}; box IoU {r['box IoU']:.3f} "
-                f"({r['box px']:.2f} px)"
+                f"0.5:0.95 {r['detection F1 0.5:0.95']:.3f}; {boxes}"
             )
         elif "face cell IoU" in r:
             task = (

@@ -891,6 +891,7 @@ def yolo_metric(refs, outs) -> dict:
         "detection F1 worst": worst,
         "detection F1 0.5:0.95": float(np.mean(list(f1.values()))),
         "detections": sum(len(a[0]) for a, _ in dets),
+        "matched": len(ious),  # pairs at 0.5; none: box IoU, px and score error say nothing
         "box IoU": float(np.mean(ious)) if ious else 1.0,
         "box px": float(np.mean(px)) if px else 0.0,
         "score error": float(np.mean(errs)) if errs else 0.0,

@@ -169,6 +169,7 @@ def test_yolo_metric_exact_on_fp32_and_moved_by_int8():
     assert same["detection F1"] == same["detection F1 worst"] == same["detection F1 0.5:0.95"]
     assert same["detection F1"] == 1.0 and same["box IoU"] == pytest.approx(1.0)
     assert same["box px"] == same["score error"] == 0.0
+    assert same["matched"] == same["detections"]
 
     boxes, _, _ = int8_zoo.yolo_detections(refs[0][0])
     anchor = int(np.argmax(refs[0][0][0, 4:].max(0)))  # the best detection's anchor
@@ -181,4 +182,4 @@ def test_yolo_metric_exact_on_fp32_and_moved_by_int8():
     assert len(boxes) >= 1
 
     got = case.metric(refs, int8_zoo.run_outputs(_all_int8(case), case.eval))
-    assert got["detection F1"] == 0.0 and 0.99 < got["cosine"] < 1.0, got
+    assert got["detection F1"] == got["matched"] == 0 and 0.99 < got["cosine"] < 1.0, got
