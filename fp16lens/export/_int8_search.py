@@ -163,6 +163,13 @@ def softmax_made(graph, tensors: Sequence[str]) -> list[str]:
     return found
 
 
+def reading_softmax(graph, units: Sequence[Unit], tensors: Sequence[str]) -> list[Unit]:
+    """The ``units`` that read a tensor ``softmax_made`` finds: no bias correction, no
+    fitted codes (each a mean over every position, which the flat ones dominate)."""
+    made = set(softmax_made(graph, tensors))
+    return [u for u in units if made.intersection(u.acts)]
+
+
 def nmse(refs: list[Outputs], outs: list[Outputs]) -> float:
     """Mean over batches and float outputs of ||out - ref||^2 / ||ref||^2."""
     costs = []
@@ -458,7 +465,7 @@ def bias_corrections(
     reading the same, unquantized, inputs. One pass, no compounding: the error a layer
     passes on is corrected where it arises."""
     nodes = {n.name: n for n in proto.graph.node}
-    peaked = set(softmax_made(proto.graph, tensors))
+    peaked = {u.node for u in reading_softmax(proto.graph, units, tensors)}
     where = {
         u.node: (1 if u.op != "Gemm" else -1)
         for u in units
@@ -466,7 +473,7 @@ def bias_corrections(
             u.op in ("Conv", "ConvTranspose")
             or (u.op == "Gemm" and len(nodes[u.node].input) > 2 and nodes[u.node].input[2])
         )
-        and not peaked.intersection(u.acts)  # the mean is the flat positions' (softmax_made)
+        and u.node not in peaked
     }
     if not where:
         return {}
@@ -693,10 +700,9 @@ def _corrected(
     half = len(feeds) // 2
     on, off = np.ones(len(units)), np.zeros(len(units))
 
-    peaked = set(softmax_made(proto.graph, tensors))
-    skipped = {u.weight for u in units if peaked.intersection(u.acts)}
+    skipped = {u.weight for u in reading_softmax(proto.graph, units, tensors)}
 
-    def fitted(part: list[Feed]) -> dict[str, np.ndarray]:  # not on a softmax: as bias_corrections
+    def fitted(part: list[Feed]) -> dict[str, np.ndarray]:
         codes = _int8_round.fit(proto, units, part, dict(zip(tensors, scales)))
         return {w: c for w, c in codes.items() if w not in skipped}
 
