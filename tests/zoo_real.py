@@ -1038,6 +1038,13 @@ def ddddocr_line(raw: bool, text: str = SENTENCE, photo: str | None = None) -> n
     return grey.numpy().astype(np.float32)
 
 
+def ddddocr_ids(logits: np.ndarray) -> list[int]:
+    """ddddocr's greedy CTC decoding of its OCR's output (frames, 1, classes): each frame's
+    best class, repeats merged, blanks (0) out."""
+    best = np.asarray(logits).reshape(-1, np.shape(logits)[-1]).argmax(-1)
+    return [int(c) for i, c in enumerate(best) if c and (i == 0 or c != best[i - 1])]
+
+
 def rec_input(raw: bool, text: str = SHORT) -> np.ndarray:
     """``text`` rendered 48 pixels high (the recognizer's input height), 1x3x48xW: raw 0-255
     pixels (the user's mistake) or as the recognizer was trained on."""

@@ -210,7 +210,7 @@ def test_ddddocr_reads_its_words_and_metric_counts_a_changed_string():
     case = _case("ddddocr", 2, 24)
     refs = int8_zoo.run_outputs(case.path, case.eval)
     chars = int8_zoo.dddd_charset()
-    read = ["".join(chars[i] for i in int8_zoo.ctc_ids(r[0])) for r in refs]
+    read = ["".join(chars[i] for i in int8_zoo.z.ddddocr_ids(r[0])) for r in refs]
     assert np.mean([w in int8_zoo._WORDS_EVAL for w in read]) >= 0.5, read
     assert case.metric(refs, refs) == {"same string": 1.0, "cosine": pytest.approx(1.0, abs=1e-9)}
     swapped = [refs[1], refs[0], *refs[2:]]

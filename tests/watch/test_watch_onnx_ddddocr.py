@@ -49,18 +49,13 @@ def _run(path: str, x: np.ndarray) -> np.ndarray:
     return sess.run(None, {inp.name: x})[0].astype(np.float32)
 
 
-def _decoded(logits: np.ndarray) -> list[int]:
-    """ddddocr's greedy CTC decoding: each frame's class, repeats collapsed, blanks (0) out."""
-    best = logits.reshape(-1, logits.shape[-1]).argmax(-1)
-    return [int(c) for i, c in enumerate(best) if c and (i == 0 or c != best[i - 1])]
-
-
 def _same_text(ref: np.ndarray, got: np.ndarray) -> tuple[bool, float]:
     """(whether the decoded text is FP32's, cosine of the logits: NaN if not finite)."""
     if not np.isfinite(got).all():
         return False, float("nan")
     a, b = ref.astype(np.float64).ravel(), got.astype(np.float64).ravel()
-    return _decoded(ref) == _decoded(got), float(a @ b / np.linalg.norm(a) / np.linalg.norm(b))
+    same = zoo_real.ddddocr_ids(ref) == zoo_real.ddddocr_ids(got)
+    return same, float(a @ b / np.linalg.norm(a) / np.linalg.norm(b))
 
 
 def _scan(path: str, feed: dict):
