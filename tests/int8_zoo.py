@@ -700,16 +700,19 @@ def craft(n_cal: int = 8, n_eval: int = 24) -> Int8Case:
 G2_SIZE = (64, 256)  # easyocr reads lines 64 pixels high; words padded to 256 wide
 
 
+def _strings_metric(refs, outs, decode) -> dict:
+    """The share of items whose first output ``decode``s to FP32's string, and the mean
+    output cosine."""
+    same = [decode(r[0]) == decode(o[0]) for r, o in zip(refs, outs)]
+    return {"same string": float(np.mean(same)), "cosine": float(np.mean(_cosines(refs, outs)))}
+
+
 def g2_metric(refs, outs) -> dict:
     """Same greedy CTC string as FP32 (easyocr's greedy decoder: best class per frame,
     repeats merged, blanks dropped), and the mean output cosine."""
     import torch
 
-    same = [
-        z.ctc_greedy(torch.from_numpy(r[0])) == z.ctc_greedy(torch.from_numpy(o[0]))
-        for r, o in zip(refs, outs)
-    ]
-    return {"same string": float(np.mean(same)), "cosine": float(np.mean(_cosines(refs, outs)))}
+    return _strings_metric(refs, outs, lambda x: z.ctc_greedy(torch.from_numpy(x)))
 
 
 @functools.cache
@@ -1028,8 +1031,8 @@ def dddd_charset() -> list[str]:
 
 
 def dddd_metric(refs, outs) -> dict:
-    same = [z.ddddocr_ids(r[0]) == z.ddddocr_ids(o[0]) for r, o in zip(refs, outs)]
-    return {"same string": float(np.mean(same)), "cosine": float(np.mean(_cosines(refs, outs)))}
+    """Same greedy CTC string as FP32 (ddddocr's decoding), and the mean output cosine."""
+    return _strings_metric(refs, outs, z.ddddocr_ids)
 
 
 def ddddocr(n_cal: int = 8, n_eval: int = 24) -> Int8Case:

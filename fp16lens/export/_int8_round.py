@@ -318,14 +318,13 @@ def fit(
 def _fitted(u: Unit, w: np.ndarray, g: int, ms: list[Moments]) -> dict[str, np.ndarray]:
     """{weight: codes} where codes fitted on each half of the batches beat the nearest on
     the other half (or with one half, always); {} otherwise."""
-    from fp16lens.export._int8_search import QMAX, exact_levels, quantize_weight
+    from fp16lens.export._int8_search import QMAX, quantize_weight, weight_levels
 
     assert u.weight is not None and u.axis is not None  # moments() fits only these
     rows = _rows(w, u.op, u.axis, g)
     if rows.shape[-1] != ms[0].xx.shape[-1]:
         return {}
-    channels = np.moveaxis(w, u.axis, 0).reshape(w.shape[u.axis], -1)
-    if (exact_levels(channels, np.abs(channels).max(axis=1)) < QMAX).all():
+    if (weight_levels(w, u.axis) < QMAX).all():
         return {}  # stored exactly (``exact_levels``): its coarse grid is not one to fit on
     nearest, scale = quantize_weight(w, u.axis)
     scale = scale.reshape(g, -1)

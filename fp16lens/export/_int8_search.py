@@ -229,10 +229,22 @@ def on_grid(proto, units: Sequence[Unit], on: Sequence[bool]) -> list[str]:
         if not o or u.weight is None or u.weight not in inits or u.axis is None:
             continue
         w = numpy_helper.to_array(inits[u.weight]).astype(np.float32)
-        rows = np.moveaxis(w, u.axis, 0).reshape(w.shape[u.axis], -1)
-        if (exact_levels(rows, np.abs(rows).max(axis=1)) < QMAX).any():
+        if (weight_levels(w, u.axis) < QMAX).any():
             found.append(u.weight)
     return found
+
+
+def _channels(w: np.ndarray, axis: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """``w`` as one row per channel along ``axis`` (one row when None), and each row's
+    largest magnitude."""
+    rows = w.reshape(1, -1) if axis is None else np.moveaxis(w, axis, 0).reshape(w.shape[axis], -1)
+    return rows, (np.abs(rows).max(axis=1) if w.size else np.zeros(1, np.float32))
+
+
+def weight_levels(w: np.ndarray, axis: int | None) -> np.ndarray:
+    """Per channel of ``w``, the levels ``quantize_weight`` stores it on (``exact_levels``:
+    fewer than 127 where the channel lies on such a grid)."""
+    return exact_levels(*_channels(w, axis))
 
 
 def quantize_weight(
@@ -242,8 +254,7 @@ def quantize_weight(
     (int8 values, float32 scales); ``codes``: the values fitted for it (``_int8_round``),
     on the same scales, instead of the nearest."""
     w = np.asarray(w, np.float32)
-    rows = w.reshape(1, -1) if axis is None else np.moveaxis(w, axis, 0).reshape(w.shape[axis], -1)
-    amax = np.abs(rows).max(axis=1) if w.size else np.zeros(1, np.float32)
+    rows, amax = _channels(w, axis)
     scale = (np.maximum(amax, 1e-8) / exact_levels(rows, amax)).astype(np.float32)
     if axis is None:
         scale = scale.reshape(())
