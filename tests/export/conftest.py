@@ -95,3 +95,35 @@ def int8_prepared():
         return case, proto, find_units(proto.graph, set())
 
     return make
+
+
+@pytest.fixture(scope="session")
+def bench_search():
+    """``bench_search(name, centre=True)``: (case, prepared graph, Searcher) of an INT8 zoo
+    model as ``scripts/bench_int8.py`` searches it (8 calibration items, 24 evaluation items,
+    2 probe batches), made once per session: the detector's and recognizer's searches take
+    minutes each on this project's CPU, and several tests read the same one."""
+    made: dict = {}
+
+    def get(name: str, centre: bool = True):
+        pytest.importorskip("onnxruntime")
+        onnx = pytest.importorskip("onnx")
+        import int8_zoo
+        from zoo_real import Missing
+
+        from fp16lens.export._int8 import prepared
+        from fp16lens.export._int8_place import name_nodes
+        from fp16lens.export._int8_search import searcher
+
+        if (name, centre) not in made:
+            try:
+                case = int8_zoo.MODELS[name](8, 24)
+            except Missing as exc:
+                pytest.skip(str(exc))
+            proto = prepared(onnx.load(case.path))
+            name_nodes(proto.graph)
+            found = searcher(proto, list(case.cal), search_batches=2, centre=centre)
+            made[name, centre] = (case, proto, found)
+        return made[name, centre]
+
+    return get

@@ -90,32 +90,21 @@ def test_named_targets_refuse_what_they_cannot_reach(name, value, what):
     assert Int8Target.named("sqnr", 30).name == "worst output SQNR (dB)"
 
 
-def test_ctc_margin_target_holds_on_held_out_lines_and_names_what_it_keeps():
+def test_ctc_margin_target_holds_on_held_out_lines_and_names_what_it_keeps(bench_search):
     """PP-OCRv4's recognizer, trained weights, as the bench runs it (8 calibration lines, 24
     held-out lines, other words). The target "96% of FP32's CTC decision margin kept" is
     checked on the calibration lines only; on the held-out lines the graph it writes keeps
     more of the margin and reads more lines as FP32 than the all-INT8 graph, with a few named
     units (each with its measured margin loss) out of INT8 and at least 90% of the FLOPs in."""
-    pytest.importorskip("onnxruntime")
-    onnx = pytest.importorskip("onnx")
     import int8_zoo
     import zoo_real as z
 
     from fp16lens.export import Int8Target
-    from fp16lens.export._int8 import prepared
-    from fp16lens.export._int8_place import name_nodes
-    from fp16lens.export._int8_search import searcher as make_searcher
     from fp16lens.export._int8_search import write_qdq
 
-    try:
-        case = int8_zoo.recognizer(8, 24)
-    except z.Missing as exc:
-        pytest.skip(str(exc))
-    proto = prepared(onnx.load(case.path))
-    name_nodes(proto.graph)
     # as export(..., target=) searches, without centring (with it, centring is left out
     # on this graph: the same plan, in twice the time)
-    searcher = make_searcher(proto, list(case.cal), search_batches=2, centre=False)
+    case, proto, searcher = bench_search("recognizer", centre=False)
     target = Int8Target(0.96, ctc_margin, "CTC margin kept")
     plan = searcher.fallback(target, max_fallback=0.1)
 
