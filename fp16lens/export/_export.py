@@ -228,6 +228,9 @@ def _why(result) -> str:
     where = f", first at {result.first_divergence}" if result.first_divergence else ""
     if result.nonfinite:
         return f"its outputs hold inf/NaN where FP32 is finite{where}"
+    changed = [f"{k} ({m.shape_change})" for k, m in result.outputs.items() if m.shape_change]
+    if changed:  # a decoder that stops at another step: the result itself differs
+        return f"the length of {', '.join(changed)} changes{where}"
     return (
         f"its worst output cosine against FP32 is {result.cosine:.6f}, below "
         f"{result.tolerance.min_cosine}{where}"

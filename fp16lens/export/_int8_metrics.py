@@ -109,11 +109,27 @@ def ctc_margin(
     return _kept(np.concatenate(ref_gaps), np.concatenate(out_gaps))
 
 
+def aligned(ref, out) -> tuple[np.ndarray, np.ndarray]:
+    """``ref`` and ``out`` as float64 arrays of one shape. Where INT8 changes an output's
+    shape (a decoder that stops at another step: SLANet-plus's structure tokens from its
+    Loop), each is zero-padded to the larger extent on every axis (flattened first where
+    the ranks differ), so what one has and the other lacks counts in full as error."""
+    r, o = np.asarray(ref, np.float64), np.asarray(out, np.float64)
+    if r.shape == o.shape:
+        return r, o
+    if r.ndim != o.ndim:
+        r, o = r.ravel(), o.ravel()
+    shape = np.maximum(r.shape, o.shape)
+    r, o = (np.pad(a, [(0, int(s) - n) for s, n in zip(shape, a.shape)]) for a in (r, o))
+    return r, o
+
+
 def _float_pairs(refs: list[Outputs], outs: list[Outputs]):
     for ref, out in zip(refs, outs):
         for r, o in zip(ref, out):
             if np.asarray(r).dtype.kind == "f":
-                yield np.asarray(r, np.float64).ravel(), np.asarray(o, np.float64).ravel()
+                a, b = aligned(r, o)
+                yield a.ravel(), b.ravel()
 
 
 def mean_cosine(refs: list[Outputs], outs: list[Outputs]) -> float:

@@ -40,7 +40,7 @@ import numpy as np
 
 from fp16lens._core import ExportError, onnx_large
 from fp16lens.export._int8_calib import Histogram
-from fp16lens.export._int8_metrics import NAMED, named_target
+from fp16lens.export._int8_metrics import NAMED, aligned, named_target
 from fp16lens.export._int8_place import Unit, find_units, name_nodes, node_flops
 
 QMAX = 127.0
@@ -88,7 +88,7 @@ def as_target(target) -> Target | None:
 
 
 def cosine(a: np.ndarray, b: np.ndarray) -> float:
-    a, b = np.asarray(a, np.float64).ravel(), np.asarray(b, np.float64).ravel()
+    a, b = (x.ravel() for x in aligned(a, b))
     na, nb = np.linalg.norm(a), np.linalg.norm(b)
     if na == 0 and nb == 0:
         return 1.0
@@ -175,10 +175,10 @@ def nmse(refs: list[Outputs], outs: list[Outputs]) -> float:
     costs = []
     for ref, out in zip(refs, outs):
         for r, o in zip(ref, out):
-            r = np.asarray(r, np.float64)
-            if r.dtype.kind != "f":
+            if np.asarray(r).dtype.kind != "f":
                 continue
-            d = float(np.sum((np.asarray(o, np.float64) - r) ** 2))
+            r, o = aligned(r, o)
+            d = float(np.sum((o - r) ** 2))
             costs.append(d / max(float(np.sum(r * r)), 1e-30))
     return float(np.mean(costs)) if costs else 0.0
 

@@ -125,10 +125,11 @@ def _cosine_of(runner, sess, batch: tuple, reference, extra: dict | None = None)
     if len(outs) != len(reference):
         return None
     cosines = []
-    for (_, ref), out in zip(reference, outs):
+    for i, ((_, ref), out) in enumerate(zip(reference, outs)):
         if ref.is_floating_point():
             acc = Accumulator()
-            acc.update(ref.detach().cpu(), torch.from_numpy(np.asarray(out)).to(ref.dtype))
+            got = torch.from_numpy(np.asarray(out)).to(ref.dtype)
+            acc.update(ref.detach().cpu(), got, runner.free_axes(i))
             cosines.append(acc.result().cosine)
     return worst(cosines)
 

@@ -13,6 +13,7 @@ agrees; for integer outputs, the share of equal values.
 from __future__ import annotations
 
 import math
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
 import torch
@@ -33,6 +34,9 @@ class OutputMetrics:
     topk_agreement: float | None
     nonfinite: bool = False
     numel: int = 0
+    # "reference (1, 11, 8), candidate (1, 10, 8)" where an output's data-dependent length
+    # differs (a decoder that stops at another step); compared zero-padded, and a failure
+    shape_change: str | None = None
 
     def __repr__(self) -> str:
         return f"OutputMetrics({format_metrics(self)})"
@@ -49,6 +53,8 @@ def format_metrics(m: OutputMetrics) -> str:
         parts.append(f"topk_agreement={m.topk_agreement:.3f}")
     if m.nonfinite:
         parts.append("nonfinite=True")
+    if m.shape_change:
+        parts.append(f"shape changes: {m.shape_change}")
     return ", ".join(parts)
 
 
@@ -65,13 +71,26 @@ class Accumulator:
         self.agree = self.positions = self.numel = 0
         self.nonfinite = False
         self.is_float = True
+        self.shape_change: str | None = None
 
-    def update(self, ref: torch.Tensor, cand: torch.Tensor) -> None:
+    def update(
+        self, ref: torch.Tensor, cand: torch.Tensor, free: AbstractSet[int] = frozenset()
+    ) -> None:
+        """Add one batch. ``free``: the axes whose length the candidate's graph leaves to
+        the data (a Loop's steps); a length that differs there is compared zero-padded and
+        recorded as a shape change, anywhere else it is the wrong candidate."""
         if ref.shape != cand.shape:
-            raise VerifyError(
-                f"output shapes differ: reference {tuple(ref.shape)}, candidate {tuple(cand.shape)}; "
-                "verify a candidate exported from (or patched from) this model, on the same inputs"
+            differ = {i for i, (a, b) in enumerate(zip(ref.shape, cand.shape)) if a != b}
+            if ref.dim() != cand.dim() or not differ <= set(free):
+                raise VerifyError(
+                    f"output shapes differ: reference {tuple(ref.shape)}, candidate "
+                    f"{tuple(cand.shape)}; verify a candidate exported from (or patched from) "
+                    "this model, on the same inputs"
+                )
+            self.shape_change = self.shape_change or (
+                f"reference {tuple(ref.shape)}, candidate {tuple(cand.shape)}"
             )
+            ref, cand = _padded(ref, cand)
         if not ref.is_floating_point():
             self.is_float = False
             self.agree += int((ref == cand.to(ref.dtype)).sum())
@@ -115,7 +134,20 @@ class Accumulator:
             topk_agreement=agreement,
             nonfinite=self.nonfinite,
             numel=self.numel,
+            shape_change=self.shape_change,
         )
+
+
+def _padded(ref: torch.Tensor, cand: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Both zero-padded to the larger length on every axis."""
+    shape = [max(a, b) for a, b in zip(ref.shape, cand.shape)]
+
+    def pad(t: torch.Tensor) -> torch.Tensor:
+        out = torch.zeros(shape, dtype=t.dtype, device=t.device)
+        out[tuple(slice(0, n) for n in t.shape)] = t
+        return out
+
+    return pad(ref), pad(cand.to(ref.device))
 
 
 def cosine(dot: float, a_sq: float, b_sq: float) -> float:

@@ -93,6 +93,14 @@ class OnnxRunner(Runner):
     def build(self, round_storage: bool, expose: list[str] | None):
         return session(fp32_compute(self.proto, round_storage, expose))
 
+    def free_axes(self, output: int) -> frozenset[int]:
+        """The axes of graph output ``output`` declared without a fixed length."""
+        outputs = self.proto.graph.output
+        if output >= len(outputs) or not outputs[output].type.HasField("tensor_type"):
+            return frozenset()
+        dims = outputs[output].type.tensor_type.shape.dim
+        return frozenset(i for i, d in enumerate(dims) if not d.HasField("dim_value"))
+
     def run(self, batch: tuple) -> list[torch.Tensor]:
         sess = self._sess()
         names = [i.name for i in sess.get_inputs()]

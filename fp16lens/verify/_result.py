@@ -71,7 +71,7 @@ class ParityResult:
         return [
             why
             for name, m in self.outputs.items()
-            if m.cosine is not None
+            if m.cosine is not None or m.shape_change
             for why in output_failures(name, m, self.tolerance)
         ]
 
@@ -114,8 +114,12 @@ class ParityResult:
 
 
 def output_failures(name: str, m: OutputMetrics, tol: Tolerance) -> list[str]:
-    """The criteria one float output breaks."""
+    """The criteria one output breaks (an integer output only its shape)."""
     out = []
+    if m.shape_change:
+        out.append(f"{name}: its length changes ({m.shape_change})")
+    if m.max_abs is None:
+        return out  # not a float output
     if m.nonfinite:
         out.append(f"{name}: candidate holds inf/NaN where FP32 is finite")
     if m.cosine is None or math.isnan(m.cosine) or m.cosine < tol.min_cosine:

@@ -26,6 +26,12 @@ class Runner(ABC):
         """The candidate's output tensors for one batch (positional inputs), flattened in
         the order of the reference model's outputs."""
 
+    def free_axes(self, output: int) -> frozenset[int]:
+        """The axes of the candidate's ``output`` (in the reference's order) whose length
+        the candidate leaves to the data: where a length may differ from the reference's
+        without the candidate being another model's (none unless the backend knows)."""
+        return frozenset()
+
     def locate(self, batch: tuple, site_rel: float) -> tuple[str | None, str | None]:
         """The first diverging site on ``batch`` and, for ONNX backends, its tensor name;
         ``(None, None)`` when this backend cannot localize."""

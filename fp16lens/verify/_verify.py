@@ -108,7 +108,7 @@ def _compare(
         with torch.no_grad():
             ref_out = model(*cast_floats(batch, torch.float32, device))
         cand = runner.run(batch)
-        failed = _accumulate(accs, named_leaves(ref_out), cand, tol)
+        failed = _accumulate(accs, named_leaves(ref_out), cand, tol, runner)
         if metric is not None:
             scores.append(float(metric(ref_out, _restructure(ref_out, cand))))
         if failed and failing is None:
@@ -133,7 +133,7 @@ def _compare(
     )
 
 
-def _accumulate(accs, ref_leaves, cand: list[torch.Tensor], tol: Tolerance) -> bool:
+def _accumulate(accs, ref_leaves, cand: list[torch.Tensor], tol: Tolerance, runner) -> bool:
     """Add one batch to the running metrics; whether this batch alone fails."""
     if len(ref_leaves) != len(cand):
         raise VerifyError(
@@ -141,12 +141,15 @@ def _accumulate(accs, ref_leaves, cand: list[torch.Tensor], tol: Tolerance) -> b
             "verify a candidate exported from (or patched from) this model"
         )
     failed = False
-    for (name, ref), out in zip(ref_leaves, cand):
-        out = out.to(ref.device)
-        accs.setdefault(name, Accumulator()).update(ref, out)
+    for i, ((name, ref), out) in enumerate(zip(ref_leaves, cand)):
+        out, free = out.to(ref.device), runner.free_axes(i)
+        accs.setdefault(name, Accumulator()).update(ref, out, free)
         one = Accumulator()
-        one.update(ref, out)
-        failed |= bool(ref.is_floating_point() and output_failures(name, one.result(), tol))
+        one.update(ref, out, free)
+        m = one.result()
+        failed |= bool(
+            (ref.is_floating_point() or m.shape_change) and output_failures(name, m, tol)
+        )
     return failed
 
 

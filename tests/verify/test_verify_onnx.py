@@ -167,3 +167,53 @@ def test_patched_seed_case_passes_on_onnx_fp16(seed, tmp_path):
     result = verify(model, path, inputs)
     assert result, result.failures()
     assert result.cosine >= 0.9999 and result.first_divergence is None
+
+
+def _kept_above(path, threshold: float, length: str = "n"):
+    """x (1, 8) -> the values above ``threshold``, (1, N): an output whose length the graph
+    leaves to the data, as a decoder's steps (SLANet-plus's Loop) or an NMS's boxes."""
+    t = numpy_helper.from_array(np.array(threshold, np.float32), "t")
+    graph = helper.make_graph(
+        [
+            helper.make_node("Greater", ["x", "t"], ["mask"]),
+            helper.make_node("Squeeze", ["mask", "zero"], ["flat"]),
+            helper.make_node("Compress", ["x", "flat"], ["y"], axis=1),
+        ],
+        "kept",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, length])],
+        [t, numpy_helper.from_array(np.array([0], np.int64), "zero")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, path)
+    return str(path)
+
+
+def test_an_output_of_data_dependent_length_that_changes_fails_on_its_length(tmp_path):
+    """A candidate that moves one value across a threshold returns one more element on the
+    axis the graph leaves to the data: verify compares the two zero-padded and fails it,
+    naming the change, instead of refusing the candidate as another model's (what the INT8
+    check of SLANet-plus's Loop decoder raised); where no value moves it passes, and a
+    fixed axis that differs is still the wrong candidate."""
+    from fp16lens._core import VerifyError
+
+    ref = _kept_above(tmp_path / "ref.onnx", 0.5)
+    cand = _kept_above(tmp_path / "cand.onnx", 0.45)
+    moved = torch.tensor([[0.9, 0.1, 0.47, 0.6, 0.2, 0.8, 0.0, 0.3]])
+    result = verify(ref, cand, [(moved,)], backend="onnx-fp16")
+    assert not result.passed
+    (why,) = [w for w in result.failures() if "length" in w]
+    assert "reference (1, 3), candidate (1, 4)" in why, result.failures()
+    m = next(iter(result.outputs.values()))
+    assert m.shape_change and m.cosine < 0.99  # the extra 0.47 counted against zeros
+    assert result.to_dict()["outputs"]["y"]["shape_change"] == m.shape_change  # JSON
+    # export's check of a written INT8 file says so in its one line
+    from fp16lens.export._export import _why
+
+    assert "the length of y (reference (1, 3), candidate (1, 4)) changes" in _why(result)
+    still = torch.tensor([[0.9, 0.1, 0.4, 0.6, 0.2, 0.8, 0.0, 0.3]])
+    assert verify(ref, cand, [(still,)], backend="onnx-fp16").passed
+    fixed = _kept_above(tmp_path / "fixed.onnx", 0.45, length=4)  # declared 4: not free
+    with pytest.raises(VerifyError, match="output shapes differ"):
+        verify(ref, fixed, [(moved,)], backend="onnx-fp16")
