@@ -303,6 +303,7 @@ _TERMINAL = (  # the library's words -> what a terminal user types
     ("fp16lens.scan(model, inputs), then fp16lens.patch", "`fp16lens scan`, then `fp16lens patch`"),
     ("fp16lens.verify(..., backend='onnx-fp16')", "`fp16lens verify --backend onnx-fp16`"),
     ("export(..., fp32_modules=[...])", "--fp32-modules NAME,..."),
+    ("export(..., fp32_nodes=[...])", "--fp32-nodes NAME,..."),
     ("export precision='fp16'", "--precision fp16"),
     ("export(..., target=0.999)", "--target 0.999"),
 )

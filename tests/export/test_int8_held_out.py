@@ -112,6 +112,8 @@ def test_a_file_that_fails_on_the_held_out_batches_says_so_and_exits_1(tmp_path,
     assert "the INT8 file fails its check on the evaluation batches" in text, text
     assert f"worst output cosine against FP32 is {truth:.6f}, below 0.99" in text
     assert "--target 0.999" in text and "target=" not in text
+    # an ONNX source's failing part is kept FP32 by node name, the flag its command takes
+    assert "keep those nodes FP32 (--fp32-nodes NAME,...)" in text, text
     # the calibration batches alone pass: nothing was checked where it fails
     argv_cal = ["export", str(fp32), "--precision", "int8", "-o", str(tmp_path / "c.onnx")]
     assert main([*argv_cal, "--input", str(tmp_path / "cal.npz")]) == 0
@@ -135,6 +137,8 @@ def test_a_file_that_fails_on_the_held_out_batches_says_so_and_exits_1(tmp_path,
     b = _run(out, [{"x": x}])[0][0].ravel().astype(np.float64)
     truth = float(a @ b / np.sqrt((a @ a) * (b @ b)))
     assert f"worst output cosine against FP32 is {truth:.6f}, below 0.99" in text, text
+    assert "keep those modules FP32 (--fp32-modules NAME,...)" in text, text
+    assert any("fp32_nodes=[...]" in w for w in art.warnings)  # the library's own words
 
 
 def test_the_target_holds_on_the_held_out_batches(tmp_path, capsys):
