@@ -17,6 +17,7 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from fp16lens._core import FP16_MIN_NORMAL, VerifyError
 from fp16lens._core.flush import small_as_fp16
@@ -139,13 +140,12 @@ class Accumulator:
 
 
 def _padded(ref: torch.Tensor, cand: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Both zero-padded to the larger length on every axis."""
+    """Both zero-padded at the end of every axis to the larger length (``F.pad`` takes the
+    last axis first)."""
     shape = [max(a, b) for a, b in zip(ref.shape, cand.shape)]
 
     def pad(t: torch.Tensor) -> torch.Tensor:
-        out = torch.zeros(shape, dtype=t.dtype, device=t.device)
-        out[tuple(slice(0, n) for n in t.shape)] = t
-        return out
+        return F.pad(t, [p for s, n in zip(shape[::-1], t.shape[::-1]) for p in (0, s - n)])
 
     return pad(ref), pad(cand.to(ref.device))
 
