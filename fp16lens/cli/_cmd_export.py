@@ -313,4 +313,9 @@ def terminal_words(text: str) -> str:
     """An export warning as a terminal user acts on it (the JSON keeps the library's)."""
     for lib, cli in _TERMINAL:
         text = text.replace(lib, cli)
+    text = re.sub(  # islands named one by one: export(..., fp32_nodes=['a', 'b'])
+        r"export\(\.\.\., fp32_(modules|nodes)=\[('[^\]]*')\]\)",
+        lambda m: f"--fp32-{m[1]} {','.join(n.strip().strip(chr(39)) for n in m[2].split(','))}",
+        text,
+    )
     return re.sub(r"export\(\.\.\., max_fallback=([0-9.]+)\)", r"--max-fallback \1", text)

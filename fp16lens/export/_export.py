@@ -31,7 +31,7 @@ from fp16lens.export._naming import map_nodes, stamp
 from fp16lens.export._onnx_in import ONNX_EXPORTER
 from fp16lens.export._onnx_meta import ISLANDS_KEY, in_islands
 from fp16lens.export._options import ExportOptions
-from fp16lens.export._ranges import MAY_CHANGE
+from fp16lens.export._ranges import MAY_CHANGE, keep_fp32
 from fp16lens.export._torch_export import export_fp32
 
 if TYPE_CHECKING:
@@ -224,9 +224,7 @@ def _run_check(reference, batches: list, artifact: ExportArtifact, backend: str)
 def _keep_fp32(reference) -> str:
     """How the user keeps what fails in FP32: modules of a PyTorch model, nodes of an ONNX
     source (a failure's first site is a node name there)."""
-    if isinstance(reference, torch.nn.Module):
-        return "keep those modules FP32 (export(..., fp32_modules=[...]))"
-    return "keep those nodes FP32 (export(..., fp32_nodes=[...]))"
+    return keep_fp32(not isinstance(reference, torch.nn.Module))
 
 
 def _why(result) -> str:

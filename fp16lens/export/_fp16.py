@@ -85,16 +85,17 @@ def convert_fp16(
         if typing[n.name].forced and n.name not in island
     ]
     rw = _Rewriter(model, elem, typing, origins, result.warnings)
+    nodes = all(rw._own(n) for n in g.node)  # an ONNX source without a module map
     rw.inputs(io_dtype)
     rw.initializers()
     rw.nodes()
     rw.outputs(io_dtype, fp32_out)
     rw.value_info()
-    summary = subnormal_summary(rw.converted)
+    summary = subnormal_summary(rw.converted, nodes=nodes)
     if summary:
         result.warnings.append(summary)
     if rw.guards:
-        result.warnings.append(guards_summary(rw.guards))
+        result.warnings.append(guards_summary(rw.guards, nodes=nodes))
     return result
 
 
@@ -167,6 +168,11 @@ class _Rewriter:
     def _origin(self, node) -> NodeOrigin:
         return self.origins.get(node.name, NodeOrigin(None))
 
+    def _own(self, node) -> bool:
+        """Whether ``node`` is its own unit (a node of an ONNX source without a module map,
+        ``_onnx_in.node_origins``): the user keeps it FP32 by its name, fp32_nodes."""
+        return self._origin(node).modules == (node.name,)
+
     # -- graph inputs and initializers -------------------------------------------------
     def inputs(self, io_dtype: str) -> None:
         for v in self.g.input:
@@ -227,8 +233,10 @@ class _Rewriter:
         additive: bool = False,
         tensor: str | None = None,
     ) -> np.ndarray:
-        half, issues = to_fp16_checked(name, array, modules)
         readers = self.consumers.get(tensor, []) if tensor else []
+        if readers and all(self._own(n) for n in readers):
+            modules = []  # an ONNX source's nodes, each its own unit: the nodes name it
+        half, issues = to_fp16_checked(name, array, modules, [n.name for n in readers])
         owners = [m for m in modules if m]  # '' is the model itself: the nodes say more
         label = (
             f"{name} of {', '.join(map(repr, owners))}"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -56,10 +57,20 @@ def clamp_mask_constants(array: np.ndarray) -> tuple[np.ndarray, int]:
     return np.where(huge, np.sign(a) * 65504.0, a).astype(a.dtype), n
 
 
+def keep_fp32(nodes: bool) -> str:
+    """How the user keeps what fails in FP16 or INT8 in FP32: the nodes of an ONNX source
+    (``nodes``: one without fp16lens's module map, where a site is a node name), else the
+    modules of the PyTorch model they come from."""
+    if nodes:
+        return "keep those nodes FP32 (export(..., fp32_nodes=[...]))"
+    return "keep those modules FP32 (export(..., fp32_modules=[...]))"
+
+
 def to_fp16_checked(
-    name: str, array: np.ndarray, modules: list[str]
+    name: str, array: np.ndarray, modules: list[str], readers: Sequence[str] = ()
 ) -> tuple[np.ndarray, RangeIssues]:
-    """``array`` as float16 and what the conversion does to it; ExportError on overflow.
+    """``array`` as float16 and what the conversion does to it; ExportError on overflow,
+    naming the ``modules`` it belongs to, else (an ONNX source) the nodes that read it.
 
     Masking constants (finite values >= 1e30, such as finfo(float32).min) are clamped to
     +-65504 rather than refused: converted as they are they would become inf, and
@@ -67,11 +78,12 @@ def to_fp16_checked(
     array, _ = clamp_mask_constants(array)
     issues = range_issues(array)
     if issues.overflow:
-        where = ", ".join(repr(m) for m in modules) or "the model"
+        kind, names = ("module", modules) if modules or not readers else ("node", readers)
+        where = ", ".join(map(repr, names)) or "the model"
         raise ExportError(
             f"weight {name!r} of {where} holds {issues.overflow} value(s) beyond FP16 "
             f"(|max| = {issues.absmax:.4g} > 65504). Rescale it with fp16lens.patch(), or keep "
-            f"the module in FP32: export(..., fp32_modules=[{', '.join(repr(m) for m in modules)}])."
+            f"the {kind} in FP32: export(..., fp32_{kind}s=[{', '.join(map(repr, names))}])."
         )
     return np.asarray(array).astype(np.float16), issues
 
@@ -98,10 +110,11 @@ def harmless(issues: RangeIssues, additive: bool) -> bool:
 
 
 def subnormal_summary(
-    entries: list[tuple[str, int, RangeIssues, bool]], shown: int = 5
+    entries: list[tuple[str, int, RangeIssues, bool]], shown: int = 5, *, nodes: bool = False
 ) -> str | None:
     """One warning for all weights with subnormal values, (name, size, issues, additive):
-    whether their loss matters, judged by ``harmless``, and what to do where it does."""
+    whether their loss matters, judged by ``harmless``, and what to do where it does
+    (``keep_fp32(nodes)`` among it)."""
     hit = [e for e in entries if e[2].subnormal]
     if not hit:
         return None
@@ -124,8 +137,8 @@ def subnormal_summary(
         f"{head}. In {len(matter)} of them an output channel loses up to {percent(worst)} of its "
         f"weight magnitude, more than FP16's own rounding (2^-11), {MAY_CHANGE}: "
         f"{_parts(matter, shown)}; check parity (fp16lens.verify(..., backend='onnx-fp16')) and "
-        "where it drops, scale that weight up by 2^k and the next layer down by 2^-k, or keep "
-        "its module FP32 (export(..., fp32_modules=[...]))"
+        "where it drops, scale that weight up by 2^k and the next layer down by 2^-k, or "
+        + keep_fp32(nodes)
         + (
             f"; the other {rest} lose less than the output precision of their layers: harmless"
             if rest
@@ -150,13 +163,13 @@ def vanished_guard(array: np.ndarray, readers: list) -> str | None:
     return f"{value:.3g}, 0 in FP16"
 
 
-def guards_summary(guards: list[str]) -> str:
-    """One warning for every eps or clip bound FP16 makes 0 (``vanished_guard``)."""
+def guards_summary(guards: list[str], *, nodes: bool = False) -> str:
+    """One warning for every eps or clip bound FP16 makes 0 (``vanished_guard``), with
+    ``keep_fp32(nodes)`` among the fixes."""
     return (
         f"{len(guards)} eps or clip bound(s) below 2^-25 are 0 in FP16, so they no longer "
         f"keep values off 0: {'; '.join(guards)}. Where an input makes the values they guard "
         "0 (a zero vector, an all-padding mask, digital silence), a divide, log or rsqrt "
         "after them gives inf/NaN in FP16 where FP32 is finite; use a bound FP16 holds (at "
-        "least 6.1e-05, e.g. F.normalize(x, eps=1e-4)) or keep that module in FP32 "
-        "(export(..., fp32_modules=[...]))"
+        "least 6.1e-05, e.g. F.normalize(x, eps=1e-4)) or " + keep_fp32(nodes)
     )

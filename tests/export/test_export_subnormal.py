@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from fp16lens.export._ranges import harmless, range_issues, subnormal_summary
+from fp16lens.export._ranges import MAY_CHANGE, harmless, range_issues, subnormal_summary
 
 import models
 
@@ -111,3 +111,57 @@ def test_an_eps_fp16_makes_0_is_named_by_its_node_and_an_input_it_guarded_gives_
         assert "output channel" not in text and "of ''" not in " ".join(art.warnings)
     else:
         assert guards == [] and bool((got == 0).all())
+
+
+def _onnx_conv_file(path, weight: np.ndarray) -> str:
+    """An ONNX file as another tool writes it (no fp16lens module map): x -> Conv -> Relu."""
+    from onnx import TensorProto, helper, numpy_helper, save
+
+    c_out, c_in = weight.shape[:2]
+    graph = helper.make_graph(
+        [
+            helper.make_node("Conv", ["x", "w", "b"], ["y"], name="stem_conv", pads=[1] * 4),
+            helper.make_node("Relu", ["y"], ["z"], name="stem_relu"),
+        ],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c_in, 8, 8])],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, c_out, 8, 8])],
+        [
+            numpy_helper.from_array(weight, "w"),
+            numpy_helper.from_array(np.full(c_out, 0.1, np.float32), "b"),
+        ],
+    )
+    save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return str(path)
+
+
+def test_an_onnx_source_is_advised_its_nodes_and_the_advice_takes(capsys, tmp_path):
+    """An ONNX file without fp16lens's module map has no modules to keep: the overflow
+    refusal and the subnormal warning name the node that reads the weight and
+    ``fp32_nodes`` (``--fp32-nodes stem_conv`` in a terminal, which that command takes),
+    not ``fp32_modules`` (refused for such a file). Following the advice clears both."""
+    from fp16lens.cli import main
+    from fp16lens.export import ExportError, export
+
+    huge = _conv_weight(False)
+    huge[0, 0, 1, 1] = 1e6  # beyond FP16
+    src = _onnx_conv_file(tmp_path / "huge.onnx", huge)
+    with pytest.raises(ExportError, match=r"of 'stem_conv'.*fp32_nodes=\['stem_conv'\]"):
+        export(src, None, tmp_path / "a.onnx")
+    assert main(["export", src, "-o", str(tmp_path / "a.onnx")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.endswith("--fp32-nodes stem_conv."), err
+    assert "fp32_modules" not in err and "--fp32-modules" not in err
+    kept = export(src, None, tmp_path / "k.onnx", fp32_nodes=["stem_conv"])
+    assert "stem_conv" in kept.fp32_nodes
+
+    flushed = _onnx_conv_file(tmp_path / "flushed.onnx", _conv_weight(True))
+    art = export(flushed, None, tmp_path / "f.onnx")
+    (text,) = [w for w in art.warnings if "subnormal" in w]
+    assert MAY_CHANGE in text and "w (read by Conv 'stem_conv')" in text, text
+    assert "fp32_nodes=[...]" in text and "fp32_modules" not in text, text
+    assert main(["export", flushed, "-o", str(tmp_path / "f2.onnx")]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "--fp32-nodes NAME,..." in out and "--fp32-modules" not in out, out
+    kept = export(flushed, None, tmp_path / "fk.onnx", fp32_nodes=["stem_conv"])
+    assert not [w for w in kept.warnings if "subnormal" in w]
