@@ -109,7 +109,7 @@ def patch(
                 "an ONNX model is never patched in place: use the returned ModelProto or out="
             )
         proto, the_plan = patch_onnx(model, report, opts, out=out, batches=batches)
-        finish(the_plan, opts)
+        finish(the_plan, opts, "nodes")
         return proto
     if out is not None:
         raise PatchError(
@@ -348,9 +348,10 @@ def _apply_one(
     return patched
 
 
-def finish(the_plan: Plan, opts: PatchOptions) -> None:
+def finish(the_plan: Plan, opts: PatchOptions, unit: str = "modules") -> None:
     """Never silent: what is unresolved, or was not checked, becomes a PatchWarning (with
-    ``strict``, unresolved problems raise PatchError)."""
+    ``strict``, unresolved problems raise PatchError). ``unit``: what the user keeps FP32,
+    the modules of a PyTorch model or the nodes of an ONNX graph (``fp32_<unit>``)."""
     if the_plan.unresolved:
         lines = [f"  {u.site}: {u.reason}" for u in the_plan.unresolved]
         where = (
@@ -363,7 +364,7 @@ def finish(the_plan: Plan, opts: PatchOptions) -> None:
         msg = (
             f"patch left {len(the_plan.unresolved)} problem(s) unresolved; {where}:\n"
             + "\n".join(lines)
-            + "\nKeep those modules in FP32 (export(..., fp32_modules=[...])) or follow each "
+            + f"\nKeep those {unit} in FP32 (export(..., fp32_{unit}=[...])) or follow each "
             "reason; patch(..., strict=True) raises instead of warning"
         )
         if opts.strict:

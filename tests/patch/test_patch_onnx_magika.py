@@ -100,6 +100,8 @@ def test_magika_broken_in_real_fp16_is_found_and_the_exported_fix_reads_unseen_f
     said = " ".join(str(w.message) for w in caught if w.category is fp16lens.PatchWarning)
     assert "yet real FP16 of the patched model passed on every batch given" in said
     assert "ApplyActivation_1/Tanh" in said and "not FP16-safe" not in said
+    # an ONNX graph's islands are nodes: the advice is the option export takes for it
+    assert "Keep those nodes in FP32 (export(..., fp32_nodes=[...]))" in said, said
     np.savez(tmp_path / "wav.npz", **feeds["wav"])  # from a terminal: the same, in its words
     saved = tmp_path / "r.json"
     report.save(saved)
