@@ -18,7 +18,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from fp16lens.verify._onnx_ref import OnnxReference
+
 QDQ_OPS = frozenset({"QuantizeLinear", "DequantizeLinear"})
+UNIT_OPS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
+"""The layers an INT8 export quantizes (its units): those ``fp32_nodes`` keeps out of INT8."""
 TOP = 5
 SWITCH = "fp16lens_qdq_on"
 
@@ -73,7 +77,9 @@ def int8_advice(
     named outputs on it): when the Q/DQ graph computed as written passes, the loss is
     ONNX Runtime's fused INT8 kernels; else the ``top`` costliest activation quantizers,
     and the modules to keep out of INT8 (both sides of a quantizer: a tensor stays FP32
-    only when its producer and its readers are excluded)."""
+    only when its producer and its readers are excluded), or for an ONNX reference the
+    nodes reading them (an export of an ONNX source places Q/DQ at its layers' inputs
+    only, so keeping the readers out keeps the tensor FP32 for them)."""
     unfused = unfused_cosine(runner, batch, reference)
     if unfused is not None and unfused >= min_cosine:
         return (
@@ -102,6 +108,14 @@ def int8_advice(
             f"or keep them out of INT8: fp16lens export ... --precision int8 --fp32-modules "
             f"{','.join(names)} (Python: fp32_modules={names!r})"
         )
+    elif isinstance(runner.model, OnnxReference):  # an ONNX source: its layers are nodes
+        units = {n.name for n in runner.proto.graph.node if n.op_type in UNIT_OPS}
+        nodes = list(dict.fromkeys(r for c in failing for r in c.readers if r in units))
+        if nodes:
+            lines.append(
+                f"or keep them out of INT8: fp16lens export SOURCE.onnx --precision int8 "
+                f"--fp32-nodes {','.join(nodes)} (Python: fp32_nodes={nodes!r})"
+            )
     return tuple(lines)
 
 

@@ -94,3 +94,61 @@ def test_int8_candidate_against_an_onnx_reference_picks_onnx_int8(clean_pair, tm
     result = fp16lens.verify(path, int8, inputs)
     assert result.backend == "onnx-int8" and result and 0.99 < result.cosine < 1.0
     assert np.isfinite(result.max_abs)
+
+
+def _normed_convs(path) -> str:
+    """x -> Conv 'stem' -> InstanceNormalization -> Relu -> Conv 'head', as another tool
+    writes it (no module map): the norm makes the head's input range the same whatever the
+    input's scale, so calibration on quiet inputs clips only the stem's input."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    inits = {
+        "w1": rng.normal(0, 0.3, (8, 3, 3, 3)),
+        "w2": rng.normal(0, 0.3, (4, 8, 3, 3)),
+        "s": np.ones(8),
+        "b": np.zeros(8),
+    }
+    graph = helper.make_graph(
+        [
+            helper.make_node("Conv", ["x", "w1"], ["a"], name="stem", pads=[1] * 4),
+            helper.make_node("InstanceNormalization", ["a", "s", "b"], ["n"], name="norm"),
+            helper.make_node("Relu", ["n"], ["r"], name="relu"),
+            helper.make_node("Conv", ["r", "w2"], ["y"], name="head", pads=[1] * 4),
+        ],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])],
+        [numpy_helper.from_array(v.astype(np.float32), k) for k, v in inits.items()],
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return str(path)
+
+
+def test_a_failed_int8_check_of_an_onnx_source_advises_its_nodes_and_the_advice_passes(
+    capsys, tmp_path
+):
+    """The INT8 advice for a model without modules names the nodes to keep out of INT8
+    (``--fp32-nodes stem``: the conv reading the clipped input), which export takes for that
+    source; exported so, the file passes the same check. Before, the advice stopped at
+    "more calibration" for every ONNX source."""
+    from fp16lens.cli import main
+
+    src = _normed_convs(tmp_path / "src.onnx")
+    torch.manual_seed(0)
+    quiet = [(0.05 * torch.randn(1, 3, 8, 8),) for _ in range(4)]
+    loud = [(2.0 * torch.randn(1, 3, 8, 8),) for _ in range(2)]
+    q = export(src, None, tmp_path / "q.onnx", precision="int8", calibration=quiet).path
+    result = fp16lens.verify(src, q, loud)
+    assert not result.passed
+    (advice,) = [a for a in result.advice if "keep them out of INT8" in a]
+    assert "--fp32-nodes stem " in advice and "fp32_nodes=['stem']" in advice, advice
+    torch.save(loud, tmp_path / "loud.pt")
+    assert main(["verify", src, str(q), "--input", str(tmp_path / "loud.pt")]) == 1
+    assert "--fp32-nodes stem" in " ".join(capsys.readouterr().out.split())
+    kept = export(
+        src, None, tmp_path / "k.onnx", precision="int8", calibration=quiet, fp32_nodes=["stem"]
+    ).path
+    assert fp16lens.verify(src, kept, loud).passed  # the head is still INT8
+    heads = [n for n in onnx.load(str(kept)).graph.node if n.name == "head"]
+    assert heads and heads[0].input[0].endswith("DequantizeLinear_Output")
