@@ -1,9 +1,12 @@
-"""`fp16lens show report.json [--full] [--json]`: print a saved report."""
+"""`fp16lens show report.json [--full] [--json] [--save PATH]`: print a saved report, or
+render it again (.html, .svg, .txt, or its plot as .png or .pdf)."""
 
 from __future__ import annotations
 
 import argparse
 import shlex
+
+from rich.markup import escape
 
 from fp16lens.cli._output import console, emit_json
 from fp16lens.cli._summary import report_summary
@@ -14,12 +17,28 @@ def add_parser(sub) -> None:
     p = sub.add_parser("show", help="print a saved report (.json)", description=__doc__)
     p.add_argument("report", help="a report saved by `fp16lens scan --save` or report.save()")
     p.add_argument("--full", action="store_true", help="every site, not only the problems")
+    p.add_argument(
+        "--save",
+        metavar="PATH",
+        action="append",
+        help="render the report to PATH (.json, .html, .svg or .txt) or its plot (.png or "
+        ".pdf, needs matplotlib) instead of printing it; repeatable",
+    )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from fp16lens.cli._cmd_scan import check_report_path, save_report
+
+    for path in args.save or []:
+        check_report_path(path)
     report = Report.load(args.report)
+    if args.save:
+        for path in args.save:
+            save_report(report, path)
+            console().print(f"report saved to {escape(path)}")
+        return 0
     if args.json:
         emit_json(report_summary(report, full=args.full))
     else:

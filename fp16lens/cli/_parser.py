@@ -21,6 +21,31 @@ class OneLineParser(argparse.ArgumentParser):
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
+    def parse_args(self, args=None, namespace=None):  # type: ignore[override]
+        """Arguments a command does not take are named with that command's help, and an
+        output flag of another command with the option this one writes by."""
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            command = getattr(parsed, "command", None)
+            hint = _OUTPUT_HINTS.get(command or "", "")
+            if not any(e in ("-o", "--output") or e.startswith("--output=") for e in extras):
+                hint = ""
+            where = f"{self.prog} {command}" if command else self.prog
+            self.exit(
+                2,
+                f"{self.prog}: error: unrecognized arguments: {' '.join(extras)}{hint} "
+                f"(see {where} --help)\n",
+            )
+        return parsed
+
+
+_OUTPUT_HINTS = {  # -o is export's and patch's output file; what the others write with
+    "scan": "; scan writes its report with --save PATH (.json, .html, .svg, .txt, .png)",
+    "show": "; show renders the report to a file with --save PATH (.html, .svg, .txt, .png)",
+    "verify": "; verify prints its metrics, as JSON with --json",
+    "demo": "; demo writes into the folder given by --out",
+}
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(

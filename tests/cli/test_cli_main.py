@@ -121,6 +121,43 @@ def test_user_errors_are_one_line_exit_2(capsys, argv, needles):
     assert_user_error(*run(capsys, *argv), *needles)
 
 
+@pytest.mark.parametrize(
+    ("argv", "needles"),
+    [
+        (
+            ["scan", "models:clean", "-o", "r.json"],
+            ["-o r.json; scan writes its report with --save"],
+        ),
+        (["verify", "models:clean", "models:clean", "--output=x"], ["as JSON with --json"]),
+        (["show", "r.json", "-o", "r.html"], ["with --save PATH", "see fp16lens show --help"]),
+        (
+            ["scan", "models:clean", "--bogus"],
+            ["unrecognized arguments: --bogus (see fp16lens scan"],
+        ),
+    ],
+)
+def test_an_option_a_command_does_not_take_is_named_with_that_commands_help(capsys, argv, needles):
+    """-o is export's and patch's output: the others say how they write instead."""
+    code, out, err = run(capsys, *argv)
+    assert_user_error(code, out, err, *needles)
+    assert "--bogus" not in argv or "; " not in err  # no output hint for another mistake
+
+
+def test_show_renders_a_saved_report_to_html_text_and_a_plot(capsys, tmp_path):
+    """`fp16lens show r.json --save r.html`: the report rendered again, as scan --save
+    would have written it, without scanning again; a suffix it cannot write is one line."""
+    saved = tmp_path / "r.json"
+    assert main(["scan", "models:functional_mul", "--save", str(saved)]) == 0
+    html, text = tmp_path / "again.html", tmp_path / "again.txt"
+    code, out, _ = run(capsys, "show", str(saved), "--save", str(html), "--save", str(text))
+    assert code == 0 and f"report saved to {html}" in " ".join(out.split())
+    assert ":mul" in html.read_text() and "<html" in html.read_text().lower()
+    assert ":mul" in text.read_text()
+    assert_user_error(
+        *run(capsys, "show", str(saved), "--save", str(tmp_path / "r.xyz")), "use .json"
+    )
+
+
 def test_show_rejects_a_json_that_is_not_a_report(capsys, tmp_path):
     (tmp_path / "other.json").write_text(json.dumps({"hello": 1}))
     assert_user_error(*run(capsys, "show", str(tmp_path / "other.json")), "not an fp16lens report")
