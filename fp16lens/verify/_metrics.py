@@ -114,6 +114,17 @@ class Accumulator:
             self.cand_max = max(self.cand_max, float(cand.abs().nan_to_num(nan=0.0).max()))
         self._update_topk(ref, cand)
 
+    def add(self, other: Accumulator) -> None:
+        """Take in the sums of ``other`` (batches accumulated on their own): the same as
+        having updated this one with each of its batches."""
+        for sum_ in ("dot", "ref_sq", "cand_sq", "err_sq", "agree", "positions", "numel"):
+            setattr(self, sum_, getattr(self, sum_) + getattr(other, sum_))
+        for peak in ("max_abs", "ref_max", "cand_max"):
+            setattr(self, peak, max(getattr(self, peak), getattr(other, peak)))
+        self.nonfinite |= other.nonfinite
+        self.is_float &= other.is_float
+        self.shape_change = self.shape_change or other.shape_change
+
     def _update_topk(self, ref: torch.Tensor, cand: torch.Tensor) -> None:
         if ref.dim() < 2 or ref.shape[1] < 2:
             return

@@ -142,10 +142,9 @@ def _accumulate(accs, ref_leaves, cand: list[torch.Tensor], tol: Tolerance, runn
         )
     failed = False
     for i, ((name, ref), out) in enumerate(zip(ref_leaves, cand)):
-        out, free = out.to(ref.device), runner.free_axes(i)
-        accs.setdefault(name, Accumulator()).update(ref, out, free)
-        one = Accumulator()
-        one.update(ref, out, free)
+        one = Accumulator()  # this batch alone, then added to the running sums
+        one.update(ref, out.to(ref.device), runner.free_axes(i))
+        accs.setdefault(name, Accumulator()).add(one)
         m = one.result()
         failed |= bool(
             (ref.is_floating_point() or m.shape_change) and output_failures(name, m, tol)

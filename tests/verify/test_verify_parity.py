@@ -221,3 +221,36 @@ def test_an_output_below_fp16s_normal_range_in_both_is_equal_in_verify_and_expor
     art = fp16lens.export(model, (x,), tmp_path / "m16.onnx", "fp16")
     assert art.parity.passed, art.warnings
     assert not any("fails in real FP16" in w for w in art.warnings)
+
+
+@pytest.mark.parametrize("kind", ["float", "nonfinite", "int", "length"])
+def test_batches_accumulated_alone_then_added_give_the_running_metrics(kind):
+    """verify scores each batch alone and adds it to the running sums: the result is what
+    updating one accumulator with every batch gives (cosine, errors, peaks, top-1, inf/NaN,
+    a length change)."""
+    from fp16lens.verify._metrics import Accumulator
+
+    g = torch.Generator().manual_seed(0)
+    running, added = Accumulator(), Accumulator()
+    for b in range(3):
+        ref = torch.randn(2, 5, 4, generator=g) * (b + 1)
+        cand = ref + 0.01 * torch.randn(2, 5, 4, generator=g)
+        free: frozenset[int] = frozenset()
+        if kind == "nonfinite" and b == 1:
+            cand[0, 0, 0] = math.inf
+        if kind == "int":
+            ref, cand = ref.round().long(), cand.round().long()
+        if kind == "length" and b == 2:
+            cand, free = cand[:, :3], frozenset({1})
+        running.update(ref, cand, free)
+        one = Accumulator()
+        one.update(ref, cand, free)
+        added.add(one)
+    want, got = running.result(), added.result()
+    for field in ("max_abs", "max_rel", "topk_agreement", "nonfinite", "numel", "shape_change"):
+        assert getattr(got, field) == getattr(want, field), field
+    for field in ("cosine", "sqnr_db"):
+        a, b = getattr(got, field), getattr(want, field)
+        assert (a is None and b is None) or a == pytest.approx(b, rel=1e-12, nan_ok=True), field
+    assert (kind == "length") == bool(got.shape_change)
+    assert (kind == "nonfinite") == got.nonfinite
