@@ -21,7 +21,7 @@ class OneLineParser(argparse.ArgumentParser):
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
-    def parse_args(self, args=None, namespace=None):  # type: ignore[override]
+    def parse_args(self, args=None, namespace=None):
         """Arguments a command does not take are named with that command's help, and an
         output flag of another command with the option this one writes by."""
         parsed, extras = self.parse_known_args(args, namespace)
