@@ -98,18 +98,13 @@ def prepared(proto):
 
 
 def _feeds(batches: Iterable | None, names: list[str], what: str) -> list[dict[str, np.ndarray]]:
+    """The batches as ONNX Runtime feeds. Their shapes may differ where the graph leaves an
+    axis free (audio of several lengths, text lines of several widths): the search runs and
+    compares each batch on its own, and its statistics are per channel (``_declared``
+    checks each batch against the graph)."""
     feeds = [batch_feed(b, names, what) for b in batches] if batches is not None else []
     if batches is not None and not feeds:
         raise ExportError(f"INT8 {what} is empty; pass at least one input batch")
-    first = {n: a.shape for n, a in feeds[0].items()} if feeds else {}
-    for feed in feeds[1:]:
-        shapes = {n: a.shape for n, a in feed.items()}
-        if shapes != first:
-            raise ExportError(
-                f"INT8 {what} batches must share one shape per input (the search compares "
-                f"them on one graph): got {_shapes(first)} then {_shapes(shapes)}; resize or "
-                "pad the calibration inputs to one shape"
-            )
     return feeds
 
 
@@ -231,19 +226,21 @@ def _declared(proto, feeds: list[dict[str, np.ndarray]], what: str) -> list[dict
     """``feeds``, or ExportError (one line: the input, its shape, the graph's) where a batch
     does not fit the shape the graph declares (a single batch's first axis aside where the
     graph's is 1: ``_split`` gives its items)."""
-    for name, declared in _declared_shapes(proto, feeds[0]).items():
-        if declared is None:
-            continue
-        got = feeds[0][name].shape
-        one = len(feeds) == 1 and declared[:1] == [1]  # its items, from _split
-        want = [None, *declared[1:]] if one else declared
-        if len(want) != len(got) or any(w is not None and w != g for w, g in zip(want, got)):
-            shown = "x".join("?" if w is None else str(w) for w in declared)
-            raise ExportError(
-                f"INT8 {what} input {name!r} has shape {'x'.join(map(str, got))} where the "
-                f"graph takes {shown}; give batches of that shape (one batch of N items along a "
-                "first axis of 1 is split into its items)"
-            )
+    for k, feed in enumerate(feeds):
+        for name, declared in _declared_shapes(proto, feed).items():
+            if declared is None:
+                continue
+            got = feed[name].shape
+            one = len(feeds) == 1 and declared[:1] == [1]  # its items, from _split
+            want = [None, *declared[1:]] if one else declared
+            if len(want) != len(got) or any(w is not None and w != g for w, g in zip(want, got)):
+                shown = "x".join("?" if w is None else str(w) for w in declared)
+                which = f" (batch {k + 1} of {len(feeds)})" if len(feeds) > 1 else ""
+                raise ExportError(
+                    f"INT8 {what} input {name!r} has shape {'x'.join(map(str, got))}{which} "
+                    f"where the graph takes {shown}; give batches of that shape (one batch of "
+                    "N items along a first axis of 1 is split into its items)"
+                )
     return feeds
 
 

@@ -240,7 +240,9 @@ def test_refusals_name_the_problem_and_the_fix(clean_file, tmp_path):
     with pytest.raises(ExportError, match="needs calibration"):
         export(path, None, tmp_path / "a.onnx", precision="int8")
     sizes = [(torch.rand(1, 3, 16, 16),), (torch.rand(1, 3, 16, 24),)]
-    with pytest.raises(ExportError, match=r"share one shape.*\(1, 3, 16, 24\).*pad"):
+    with pytest.raises(
+        ExportError, match=r"1x3x16x24 \(batch 2 of 2\) where the graph takes 1x3x16x16"
+    ):
         export(path, None, tmp_path / "a.onnx", precision="int8", calibration=sizes)
     conv = next(n.name for n in onnx.load(path).graph.node if n.op_type == "Conv")
     with pytest.raises(ExportError, match="Did you mean"):
@@ -447,3 +449,73 @@ def test_constants_nothing_reads_are_left_as_they_are(clean_file, tmp_path):
     assert (numpy_helper.to_array(node.attribute[0].t) == dead).all()
     assert (numpy_helper.to_array(init) == dead).all()
     assert fp16lens.verify(path, art.path, inputs)
+
+
+def _free_width_convs(path) -> str:
+    """x (1, 3, 16, W) -> Conv -> Relu -> Conv -> Relu -> Conv, W free: a line of text or
+    a spectrogram of any length, as another tool writes it."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(1)
+    shapes = {"w1": (16, 3, 3, 3), "w2": (16, 16, 3, 3), "w3": (4, 16, 3, 3)}
+    inits = [
+        numpy_helper.from_array(rng.normal(0, 0.25, s).astype(np.float32), k)
+        for k, s in shapes.items()
+    ]
+    inits += [
+        numpy_helper.from_array(rng.normal(0, 0.1, s[0]).astype(np.float32), f"b{k[1]}")
+        for k, s in shapes.items()
+    ]
+    conv = {"pads": [1] * 4}
+    graph = helper.make_graph(
+        [
+            helper.make_node("Conv", ["x", "w1", "b1"], ["a"], name="c1", **conv),
+            helper.make_node("Relu", ["a"], ["ra"], name="r1"),
+            helper.make_node("Conv", ["ra", "w2", "b2"], ["b"], name="c2", **conv),
+            helper.make_node("Relu", ["b"], ["rb"], name="r2"),
+            helper.make_node("Conv", ["rb", "w3", "b3"], ["y"], name="c3", **conv),
+        ],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, "W"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 16, "W"])],
+        inits,
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return str(path)
+
+
+def test_int8_calibration_of_several_lengths_on_a_free_axis(tmp_path):
+    """Calibration and held-out batches of several widths along an axis the graph leaves
+    free (audio clips, text lines) are taken as they are: the search runs each on its own
+    (before, a refusal asked to pad them to one shape). Ground truth: ONNX Runtime without
+    fp16lens runs the written file as written on a width none of them had, close to FP32;
+    a target's fallback runs on them too."""
+    import onnxruntime as ort
+
+    src = _free_width_convs(tmp_path / "free.onnx")
+    torch.manual_seed(0)
+    cal = [(torch.rand(1, 3, 16, w),) for w in (16, 24, 40, 32)]
+    held = [(torch.rand(1, 3, 16, w),) for w in (20, 56)]
+    art = export(src, None, tmp_path / "q.onnx", precision="int8", calibration=cal, evaluation=held)
+    assert art.parity is not None and art.parity.passed, art.parity
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    q = ort.InferenceSession(str(art.path), so, providers=["CPUExecutionProvider"])
+    ref = ort.InferenceSession(src, providers=["CPUExecutionProvider"])
+    x = np.random.default_rng(2).random((1, 3, 16, 72), dtype=np.float32)
+    got, want = q.run(None, {"x": x})[0], ref.run(None, {"x": x})[0]
+    assert got.shape == want.shape == (1, 4, 16, 72)
+    cosine = float((got * want).sum() / np.sqrt((got * got).sum() * (want * want).sum()))
+    assert cosine > 0.995, cosine
+    assert sum(n.op_type == "QuantizeLinear" for n in onnx.load(str(art.path)).graph.node) >= 3
+    kept = export(
+        src,
+        None,
+        tmp_path / "t.onnx",
+        precision="int8",
+        calibration=cal,
+        evaluation=held,
+        target=0.99999,
+        max_fallback=1.0,
+    )
+    assert kept.parity is not None and kept.parity.passed
