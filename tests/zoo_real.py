@@ -997,6 +997,49 @@ def dnsmos_model() -> str:
     return wheel_file("speechmos", "speechmos", "dnsmos_models", "sig_bak_ovr.onnx")
 
 
+def plcmos_model() -> str:
+    """PLCMOS v2 (``plcmos_models/plcmos_v2.onnx`` in speechmos 0.0.1.1's wheel): the
+    quality of packet-loss concealment from a log-power spectrogram of any length (1, 1,
+    frames, 257) and a rater embedding (1, 64); one MOS out."""
+    return wheel_file("speechmos", "speechmos", "plcmos_models", "plcmos_v2.onnx")
+
+
+def plcmos_features(samples: np.ndarray) -> np.ndarray:
+    """``samples`` (16 kHz) as PLCMOS v2 takes them, by speechmos's own code
+    (``PLCMOS.stft_transform``: 512-point STFT, hop 256, log power floored, / 20), its
+    module loaded by path (the package's ``__init__`` needs librosa)."""
+    import importlib.util
+
+    path = wheel_file("speechmos", "speechmos", "plcmos.py")
+    spec = importlib.util.spec_from_file_location("_speechmos_plcmos", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    plc = module.PLCMOS.__new__(module.PLCMOS)  # its feature code, without a session
+    return np.float32(plc.stft_transform(np.asarray(samples, np.float64)))[None, None]
+
+
+def plcmos_feeds(lengths=(None,)) -> dict[str, dict]:
+    """PLCMOS v2's inputs: two speakers' sentences, clean, with 20% of the 20 ms packets
+    lost (zeroed, the concealment a PLC system would replace), and as raw int16 samples,
+    each cut to ``lengths`` seconds (None: whole), a rater embedding each."""
+    rng = np.random.default_rng(0)
+    feeds = {}
+    for who, wav in (("first", SPEECH_WAV), ("second", SPEECH2_WAV)):
+        x = speech(path=wav).numpy()[0].astype(np.float64) / 32768
+        lost = x.copy()
+        for k in range(0, len(x) - 320, 320):
+            if rng.random() < 0.2:
+                lost[k : k + 320] = 0
+        for kind, sig in (("clean", x), ("lost", lost), ("raw int16", x * 32768)):
+            for seconds in lengths:
+                cut = sig if seconds is None else sig[: int(seconds * 16000)]
+                feeds[f"{who} {kind} {seconds or 'whole'}"] = {
+                    "degraded_audio": plcmos_features(cut),
+                    "rater_embed": rng.normal(size=(1, 64)).astype(np.float32),
+                }
+    return feeds
+
+
 def wakeword_windows(samples: np.ndarray, length: int = 16) -> np.ndarray:
     """openwakeword's features for int16 ``samples`` as its ``utils.AudioFeatures`` makes
     them on the CPU, in FP32: the melspectrogram model on the samples as float, ``x/10 + 2``,

@@ -80,3 +80,17 @@ def test_orientation_classifier_clean_in_real_fp16_is_called_clean(tmp_path):
     for ref, half, got in runs:
         assert half.argmax() == ref.argmax() == got.argmax()
         assert np.abs(got - ref).max() < 0.02
+
+
+def test_plcmos_clean_in_real_fp16_is_called_clean(tmp_path):
+    """PLCMOS v2 scores two speakers, clean, with packets lost and as raw int16 samples
+    (spectrograms of 124 and 241 frames) within 0.005 MOS of FP32 in real FP16; the scan
+    says FP16-safe; the FP16 export, with its storage real, scores the same; and packet
+    loss costs FP32's score more than FP16 moves it."""
+    path = zoo_real.or_skip(zoo_real.plcmos_model)
+    feeds = zoo_real.or_skip(zoo_real.plcmos_feeds)
+    runs = _called_clean(path, list(feeds.values()), tmp_path)
+    scores = {name: float(run[0]) for name, run in zip(feeds, runs)}
+    assert scores["first clean whole"] - scores["first lost whole"] > 0.3, scores
+    for ref, half, got in runs:
+        assert abs(float(half) - float(ref)) < 0.005 and abs(float(got) - float(ref)) < 0.005
