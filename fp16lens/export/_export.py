@@ -431,6 +431,7 @@ def _typed(proto, path: Path, job: _Job, island_nodes: set[str] | None = None) -
             target=options.target,
             evaluation=job.evaluation,
             max_fallback=options.max_fallback,
+            exported=job.source is None,
         )
         warnings += int8_notes
     for node, origin in zip(proto.graph.node, map_nodes(proto.graph, set(), [])):

@@ -116,19 +116,22 @@ def quantize_fp16lens(
     evaluation=None,
     max_fallback: float = MAX_FALLBACK,
     search_batches: int = 2,
+    exported: bool = False,
 ):
-    """Quantize the prepared FP32 ``proto`` (``prepared``): (Q/DQ ModelProto, Int8Plan)."""
+    """Quantize the prepared FP32 ``proto`` (``prepared``): (Q/DQ ModelProto, Int8Plan).
+    ``exported``: ``proto`` is fp16lens's export of a PyTorch model (a batch that does not
+    fit its fixed axes is told how ``dynamic=`` frees them)."""
     import_optional("onnxruntime", "onnx", _PURPOSE)
     from fp16lens.export._int8_search import search, write_qdq
 
     initializers = {i.name for i in proto.graph.initializer}
     names = [v.name for v in proto.graph.input if v.name not in initializers]
     feeds, split = _split(
-        proto, _declared(proto, _feeds(calibration, names, "calibration"), "calibration")
+        proto, _declared(proto, _feeds(calibration, names, "calibration"), "calibration", exported)
     )
     checks = None
     if evaluation is not None:
-        given = _declared(proto, _feeds(evaluation, names, "evaluation"), "evaluation")
+        given = _declared(proto, _feeds(evaluation, names, "evaluation"), "evaluation", exported)
         checks, _ = _split(proto, given, free=False)
     plan = search(
         proto,
@@ -222,7 +225,9 @@ def _same_on_parts(proto, feed: dict[str, np.ndarray], parts: list[dict[str, np.
     return True
 
 
-def _declared(proto, feeds: list[dict[str, np.ndarray]], what: str) -> list[dict[str, np.ndarray]]:
+def _declared(
+    proto, feeds: list[dict[str, np.ndarray]], what: str, exported: bool = False
+) -> list[dict[str, np.ndarray]]:
     """``feeds``, or ExportError (one line: the input, its shape, the graph's) where a batch
     does not fit the shape the graph declares (a single batch's first axis aside where the
     graph's is 1: ``_split`` gives its items)."""
@@ -240,8 +245,25 @@ def _declared(proto, feeds: list[dict[str, np.ndarray]], what: str) -> list[dict
                     f"INT8 {what} input {name!r} has shape {'x'.join(map(str, got))}{which} "
                     f"where the graph takes {shown}; give batches of that shape (one batch of "
                     "N items along a first axis of 1 is split into its items)"
+                    + (_dynamic_hint(want, got) if exported else "")
                 )
     return feeds
+
+
+def _dynamic_hint(want: list, got: tuple) -> str:
+    """How a PyTorch model's export leaves the axes that differ free (``dynamic=``: batch,
+    dimension 0; sequence, dimension 1 of an input of rank 2-3), where it can."""
+    if len(want) != len(got):
+        return ""
+    differ = {i for i, (w, g) in enumerate(zip(want, got)) if w is not None and w != g}
+    names = [
+        name
+        for name, axes in (("batch", {0}), ("sequence", {1} if len(got) in (2, 3) else set()))
+        if differ & axes
+    ]
+    if not names or differ - {0, *({1} if "sequence" in names else set())}:
+        return ""
+    return f", or export the model with dynamic={','.join(names)!r}, which leaves that axis free"
 
 
 def _check_as_written(proto, quantized, plan, feeds) -> None:
@@ -282,6 +304,7 @@ def quantize_int8(
     evaluation=None,
     calibrator: str = "search",
     max_fallback: float | None = None,
+    exported: bool = False,
 ):
     """Quantize the FP32 ``proto``; returns (Q/DQ ModelProto, path of the TensorRT cache,
     notes, the search's plan as plain data or None). ``target``: see
@@ -305,6 +328,7 @@ def quantize_int8(
                 target,
                 evaluation,
                 MAX_FALLBACK if max_fallback is None else max_fallback,
+                exported=exported,
             )
             notes.append(plan.summary())
             plan_data = plan.to_dict()

@@ -519,3 +519,38 @@ def test_int8_calibration_of_several_lengths_on_a_free_axis(tmp_path):
         max_fallback=1.0,
     )
     assert kept.parity is not None and kept.parity.passed
+
+
+def test_a_pytorch_model_is_told_which_dynamic_axis_takes_its_lengths(tmp_path):
+    """A PyTorch model exported at one sequence length refuses calibration of another in one
+    line that names dynamic='sequence'; exported so, it takes both lengths and passes its
+    check on a third. An axis dynamic= cannot free (a Conv1d's time, dimension 2) gets no
+    such advice."""
+
+    class Tagger(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(8, 16), torch.nn.Linear(16, 4)
+
+        def forward(self, x):
+            return self.b(torch.relu(self.a(x)))
+
+    torch.manual_seed(0)
+    model = Tagger().eval()
+    cal = [(torch.randn(1, n, 8),) for n in (5, 9, 7, 16, 5, 12, 20, 6)]
+    with pytest.raises(ExportError, match=r"1x9x8 \(batch 2 of 8\).*dynamic='sequence'"):
+        export(model, cal[0], tmp_path / "a.onnx", precision="int8", calibration=cal)
+    art = export(
+        model,
+        cal[0],
+        tmp_path / "d.onnx",
+        precision="int8",
+        calibration=cal,
+        evaluation=[(torch.randn(1, 12, 8),)],
+        dynamic="sequence",
+    )
+    assert art.parity is not None and art.parity.passed
+    conv = torch.nn.Sequential(torch.nn.Conv1d(4, 4, 3, padding=1)).eval()
+    frames = [(torch.randn(1, 4, n),) for n in (50, 80)]
+    with pytest.raises(ExportError, match=r"1x4x80 .*items\)$"):
+        export(conv, frames[0], tmp_path / "c.onnx", precision="int8", calibration=frames)
