@@ -306,6 +306,9 @@ _TERMINAL = (  # the library's words -> what a terminal user types
     ("export(..., fp32_nodes=[...])", "--fp32-nodes NAME,..."),
     ("export precision='fp16'", "--precision fp16"),
     ("export(..., target=0.999)", "--target 0.999"),
+    ("dynamic=('batch', 'sequence')", "--dynamic batch,sequence"),
+    ("dynamic='batch'", "--dynamic batch"),
+    ("dynamic='sequence'", "--dynamic sequence"),
 )
 
 

@@ -263,7 +263,9 @@ def _dynamic_hint(want: list, got: tuple) -> str:
     ]
     if not names or differ - {0, *({1} if "sequence" in names else set())}:
         return ""
-    return f", or export the model with dynamic={','.join(names)!r}, which leaves that axis free"
+    if len(names) == 1:
+        return f", or export the model with dynamic={names[0]!r}, which leaves that axis free"
+    return f", or export the model with dynamic={tuple(names)!r}, which leaves those axes free"
 
 
 def _check_as_written(proto, quantized, plan, feeds) -> None:

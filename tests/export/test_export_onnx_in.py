@@ -521,7 +521,7 @@ def test_int8_calibration_of_several_lengths_on_a_free_axis(tmp_path):
     assert kept.parity is not None and kept.parity.passed
 
 
-def test_a_pytorch_model_is_told_which_dynamic_axis_takes_its_lengths(tmp_path):
+def test_a_pytorch_model_is_told_which_dynamic_axis_takes_its_lengths(capsys, tmp_path):
     """A PyTorch model exported at one sequence length refuses calibration of another in one
     line that names dynamic='sequence'; exported so, it takes both lengths and passes its
     check on a third. An axis dynamic= cannot free (a Conv1d's time, dimension 2) gets no
@@ -550,6 +550,30 @@ def test_a_pytorch_model_is_told_which_dynamic_axis_takes_its_lengths(tmp_path):
         dynamic="sequence",
     )
     assert art.parity is not None and art.parity.passed
+    # from a terminal: the flag it names, and the command with it writes the file
+    from fp16lens.cli import main
+
+    (tmp_path / "tagger.py").write_text(
+        "import torch\n"
+        "def build():\n"
+        "    torch.manual_seed(0)\n"
+        "    m = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))\n"
+        "    return m.eval(), (torch.randn(1, 5, 8),)\n"
+    )
+    torch.save(cal, tmp_path / "cal.pt")
+    argv = [
+        "export",
+        f"{tmp_path / 'tagger.py'}:build",
+        "-o",
+        str(tmp_path / "t.onnx"),
+        "--precision",
+        "int8",
+        "--calibration",
+        str(tmp_path / "cal.pt"),
+    ]
+    assert main(argv) == 2
+    assert "or export the model with --dynamic sequence" in capsys.readouterr().err
+    assert main([*argv, "--dynamic", "sequence"]) == 0
     conv = torch.nn.Sequential(torch.nn.Conv1d(4, 4, 3, padding=1)).eval()
     frames = [(torch.randn(1, 4, n),) for n in (50, 80)]
     with pytest.raises(ExportError, match=r"1x4x80 .*items\)$"):
