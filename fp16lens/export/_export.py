@@ -171,7 +171,7 @@ def _checked_in_fp16(
     note = (
         f"the FP16 file fails in real FP16 on {what} (FP16 storage of every "
         f"tensor, as TensorRT keeps it): {_why(result)}; find and fix the cause first "
-        f"(fp16lens.scan(model, inputs), then fp16lens.patch), or {_keep_fp32(reference)}"
+        f"(fp16lens.scan(model, inputs), then fp16lens.patch), or {keep_fp32(not isinstance(reference, torch.nn.Module))}"
     )
     return replace(artifact, parity=result, warnings=(*artifact.warnings, note))
 
@@ -195,7 +195,7 @@ def _checked_int8(reference, evaluation: Iterable | None, artifact: ExportArtifa
     note = (
         f"the INT8 file fails its check on {what} (the Q/DQ graph computed as TensorRT "
         f"runs it): {_why(result)}; give a parity target (export(..., target=0.999)) so "
-        f"the costliest layers leave INT8, or {_keep_fp32(reference)}"
+        f"the costliest layers leave INT8, or {keep_fp32(not isinstance(reference, torch.nn.Module))}"
     )
     return replace(artifact, parity=result, warnings=(*artifact.warnings, note))
 
@@ -219,12 +219,6 @@ def _run_check(reference, batches: list, artifact: ExportArtifact, backend: str)
     finally:
         if module is not None:
             module.train(was_training)
-
-
-def _keep_fp32(reference) -> str:
-    """How the user keeps what fails in FP32: modules of a PyTorch model, nodes of an ONNX
-    source (a failure's first site is a node name there)."""
-    return keep_fp32(not isinstance(reference, torch.nn.Module))
 
 
 def _why(result) -> str:

@@ -134,7 +134,9 @@ class Accumulator:
     def result(self) -> OutputMetrics:
         agreement = self.agree / self.positions if self.positions else None
         if not self.is_float:
-            return OutputMetrics(None, None, None, None, agreement, False, self.positions)
+            return OutputMetrics(
+                None, None, None, None, agreement, False, self.positions, self.shape_change
+            )
         tiny = max(self.ref_max, self.cand_max) < FP16_MIN_NORMAL and not self.nonfinite
         return OutputMetrics(
             cosine=1.0 if tiny else cosine(self.dot, self.ref_sq, self.cand_sq),

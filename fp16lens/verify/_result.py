@@ -71,7 +71,6 @@ class ParityResult:
         return [
             why
             for name, m in self.outputs.items()
-            if m.cosine is not None or m.shape_change
             for why in output_failures(name, m, self.tolerance)
         ]
 
