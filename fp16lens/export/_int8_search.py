@@ -96,12 +96,33 @@ def cosine(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def worst_cosine(refs: list[Outputs], outs: list[Outputs]) -> float:
-    return min(
+    """The worst cosine of a float output on one batch, or of one output over every batch
+    about FP32's mean where it varies (verify's ``cosine_about_mean``: a score whose error
+    a plain cosine cannot see beside its offset, one value per batch among them)."""
+    per_batch = [
         cosine(r, o)
         for ref, out in zip(refs, outs)
         for r, o in zip(ref, out)
         if np.asarray(r).dtype.kind == "f"
-    )
+    ]
+    return min(per_batch + _about_means(refs, outs))
+
+
+def _about_means(refs: list[Outputs], outs: list[Outputs]) -> list[float]:
+    """Per float output that varies (``_core.parity.about_mean_of``), its cosine about
+    FP32's mean over every batch together, as verify judges; NaN counts as -1."""
+    from fp16lens._core.parity import about_mean_of
+
+    found = []
+    for j, first in enumerate(refs[0] if refs else []):
+        if np.asarray(first).dtype.kind != "f":
+            continue
+        pairs = [aligned(ref[j], out[j]) for ref, out in zip(refs, outs)]
+        r = np.concatenate([a.ravel() for a, _ in pairs])
+        c = about_mean_of(r, np.concatenate([b.ravel() for _, b in pairs]))
+        if c is not None:
+            found.append(-1.0 if math.isnan(c) else c)
+    return found
 
 
 def _output_errors(refs: list[Outputs], outs: list[Outputs]) -> np.ndarray:

@@ -45,9 +45,12 @@ class Cost:
         return f"{self.producer or 'the input'} -> {', '.join(self.readers)} ({self.cosine:.4f})"
 
 
-def sensitivities(runner, batch: tuple, reference) -> list[Cost]:
+Items = list  # of (batch, the FP32 model's named outputs on it)
+
+
+def sensitivities(runner, items: Items, about_mean: bool = True) -> list[Cost]:
     """Each activation quantizer switched on alone, worst first (weights stay quantized:
-    the ONNX file holds no FP32 copy of them)."""
+    the ONNX file holds no FP32 copy of them), judged over ``items`` together."""
     from fp16lens.verify._onnx_graph import producers
     from fp16lens.verify._onnx_sites import site_of_node
 
@@ -60,7 +63,7 @@ def sensitivities(runner, batch: tuple, reference) -> list[Cost]:
     for k, (x, y, readers) in enumerate(pairs):
         on = np.zeros(len(pairs), np.float32)
         on[k] = 1.0
-        cosine = _cosine_of(runner, sess, batch, reference, {SWITCH: on})
+        cosine = _cosine_of(runner, sess, items, about_mean, {SWITCH: on})
         node: Any = made.get(x)
         producer = (site_of_node(node, runner.model) or node.name) if node is not None else None
         names = [site_of_node(r, runner.model) or r.name for r in readers] or ["the output"]
@@ -71,16 +74,17 @@ def sensitivities(runner, batch: tuple, reference) -> list[Cost]:
 
 
 def int8_advice(
-    runner, batch: tuple, reference, min_cosine: float, top: int = TOP
+    runner, items: Items, min_cosine: float, about_mean: bool = True, top: int = TOP
 ) -> tuple[str, ...]:
-    """What to try after a failed INT8 check on ``batch`` (``reference``: the FP32 model's
-    named outputs on it): when the Q/DQ graph computed as written passes, the loss is
+    """What to try after a failed INT8 check on ``items`` (batches, each with the FP32
+    model's named outputs on it: the first batch that failed, or those that fail only
+    together, a score judged about its mean over them): when the Q/DQ graph computed as written passes, the loss is
     ONNX Runtime's fused INT8 kernels; else the ``top`` costliest activation quantizers,
     and the modules to keep out of INT8 (both sides of a quantizer: a tensor stays FP32
     only when its producer and its readers are excluded), or for an ONNX reference the
     nodes reading them (an export of an ONNX source places Q/DQ at its layers' inputs
     only, so keeping the readers out keeps the tensor FP32 for them)."""
-    unfused = unfused_cosine(runner, batch, reference)
+    unfused = unfused_cosine(runner, items, about_mean)
     if unfused is not None and unfused >= min_cosine:
         return (
             f"the Q/DQ graph computed as written (each QuantizeLinear/DequantizeLinear on its "
@@ -89,7 +93,7 @@ def int8_advice(
             "fused CPU INT8 kernels (QLinearConv, QLinearAdd, QGemm, ...), which TensorRT does "
             "not run; check on the target with backend 'tensorrt'",
         )
-    ranked = [c for c in sensitivities(runner, batch, reference) if c.cosine < 1.0][:top]
+    ranked = [c for c in sensitivities(runner, items, about_mean) if c.cosine < 1.0][:top]
     if not ranked:
         return ()
     lines = [
@@ -119,33 +123,40 @@ def int8_advice(
     return tuple(lines)
 
 
-def unfused_cosine(runner, batch: tuple, reference) -> float | None:
-    """Worst cosine to ``reference`` of the Q/DQ graph run without graph optimizations."""
-    return _cosine(runner, runner.proto, batch, reference)
+def unfused_cosine(runner, items: Items, about_mean: bool = True) -> float | None:
+    """Worst cosine to FP32 of the Q/DQ graph run without graph optimizations."""
+    return _cosine(runner, runner.proto, items, about_mean)
 
 
-def _cosine(runner, proto, batch: tuple, reference) -> float | None:
-    """Worst output cosine to ``reference`` of ``proto`` run as written (no fusions)."""
+def _cosine(runner, proto, items: Items, about_mean: bool = True) -> float | None:
+    """Worst output cosine to FP32 of ``proto`` run as written (no fusions)."""
     from fp16lens.verify._onnx import session
 
-    return _cosine_of(runner, session(proto, optimize=False), batch, reference)
+    return _cosine_of(runner, session(proto, optimize=False), items, about_mean)
 
 
-def _cosine_of(runner, sess, batch: tuple, reference, extra: dict | None = None) -> float | None:
+def _cosine_of(
+    runner, sess, items: Items, about_mean: bool, extra: dict | None = None
+) -> float | None:
+    """The worst float output's cosine over ``items`` together, or (``about_mean``, as the
+    check's tolerance says) its cosine about FP32's mean where that is lower."""
     from fp16lens.verify._metrics import Accumulator, worst
 
     names = [i.name for i in sess.get_inputs() if i.name != SWITCH]
-    outs = sess.run(None, {**runner.feed(batch, names), **(extra or {})})
-    if len(outs) != len(reference):
-        return None
-    cosines = []
-    for i, ((_, ref), out) in enumerate(zip(reference, outs)):
-        if ref.is_floating_point():
-            acc = Accumulator()
-            got = torch.from_numpy(np.asarray(out)).to(ref.dtype)
-            acc.update(ref.detach().cpu(), got, runner.free_axes(i))
-            cosines.append(acc.result().cosine)
-    return worst(cosines)
+    accs: dict[int, Accumulator] = {}
+    for batch, reference in items:
+        outs = sess.run(None, {**runner.feed(batch, names), **(extra or {})})
+        if len(outs) != len(reference):
+            return None
+        for i, ((_, ref), out) in enumerate(zip(reference, outs)):
+            if ref.is_floating_point():
+                got = torch.from_numpy(np.asarray(out)).to(ref.dtype)
+                accs.setdefault(i, Accumulator()).update(
+                    ref.detach().cpu(), got, runner.free_axes(i)
+                )
+    results = [a.result() for a in accs.values()]
+    about = [m.cosine_about_mean for m in results] if about_mean else []
+    return worst([*(m.cosine for m in results), *about])
 
 
 def _activation_pairs(graph) -> list[tuple[str, str, list]]:

@@ -16,7 +16,13 @@ class Tolerance:
     """When a candidate passes, and when one site's output counts as departed.
 
     ``min_cosine``: every float output's cosine similarity to the FP32 reference is at
-    least this. ``max_rel``: optionally, every output's largest error relative to the
+    least this. ``about_mean``: so is each output's cosine about FP32's mean, over all
+    batches, where FP32's values vary (``OutputMetrics.cosine_about_mean``: a score's error
+    beside the offset the scores share, which the plain cosine cannot see); on by default
+    for INT8, whose only check is this comparison. FP16's default leaves it off: its
+    verdicts rest on the ranges first, and the same cosine as patch's proof (on FP16's
+    rounding Silero VAD's speech probabilities move by up to 0.1, 0.997 about their mean,
+    its decisions at 0.5 the same). ``max_rel``: optionally, every output's largest error relative to the
     reference's largest magnitude is at most this. ``min_sqnr_db``: optionally, the
     signal-to-quantization-noise ratio is at least this. ``site_rel``: a site (module or
     ONNX tensor) departs when its error exceeds this share of its FP32 output's scale, or
@@ -27,6 +33,7 @@ class Tolerance:
     max_rel: float | None = None
     min_sqnr_db: float | None = None
     site_rel: float = 0.05
+    about_mean: bool = False
 
     def __post_init__(self):
         if not (isinstance(self.min_cosine, (int, float)) and -1.0 <= self.min_cosine <= 1.0):
@@ -39,6 +46,8 @@ class Tolerance:
             )
         if not _positive(self.site_rel):
             raise OptionError(f"site_rel must be a finite number > 0, got {self.site_rel!r}")
+        if not isinstance(self.about_mean, bool):
+            raise OptionError(f"about_mean must be True or False, got {self.about_mean!r}")
 
 
 def resolve_tolerance(tolerance: Tolerance | float | None, default: Tolerance) -> Tolerance:

@@ -163,7 +163,7 @@ def _torch_tensorrt(candidate, model, *, fusions, device):
 
 
 # INT8: cosine >= 0.99 (quantization noise is larger than FP16 rounding)
-_INT8_TOLERANCE = Tolerance(min_cosine=0.99, site_rel=0.2)
+_INT8_TOLERANCE = Tolerance(min_cosine=0.99, site_rel=0.2, about_mean=True)
 for _spec in (
     BackendSpec(Backend.TORCH_FP16, MODULE, _torch_fp16),
     BackendSpec(Backend.TORCH_EMULATED, MODULE, _torch_emulated),

@@ -43,6 +43,12 @@ class ParityResult:
         return worst(m.cosine for m in self._float_outputs)
 
     @property
+    def cosine_about_mean(self) -> float | None:
+        """The worst float output's cosine about FP32's mean (None where no output varies
+        enough to say: ``OutputMetrics.cosine_about_mean``)."""
+        return worst(m.cosine_about_mean for m in self._float_outputs)
+
+    @property
     def max_abs(self) -> float | None:
         return worst((m.max_abs for m in self._float_outputs), lower_is_worse=False)
 
@@ -82,6 +88,7 @@ class ParityResult:
             "backend": str(self.backend),
             "passed": self.passed,
             "cosine": self.cosine,
+            "cosine_about_mean": self.cosine_about_mean,
             "max_abs": self.max_abs,
             "max_rel": self.max_rel,
             "sqnr_db": self.sqnr_db,
@@ -123,6 +130,14 @@ def output_failures(name: str, m: OutputMetrics, tol: Tolerance) -> list[str]:
         out.append(f"{name}: candidate holds inf/NaN where FP32 is finite")
     if m.cosine is None or math.isnan(m.cosine) or m.cosine < tol.min_cosine:
         out.append(f"{name}: cosine {_short(m.cosine)} < {tol.min_cosine}")
+    elif (
+        tol.about_mean and m.cosine_about_mean is not None and m.cosine_about_mean < tol.min_cosine
+    ):
+        out.append(
+            f"{name}: cosine about FP32's mean {_short(m.cosine_about_mean)} < "
+            f"{tol.min_cosine} (the plain cosine {_short(m.cosine)} hides the error "
+            "beside the values' shared offset)"
+        )
     if tol.max_rel is not None and not (m.max_rel is not None and m.max_rel <= tol.max_rel):
         out.append(f"{name}: max_rel {_short(m.max_rel)} > {tol.max_rel}")
     if tol.min_sqnr_db is not None and not (m.sqnr_db is not None and m.sqnr_db >= tol.min_sqnr_db):

@@ -4,6 +4,7 @@ and, on the first batch that fails, name the site where the candidate first depa
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,9 @@ from fp16lens.verify._result import ParityResult, output_failures
 from fp16lens.verify._runner import Runner
 
 Metric = Callable[[Any, Any], float]
+ADVICE_BATCHES = 16
+"""The batches a failed INT8 check's advice measures each quantizer on, where only the
+batches together fail (each quantizer costs a run of every one)."""
 
 
 def verify(
@@ -103,26 +107,41 @@ def _compare(
     scores: list[float] = []
     first: tuple[str | None, str | None] = (None, None)
     failing: tuple[Any, Any] | None = None  # the first batch that fails
+    furthest: tuple[float, Any, Any] = (-1.0, None, None)  # the batch that departs most
     device = model_device(model)
     for batch in batches:
         with torch.no_grad():
             ref_out = model(*cast_floats(batch, torch.float32, device))
         cand = runner.run(batch)
-        failed = _accumulate(accs, named_leaves(ref_out), cand, tol, runner)
+        failed, departs = _accumulate(accs, named_leaves(ref_out), cand, tol, runner)
         if metric is not None:
             scores.append(float(metric(ref_out, _restructure(ref_out, cand))))
         if failed and failing is None:
             failing = (batch, named_leaves(ref_out))
             first = runner.locate(batch, tol.site_rel)
+        if departs > furthest[0]:
+            furthest = (departs, batch, named_leaves(ref_out))
+    outputs = {k: a.result() for k, a in accs.items()}
+    together = failing is None and any(output_failures(k, m, tol) for k, m in outputs.items())
+    if together:  # no batch fails alone (a score judged about its mean over the batches)
+        failing = furthest[1:]  # the batch that departs most is located
+        first = runner.locate(failing[0], tol.site_rel)
     metrics = {getattr(metric, "__name__", "metric"): sum(scores) / len(scores)} if scores else {}
     advice: tuple[str, ...] = ()
     if failing is not None and spec.int8:
         from fp16lens.verify._int8_advice import int8_advice
 
-        advice = int8_advice(runner, *failing, tol.min_cosine)
+        items = [failing]
+        if together:  # the quantizers are judged over the batches, as the check was
+            with torch.no_grad():
+                items = [
+                    (b, named_leaves(model(*cast_floats(b, torch.float32, device))))
+                    for b in batches[:ADVICE_BATCHES]
+                ]
+        advice = int8_advice(runner, items, tol.min_cosine, tol.about_mean)
     return ParityResult(
         backend=spec.name,
-        outputs={k: a.result() for k, a in accs.items()},
+        outputs=outputs,
         tolerance=tol,
         batches=len(batches),
         first_divergence=first[0],
@@ -133,21 +152,26 @@ def _compare(
     )
 
 
-def _accumulate(accs, ref_leaves, cand: list[torch.Tensor], tol: Tolerance, runner) -> bool:
-    """Add one batch to the running metrics; whether this batch alone fails."""
+def _accumulate(
+    accs, ref_leaves, cand: list[torch.Tensor], tol: Tolerance, runner
+) -> tuple[bool, float]:
+    """Add one batch to the running metrics; whether this batch alone fails, and how far
+    it departs (its float outputs' largest ``max_rel``)."""
     if len(ref_leaves) != len(cand):
         raise VerifyError(
             f"the candidate returns {len(cand)} tensor(s), the model {len(ref_leaves)}; "
             "verify a candidate exported from (or patched from) this model"
         )
-    failed = False
+    failed, departs = False, 0.0
     for i, ((name, ref), out) in enumerate(zip(ref_leaves, cand)):
         one = Accumulator()  # this batch alone, then added to the running sums
         one.update(ref, out.to(ref.device), runner.free_axes(i))
         accs.setdefault(name, Accumulator()).add(one)
         m = one.result()
         failed |= bool(output_failures(name, m, tol))  # an integer output: only its length
-    return failed
+        rel = m.max_rel if m.max_rel is not None else 0.0
+        departs = max(departs, rel if math.isfinite(rel) else math.inf)
+    return failed, departs
 
 
 def _restructure(ref_out, cand: list[torch.Tensor]):

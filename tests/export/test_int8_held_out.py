@@ -209,3 +209,58 @@ def test_speech_of_several_lengths_calibrates_plcmos_and_another_speaker_checks_
     share = float(re.search(r"\(([0-9.]+)% of conv", plan)[1])
     assert max(errors[False]) <= 0.05 < max(errors[True]) < 0.2, errors
     assert share >= 99.0, plan
+
+
+def test_a_cosine_target_holds_plcmos_score_about_its_mean(tmp_path):
+    """One MOS per clip: a plain cosine of scores from 1.9 to 3.6 is 0.9996 with INT8's
+    errors of a tenth, and the cosine of one score alone is its sign. verify judges the
+    scores about FP32's mean too (0.996 all in INT8: fails 0.999, names the batch that
+    departs most and the layers to keep out), and the search's cosine target does the same:
+    ``target=0.999`` on the second speaker keeps a few units out, and ONNX Runtime without
+    fp16lens scores that speaker closer to FP32 with that file."""
+    import torch
+    import zoo_real
+
+    from fp16lens.verify import verify
+
+    path = zoo_real.or_skip(zoo_real.plcmos_model)
+    feeds = zoo_real.or_skip(zoo_real.plcmos_feeds, (None, 1.2))
+    cal = [
+        tuple(torch.from_numpy(a) for a in f.values())
+        for k, f in feeds.items()
+        if k.startswith("first") and "raw" not in k
+    ]
+    keys = [k for k in feeds if k.startswith("second") and "raw" not in k]
+    held = [tuple(torch.from_numpy(a) for a in feeds[k].values()) for k in keys]
+    ref = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    fp32 = np.array([float(ref.run(None, feeds[k])[0]) for k in keys])
+    errors = {}
+    for target in (None, 0.999):
+        out = tmp_path / f"{target}.onnx"
+        export(
+            path,
+            None,
+            out,
+            precision="int8",
+            calibration=cal,
+            **(
+                {}
+                if target is None
+                else {"target": target, "max_fallback": 0.5, "evaluation": held}
+            ),
+        )
+        q = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+        got = np.array([float(q.run(None, feeds[k])[0]) for k in keys])
+        errors[target] = np.abs(got - fp32)
+        result = verify(path, out, held, tolerance=0.999)
+        a, b = fp32 - fp32.mean(), got - fp32.mean()
+        assert result.cosine_about_mean == pytest.approx(
+            a @ b / np.linalg.norm(a) / np.linalg.norm(b), abs=1e-5
+        )
+        assert result.cosine > 0.999  # the plain cosine passes either way
+        if target is None:
+            assert not result.passed and "cosine about FP32's mean" in result.failures()[0]
+            assert any("--fp32-nodes" in line for line in result.advice), result.advice
+        else:
+            assert result.passed, result.failures()
+    assert errors[0.999].max() < 0.7 * errors[None].max(), errors

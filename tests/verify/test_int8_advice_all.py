@@ -33,12 +33,12 @@ def test_int8_advice_ranks_every_quantizer(tmp_path):
     (ref,) = int8_zoo.run_outputs(case.path, case.eval)
     reference = [("out", torch.from_numpy(ref[0]))]
     pairs = _activation_pairs(runner.proto.graph)
-    costs = sensitivities(runner, batch, reference)
+    costs = sensitivities(runner, [(batch, reference)])
     assert len(costs) == len(pairs) > 64
     assert [c.cosine for c in costs] == sorted(c.cosine for c in costs)
     # the switch graph's cost of the worst pair is that pair alone, computed as written
     worst = costs[0]
-    alone = _cosine(runner, _only(runner.proto, worst.tensor), batch, reference)
+    alone = _cosine(runner, _only(runner.proto, worst.tensor), [(batch, reference)])
     assert alone == pytest.approx(worst.cosine, abs=1e-4)
     result = verify(case.path, str(path), [batch], backend="onnx-int8")
     assert not result.passed and any("cost most" in a for a in result.advice)

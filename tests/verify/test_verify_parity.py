@@ -249,7 +249,7 @@ def test_batches_accumulated_alone_then_added_give_the_running_metrics(kind):
     want, got = running.result(), added.result()
     for field in ("max_abs", "max_rel", "topk_agreement", "nonfinite", "numel", "shape_change"):
         assert getattr(got, field) == getattr(want, field), field
-    for field in ("cosine", "sqnr_db"):
+    for field in ("cosine", "sqnr_db", "cosine_about_mean"):
         a, b = getattr(got, field), getattr(want, field)
         assert (a is None and b is None) or a == pytest.approx(b, rel=1e-12, nan_ok=True), field
     assert kind.endswith("length") == bool(got.shape_change)

@@ -67,7 +67,9 @@ def test_every_backend_is_registered_with_its_candidate_kind():
         Backend.TENSORRT: "path",
     }
     assert [n for n in Backend if backend_spec(n).int8] == [Backend.ONNX_INT8]
-    assert backend_spec("onnx-int8").tolerance == Tolerance(min_cosine=0.99, site_rel=0.2)
+    assert backend_spec("onnx-int8").tolerance == Tolerance(
+        min_cosine=0.99, site_rel=0.2, about_mean=True
+    )
     assert backend_spec("torch-fp16").tolerance == Tolerance()
 
 
@@ -136,7 +138,9 @@ def test_auto_picks_onnx_fp16_or_int8_by_the_file(tmp_path):
     assert relu.backend == "onnx-fp16" and relu and relu.cosine > 0.9999
     assert "holds no FP16 tensor" in relu.notes[0]  # the runner's notes reach the result
     int8 = verify(nn.Identity(), str(qdq), x, tolerance=0.5)
-    assert int8.backend == "onnx-int8" and int8.tolerance == Tolerance(0.5, site_rel=0.2)
+    assert int8.backend == "onnx-int8" and int8.tolerance == Tolerance(
+        0.5, site_rel=0.2, about_mean=True
+    )
     assert int8.outputs["output"].max_abs <= 1 / 128 + 1e-7  # rounded to the 1/64 grid
 
 

