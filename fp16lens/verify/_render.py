@@ -15,12 +15,15 @@ def render(result):
     )
     yield head
     table = Table(show_edge=False, pad_edge=False)
-    for col in ("output", "cosine", "max abs", "max rel", "SQNR dB", "top-1 agree", "finite"):
+    about = any(_hidden(m) for m in result.outputs.values())
+    columns = ("output", "cosine", *(("about mean",) if about else ()), "max abs", "max rel")
+    for col in (*columns, "SQNR dB", "top-1 agree", "finite"):
         table.add_column(col, justify="left" if col == "output" else "right")
     for name, m in result.outputs.items():
         table.add_row(
             name,
             _num(m.cosine, ".6f"),
+            *((_num(m.cosine_about_mean, ".6f"),) if about else ()),
             _num(m.max_abs, ".3g"),
             _num(m.max_rel, ".3g"),
             _num(m.sqnr_db, ".1f"),
@@ -47,3 +50,12 @@ def render(result):
 
 def _num(x, spec: str) -> str:
     return "-" if x is None else format(x, spec)
+
+
+def _hidden(m) -> bool:
+    """Whether an output's cosine about FP32's mean says what its plain cosine hides."""
+    return (
+        m.cosine is not None
+        and m.cosine_about_mean is not None
+        and (m.cosine_about_mean < m.cosine - 1e-4)
+    )

@@ -61,6 +61,18 @@ def test_a_score_off_by_a_tenth_of_its_spread_fails_where_the_plain_cosine_passe
     # the model itself in real FP16 keeps the score: it passes, about the mean too
     same = verify(model, model, batches, backend="torch-fp16", tolerance=held)
     assert same.passed and same.cosine_about_mean > 0.9999, same.outputs
+    # the table shows the column only where it says what the plain cosine hides
+    assert "about mean" in _shown(result) and "about mean" not in _shown(same)
+
+
+def _shown(result) -> str:
+    import io
+
+    from rich.console import Console
+
+    out = io.StringIO()
+    Console(file=out, width=160).print(result)
+    return out.getvalue()
 
 
 def test_an_output_that_varies_below_what_fp16_holds_is_judged_by_its_plain_cosine():
