@@ -18,8 +18,8 @@ class Tolerance:
     ``min_cosine``: every float output's cosine similarity to the FP32 reference is at
     least this. ``about_mean``: so is each output's cosine about FP32's mean, over all
     batches, where FP32's values vary (``OutputMetrics.cosine_about_mean``: a score's error
-    beside the offset the scores share, which the plain cosine cannot see); on by default
-    for INT8, whose only check is this comparison. FP16's default leaves it off: its
+    beside the offset the scores share, which the plain cosine cannot see); None: the
+    backend's default, on for INT8, whose only check is this comparison, off for FP16: its
     verdicts rest on the ranges first, and the same cosine as patch's proof (on FP16's
     rounding Silero VAD's speech probabilities move by up to 0.1, 0.997 about their mean,
     its decisions at 0.5 the same). ``max_rel``: optionally, every output's largest error relative to the
@@ -33,7 +33,7 @@ class Tolerance:
     max_rel: float | None = None
     min_sqnr_db: float | None = None
     site_rel: float = 0.05
-    about_mean: bool = False
+    about_mean: bool | None = None
 
     def __post_init__(self):
         if not (isinstance(self.min_cosine, (int, float)) and -1.0 <= self.min_cosine <= 1.0):
@@ -46,19 +46,22 @@ class Tolerance:
             )
         if not _positive(self.site_rel):
             raise OptionError(f"site_rel must be a finite number > 0, got {self.site_rel!r}")
-        if not isinstance(self.about_mean, bool):
-            raise OptionError(f"about_mean must be True or False, got {self.about_mean!r}")
+        if self.about_mean is not None and not isinstance(self.about_mean, bool):
+            raise OptionError(f"about_mean must be True, False or None, got {self.about_mean!r}")
 
 
 def resolve_tolerance(tolerance: Tolerance | float | None, default: Tolerance) -> Tolerance:
-    """A Tolerance, the backend's ``default`` for None, or a bare number taken as min_cosine
-    (the rest from ``default``)."""
+    """A Tolerance (its ``about_mean`` None: the ``default``'s), the backend's ``default``
+    for None, or a bare number taken as min_cosine (the rest from ``default``)."""
+    about = bool(default.about_mean)
     if tolerance is None:
-        return default
+        return dataclasses.replace(default, about_mean=about)
     if isinstance(tolerance, Tolerance):
+        if tolerance.about_mean is None:  # the backend's default
+            return dataclasses.replace(tolerance, about_mean=about)
         return tolerance
     if isinstance(tolerance, (int, float)) and not isinstance(tolerance, bool):
-        return dataclasses.replace(default, min_cosine=float(tolerance))
+        return dataclasses.replace(default, min_cosine=float(tolerance), about_mean=about)
     raise TypeError(
         f"tolerance must be a fp16lens.verify.Tolerance, a number (min cosine) or None, "
         f"got {type(tolerance).__name__}"

@@ -150,3 +150,18 @@ def test_silero_vad_in_fp16_passes_by_its_plain_cosine_as_patch_proves_it():
     assert plain.passed and plain.cosine_about_mean < 0.999, plain.outputs
     held = verify(model, model, inputs, backend="torch-fp16", tolerance=Tolerance(about_mean=True))
     assert not held.passed
+
+
+def test_a_tolerance_given_keeps_the_backends_about_mean_unless_it_says():
+    from fp16lens._core import OptionError
+    from fp16lens.verify import backend_spec
+    from fp16lens.verify._options import resolve_tolerance
+
+    int8, fp16 = backend_spec("onnx-int8").tolerance, backend_spec("onnx-fp16").tolerance
+    assert resolve_tolerance(Tolerance(min_cosine=0.995), int8).about_mean is True
+    assert resolve_tolerance(0.995, int8).about_mean is True
+    assert resolve_tolerance(Tolerance(about_mean=False), int8).about_mean is False
+    assert resolve_tolerance(None, fp16).about_mean is False
+    assert resolve_tolerance(Tolerance(about_mean=True), fp16).about_mean is True
+    with pytest.raises(OptionError, match="about_mean"):
+        Tolerance(about_mean="yes")
