@@ -138,7 +138,7 @@ def _compare(
                     (b, named_leaves(model(*cast_floats(b, torch.float32, device))))
                     for b in batches[:ADVICE_BATCHES]
                 ]
-        advice = int8_advice(runner, items, tol.min_cosine, tol.about_mean)
+        advice = int8_advice(runner, items, tol.min_cosine, bool(tol.about_mean))
     return ParityResult(
         backend=spec.name,
         outputs=outputs,
