@@ -78,8 +78,9 @@ def int8_advice(
 ) -> tuple[str, ...]:
     """What to try after a failed INT8 check on ``items`` (batches, each with the FP32
     model's named outputs on it: the first batch that failed, or those that fail only
-    together, a score judged about its mean over them): when the Q/DQ graph computed as written passes, the loss is
-    ONNX Runtime's fused INT8 kernels; else the ``top`` costliest activation quantizers,
+    together, a score judged about its mean over them): when the Q/DQ graph computed as
+    written passes, the loss is ONNX Runtime's fused INT8 kernels; else the ``top``
+    costliest activation quantizers,
     and the modules to keep out of INT8 (both sides of a quantizer: a tensor stays FP32
     only when its producer and its readers are excluded), or for an ONNX reference the
     nodes reading them (an export of an ONNX source places Q/DQ at its layers' inputs

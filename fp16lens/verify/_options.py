@@ -19,11 +19,11 @@ class Tolerance:
     least this. ``about_mean``: so is each output's cosine about FP32's mean, over all
     batches, where FP32's values vary (``OutputMetrics.cosine_about_mean``: a score's error
     beside the offset the scores share, which the plain cosine cannot see); None: the
-    backend's default, on for INT8, whose only check is this comparison, off for FP16: its
-    verdicts rest on the ranges first, and the same cosine as patch's proof (on FP16's
-    rounding Silero VAD's speech probabilities move by up to 0.1, 0.997 about their mean,
-    its decisions at 0.5 the same). ``max_rel``: optionally, every output's largest error relative to the
-    reference's largest magnitude is at most this. ``min_sqnr_db``: optionally, the
+    backend's default, on for INT8, whose only check is this comparison, off for FP16,
+    whose verdicts rest on the ranges first and judge the plain cosine as patch's proof
+    does (on FP16's rounding Silero VAD's speech probabilities move by up to 0.1, 0.997
+    about their mean, each decision at 0.5 the same). ``max_rel``: optionally, every
+    output's largest error relative to the reference's largest magnitude is at most this. ``min_sqnr_db``: optionally, the
     signal-to-quantization-noise ratio is at least this. ``site_rel``: a site (module or
     ONNX tensor) departs when its error exceeds this share of its FP32 output's scale, or
     when it turns non-finite where FP32 is finite (used for ``first_divergence``).
