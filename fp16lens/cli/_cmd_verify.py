@@ -53,6 +53,14 @@ def add_parser(sub) -> None:
         f"else {Backend.TORCH_FP16})",
     )
     p.add_argument("--tolerance", type=float, default=None, help="pass threshold (backend default)")
+    p.add_argument(
+        "--about-mean",
+        action="store_true",
+        default=None,
+        help="hold each output's cosine about FP32's mean to the threshold too: scores that "
+        "share an offset (a MOS of 1 to 5), whose error the plain cosine cannot see (on for "
+        "INT8)",
+    )
     add_input_arguments(p)
     p.add_argument("--json", action="store_true", help="print the parity metrics as JSON")
     p.set_defaults(run=run)
@@ -77,7 +85,14 @@ def run(args: argparse.Namespace) -> int:
     if onnx_candidate and not is_onnx(args.model):  # a torch MODEL: split as the file takes it
         batches = fitted(args, batches, args.candidate)
     candidate = args.candidate if onnx_candidate else load_model(args.candidate).model
-    result = verify(reference, candidate, batches, backend=args.backend, tolerance=args.tolerance)
+    result = verify(
+        reference,
+        candidate,
+        batches,
+        backend=args.backend,
+        tolerance=args.tolerance,
+        about_mean=args.about_mean,
+    )
     if args.json:
         emit_json({"backend": result.backend, **parity_summary(result)})
         return 0 if result else 1

@@ -86,6 +86,8 @@ class VerifyOptions:
     minimum cosine (None: the backend's default). ``metric(fp32_out, cand_out)``: a task
     metric averaged over batches. ``fusions``: torch-emulated keeps TensorRT-fused
     pre-activations unrounded. ``device``: where the torch backends run the candidate.
+    ``about_mean``: hold each output's cosine about FP32's mean to the tolerance too (None:
+    the tolerance's, ``Tolerance.about_mean``).
     """
 
     backend: str | None = None
@@ -93,6 +95,7 @@ class VerifyOptions:
     metric: Callable[[Any, Any], float] | None = None
     fusions: bool = False
     device: Any = None  # str | torch.device | None
+    about_mean: bool | None = None
 
     def __post_init__(self):
         if self.backend is not None and not isinstance(self.backend, str):
@@ -113,3 +116,5 @@ class VerifyOptions:
             )
         if not isinstance(self.fusions, bool):
             raise OptionError(f"fusions must be True or False, got {self.fusions!r}")
+        if self.about_mean is not None and not isinstance(self.about_mean, bool):
+            raise OptionError(f"about_mean must be True, False or None, got {self.about_mean!r}")

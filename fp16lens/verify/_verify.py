@@ -4,6 +4,7 @@ and, on the first batch that fails, name the site where the candidate first depa
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 from collections.abc import Callable
 from pathlib import Path
@@ -40,6 +41,7 @@ def verify(
     options: VerifyOptions | None = None,
     fusions: bool | None = None,
     device: str | torch.device | None = None,
+    about_mean: bool | None = None,
 ) -> ParityResult:
     """Parity of ``candidate`` run on ``backend`` against ``model`` in FP32.
 
@@ -56,7 +58,9 @@ def verify(
     (``result.advice``). ``tolerance``: a
     Tolerance, or a number taken as the minimum cosine. ``metric(fp32_out, cand_out)``:
     a task metric, averaged over batches into ``result.metrics``. ``fusions``:
-    torch-emulated keeps TensorRT-fused pre-activations unrounded. ``device``: where the
+    torch-emulated keeps TensorRT-fused pre-activations unrounded. ``about_mean``: hold
+    each output's cosine about FP32's mean to the tolerance too (a score's error beside
+    the offset the scores share; None: the tolerance's, on for INT8). ``device``: where the
     torch backends run their copy of the candidate (default: the candidate's device; the
     FP32 reference always runs where ``model`` is).
 
@@ -72,11 +76,14 @@ def verify(
             metric=metric,
             fusions=fusions,
             device=device,
+            about_mean=about_mean,
         ),
     )
     model = _reference(model)
     spec = pick_backend(candidate, opts.backend)
     tol = resolve_tolerance(opts.tolerance, spec.tolerance)
+    if opts.about_mean is not None:
+        tol = dataclasses.replace(tol, about_mean=opts.about_mean)
     runner = spec.runner(candidate, model, fusions=opts.fusions, device=opts.device)
     with _eval(model):
         return _compare(model, runner, as_batches(inputs), spec, tol, opts.metric)

@@ -101,7 +101,7 @@ def test_the_int8_search_judges_a_cosine_target_about_the_mean_too():
     assert worst_cosine(refs, outs) < 0.99
 
 
-def test_dnsmos_in_fp16_off_by_a_tenth_of_a_point_is_seen_about_the_mean(tmp_path):
+def test_dnsmos_in_fp16_off_by_a_tenth_of_a_point_is_seen_about_the_mean(tmp_path, capsys):
     """DNSMOS P.835 exported to FP16 as it is (speechmos's wheel; SIG, BAK and OVRL near 1
     to 4): on a noisy clip of the second speaker its FP16 storage made real (without
     fp16lens) moves a score by 0.12, and the plain cosine of the three scores is still
@@ -132,6 +132,16 @@ def test_dnsmos_in_fp16_off_by_a_tenth_of_a_point_is_seen_about_the_mean(tmp_pat
         if bad:
             assert "cosine about FP32's mean" in result.failures()[0]
             assert result.cosine_about_mean < 0.99
+    # from a terminal: FP16's default passes the clip, --about-mean holds it to the mean
+    from fp16lens.cli import main
+
+    np.savez(tmp_path / "clip.npz", **case.eval[6])
+    words = ["verify", case.path, str(out), "--input", str(tmp_path / "clip.npz")]
+    assert main(words) == 0
+    capsys.readouterr()
+    assert main([*words, "--about-mean"]) == 1
+    said = capsys.readouterr().out
+    assert "cosine about FP32's mean" in said and "about mean" in said, said
 
 
 def test_silero_vad_in_fp16_passes_by_its_plain_cosine_as_patch_proves_it():
