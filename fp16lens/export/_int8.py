@@ -122,7 +122,7 @@ def quantize_fp16lens(
     ``exported``: ``proto`` is fp16lens's export of a PyTorch model (a batch that does not
     fit its fixed axes is told how ``dynamic=`` frees them)."""
     import_optional("onnxruntime", "onnx", _PURPOSE)
-    from fp16lens.export._int8_search import search, write_qdq
+    from fp16lens.export._int8_search import PROGRESS, search, write_qdq
 
     initializers = {i.name for i in proto.graph.initializer}
     names = [v.name for v in proto.graph.input if v.name not in initializers]
@@ -133,15 +133,20 @@ def quantize_fp16lens(
     if evaluation is not None:
         given = _declared(proto, _feeds(evaluation, names, "evaluation"), "evaluation", exported)
         checks, _ = _split(proto, given, free=False)
-    plan = search(
-        proto,
-        feeds,
-        set(exclude),
-        target=target,
-        evaluation=checks,
-        max_fallback=max_fallback,
-        search_batches=search_batches,
-    )
+    with _progress() as progress:  # the search's loops, on stderr in a terminal
+        token = PROGRESS.set(progress)
+        try:
+            plan = search(
+                proto,
+                feeds,
+                set(exclude),
+                target=target,
+                evaluation=checks,
+                max_fallback=max_fallback,
+                search_batches=search_batches,
+            )
+        finally:
+            PROGRESS.reset(token)
     if split:
         plan.notes.insert(0, split)
     quantized = write_qdq(proto, plan)

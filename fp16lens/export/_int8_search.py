@@ -30,6 +30,8 @@ the switch graph computed with those feeds.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
 from collections.abc import Callable, Sequence
 from collections.abc import Set as AbstractSet
@@ -47,6 +49,25 @@ QMAX = 127.0
 MAX_FALLBACK = 0.1  # the share of the FLOPs a target's fallback may keep out of INT8
 Feed = dict  # input name -> np.ndarray
 Outputs = list  # the graph's outputs on one batch, np.ndarrays
+
+
+PROGRESS: contextvars.ContextVar[Any] = contextvars.ContextVar("int8_progress", default=None)
+"""A ``rich.progress.Progress`` the search shows its loops on (``_int8.quantize`` sets it:
+a bar on stderr in a terminal), or None."""
+
+
+@contextlib.contextmanager
+def _step(what: str, total: int):
+    """A bar for one loop of the search (``advance`` per step), where one is shown."""
+    progress = PROGRESS.get()
+    if progress is None or not total:
+        yield lambda: None
+        return
+    task = progress.add_task(f"INT8: {what}", total=total)
+    try:
+        yield lambda: progress.advance(task)
+    finally:
+        progress.remove_task(task)
 
 
 @dataclass(frozen=True)
@@ -875,22 +896,25 @@ class Searcher:
         probe = feeds[: max(1, search_batches)]
         refs = self.switch.run(probe, off, scales)
         readers = {t: [i for i, u in enumerate(units) if t in u.acts] for t in tensors}
-        for j, t in enumerate(tensors if choose else ()):
-            if len(cands[t]) < 2:
-                continue
-            on = off.copy()
-            on[readers[t]] = 1
-            scored = []
-            for name, amax in cands[t].items():
-                trial = scales.copy()
-                trial[j] = amax / QMAX
-                scored.append((nmse(refs, self.switch.run(probe, on, trial)), -amax, name, amax))
-            best = min(s[0] for s in scored)
-            # the widest range within 2% of the least error: no clip bought for nothing
-            _, _, name, amax = min(
-                (s for s in scored if s[0] <= best * 1.02 + 1e-12), key=lambda s: s[1]
-            )
-            scales[j], methods[t] = amax / QMAX, name
+        with _step("choosing each activation's range", len(tensors) if choose else 0) as tick:
+            for j, t in enumerate(tensors if choose else ()):
+                tick()
+                if len(cands[t]) < 2:
+                    continue
+                on = off.copy()
+                on[readers[t]] = 1
+                scored = []
+                for name, amax in cands[t].items():
+                    trial = scales.copy()
+                    trial[j] = amax / QMAX
+                    out = self.switch.run(probe, on, trial)
+                    scored.append((nmse(refs, out), -amax, name, amax))
+                best = min(s[0] for s in scored)
+                # the widest range within 2% of the least error: no clip bought for nothing
+                _, _, name, amax = min(
+                    (s for s in scored if s[0] <= best * 1.02 + 1e-12), key=lambda s: s[1]
+                )
+                scales[j], methods[t] = amax / QMAX, name
         rounded, corrections, more = _corrected(
             proto,
             units,
@@ -905,10 +929,12 @@ class Searcher:
         if rounded or corrections:
             self.switch = Switch(proto, units, tensors, corrections, rounded)
         costs = []
-        for i in range(len(units)):  # every unit, alone
-            on = off.copy()
-            on[i] = 1
-            costs.append(nmse(refs, self.switch.run(probe, on, scales)))
+        with _step("measuring each layer alone", len(units)) as tick:
+            for i in range(len(units)):  # every unit, alone
+                tick()
+                on = off.copy()
+                on[i] = 1
+                costs.append(nmse(refs, self.switch.run(probe, on, scales)))
         self.scales = scales
         self.plan = Int8Plan(
             units,

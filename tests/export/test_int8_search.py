@@ -452,3 +452,40 @@ def test_the_written_graph_computes_what_the_search_measured(rounding):
     for got, want in zip(outs, switched):
         for a, b in zip(got, want):
             assert np.array_equal(a, b)
+
+
+def test_the_search_shows_its_loops_on_a_bar(tmp_path, monkeypatch):
+    """A search takes minutes on a real model (16 on a layout detector at 800x608): in a
+    terminal its loops show on a bar, each step counted, the bar gone when done."""
+    pytest.importorskip("onnxscript")
+    import io
+
+    import torch
+    from rich.console import Console
+    from rich.progress import Progress
+
+    from fp16lens.export import _int8, export
+
+    from models import clean
+
+    seen: dict[str, list[float]] = {}
+
+    class Recording(Progress):
+        def remove_task(self, task_id):
+            t = self._tasks[task_id]
+            seen[t.description] = [t.completed, t.total]
+            super().remove_task(task_id)
+
+    def bar():
+        return Recording(console=Console(file=io.StringIO(), force_terminal=True))
+
+    monkeypatch.setattr(_int8, "_progress", bar)
+    model, (x,) = clean()
+    g = torch.Generator().manual_seed(3)
+    cal = [(torch.rand(x.shape, generator=g),) for _ in range(4)]
+    art = export(model, (x,), tmp_path / "q.onnx", "int8", calibration=cal)
+    (plan,) = [w for w in art.warnings if w.startswith("INT8: ")]
+    units = int(plan.split("/")[1].split()[0])
+    assert seen["INT8: measuring each layer alone"] == [units, units], seen
+    done, total = seen["INT8: choosing each activation's range"]
+    assert done == total > 0, seen
