@@ -52,7 +52,7 @@ Outputs = list  # the graph's outputs on one batch, np.ndarrays
 
 
 PROGRESS: contextvars.ContextVar[Any] = contextvars.ContextVar("int8_progress", default=None)
-"""A ``rich.progress.Progress`` the search shows its loops on (``_int8.quantize`` sets it:
+"""A ``rich.progress.Progress`` the search shows its loops on (``_int8.quantize_fp16lens`` sets it:
 a bar on stderr in a terminal), or None."""
 
 

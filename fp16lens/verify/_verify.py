@@ -120,14 +120,15 @@ def _compare(
         with torch.no_grad():
             ref_out = model(*cast_floats(batch, torch.float32, device))
         cand = runner.run(batch)
-        failed, departs = _accumulate(accs, named_leaves(ref_out), cand, tol, runner)
+        leaves = named_leaves(ref_out)
+        failed, departs = _accumulate(accs, leaves, cand, tol, runner)
         if metric is not None:
             scores.append(float(metric(ref_out, _restructure(ref_out, cand))))
         if failed and failing is None:
-            failing = (batch, named_leaves(ref_out))
+            failing = (batch, leaves)
             first = runner.locate(batch, tol.site_rel)
         if departs > furthest[0]:
-            furthest = (departs, batch, named_leaves(ref_out))
+            furthest = (departs, batch, leaves)
     outputs = {k: a.result() for k, a in accs.items()}
     together = failing is None and any(output_failures(k, m, tol) for k, m in outputs.items())
     if together:  # no batch fails alone (a score judged about its mean over the batches)
