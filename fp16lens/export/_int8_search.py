@@ -57,10 +57,11 @@ a bar on stderr in a terminal), or None."""
 
 
 @contextlib.contextmanager
-def _step(what: str, total: int):
-    """A bar for one loop of the search (``advance`` per step), where one is shown."""
+def _step(what: str, total: int | None):
+    """A bar for one loop of the search (``advance`` per step), where one is shown; a loop
+    of unknown length (``total`` None) shows its steps on a pulsing bar."""
     progress = PROGRESS.get()
-    if progress is None or not total:
+    if progress is None or total == 0:
         yield lambda: None
         return
     task = progress.add_task(f"INT8: {what}", total=total)
@@ -1167,7 +1168,12 @@ def _fallback(
         memo = {} if memo is None else memo
         if key not in memo:
             every = set(range(len(units)))
-            memo[key] = (evaluation, [score(every - {i}) for i in range(len(units))])
+            scored = []
+            with _step(f"measuring each layer alone on {target.name}", len(units)) as tick:
+                for i in range(len(units)):
+                    tick()
+                    scored.append(score(every - {i}))
+            memo[key] = (evaluation, scored)
         alone = memo[key][1]
         full = target.score(refs, refs)
         # a metric without a finite best (SQNR: inf where INT8 equals FP32) ranks by itself
@@ -1181,7 +1187,7 @@ def _fallback(
         def share(out: set[int]) -> float:
             return sum(units[i].flops for i in out) / total
 
-        def grow(order: list[int]) -> tuple[set[int], float]:
+        def grow(order: list[int], tick) -> tuple[set[int], float]:
             # grow the set out of INT8 in steps along ``order`` (1, 2, 4, 8, 16, 24, ...),
             # then try each one back in, cheapest first, and again while one goes back:
             # what stays out is needed (the metric is not monotone: a unit back in can
@@ -1189,6 +1195,7 @@ def _fallback(
             k, last, out = 1, s, set()
             while last < target.threshold and k <= len(order):
                 out = set(order[:k])
+                tick()
                 last = score(out)
                 if last < target.threshold and share(out) > max_fallback:
                     break  # past the FLOPs allowed and still short: no need to go on
@@ -1200,12 +1207,15 @@ def _fallback(
                 changed = False
                 for i in sorted(out, key=rank, reverse=True):
                     trial = out - {i}
+                    tick()
                     t = score(trial)
                     if t >= target.threshold:
                         out, last, changed = trial, t, True
             return out, last
 
-        out, last = grow(order)
+        growing = _step("keeping the costliest layers out until the target holds", None)
+        with growing as tick:
+            out, last = grow(order, tick)
         if last < target.threshold or share(out) > 0:  # else no set is cheaper
             # the same growth with the rank per FLOP, so a cheap unit (a dense head) goes
             # before a costly conv of about the same loss; the set that meets the target
@@ -1218,7 +1228,8 @@ def _fallback(
                 key=lambda i: (-loss[i] / max(flop[i], 1e-9), -costs[i] / max(flop[i], 1e-9)),
             )
             if per_flop != order:
-                cand, got = grow(per_flop)
+                with _step("keeping layers out, the costliest per FLOP first", None) as tick:
+                    cand, got = grow(per_flop, tick)
                 if (got >= target.threshold, -share(cand), got) > (
                     last >= target.threshold,
                     -share(out),

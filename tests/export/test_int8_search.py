@@ -454,21 +454,16 @@ def test_the_written_graph_computes_what_the_search_measured(rounding):
             assert np.array_equal(a, b)
 
 
-def test_the_search_shows_its_loops_on_a_bar(tmp_path, monkeypatch):
-    """A search takes minutes on a real model (16 on a layout detector at 800x608): in a
-    terminal its loops show on a bar, each step counted, the bar gone when done."""
-    pytest.importorskip("onnxscript")
+def _recording_bar(monkeypatch) -> dict[str, list]:
+    """Each bar the search shows, by its description: [steps done, total] when removed."""
     import io
 
-    import torch
     from rich.console import Console
     from rich.progress import Progress
 
-    from fp16lens.export import _int8, export
+    from fp16lens.export import _int8
 
-    from models import clean
-
-    seen: dict[str, list[float]] = {}
+    seen: dict[str, list] = {}
 
     class Recording(Progress):
         def remove_task(self, task_id):
@@ -480,6 +475,20 @@ def test_the_search_shows_its_loops_on_a_bar(tmp_path, monkeypatch):
         return Recording(console=Console(file=io.StringIO(), force_terminal=True))
 
     monkeypatch.setattr(_int8, "_progress", bar)
+    return seen
+
+
+def test_the_search_shows_its_loops_on_a_bar(tmp_path, monkeypatch):
+    """A search takes minutes on a real model (16 on a layout detector at 800x608): in a
+    terminal its loops show on a bar, each step counted, the bar gone when done."""
+    pytest.importorskip("onnxscript")
+    import torch
+
+    from fp16lens.export import export
+
+    from models import clean
+
+    seen = _recording_bar(monkeypatch)
     model, (x,) = clean()
     g = torch.Generator().manual_seed(3)
     cal = [(torch.rand(x.shape, generator=g),) for _ in range(4)]
@@ -489,3 +498,30 @@ def test_the_search_shows_its_loops_on_a_bar(tmp_path, monkeypatch):
     assert seen["INT8: measuring each layer alone"] == [units, units], seen
     done, total = seen["INT8: choosing each activation's range"]
     assert done == total > 0, seen
+
+
+def test_a_targets_fallback_shows_its_loops_on_a_bar(tmp_path, monkeypatch):
+    """The fallback of a target measures each layer on the target's metric (a known count)
+    and then grows the set kept out (an unknown count: a pulsing bar, its steps counted)."""
+    pytest.importorskip("onnxscript")
+    import torch
+
+    from fp16lens.export import Int8Target, export
+    from fp16lens.export._int8_search import worst_cosine
+
+    from models import clean
+
+    seen = _recording_bar(monkeypatch)
+    model, (x,) = clean()
+    g = torch.Generator().manual_seed(3)
+    cal = [(torch.rand(x.shape, generator=g),) for _ in range(4)]
+    target = Int8Target(0.9999999, worst_cosine, "my cosine")
+    art = export(
+        model, (x,), tmp_path / "q.onnx", "int8", calibration=cal, target=target, max_fallback=1.0
+    )
+    kept = art.int8["kept"]
+    assert kept, art.int8  # the target needs layers out: the fallback ran
+    units = art.int8["units"]
+    assert seen["INT8: measuring each layer alone on my cosine"] == [units, units], seen
+    done, total = seen["INT8: keeping the costliest layers out until the target holds"]
+    assert total is None and done >= len(kept), seen
