@@ -1056,6 +1056,13 @@ def dnsmos_model() -> str:
     return wheel_file("speechmos", "speechmos", "dnsmos_models", "sig_bak_ovr.onnx")
 
 
+def pdnsmos_model() -> str:
+    """Personalized DNSMOS P.835 (``pdnsmos_models/sig_bak_ovr.onnx`` in speechmos
+    0.0.1.1's wheel: DNSMOS's graph trained to penalize an interfering talker; the same
+    9.01 s input in [-1, 1], the same STFT, log power and CNN)."""
+    return wheel_file("speechmos", "speechmos", "pdnsmos_models", "sig_bak_ovr.onnx")
+
+
 def plcmos_model() -> str:
     """PLCMOS v2 (``plcmos_models/plcmos_v2.onnx`` in speechmos 0.0.1.1's wheel): the
     quality of packet-loss concealment from a log-power spectrogram of any length (1, 1,

@@ -2,7 +2,8 @@
 (numpy).
 
 ``.pt``: a tensor is one batch with one input; a tuple is one batch with several inputs;
-a list is a list of batches (each a tensor or a tuple/list of tensors).
+a dict of tensors is one batch by input name (an ONNX graph's inputs, a module's forward
+keywords); a list is a list of batches (each a tensor, a tuple/list or a dict of tensors).
 ``.npz``: the arrays, in file order, are the model's positional inputs of one batch.
 ``.npy``: one array, one batch of a model with one input.
 ``batch_size`` splits a single batch along its first axis into several batches.
@@ -72,34 +73,52 @@ def _load_npy(path: Path) -> Batch:
     return (torch.from_numpy(np.ascontiguousarray(array)),)
 
 
-def _from_object(obj, path: Path) -> list[Batch]:
+def _from_object(obj, path: Path) -> list:
     if torch.is_tensor(obj):
         return [(obj,)]
     if isinstance(obj, tuple) and obj and all(torch.is_tensor(t) for t in obj):
         return [obj]
+    if _named(obj):
+        return [dict(obj)]
     if isinstance(obj, list) and obj:
         return [_as_batch(item, path) for item in obj]
     raise Fp16LensError(
         f"{path} holds a {type(obj).__name__}, not batches; save a tensor (one batch), a "
-        "tuple of tensors (one batch, several inputs) or a list of those (several batches)"
+        "tuple of tensors (one batch, several inputs), a dict of tensors by input name (one "
+        "batch) or a list of those (several batches)"
     )
 
 
-def _as_batch(item, path: Path) -> Batch:
+def _named(obj) -> bool:
+    """A dict of tensors by name: one batch by input name."""
+    return (
+        isinstance(obj, dict)
+        and bool(obj)
+        and all(isinstance(k, str) and torch.is_tensor(v) for k, v in obj.items())
+    )
+
+
+def _as_batch(item, path: Path):
     if torch.is_tensor(item):
         return (item,)
     if isinstance(item, (tuple, list)) and item and all(torch.is_tensor(t) for t in item):
         return tuple(item)
+    if _named(item):
+        return dict(item)
     raise Fp16LensError(
-        f"{path}: a batch is a {type(item).__name__}; each list item must be a tensor or "
-        "a tuple of tensors"
+        f"{path}: a batch is a {type(item).__name__}; each list item must be a tensor, "
+        "a tuple of tensors or a dict of tensors by input name"
     )
 
 
-def split_batch(batch: Batch, batch_size: int) -> list[Batch]:
-    """Split every input along axis 0 into chunks of ``batch_size`` (the last may be short)."""
+def split_batch(batch, batch_size: int) -> list:
+    """Split every input along axis 0 into chunks of ``batch_size`` (the last may be short);
+    a dict batch into dicts by the same names."""
     if batch_size < 1:
         raise Fp16LensError(f"--batch-size must be >= 1, got {batch_size}")
+    if isinstance(batch, dict):
+        names = list(batch)
+        return [dict(zip(names, part)) for part in split_batch(tuple(batch.values()), batch_size)]
     sizes = {t.shape[0] if t.dim() else None for t in batch}
     if len(sizes) != 1 or None in sizes:
         raise Fp16LensError(

@@ -99,7 +99,7 @@ def match_model_dtype(batches: Sequence[Batch], model) -> Sequence[Batch]:
     found = {
         t.dtype
         for b in (batches[:1] if made else batches)
-        for t in b
+        for t in (b.values() if isinstance(b, dict) else b)
         if _is_float(t) and t.dtype != want
     }
     if want is None or not found:
@@ -112,6 +112,8 @@ def match_model_dtype(batches: Sequence[Batch], model) -> Sequence[Batch]:
         )
 
     def cast(b):
+        if isinstance(b, dict):
+            return {k: t.to(want) if _is_float(t) else t for k, t in b.items()}
         return tuple(t.to(want) if _is_float(t) else t for t in b)
 
     return batches.map(cast) if hasattr(batches, "map") else [cast(b) for b in batches]

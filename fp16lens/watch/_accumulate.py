@@ -125,6 +125,7 @@ class InputAcc:
     peak: float
     batch: int
     nonfinite: int
+    name: str = ""  # the argument it came in: a keyword, an ONNX graph input ("" unknown)
 
 
 @dataclass
@@ -251,7 +252,8 @@ class Accumulator:
                 cur = self.inputs.get(k)
                 bad = int(rows[e, S_NONFINITE] > 0 or math.isnan(maxes[e]) or math.isinf(maxes[e]))
                 if cur is None or _gt(maxes[e], cur.peak):
-                    self.inputs[k] = InputAcc(k, maxes[e], fw.index, bad)
+                    name = fw.input_names[k] if k < len(fw.input_names) else ""
+                    self.inputs[k] = InputAcc(k, maxes[e], fw.index, bad, name)
             k += 1
 
     def _add_edges(self, fw: Forward) -> None:

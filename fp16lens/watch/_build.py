@@ -212,8 +212,8 @@ def build_report(
                 peak=inp.peak,
                 batch=inp.batch,
                 count=inp.nonfinite,
-                detail=f"model input {k} holds {what} (batch {inp.batch}): a problem of the data, "
-                "not of the model; FP16 inputs cannot carry it",
+                detail=f"model input {_named(k, inp.name)} holds {what} (batch {inp.batch}): a "
+                "problem of the data, not of the model; FP16 inputs cannot carry it",
             )
         )
     name, weights = source if source is not None else (model_class(model), fingerprint(model))
@@ -228,3 +228,9 @@ def build_report(
         inputs=acc.input_specs,
     )
     return Report(sites=sites, spans=spans, findings=findings, edges=edges, meta=meta)
+
+
+def _named(index: int, name: str) -> str:
+    """``1``, or ``1 (scale)`` where the input has a name of its own (a keyword argument,
+    an ONNX graph input) beside its position."""
+    return f"{index} ({name})" if name and name != str(index) else str(index)

@@ -62,6 +62,7 @@ class Forward:
     outputs: tuple[int, ...] = ()
     input_shapes: list[list[int]] = field(default_factory=list)
     input_specs: list[dict] = field(default_factory=list)  # watch/_inputs.describe_inputs
+    input_names: list[str] = field(default_factory=list)  # per float input: its argument
     # underflow (watch/_underflow.py): the singular ops run, and event -> vanished constant
     flush: list = field(default_factory=list)
     consts: dict[int, str] = field(default_factory=dict)
@@ -234,9 +235,12 @@ class Recorder(TorchDispatchMode):
         if not self.static:  # a captured forward has no values to read (nor needs them again)
             with dispatch_mode_paused(self):  # fp16lens's own reductions are not the model's ops
                 fw.input_specs = describe_inputs(args, kwargs)
-        for t in floats:
+        names = [str(i) for i, a in enumerate(args or ()) for _ in _float_tensors(a, [])]
+        names += [str(k) for k, v in (kwargs or {}).items() for _ in _float_tensors(v, [])]
+        for name, t in zip(names, floats):
             fw.input_shapes.append(list(t.shape))
             if t.numel():  # an empty input has no range to record
+                fw.input_names.append(name)
                 self._add_event(INPUT_SITE, (), t)
 
     def _end_forward(self, output) -> None:

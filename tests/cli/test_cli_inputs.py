@@ -64,6 +64,20 @@ def test_pt_files_hold_one_batch_or_a_list(tmp_path):
     assert [b[0].shape[0] for b in split] == [2, 1]
 
 
+def test_a_dict_of_tensors_is_one_batch_by_input_name(tmp_path):
+    """An ONNX graph's inputs or a module's forward keywords, by name: a dict is one batch,
+    a list of dicts several, and --batch-size splits a dict into dicts of the same names."""
+    x, scale = torch.arange(8.0).reshape(4, 2), torch.ones(4, 1)
+    torch.save({"x": x, "scale": scale}, tmp_path / "one.pt")
+    (batch,) = load_batches(tmp_path / "one.pt")
+    assert list(batch) == ["x", "scale"] and torch.equal(batch["x"], x)
+    torch.save([{"x": x}, {"x": x * 2}], tmp_path / "list.pt")
+    assert [b["x"][1, 1].item() for b in load_batches(tmp_path / "list.pt")] == [3.0, 6.0]
+    parts = load_batches(tmp_path / "one.pt", batch_size=3)
+    assert [list(p) for p in parts] == [["x", "scale"]] * 2
+    assert [p["x"].shape[0] for p in parts] == [3, 1] and torch.equal(parts[1]["x"], x[3:])
+
+
 def test_npz_arrays_are_the_positional_inputs(tmp_path):
     np.savez(tmp_path / "x.npz", image=np.ones((4, 3), np.float32), ids=np.arange(4))
     ((image, ids),) = load_batches(tmp_path / "x.npz")
@@ -97,8 +111,11 @@ def test_bad_batch_files_are_user_errors(tmp_path):
     (tmp_path / "junk.pt").write_bytes(b"not a torch file")
     with pytest.raises(Fp16LensError, match="cannot read input batches"):
         load_batches(tmp_path / "junk.pt")
-    torch.save({"x": torch.ones(1)}, tmp_path / "dict.pt")
+    torch.save({"x": 1.0}, tmp_path / "dict.pt")  # not tensors by name
     with pytest.raises(Fp16LensError, match="holds a dict, not batches"):
         load_batches(tmp_path / "dict.pt")
+    torch.save([{"x": torch.ones(1)}, {1: torch.ones(1)}], tmp_path / "dicts.pt")
+    with pytest.raises(Fp16LensError, match=r"a batch is a dict; .* a dict of tensors by input"):
+        load_batches(tmp_path / "dicts.pt")
     with pytest.raises(Fp16LensError, match="first \\(batch\\) axis"):
         split_batch((torch.ones(2, 1), torch.ones(3, 1)), 1)

@@ -185,6 +185,9 @@ def test_inputs_by_name_position_and_errors(seed, tmp_path):
     name = onnx.load(path).graph.input[0].name
     by_name = fp16lens.scan(path, [{name: x}], progress=False)
     assert by_pos.spans[0].peak == by_name.spans[0].peak
+    big = fp16lens.scan(path, [{name: x * 1e5}], progress=False)
+    (inp,) = [f for f in big.findings if f.mechanism == "input"]  # named by the graph
+    assert inp.site == "input[0]" and f"model input 0 ({name}) holds" in inp.detail, inp
     with pytest.raises(WatchError, match="no array for input"):
         fp16lens.scan(path, [{"nope": x}], progress=False)
     with pytest.raises(WatchError, match="bare array"):

@@ -79,6 +79,7 @@ def run_batch(
         v = values[n]
         fw.input_shapes.append(list(v.shape))
         if v.dtype.kind == "f":
+            fw.input_names.append(n)
             event_of[n] = _event(fw, INPUT_SITE, v, (), threshold, sample_size)
     for sid, t in graph.events:
         node = graph.nodes[sid]
