@@ -376,11 +376,14 @@ def _slaney_mel(f: np.ndarray) -> np.ndarray:
     )
 
 
-def mel_power(wav: torch.Tensor, n_mels: int = 40) -> torch.Tensor:
+def mel_power(
+    wav: torch.Tensor, n_mels: int = 40, n_fft: int = 400, hop: int = 160
+) -> torch.Tensor:
     """Resemblyzer's input (``audio.wav_to_mel_spectrogram``, librosa's melspectrogram at its
     defaults): power spectrum of 25 ms Hann windows every 10 ms at 16 kHz, 40 Slaney mel
-    bands, normalized as librosa's ``norm="slaney"``; no log. (1, frames, 40)."""
-    fft = np.linspace(0, 8000, 201)
+    bands, normalized as librosa's ``norm="slaney"``; no log. (1, frames, 40). Other
+    ``n_mels``, ``n_fft`` (the window too) and ``hop`` as librosa takes them."""
+    fft = np.fft.rfftfreq(n_fft, 1 / 16000)
     m = np.linspace(0, float(_slaney_mel(np.array(8000.0))), n_mels + 2)
     hz = np.where(m >= 15, 1000 * np.exp(np.log(6.4) / 27 * (m - 15)), m * 200 / 3)
     bank = np.zeros((n_mels, fft.size))
@@ -390,9 +393,9 @@ def mel_power(wav: torch.Tensor, n_mels: int = 40) -> torch.Tensor:
         bank[i] = np.maximum(0, tri) * 2 / (hi - lo)
     spec = torch.stft(
         wav.flatten(),
-        400,
-        160,
-        window=torch.hann_window(400),
+        n_fft,
+        hop,
+        window=torch.hann_window(n_fft),
         center=True,
         pad_mode="constant",
         return_complex=True,
@@ -1061,6 +1064,30 @@ def pdnsmos_model() -> str:
     0.0.1.1's wheel: DNSMOS's graph trained to penalize an interfering talker; the same
     9.01 s input in [-1, 1], the same STFT, log power and CNN)."""
     return wheel_file("speechmos", "speechmos", "pdnsmos_models", "sig_bak_ovr.onnx")
+
+
+def aecmos_model() -> str:
+    """AECMOS, scenario-less, 16 kHz (``aecmos_models/Run_1663829550_Stage_0.onnx`` in
+    speechmos 0.0.1.1's wheel): the echo and the other degradations an echo canceller
+    leaves, scored from the mel spectrograms of the far end, the microphone and the
+    canceller's output through a CNN and a GRU (``input`` (1, 3, frames, 160), ``h0``)."""
+    return wheel_file("speechmos", "speechmos", "aecmos_models", "Run_1663829550_Stage_0.onnx")
+
+
+def aecmos_feed(lpb: np.ndarray, mic: np.ndarray, enh: np.ndarray) -> dict[str, np.ndarray]:
+    """AECMOS's input as speechmos's ``_mel_transform`` makes it (librosa is not installed):
+    per signal (16 kHz samples in [-1, 1]) the mel power, 513-point Hann windows every 256
+    samples, 160 Slaney bands, in dB against its own maximum (80 dB below it at most),
+    ``(dB + 40) / 40``; the three stacked, a zero GRU state."""
+
+    def feature(x: np.ndarray) -> np.ndarray:
+        power = mel_power(torch.tensor(x, dtype=torch.float32), 160, 513, 256)[0].double()
+        db = 10 * torch.log10(torch.clamp(power, min=1e-10))
+        db = torch.clamp(db - db.max(), min=-80.0)
+        return ((db + 40) / 40).float().numpy()
+
+    feats = np.stack([feature(s) for s in (lpb, mic, enh)])[None]
+    return {"input": feats, "h0": np.zeros((4, 1, 64), np.float32)}
 
 
 def plcmos_model() -> str:

