@@ -1080,14 +1080,24 @@ def aecmos_feed(lpb: np.ndarray, mic: np.ndarray, enh: np.ndarray) -> dict[str, 
     samples, 160 Slaney bands, in dB against its own maximum (80 dB below it at most),
     ``(dB + 40) / 40``; the three stacked, a zero GRU state."""
 
-    def feature(x: np.ndarray) -> np.ndarray:
-        power = mel_power(torch.tensor(x, dtype=torch.float32), 160, 513, 256)[0].double()
-        db = 10 * torch.log10(torch.clamp(power, min=1e-10))
-        db = torch.clamp(db - db.max(), min=-80.0)
-        return ((db + 40) / 40).float().numpy()
-
-    feats = np.stack([feature(s) for s in (lpb, mic, enh)])[None]
+    feats = np.stack([mel_db(s, 160, 513, 256) for s in (lpb, mic, enh)])[None]
     return {"input": feats, "h0": np.zeros((4, 1, 64), np.float32)}
+
+
+def mel_db(x: np.ndarray, n_mels: int, n_fft: int, hop: int) -> np.ndarray:
+    """speechmos's mel feature (librosa's melspectrogram, ``power_to_db(ref=np.max)``, then
+    ``(dB + 40) / 40``) of 16 kHz samples in [-1, 1]: (frames, n_mels) float32."""
+    power = mel_power(torch.tensor(x, dtype=torch.float32), n_mels, n_fft, hop)[0].double()
+    db = 10 * torch.log10(torch.clamp(power, min=1e-10))
+    db = torch.clamp(db - db.max(), min=-80.0)  # librosa's top_db
+    return ((db + 40) / 40).float().numpy()
+
+
+def p808_model() -> str:
+    """DNSMOS P.808 (``dnsmos_models/model_v8.onnx`` in speechmos 0.0.1.1's wheel): one MOS
+    from 900 frames of a 120-band mel spectrogram in dB (``mel_db``, 321-point windows every
+    160 samples), a CNN."""
+    return wheel_file("speechmos", "speechmos", "dnsmos_models", "model_v8.onnx")
 
 
 def plcmos_model() -> str:
