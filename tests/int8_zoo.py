@@ -1247,3 +1247,20 @@ def fused_layernorms(proto):
     g.node.extend(nodes)
     onnx.checker.check_model(model)
     return model
+
+
+def searched(case: Int8Case, **options):
+    """fp16lens's INT8 search on ``case``'s calibration items (``searcher(..., **options)``):
+    (the graph it searched, its plan, the task metric of the Q/DQ file it writes on the
+    evaluation items against FP32, computed as written)."""
+    import onnx
+
+    from fp16lens.export._int8 import prepared
+    from fp16lens.export._int8_place import name_nodes
+    from fp16lens.export._int8_search import searcher, write_qdq
+
+    proto = prepared(onnx.load(case.path))
+    name_nodes(proto.graph)
+    plan = searcher(proto, list(case.cal), **options).plan
+    refs = run_outputs(case.path, case.eval)
+    return proto, plan, case.metric(refs, run_outputs(write_qdq(proto, plan), case.eval))

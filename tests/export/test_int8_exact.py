@@ -111,20 +111,15 @@ def test_yolov8_int8_keeps_its_boxes():
     on the evaluation items, where ONNX Runtime's Q/DQ on every op keeps none (one scale
     for the output's boxes in pixels and its class scores)."""
     from fp16lens.export._int8 import _quantize_ort, prepared
-    from fp16lens.export._int8_place import name_nodes
-    from fp16lens.export._int8_search import searcher, write_qdq
 
     try:
         case = int8_zoo.yolo(4, 6)
     except Missing as exc:
         pytest.skip(str(exc))
-    proto = prepared(onnx.load(case.path))
-    name_nodes(proto.graph)
-    plan = searcher(proto, list(case.cal), search_batches=1).plan
+    _, plan, got = int8_zoo.searched(case, search_batches=1)
     assert plan.methods["/model.22/dfl/Softmax_output_0"] == "max"
     assert "model.22.dfl.conv.weight" not in plan.rounded
     refs = int8_zoo.run_outputs(case.path, case.eval)
-    got = case.metric(refs, int8_zoo.run_outputs(write_qdq(proto, plan), case.eval))
     before = _quantize_ort(prepared(onnx.load(case.path)), list(case.cal), [])
     old = case.metric(refs, int8_zoo.run_outputs(before, case.eval))
     assert got["detections"] >= 4 and old["detection F1"] == 0.0, (got, old)
