@@ -232,5 +232,6 @@ def build_report(
 
 def _named(index: int, name: str) -> str:
     """``1``, or ``1 (scale)`` where the input has a name of its own (a keyword argument,
-    an ONNX graph input) beside its position."""
-    return f"{index} ({name})" if name and name != str(index) else str(index)
+    an ONNX graph input) beside its position; a positional argument's name is its own
+    position among the arguments, not a name."""
+    return f"{index} ({name})" if name and not name.isdigit() else str(index)
