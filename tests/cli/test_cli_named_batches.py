@@ -100,3 +100,19 @@ def test_personalized_dnsmos_from_a_terminal_with_clips_by_input_name(tmp_path, 
     capsys.readouterr()
     assert main(["verify", path, fp16, "--input", files["held"], "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["passed"] is True
+
+
+def test_a_nested_positional_input_is_named_by_its_position_alone():
+    """A tuple argument's second tensor is model input 1, not "1 (0)": only a keyword or a
+    graph input gives a name."""
+    import fp16lens
+
+    class Pair(torch.nn.Module):
+        def forward(self, pair):
+            return pair[0] + pair[1]
+
+    model = Pair()
+    with torch.no_grad(), fp16lens.watch(model) as lens:
+        model((torch.ones(2), torch.full((2,), 1e5)))
+    (found,) = [f for f in lens.report.findings if f.mechanism == "input"]
+    assert found.detail.startswith("model input 1 holds values up to 1e+05"), found.detail
