@@ -214,7 +214,10 @@ class Recorder(TorchDispatchMode):
 
     # ---- forward boundaries ------------------------------------------------------
     def _begin_forward(self, frame: Frame, args, kwargs) -> None:
-        floats = _float_tensors((args, kwargs), [])
+        # each float input with the argument it came in (its position, or its keyword)
+        named = [(str(i), t) for i, a in enumerate(args or ()) for t in _float_tensors(a, [])]
+        named += [(str(k), t) for k, v in (kwargs or {}).items() for t in _float_tensors(v, [])]
+        floats = [t for _, t in named]
         device = floats[0].device.type if floats else "cpu"
         if self.fp32_model and autocast_dtype(device) == torch.float16:
             raise WatchError(
@@ -235,9 +238,7 @@ class Recorder(TorchDispatchMode):
         if not self.static:  # a captured forward has no values to read (nor needs them again)
             with dispatch_mode_paused(self):  # fp16lens's own reductions are not the model's ops
                 fw.input_specs = describe_inputs(args, kwargs)
-        names = [str(i) for i, a in enumerate(args or ()) for _ in _float_tensors(a, [])]
-        names += [str(k) for k, v in (kwargs or {}).items() for _ in _float_tensors(v, [])]
-        for name, t in zip(names, floats):
+        for name, t in named:
             fw.input_shapes.append(list(t.shape))
             if t.numel():  # an empty input has no range to record
                 fw.input_names.append(name)
