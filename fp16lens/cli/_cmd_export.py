@@ -278,7 +278,11 @@ def _print(artifact, args: argparse.Namespace) -> int:
     if parity is not None and parity.passed:
         how = "as TensorRT computes its Q/DQ graph" if int8 else "in real FP16"
         on = "the evaluation batches (--input)" if int8 else _checked_on(args)
-        con.print(f"checked {how} on {on}: worst output cosine {parity.cosine:.6f} against FP32")
+        together = f"over its {parity.batches} batches together" if parity.batches > 1 else ""
+        con.print(  # verify's measure; an INT8 target's worst output cosine is per batch
+            f"checked {how} on {on}: cosine {parity.cosine:.6f} against FP32 "
+            f"{together}{', ' if together else ''}the worst output"
+        )
     for warning in summary["warnings"]:
         text = terminal_words(warning)
         head, *rest = clauses(text) if warning.startswith("INT8: ") else [text]

@@ -65,7 +65,8 @@ def test_trained_pnet_is_checked_on_its_held_out_crops(tmp_path, capsys):
     assert got["cosine"] == pytest.approx(truth, abs=1e-6) and truth > 0.99
     assert main(argv) == 0
     text = " ".join(capsys.readouterr().out.split())
-    assert f"on the evaluation batches (--input): worst output cosine {truth:.6f}" in text, text
+    said = f"on the evaluation batches (--input): cosine {truth:.6f} against FP32 over its 24"
+    assert f"{said} batches together, the worst output" in text, text
     # verify takes the same file of 24 crops for the graph of batch 1, item by item
     assert (
         main(["verify", case.path, str(out), "--input", str(tmp_path / "eval.npz"), "--json"]) == 0
