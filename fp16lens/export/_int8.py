@@ -204,7 +204,13 @@ def _split(
             f"the calibration batch of {n} items split into its items (the graph takes one)",
         )
     if not _same_on_parts(proto, feed, parts):
-        return feeds, ""
+        return feeds, (
+            f"the calibration batch of {n} items kept whole: the FP32 graph computes other "
+            "values on parts of it (its outputs mix the items, as a spectrogram in dB below "
+            "the batch's max does), so the corrections need it given as several batches"
+            if free
+            else ""
+        )
     return parts, (
         f"the calibration batch of {n} items split into {len(parts)} batches along its first "
         "axis (the FP32 graph computes the same on them), so corrections are fitted on some "
