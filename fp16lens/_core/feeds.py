@@ -67,7 +67,8 @@ def declared_batch(graph: Any) -> int | None:
         if v.name in init:
             continue
         shape = v.type.tensor_type.shape if v.type.tensor_type.HasField("shape") else None
-        firsts.add(shape.dim[0].dim_value or None if shape is not None and shape.dim else None)
+        first = shape.dim[0].dim_value if shape is not None and shape.dim else 0
+        firsts.add(first if first > 0 else None)  # -1, as some exporters write: free
     return firsts.pop() if len(firsts) == 1 and None not in firsts else None
 
 

@@ -168,7 +168,7 @@ def _declared_shapes(proto, feed: dict[str, np.ndarray]) -> dict[str, list[int |
     """Per graph input ``feed`` holds, its declared shape (None: a free axis), or None
     where the graph declares none."""
     return {
-        v.name: [d.dim_value or None for d in v.type.tensor_type.shape.dim]
+        v.name: [d.dim_value if d.dim_value > 0 else None for d in v.type.tensor_type.shape.dim]
         if v.type.tensor_type.HasField("shape")
         else None
         for v in proto.graph.input

@@ -99,7 +99,9 @@ class OnnxRunner(Runner):
         if output >= len(outputs) or not outputs[output].type.HasField("tensor_type"):
             return frozenset()
         dims = outputs[output].type.tensor_type.shape.dim
-        return frozenset(i for i, d in enumerate(dims) if not d.HasField("dim_value"))
+        return frozenset(  # -1, as some exporters write, is free too
+            i for i, d in enumerate(dims) if not d.HasField("dim_value") or d.dim_value <= 0
+        )
 
     def run(self, batch: tuple) -> list[torch.Tensor]:
         sess = self._sess()

@@ -120,3 +120,29 @@ def test_a_batch_the_graph_cannot_take_is_one_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "Traceback" not in err, err
     assert "has shape 8x3x48x48 where the graph takes 1x3x96x96" in err, err
+
+
+def test_a_first_axis_declared_minus_one_is_free(tmp_path):
+    """rapidocr's PP-OCR v2.0 text-line classifier declares its input -1x3x?x? (-1 for a
+    free axis, as some exporters write it): a batch of one item was refused ("where the
+    graph takes -1x3x?x?"); it is a free axis, and the export and its check run."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from fp16lens.export import export
+
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array(rng.normal(size=(4, 3, 3, 3)).astype(np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1], name="conv")],
+        "minus_one",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [-1, 3, -1, -1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [-1, 4, -1, -1])],
+        [w],
+    )
+    path = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    items = [{"x": rng.normal(size=(1, 3, 8, 8)).astype(np.float32)} for _ in range(6)]
+    art = export(
+        str(path), None, tmp_path / "q.onnx", "int8", calibration=items[:4], evaluation=items[4:]
+    )
+    assert art.parity is not None and art.parity.passed and art.parity.batches == 2
