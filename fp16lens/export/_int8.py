@@ -330,6 +330,9 @@ def quantize_int8(
     ``_int8_search.Target`` (ExportError when it is not met)."""
     if calibrator not in CALIBRATORS:
         raise ExportError(f"calibrator must be one of {', '.join(CALIBRATORS)}, got {calibrator!r}")
+    # the FP32 graph TensorRT 10 builds with the cache keeps its Identity nodes: each of
+    # their two names gets the range the search gave the one it kept
+    identities = [(n.input[0], n.output[0]) for n in proto.graph.node if n.op_type == "Identity"]
     proto = prepared(proto)
     cache = Path(cache_path) if cache_path else path.with_suffix(".cache")
     notes: list[str] = []
@@ -367,6 +370,9 @@ def quantize_int8(
     for t, amax in floors.items():  # a centred tensor, an input on a grid: its range in the
         # FP32 graph TensorRT 10 calibrates with the cache (the Q/DQ graph's would clip it)
         scales[t] = max(scales.get(t, 0.0), amax / 127.0)
+    for src, dst in identities:
+        if (dst in scales) != (src in scales):
+            scales[src] = scales[dst] = scales.get(dst, scales.get(src, 0.0))
     write_calibration_cache(cache, scales)
     return quantized, cache, notes, plan_data
 

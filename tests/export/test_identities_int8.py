@@ -46,13 +46,13 @@ def _block() -> onnx.ModelProto:
         [helper.make_node("Relu", ["c_seen"], ["then_out"])],
         "then",
         [],
-        [helper.make_tensor_value_info("then_out", TensorProto.FLOAT, None)],
+        [helper.make_tensor_value_info("then_out", TensorProto.FLOAT, [1, 8, 8, 8])],
     )
     other = helper.make_graph(
         [helper.make_node("Neg", ["c_seen"], ["else_out"])],
         "else",
         [],
-        [helper.make_tensor_value_info("else_out", TensorProto.FLOAT, None)],
+        [helper.make_tensor_value_info("else_out", TensorProto.FLOAT, [1, 8, 8, 8])],
     )
     nodes = [
         helper.make_node("Conv", ["x", "w1"], ["c"], pads=[1, 1, 1, 1]),
@@ -71,8 +71,8 @@ def _block() -> onnx.ModelProto:
         "block",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
         [
-            helper.make_tensor_value_info("y", TensorProto.FLOAT, None),
-            helper.make_tensor_value_info("z", TensorProto.FLOAT, None),
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 8, 8]),
+            helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, 8, 8, 8]),
         ],
         [w1, wd, a, b, cond],
     )
@@ -121,3 +121,19 @@ def test_ppocrv5_detector_as_shipped_gets_its_scale_migration():
     _constants_as_initializers(raw.graph)
     name_nodes(raw.graph)
     assert len(find_pairs(raw.graph, find_units(raw.graph, set(), True))) == 1
+
+
+def test_the_tensorrt_cache_names_both_sides_of_an_identity(tmp_path):
+    """TensorRT 10 builds from the FP32 graph as given, Identity nodes and all: the cache
+    gives a range under the Identity's input and its output alike (the search named the
+    wire once)."""
+    from fp16lens.export import export, read_calibration_cache
+
+    path = tmp_path / "block.onnx"
+    onnx.save(_block(), path)
+    rng = np.random.default_rng(2)
+    batches = [{"x": rng.normal(size=(1, 3, 8, 8)).astype(np.float32)} for _ in range(4)]
+    art = export(str(path), None, tmp_path / "q.onnx", "int8", calibration=batches)
+    cache = read_calibration_cache(tmp_path / "q.cache")
+    assert art.path.exists() and "s_id" in cache, cache
+    assert cache["s"] == cache["s_id"] > 0, cache
