@@ -44,21 +44,32 @@ def check_graph(onnx, proto, source: Any = None) -> None:
     ONNX graph ``source`` (a path or ModelProto; None: from PyTorch). Where ``source`` fails
     the full check itself (shapes inside Loop/If bodies that contradict what inference
     finds, as Paddle2ONNX writes them; ONNX Runtime runs such files), ``proto`` is held to
-    the basic check the source passes: a flaw of the source is not ours to refuse."""
+    the basic check the source passes, and where the source fails that too (a graph output
+    declared with a type and no shape) to nothing: a flaw of the source is not ours to
+    refuse, and the written file is checked by running it."""
     try:
         onnx_large.check(onnx, proto, full_check=True)
+        return
     except Exception:
-        if source is None:
+        if source is None or _passes(onnx, source, full_check=True):
             raise
-        try:
-            if isinstance(source, (str, Path)):
-                onnx.checker.check_model(str(source), full_check=True)
-            else:
-                onnx_large.check(onnx, source, full_check=True)
-        except Exception:
-            onnx_large.check(onnx, proto)
-            return
-        raise
+    try:
+        onnx_large.check(onnx, proto)
+    except Exception:
+        if _passes(onnx, source, full_check=False):
+            raise
+
+
+def _passes(onnx, source, full_check: bool) -> bool:
+    """Whether the ONNX graph ``source`` (a path or ModelProto) passes the checker."""
+    try:
+        if isinstance(source, (str, Path)):
+            onnx.checker.check_model(str(source), full_check=full_check)
+        else:
+            onnx_large.check(onnx, source, full_check=full_check)
+    except Exception:
+        return False
+    return True
 
 
 def elem_types(proto, onnx) -> dict[str, int]:

@@ -578,3 +578,37 @@ def test_a_pytorch_model_is_told_which_dynamic_axis_takes_its_lengths(capsys, tm
     frames = [(torch.randn(1, 4, n),) for n in (50, 80)]
     with pytest.raises(ExportError, match=r"1x4x80 .*items\)$"):
         export(conv, frames[0], tmp_path / "c.onnx", precision="int8", calibration=frames)
+
+
+@pytest.mark.parametrize("precision", ["fp16", "int8"])
+def test_a_source_the_checker_refuses_but_onnx_runtime_runs_is_exported(
+    precision, tmp_path, capsys
+):
+    """A graph output declared with a type and no shape fails onnx.checker's basic check,
+    and ONNX Runtime runs the file: the export was a traceback (the checker's
+    ValidationError, exit 1). A flaw of the source is not ours to refuse; the written file
+    is checked by running it, and runs like the source."""
+    from fp16lens.cli import main
+
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array(rng.normal(size=(4, 3, 3, 3)).astype(np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])],
+        "no_shape",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [w],
+    )
+    src, out = tmp_path / "m.onnx", tmp_path / f"m_{precision}.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), src)
+    with pytest.raises(onnx.checker.ValidationError):
+        onnx.checker.check_model(str(src))
+    x = rng.normal(size=(4, 3, 8, 8)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    argv = ["export", str(src), "-o", str(out), "--precision", precision]
+    assert main([*argv, "--input", str(tmp_path / "x.npy")]) == 0, capsys.readouterr()
+    ref = ort.InferenceSession(str(src), providers=["CPUExecutionProvider"])
+    got = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    a = ref.run(None, {"x": x[:1]})[0]
+    b = np.asarray(got.run(None, {"x": x[:1]})[0], np.float32)
+    assert float(a.ravel() @ b.ravel() / np.linalg.norm(a) / np.linalg.norm(b)) > 0.999
