@@ -370,9 +370,13 @@ def quantize_int8(
     for t, amax in floors.items():  # a centred tensor, an input on a grid: its range in the
         # FP32 graph TensorRT 10 calibrates with the cache (the Q/DQ graph's would clip it)
         scales[t] = max(scales.get(t, 0.0), amax / 127.0)
-    for src, dst in identities:
-        if (dst in scales) != (src in scales):
-            scales[src] = scales[dst] = scales.get(dst, scales.get(src, 0.0))
+    named = True
+    while named:  # along a chain of Identities, name by name
+        named = False
+        for src, dst in identities:
+            if (dst in scales) != (src in scales):
+                scales[src] = scales[dst] = scales.get(dst, scales.get(src, 0.0))
+                named = True
     write_calibration_cache(cache, scales)
     return quantized, cache, notes, plan_data
 

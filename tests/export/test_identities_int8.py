@@ -33,7 +33,7 @@ def _run(proto, feed: dict) -> list[np.ndarray]:
 
 
 def _block() -> onnx.ModelProto:
-    """x -> Conv -> Mul(scalar) -> Identity -> Add(scalar) -> Identity -> depthwise Conv
+    """x -> Conv -> Mul(scalar) -> Identity -> Add(scalar) -> Identity x2 -> depthwise Conv
     -> Identity -> y (a graph output), the depthwise weight read through an Identity too,
     and an If whose branch reads the first conv's output through an Identity."""
     rng = np.random.default_rng(0)
@@ -59,7 +59,8 @@ def _block() -> onnx.ModelProto:
         helper.make_node("Identity", ["c"], ["c_seen"]),
         helper.make_node("Mul", ["c", "a"], ["m"]),
         helper.make_node("Identity", ["m"], ["m_id"]),
-        helper.make_node("Add", ["m_id", "b"], ["s"]),
+        helper.make_node("Add", ["m_id", "b"], ["s0"]),
+        helper.make_node("Identity", ["s0"], ["s"]),
         helper.make_node("Identity", ["s"], ["s_id"]),
         helper.make_node("Identity", ["wd"], ["wd_id"]),
         helper.make_node("Conv", ["s_id", "wd_id"], ["d"], group=8, pads=[1, 1, 1, 1]),
@@ -136,4 +137,4 @@ def test_the_tensorrt_cache_names_both_sides_of_an_identity(tmp_path):
     art = export(str(path), None, tmp_path / "q.onnx", "int8", calibration=batches)
     cache = read_calibration_cache(tmp_path / "q.cache")
     assert art.path.exists() and "s_id" in cache, cache
-    assert cache["s"] == cache["s_id"] > 0, cache
+    assert cache["s0"] == cache["s"] == cache["s_id"] > 0, cache  # a chain of two
