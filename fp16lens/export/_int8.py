@@ -23,6 +23,7 @@ import torch
 
 from fp16lens._core import ExportError, import_optional, onnx_large
 from fp16lens._core.feeds import feed_items
+from fp16lens._core.onnx_types import outer_names, subgraphs
 from fp16lens._core.quiet import quiet
 from fp16lens.export._artifact import default_opset
 from fp16lens.export._calib_cache import write_calibration_cache
@@ -478,20 +479,6 @@ def _constants_as_initializers(graph) -> None:
     graph.node.extend(kept)
 
 
-def _subgraph_names(graph) -> set[str]:
-    """Every tensor name a node inside an If/Loop/Scan body of ``graph`` reads or writes
-    (a body may read an outer tensor by name)."""
-    names: set[str] = set()
-    for node in graph.node:
-        for a in node.attribute:
-            for body in [a.g] if a.HasField("g") else list(a.graphs):
-                for inner in body.node:
-                    names.update(inner.input)
-                    names.update(inner.output)
-                names |= _subgraph_names(body)
-    return names
-
-
 def _without_identities(graph) -> None:
     """Identity nodes taken out, each wire kept under the Identity's output name where the
     node before it is the only writer and the Identity its only reader, else its readers
@@ -500,7 +487,7 @@ def _without_identities(graph) -> None:
     where the scale migration must see the Mul and Add, and between a conv and its
     residual Add. Kept: one whose output is a graph output or read inside a subgraph."""
     pinned = {o.name for o in graph.output} | {i.name for i in graph.input}
-    pinned |= _subgraph_names(graph)
+    pinned |= {t for n in graph.node for body in subgraphs(n) for t in outer_names(body)}
     producer = {o: n for n in graph.node for o in n.output}
     readers: dict[str, int] = {}
     for n in graph.node:
