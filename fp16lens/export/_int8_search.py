@@ -166,9 +166,16 @@ def _raises(before: np.ndarray, after: np.ndarray, outputs: Sequence[str]) -> st
     """None where ``after`` (batches x outputs, ``_output_errors``) lowers ``before`` on a
     held-out half: the batches' mean and the worst batch, of the outputs together and of
     each output on its own (above ``NOISE``); else what it raises ("" for the outputs
-    together). Each output on its own: a correction that halves a model's side output can
-    leave the one the task reads worse (easyocr CRAFT's feature map and its score maps)."""
+    together), or that the half had no error above ``NOISE`` to lower. Each output on its
+    own: a correction that halves a model's side output can leave the one the task reads
+    worse (easyocr CRAFT's feature map and its score maps). A half with nothing above
+    ``NOISE`` shows nothing: PP-OCR's text-line classifier writes a softmax its calibration
+    lines saturate, one half's error was 1.3e-13 -> 2.5e-14 with fitted codes, and the
+    codes kept on the other half alone tripled the error of FP32's class probability on 96
+    held-out lines (2.3e-3 -> 7.1e-3)."""
     b, a = before.mean(axis=1), after.mean(axis=1)
+    if b.max() <= NOISE:
+        return f"no error above {NOISE:.0e} to lower"
     if not (a.mean() < b.mean() and a.max() < b.max()):
         return ""
     if before.shape[1] < 2:
@@ -177,7 +184,7 @@ def _raises(before: np.ndarray, after: np.ndarray, outputs: Sequence[str]) -> st
         for what, of in (("mean", np.mean), ("worst batch", np.max)):
             was, now = float(of(before[:, j])), float(of(after[:, j]))
             if now > max(was, NOISE):
-                return f"output {name!r} {what} {was:.2e} -> {now:.2e}"
+                return f"raises output {name!r} {what} {was:.2e} -> {now:.2e}"
     return None
 
 
@@ -849,7 +856,7 @@ def _corrected(
                 f"{a.mean(axis=1).max():.2e})"
                 for b, a in errs
             )
-            + "".join(f"; raises {r} on a held-out half" for r in raised[name] if r)
+            + "".join(f"; {r} on a held-out half" for r in raised[name] if r)
             + ")"
         )
     return codes, corrections, notes

@@ -201,6 +201,22 @@ def test_orientation_items_turned_as_the_classes_say_and_metric_moved_by_int8():
     assert 0.9 < got["cosine"] < 0.99999 and 0 < got["probability error"] < 0.1, got
 
 
+def test_text_lines_upside_down_every_other_one_and_metric_moved_by_int8():
+    """PP-OCR's text-line classifier: FP32 names every line's turn (every other one turned
+    180 degrees by the builder, calibration and evaluation lines both), and all-op INT8
+    moves the probability the metric reads."""
+    import numpy as np
+
+    case = _case("text-cls", 8, 24)
+    for items in (case.cal, case.eval):
+        refs = int8_zoo.run_outputs(case.path, items)
+        assert [int(np.argmax(r[0])) for r in refs] == [i % 2 for i in range(len(items))]
+    same = case.metric(refs, refs)
+    assert same["top-1"] == 1.0 and same["probability error"] == 0.0
+    got = case.metric(refs, int8_zoo.run_outputs(_all_int8(case), case.eval))
+    assert got["cosine"] < 0.9999999 and 0 < got["probability error"] < 0.1, got
+
+
 def test_ddddocr_reads_its_words_and_metric_counts_a_changed_string():
     """ddddocr's OCR reads the rendered captcha-like words (decoded with its own charset:
     ground truth the builder drew), the metric is exact on FP32, counts another line's
