@@ -166,13 +166,20 @@ def _crop(rng, name: str, h: int, w: int) -> np.ndarray:
     return np.asarray(Image.fromarray(img[y : y + ch, x : x + cw]).resize((w, h), Image.BILINEAR))
 
 
+def _light_crop(rng, photos: list[str], h: int, w: int):
+    """A crop of one of ``photos``, made light and kept textured (150 + 0.4 x its pixels):
+    the paper text is rendered on. A PIL image."""
+    from PIL import Image
+
+    bg = 150 + 0.4 * _crop(rng, photos[rng.integers(len(photos))], h, w).astype(np.float32)
+    return Image.fromarray(bg.clip(0, 255).astype(np.uint8))
+
+
 def _text_canvas(rng, words, h: int, w: int, photos: list[str], lines: int) -> np.ndarray:
     """Dark words on a light crop of a photograph: HxWx3 uint8."""
-    from PIL import Image, ImageDraw, ImageFont
+    from PIL import ImageDraw, ImageFont
 
-    bg = _crop(rng, photos[rng.integers(len(photos))], h, w).astype(np.float32)
-    bg = 150 + 0.4 * bg  # light, textured background
-    img = Image.fromarray(bg.clip(0, 255).astype(np.uint8))
+    img = _light_crop(rng, photos, h, w)
     draw = ImageDraw.Draw(img)
     for k in range(lines):
         size = int(rng.uniform(0.45, 0.8) * h / lines)
@@ -1053,15 +1060,14 @@ TEXT_CLS_SIZE = (48, 192)  # rapidocr's cls_image_shape: lines resized to 48 hig
 def _text_line(rng, words, photos: list[str]):
     """One to three words of dark ink, tight in their box (as a detector crops a line), on
     a light photo crop: a PIL image."""
-    from PIL import Image, ImageDraw, ImageFont
+    from PIL import ImageDraw, ImageFont
 
     font = ImageFont.load_default(size=int(rng.integers(22, 34)))
     text = " ".join(words[rng.integers(len(words))] for _ in range(rng.integers(1, 4)))
     left, top, right, bottom = font.getbbox(text)
     pad = int(rng.integers(2, 6))
     w, h = right - left + 2 * pad, bottom - top + 2 * pad
-    bg = 150 + 0.4 * _crop(rng, photos[rng.integers(len(photos))], h, w).astype(np.float32)
-    img = Image.fromarray(bg.clip(0, 255).astype(np.uint8))
+    img = _light_crop(rng, photos, h, w)
     ink = tuple(int(v) for v in rng.integers(0, 70, size=3))
     ImageDraw.Draw(img).text((pad - left, pad - top), text, fill=ink, font=font)
     return img
