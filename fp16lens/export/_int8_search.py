@@ -282,21 +282,30 @@ def exact_levels(rows: np.ndarray, amax: np.ndarray) -> np.ndarray:
     multiple of ``amax / m``, else 127: a weight on such a grid is stored exactly with the
     scale ``amax / m`` (YOLOv8's DFL conv reads its 16 bins with the weights 0, 1, ..., 15:
     ``m`` 15, the codes the weights themselves; with 127 levels they would be 0, 8.47, ...
-    rounded). Rows are tried on their first 64 values for every ``m``, then on all."""
+    rounded). Every ``m`` is tried at once on each row's first few values, which rules out
+    nearly every row of a trained weight, and only the ``m`` left are tried on the whole row,
+    smallest first (the same arithmetic as one row at a time: the same levels)."""
     levels = np.full(len(rows), QMAX)
     safe = np.maximum(amax, 1e-30)[:, None]
-    head = rows[:, :64] / safe
-    for m in range(1, int(QMAX)):
-        left = levels == QMAX
-        if not left.any():
-            break
-        x = head[left] * m
-        near = np.abs(x - np.rint(x)).max(axis=1) <= ON_GRID
-        for i in np.nonzero(left)[0][near]:
-            x = rows[i] / safe[i] * m
-            if amax[i] > 0 and np.abs(x - np.rint(x)).max() <= ON_GRID:
-                levels[i] = m
+    steps = np.arange(1, int(QMAX), dtype=rows.dtype)  # exact in float32, as the ints are
+    for start in range(0, len(rows), _GRID_ROWS):
+        head = rows[start : start + _GRID_ROWS, :_GRID_HEAD] / safe[start : start + _GRID_ROWS]
+        x = head[:, None, :] * steps[None, :, None]
+        near = np.abs(x - np.rint(x)).max(axis=2) <= ON_GRID  # (rows, m): a grid not ruled out
+        for r in np.nonzero(near.any(axis=1))[0]:
+            i = start + r
+            if not amax[i] > 0:
+                continue
+            for m in steps[near[r]]:
+                x = rows[i] / safe[i] * m
+                if np.abs(x - np.rint(x)).max() <= ON_GRID:
+                    levels[i] = m
+                    break
     return levels
+
+
+_GRID_HEAD = 8  # the values per row every grid is first tried on
+_GRID_ROWS = 4096  # rows tried at once: 4096 x 126 x 8 float32 values, 16 MB
 
 
 def on_grid(proto, units: Sequence[Unit], on: Sequence[bool]) -> list[str]:
@@ -879,6 +888,7 @@ class Searcher:
         equalize: bool = True,
         encode: bool = True,
         round_weights: bool = True,
+        _calibrated: tuple | None = None,
     ):
         name_nodes(proto.graph)
         units = find_units(proto.graph, set(exclude), residual)
@@ -901,35 +911,15 @@ class Searcher:
         self._twin: Searcher | None = None
         self._memo: dict = {}  # a task metric's per-unit losses, kept across targets
         self.found = units  # the units as found, before equalization and FLOPs
-        notes = []
-        graph, equalized, grids = None, [], []
-        if encode:
-            proto, units, grids, note = _encoded(proto, units, feeds, exclude, residual)
-            graph = proto if grids else None
-            notes += [note] if note else []
-        if equalize:
-            proto, units, equalized, note = _equalized(
-                proto, units, feeds, search_batches, {g.tensor for g in grids}
+        if _calibrated is None:
+            _calibrated = _calibrate(
+                proto, units, feeds, exclude, residual, search_batches, encode, equalize
             )
-            graph = proto if equalized or grids else None
-            notes.append(note)
-        hists, shapes = collect(proto, units, feeds)
-        inits = {i.name: tuple(i.dims) for i in proto.graph.initializer}
-        nodes = {n.name: n for n in proto.graph.node}
-        units = [
-            Unit(u.node, u.op, u.acts, u.weight, u.axis, node_flops(nodes[u.node], shapes, inits))
-            if u.op != "Add"
-            else u
-            for u in units
-        ]
+        # what the ranges do not change, kept for the max-ranges twin (``_max_twin``)
+        self._calibrated = _calibrated
+        proto, units, graph, equalized, grids, notes, hists, cands = _calibrated
+        notes = list(notes)
         tensors = list(hists)
-        cands = {t: hists[t].candidates() for t in tensors}
-        for t in softmax_made(proto.graph, tensors):  # its peaks are its decisions: no clip
-            cands[t] = {"max": max(hists[t].amax, 1e-8)}
-        for t in recurrent_fed(proto.graph, tensors):  # its cost depends on the sequence
-            cands[t] = {"max": max(hists[t].amax, 1e-8)}
-        for g in grids:  # on the INT8 codes themselves: scale 1, nothing to choose
-            cands[g.tensor] = {"grid": QMAX}
         scales = np.array([max(c.values()) / QMAX for c in cands.values()], np.float64)
         methods = {t: max(c, key=c.__getitem__) for t, c in cands.items()}
         self.feeds, self.switch = feeds, Switch(proto, units, tensors)
@@ -1093,8 +1083,52 @@ class Searcher:
         """The same search with every range at its calibration max (made once)."""
         if self._twin is None:
             proto, feeds, exclude, options = self._source
-            self._twin = Searcher(proto, feeds, exclude, **{**options, "choose": False})
+            self._twin = Searcher(
+                proto,
+                feeds,
+                exclude,
+                **{**options, "choose": False},
+                _calibrated=self._calibrated,
+            )
         return self._twin
+
+
+def _calibrate(proto, units, feeds, exclude, residual, search_batches, encode, equalize):
+    """What a search does before it chooses any range: the input encoding (item 7 of
+    docs/int8.md) and the scale migration, each where it is kept, then every quantized
+    tensor's histogram and candidate ranges, and each unit's FLOPs. (graph, units, the
+    rewritten graph or None, pairs moved, grids, notes, histograms, candidates): the same
+    for a search and its max-ranges twin, so the twin takes it as it is."""
+    notes = []
+    graph, equalized, grids = None, [], []
+    if encode:
+        proto, units, grids, note = _encoded(proto, units, feeds, exclude, residual)
+        graph = proto if grids else None
+        notes += [note] if note else []
+    if equalize:
+        proto, units, equalized, note = _equalized(
+            proto, units, feeds, search_batches, {g.tensor for g in grids}
+        )
+        graph = proto if equalized or grids else None
+        notes.append(note)
+    hists, shapes = collect(proto, units, feeds)
+    inits = {i.name: tuple(i.dims) for i in proto.graph.initializer}
+    nodes = {n.name: n for n in proto.graph.node}
+    units = [
+        Unit(u.node, u.op, u.acts, u.weight, u.axis, node_flops(nodes[u.node], shapes, inits))
+        if u.op != "Add"
+        else u
+        for u in units
+    ]
+    tensors = list(hists)
+    cands = {t: hists[t].candidates() for t in tensors}
+    for t in softmax_made(proto.graph, tensors):  # its peaks are its decisions: no clip
+        cands[t] = {"max": max(hists[t].amax, 1e-8)}
+    for t in recurrent_fed(proto.graph, tensors):  # its cost depends on the sequence
+        cands[t] = {"max": max(hists[t].amax, 1e-8)}
+    for g in grids:  # on the INT8 codes themselves: scale 1, nothing to choose
+        cands[g.tensor] = {"grid": QMAX}
+    return proto, units, graph, equalized, grids, tuple(notes), hists, cands
 
 
 def searcher(
@@ -1190,10 +1224,14 @@ def _fallback(
     units, target = plan.units, plan.target
     assert target is not None  # Searcher.fallback sets it
     refs = switch.run(evaluation, np.zeros(len(units)), scales)
+    seen: dict[frozenset, float] = {}  # the growths try some sets again: run each once
 
     def score(out: set[int]) -> float:
-        on = np.array([0.0 if i in out else 1.0 for i in range(len(units))])
-        return target.score(refs, switch.run(evaluation, on, scales))
+        key = frozenset(out)
+        if key not in seen:
+            on = np.array([0.0 if i in out else 1.0 for i in range(len(units))])
+            seen[key] = target.score(refs, switch.run(evaluation, on, scales))
+        return seen[key]
 
     s = score(set())
     out: set[int] = set()

@@ -12,9 +12,7 @@ import pytest
 
 pytest.importorskip("onnxruntime")
 onnx = pytest.importorskip("onnx")
-import int8_zoo  # noqa: E402
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
-from zoo_real import Missing  # noqa: E402
 
 BINS, N, EVERY = 16, 512, 256
 
@@ -104,23 +102,35 @@ def test_quantize_weight_stores_a_grid_exactly_and_leaves_the_rest():
     assert one.shape == () and one == pytest.approx(np.abs(w[1]).max() / 127)
 
 
-@pytest.mark.slow
-def test_yolov8_int8_keeps_its_boxes():
-    """NudeNet's YOLOv8n as its wheel ships it: its DFL conv is stored exactly and reads
-    its softmax at the calibration max, and INT8 keeps FP32's detections and their boxes
-    on the evaluation items, where ONNX Runtime's Q/DQ on every op keeps none (one scale
-    for the output's boxes in pixels and its class scores)."""
-    from fp16lens.export._int8 import _quantize_ort, prepared
+def test_the_grid_is_the_fewest_levels_the_whole_channel_fits():
+    """``exact_levels`` tries every grid on a channel's first values at once, then the whole
+    channel: a channel whose first values fit a coarser grid than the rest (here zeros,
+    then halves, then a third) gets the grid of all its values, and each channel the
+    fewest levels a brute-force search over every value finds."""
+    from fp16lens.export._int8_search import QMAX, _channels, exact_levels
 
-    try:
-        case = int8_zoo.yolo(4, 6)
-    except Missing as exc:
-        pytest.skip(str(exc))
-    _, plan, got = int8_zoo.searched(case, search_batches=1)
-    assert plan.methods["/model.22/dfl/Softmax_output_0"] == "max"
-    assert "model.22.dfl.conv.weight" not in plan.rounded
-    refs = int8_zoo.run_outputs(case.path, case.eval)
-    before = _quantize_ort(prepared(onnx.load(case.path)), list(case.cal), [])
-    old = case.metric(refs, int8_zoo.run_outputs(before, case.eval))
-    assert got["detections"] >= 4 and old["detection F1"] == 0.0, (got, old)
-    assert got["detection F1"] >= 0.85 and got["box IoU"] >= 0.93, got
+    rng = np.random.default_rng(1)
+    late = np.zeros(40, np.float32)
+    late[20], late[30], late[39] = 1.0, 0.5, 1.0 / 3.0  # steps of 1/6 only from value 39 on
+    halves = np.zeros(40, np.float32)
+    halves[12], halves[25] = 1.0, -0.5  # 2 levels, seen past the first 8 values
+    rows = np.stack(
+        [
+            late,
+            halves,
+            (np.arange(40) % 16).astype(np.float32),  # YOLOv8's DFL bins: 15 levels
+            rng.normal(size=40).astype(np.float32),  # a trained weight's channel: 127
+            np.zeros(40, np.float32),  # a dead channel: 127, nothing to store
+        ]
+    )
+    rows, amax = _channels(rows, 0)
+
+    def fewest(row, top):
+        for m in range(1, int(QMAX)):
+            x = row / top * m
+            if top > 0 and np.abs(x - np.rint(x)).max() <= 1e-5:
+                return m
+        return QMAX
+
+    assert exact_levels(rows, amax).tolist() == [6, 2, 15, QMAX, QMAX]
+    assert exact_levels(rows, amax).tolist() == [fewest(r, t) for r, t in zip(rows, amax)]
