@@ -36,3 +36,17 @@ def test_aecmos_row_is_the_export_checked_on_the_other_speaker():
     assert cells[2] == "100.0%", line
     error = float(cells[3].split("MOS error ")[1].split(";")[0])
     assert 0 < error < 0.05, line
+
+
+@pytest.mark.parametrize(
+    "argv,said",
+    [
+        (["--target", "high", "v6s-det"], "--target needs a text-mask IoU"),
+        (["--target", "0.98", "magika"], "not magika"),
+    ],
+)
+def test_a_target_the_sweep_cannot_take_is_one_line_and_exit_2(capsys, argv, said):
+    """``--target`` reads a number and the detector rows' text mask only."""
+    assert sweep.main(argv) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.strip().splitlines()) == 1 and said in err, err
