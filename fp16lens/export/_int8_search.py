@@ -36,7 +36,7 @@ import math
 from collections.abc import Callable, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 
@@ -888,7 +888,7 @@ class Searcher:
         equalize: bool = True,
         encode: bool = True,
         round_weights: bool = True,
-        _calibrated: tuple | None = None,
+        _calibrated: _Calibrated | None = None,
     ):
         name_nodes(proto.graph)
         units = find_units(proto.graph, set(exclude), residual)
@@ -917,8 +917,8 @@ class Searcher:
             )
         # what the ranges do not change, kept for the max-ranges twin (``_max_twin``)
         self._calibrated = _calibrated
-        proto, units, graph, equalized, grids, notes, hists, cands = _calibrated
-        notes = list(notes)
+        proto, units, graph, equalized, grids, _, hists, cands = _calibrated
+        notes = list(_calibrated.notes)
         tensors = list(hists)
         scales = np.array([max(c.values()) / QMAX for c in cands.values()], np.float64)
         methods = {t: max(c, key=c.__getitem__) for t, c in cands.items()}
@@ -1093,12 +1093,26 @@ class Searcher:
         return self._twin
 
 
-def _calibrate(proto, units, feeds, exclude, residual, search_batches, encode, equalize):
+class _Calibrated(NamedTuple):
+    """What ``_calibrate`` makes: the same for a search and its max-ranges twin."""
+
+    proto: Any  # the graph the search runs on (encoded and equalized where kept)
+    units: list  # its units, with their FLOPs
+    graph: Any  # that graph where it was rewritten, else None (``Int8Plan.graph``)
+    equalized: list  # the scale-migration pairs moved
+    grids: list  # the inputs encoded on the INT8 codes
+    notes: tuple  # what the encoding and the migration say
+    hists: dict  # tensor -> its histogram
+    cands: dict  # tensor -> method -> candidate range
+
+
+def _calibrate(
+    proto, units, feeds, exclude, residual, search_batches, encode, equalize
+) -> _Calibrated:
     """What a search does before it chooses any range: the input encoding (item 7 of
     docs/int8.md) and the scale migration, each where it is kept, then every quantized
-    tensor's histogram and candidate ranges, and each unit's FLOPs. (graph, units, the
-    rewritten graph or None, pairs moved, grids, notes, histograms, candidates): the same
-    for a search and its max-ranges twin, so the twin takes it as it is."""
+    tensor's histogram and candidate ranges, and each unit's FLOPs: the same for a search
+    and its max-ranges twin, so the twin takes it as it is."""
     notes = []
     graph, equalized, grids = None, [], []
     if encode:
@@ -1128,7 +1142,7 @@ def _calibrate(proto, units, feeds, exclude, residual, search_batches, encode, e
         cands[t] = {"max": max(hists[t].amax, 1e-8)}
     for g in grids:  # on the INT8 codes themselves: scale 1, nothing to choose
         cands[g.tensor] = {"grid": QMAX}
-    return proto, units, graph, equalized, grids, tuple(notes), hists, cands
+    return _Calibrated(proto, units, graph, equalized, grids, tuple(notes), hists, cands)
 
 
 def searcher(
