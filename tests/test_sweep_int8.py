@@ -41,12 +41,12 @@ def test_aecmos_row_is_the_export_checked_on_the_other_speaker():
 @pytest.mark.parametrize(
     "argv,said",
     [
-        (["--target", "high", "v6s-det"], "--target needs a text-mask IoU"),
+        (["--target", "high", "v6s-det"], "--target needs the task metric's threshold"),
         (["--target", "0.98", "magika"], "not magika"),
     ],
 )
 def test_a_target_the_sweep_cannot_take_is_one_line_and_exit_2(capsys, argv, said):
-    """``--target`` reads a number and the detector rows' text mask only."""
+    """``--target`` reads a number, and only on the rows whose task metric it reads."""
     assert sweep.main(argv) == 2
     out, err = capsys.readouterr()
     assert out == "" and len(err.strip().splitlines()) == 1 and said in err, err

