@@ -23,6 +23,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$PWD
 releases="${FP16LENS_TORCH_MATRIX:-2.4.1 2.11.0 2.15.0}"
+# The floor (torch>=2.4, numpy unpinned in setup.cfg) runs on NumPy 1.x as well, with what
+# pip resolves beside it (onnx's ml_dtypes, the newest that still takes numpy 1): users of
+# an older torch often have it, and NumPy 2 changed copy and promotion rules.
+numpy1_releases="2.4.1"
 cache="${FP16LENS_CACHE:-$HOME/.cache/fp16lens}"
 PY="${PYTHON:-python3}"
 
@@ -43,6 +47,10 @@ tests=(
   tests/verify/test_verify_onnx_in.py
   tests/cli/test_cli_demo.py
   tests/cli/test_demo_model.py
+  # the INT8 weight grid, its Q/DQ and cache (numpy's rounding, integer casts): seconds
+  tests/export/test_int8_exact.py
+  tests/export/test_int8_grid.py
+  tests/export/test_int8_qdq.py
   # its real-FP16 ground truth needs FP16 nms: torchvision's own CPU kernel has none (the
   # main suite's CPU torch runs it with the plain-PyTorch nms of tests/torchvision_compat)
   --ignore=tests/watch/test_watch_detector.py
@@ -67,6 +75,7 @@ install() {  # $1 = release, $2 = environment
   minor=$(echo "$v" | cut -d. -f2)
   [ -x "$env/bin/python" ] || "$PY" -m venv "$env"  # kept: pip skips what is there
   printf 'torch==%s\n' "$v" > "$env/constraints.txt"
+  case " $numpy1_releases " in *" $v "*) printf 'numpy<2\n' >> "$env/constraints.txt" ;; esac
   # Our constraints replace any pip-wide ones (a machine may cap torch below this release).
   export PIP_CONSTRAINT="$env/constraints.txt"
   "$env/bin/python" -m pip install --quiet --upgrade pip
@@ -102,7 +111,13 @@ run_release() {  # $1 = release: its tests, output to its log, its summary line 
   t0=$SECONDS
   ready "$v"
   t1=$SECONDS
-  echo "== torch $v: $("$env/bin/python" -c 'import torch; print(torch.__version__)')"
+  echo "== torch $v: $("$env/bin/python" -c 'import numpy, torch; print(torch.__version__, "numpy", numpy.__version__)')"
+  case " $numpy1_releases " in *" $v "*)
+    if ! "$env/bin/python" -c 'import numpy, sys; sys.exit(not numpy.__version__.startswith("1."))'; then
+      echo "torch $v: FAILED (numpy 1.x expected, pip installed another)" > "$logs/$v.result"
+      return
+    fi ;;
+  esac
   # slow tests (real Inductor compiles, property sweeps, timm models) run in the main
   # suite only: three releases of them would take CI past its budget
   if PYTHONPATH="$repo" OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" \
