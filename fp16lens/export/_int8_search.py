@@ -442,6 +442,25 @@ def switch_graph(
         g.initializer.append(numpy_helper.from_array(np.asarray(value), name))
         return name
 
+    def switched(cond: str, out: str, on_nodes: list, off: str):
+        """``out``: what ``on_nodes`` make (their last output) where ``cond``, else ``off``.
+        An If, not a Where: a unit that is off computes no Q/DQ, and a weight is not
+        selected element by element (a Where over every conv's weight made the detector's
+        runs 2.7 times as long), with the same values to the bit."""
+        then = helper.make_graph(
+            on_nodes,
+            f"{out}__on",
+            [],
+            [helper.make_tensor_value_info(on_nodes[-1].output[0], 1, None)],
+        )
+        other = helper.make_graph(
+            [helper.make_node("Identity", [off], [f"{out}__off"])],
+            f"{out}__off",
+            [],
+            [helper.make_tensor_value_info(f"{out}__off", 1, None)],
+        )
+        return helper.make_node("If", [cond], [out], then_branch=then, else_branch=other)
+
     shadows = []
     for node in g.node:
         if node.name in shadow:
@@ -465,19 +484,18 @@ def switch_graph(
                 helper.make_node("Cast", [on], [f"{on}_b"], to=onnx.TensorProto.BOOL),
             ]
             for t in u.acts:
-                q = f"{t}__fq"
+                s, read = f"{t}__s", f"{t}__u{i}"
                 if t not in made:
                     made.add(t)
-                    s = f"{t}__s"
                     j = const(f"{s}_idx", np.array(index[t], np.int64))
-                    nodes += [
-                        helper.make_node("Gather", [SCALE, j], [s]),
-                        helper.make_node("QuantizeLinear", [t, s, "fp16lens_int8_zp"], [f"{t}__q"]),
-                        helper.make_node(
-                            "DequantizeLinear", [f"{t}__q", s, "fp16lens_int8_zp"], [q]
-                        ),
-                    ]
-                nodes.append(helper.make_node("Where", [f"{on}_b", q, t], [f"{t}__u{i}"]))
+                    nodes.append(helper.make_node("Gather", [SCALE, j], [s]))
+                quantized = [
+                    helper.make_node("QuantizeLinear", [t, s, "fp16lens_int8_zp"], [f"{read}__q"]),
+                    helper.make_node(
+                        "DequantizeLinear", [f"{read}__q", s, "fp16lens_int8_zp"], [f"{read}__dq"]
+                    ),
+                ]
+                nodes.append(switched(f"{on}_b", read, quantized, t))
                 for k, name in enumerate(node.input):
                     if name == t:
                         node.input[k] = f"{t}__u{i}"
@@ -492,12 +510,10 @@ def switch_graph(
                 dequantized = const(  # as DequantizeLinear computes it: q * scale in FP32
                     f"{u.weight}__dq{i}", wq.astype(np.float32) * shaped.astype(np.float32)
                 )
-                nodes.append(
-                    helper.make_node(
-                        "Where", [f"{on}_b", dequantized, u.weight], [f"{u.weight}__u{i}"]
-                    )
-                )
-                node.input[1] = f"{u.weight}__u{i}"
+                read = f"{u.weight}__u{i}"
+                on_branch = [helper.make_node("Identity", [dequantized], [f"{read}__dq"])]
+                nodes.append(switched(f"{on}_b", read, on_branch, u.weight))
+                node.input[1] = read
             if corrections and u.node in corrections:
                 corr = const(f"{u.node}__corr", corrections[u.node].astype(np.float32))
                 nodes.append(helper.make_node("Mul", [corr, on], [f"{u.node}__corr_on"]))
