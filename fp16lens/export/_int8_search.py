@@ -445,8 +445,8 @@ def switch_graph(
     def switched(cond: str, out: str, on_nodes: list, off: str):
         """``out``: what ``on_nodes`` make (their last output) where ``cond``, else ``off``.
         An If, not a Where: a unit that is off computes no Q/DQ, and a weight is not
-        selected element by element (a Where over every conv's weight made the detector's
-        runs 2.7 times as long), with the same values to the bit."""
+        chosen element by element (the Where form made PP-OCRv4's detector's runs 4 times
+        as long), with the same values to the bit (``scripts/bench_int8_switch.py``)."""
         then = helper.make_graph(
             on_nodes,
             f"{out}__on",
