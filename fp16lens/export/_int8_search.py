@@ -498,7 +498,7 @@ def switch_graph(
                 nodes.append(switched(f"{on}_b", read, quantized, t))
                 for k, name in enumerate(node.input):
                     if name == t:
-                        node.input[k] = f"{t}__u{i}"
+                        node.input[k] = read
             if u.weight is not None:
                 wt = numpy_helper.to_array(inits[u.weight]).astype(np.float32)
                 wq, scale = quantize_weight(wt, u.axis, (rounded or {}).get(u.weight))
