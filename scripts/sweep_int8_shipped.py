@@ -27,8 +27,8 @@ F1 of its page regions (``int8_zoo.layout_metric``), met on the 8 held-out items
 ``evaluation=`` batches are, so the fallback keeps the fewest units out of INT8 for it
 (at most 10% of the FLOPs, else ``ExportError``, its one line shown); the written file's
 metric is then also read on 8 items it was never checked on (the next 8 of the same kind:
-other crops, the same held-out words; other pages), each beside the same export without the target
-(all in INT8). The time is the export with the target.
+other crops, the same held-out words; other pages), each beside the same export without
+the target (all in INT8). The time is the export with the target.
 """
 
 from __future__ import annotations
@@ -374,8 +374,9 @@ DETECTORS = {
 
 
 def _detector_target(name: str):
-    """A PP-OCRv6 detector's items for ``--target``: (path, calibration, the rows' held-out
-    items, 8 more of their kind, metric, the metric's key, its worst item's key, label)."""
+    """A PP-OCRv6 detector's items for ``--target``: (path, calibration, the row's held-out
+    items, 8 more of their kind, metric, the key the target reads (its worst item's is
+    ``key + " worst"``), the target's label)."""
     path = _ocr(*DETECTORS[name])
     case = q._text_detector("", path, N, 2 * N)
     return path, case.cal, case.eval[:N], case.eval[N:], q.det_metric, "IoU", "text-mask IoU"
