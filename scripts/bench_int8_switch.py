@@ -13,6 +13,11 @@ off, as the search runs them), interleaved, the best of ``--runs``: with every u
 (the reference runs), one unit on (a unit's cost alone, most of the search's runs) and
 all on. It also checks that both give the same outputs to the bit. Items:
 ``tests/int8_zoo.py``.
+
+``--search`` times the whole default search (``_int8_search.searcher`` on the 8
+calibration items: ranges, corrections, each unit alone) instead, once with each form of
+the switch (the Where form by rewriting every switch graph the search builds), and checks
+that both make the same plan.
 """
 
 from __future__ import annotations
@@ -55,6 +60,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="detector,classifier,onet,pnet")
     parser.add_argument("--runs", type=int, default=5, help="timed runs of each (best kept)")
+    parser.add_argument("--search", action="store_true", help="time the whole search")
     args = parser.parse_args(argv)
 
     import int8_zoo
@@ -73,6 +79,8 @@ def main(argv=None) -> int:
             file=sys.stderr,
         )
         return 2
+    if args.search:
+        return _searches(names)
     print("| model | units | runs | Where (s) | If (s) | Where / If | the same to the bit |")
     print("|---|---|---|---|---|---|---|")
     for name in names:
@@ -111,6 +119,56 @@ def main(argv=None) -> int:
                 f"{best['where'] / best['if']:.2f} | {'yes' if same else 'NO'} |",
                 flush=True,
             )
+    return 0
+
+
+def _searches(names: list[str]) -> int:
+    """``--search``: the default search of each model with each form of the switch."""
+    import hashlib
+    import json
+
+    import int8_zoo
+    import numpy as np
+    import onnx
+
+    from fp16lens.export import _int8_search
+    from fp16lens.export._int8 import prepared
+    from fp16lens.export._int8_place import name_nodes
+
+    made = _int8_search.switch_graph
+
+    def where_form(*a, **k):
+        return as_where(made(*a, **k))
+
+    print("| model | search, Where (s) | search, If (s) | Where / If | the same plan |")
+    print("|---|---|---|---|---|")
+    for name in names:
+        case = int8_zoo.MODELS[name]()
+        seconds, plans = {}, {}
+        for form, graph in (("where", where_form), ("if", made)):
+            proto = prepared(onnx.load(case.path))
+            name_nodes(proto.graph)
+            _int8_search.switch_graph = graph
+            try:
+                t0 = time.perf_counter()
+                plan = _int8_search.searcher(proto, list(case.cal)).plan
+                seconds[form] = time.perf_counter() - t0
+            finally:
+                _int8_search.switch_graph = made
+            found = plan.to_dict()
+            found["corrections"] = {k: v.tolist() for k, v in plan.corrections.items()}
+            found["scale values"] = plan.scales
+            found["rounded codes"] = {
+                w: hashlib.sha256(np.ascontiguousarray(c).tobytes()).hexdigest()
+                for w, c in plan.rounded.items()
+            }
+            plans[form] = json.dumps(found, sort_keys=True, default=str)
+        print(
+            f"| {case.name} | {seconds['where']:.1f} | {seconds['if']:.1f} | "
+            f"{seconds['where'] / seconds['if']:.2f} | "
+            f"{'yes' if plans['where'] == plans['if'] else 'NO'} |",
+            flush=True,
+        )
     return 0
 
 

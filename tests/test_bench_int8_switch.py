@@ -51,3 +51,23 @@ def test_the_where_form_is_where_nodes_and_computes_the_same(capsys):
     assert bench.main(["--models", "onet", "--runs", "1"]) == 0
     rows = [r for r in capsys.readouterr().out.splitlines() if r.startswith("| MTCNN ONet")]
     assert len(rows) == 3 and all(r.rstrip().endswith("| yes |") for r in rows), rows
+
+
+def test_the_whole_search_makes_the_same_plan_with_either_switch(capsys):
+    """``--search``: MTCNN ONet's default search with the Where form and with the If form
+    (ranges, bias corrections, fitted codes, each unit alone) makes the same plan, and the
+    search's switch graph is restored afterwards."""
+    import int8_zoo
+    from zoo_real import Missing
+
+    from fp16lens.export import _int8_search
+
+    try:
+        int8_zoo.MODELS["onet"](2, 2)
+    except Missing as exc:
+        pytest.skip(str(exc))
+    before = _int8_search.switch_graph
+    assert bench.main(["--models", "onet", "--search"]) == 0
+    assert _int8_search.switch_graph is before
+    rows = [r for r in capsys.readouterr().out.splitlines() if r.startswith("| MTCNN ONet")]
+    assert len(rows) == 1 and rows[0].rstrip().endswith("| yes |"), rows
