@@ -192,22 +192,21 @@ def _checked_int8(reference, evaluation: Iterable | None, artifact: ExportArtifa
         return replace(artifact, warnings=(*artifact.warnings, note))
     if result.passed:
         return replace(artifact, parity=result)
-    onnx_source = not isinstance(reference, torch.nn.Module)
+    keep = keep_fp32(not isinstance(reference, torch.nn.Module))
+    check = f"{what} (the Q/DQ graph computed as TensorRT runs it): {_why(result)}"
     target = (artifact.int8 or {}).get("target")
     if target is None:
         note = (
-            f"the INT8 file fails its check on {what} (the Q/DQ graph computed as TensorRT "
-            f"runs it): {_why(result)}; give a parity target (export(..., target=0.999)) "
-            f"so the costliest layers leave INT8, or {keep_fp32(onnx_source)}"
+            f"the INT8 file fails its check on {check}; give a parity target "
+            f"(export(..., target=0.999)) so the costliest layers leave INT8, or {keep}"
         )
     else:  # met (export raises where it is not): the check reads more than the target
         note = (
             f"the INT8 file meets its target ({target['metric']} {target['score']:.4f} >= "
-            f"{target['threshold']:g}) but fails verify's check on {what} (the Q/DQ graph "
-            f"computed as TensorRT runs it): {_why(result)}; outputs the target does not "
-            f"read moved: keep the file if {target['metric']} is what your task reads, "
-            f"or give a target on the outputs' cosine (export(..., target=0.999)), or "
-            f"{keep_fp32(onnx_source)}"
+            f"{target['threshold']:g}) but fails verify's check on {check}; outputs the "
+            f"target does not read moved: keep the file if {target['metric']} is what your "
+            f"task reads, or give a target on the outputs' cosine (export(..., "
+            f"target=0.999)), or {keep}"
         )
     return replace(artifact, parity=result, warnings=(*artifact.warnings, note))
 
