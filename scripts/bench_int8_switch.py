@@ -72,12 +72,9 @@ def main(argv=None) -> int:
     from fp16lens.export._int8_search import ON, SCALE, session, switch_graph
 
     names = args.models.split(",")
-    unknown = [n for n in names if n not in int8_zoo.MODELS]
-    if unknown:
-        print(
-            f"unknown models {', '.join(unknown)}; choose from {', '.join(int8_zoo.MODELS)}",
-            file=sys.stderr,
-        )
+    refused = int8_zoo.unknown_models(names)
+    if refused:
+        print(refused, file=sys.stderr)
         return 2
     if args.search:
         return _searches(names)
@@ -124,11 +121,7 @@ def main(argv=None) -> int:
 
 def _searches(names: list[str]) -> int:
     """``--search``: the default search of each model with each form of the switch."""
-    import hashlib
-    import json
-
     import int8_zoo
-    import numpy as np
     import onnx
 
     from fp16lens.export import _int8_search
@@ -155,14 +148,7 @@ def _searches(names: list[str]) -> int:
                 seconds[form] = time.perf_counter() - t0
             finally:
                 _int8_search.switch_graph = made
-            found = plan.to_dict()
-            found["corrections"] = {k: v.tolist() for k, v in plan.corrections.items()}
-            found["scale values"] = plan.scales
-            found["rounded codes"] = {
-                w: hashlib.sha256(np.ascontiguousarray(c).tobytes()).hexdigest()
-                for w, c in plan.rounded.items()
-            }
-            plans[form] = json.dumps(found, sort_keys=True, default=str)
+            plans[form] = int8_zoo.plan_key(plan)
         print(
             f"| {case.name} | {seconds['where']:.1f} | {seconds['if']:.1f} | "
             f"{seconds['where'] / seconds['if']:.2f} | "

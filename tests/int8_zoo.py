@@ -1338,6 +1338,31 @@ def run_outputs(proto_or_path, feeds: list[dict]) -> list[list[np.ndarray]]:
     return [sess.run(names, f) for f in feeds]
 
 
+def unknown_models(names: list[str]) -> str | None:
+    """The one line a script prints (and exits 2 on) where ``names`` holds a model this
+    zoo does not have; None where it has them all."""
+    unknown = [n for n in names if n not in MODELS]
+    if not unknown:
+        return None
+    return f"unknown models {', '.join(unknown)}; choose from {', '.join(MODELS)}"
+
+
+def plan_key(plan) -> str:
+    """An ``Int8Plan`` as one string: ``to_dict``, the bias corrections, the scales and a
+    digest of each weight's fitted codes; two searches made the same plan when it is equal."""
+    import hashlib
+    import json
+
+    found = plan.to_dict()
+    found["corrections"] = {k: v.tolist() for k, v in plan.corrections.items()}
+    found["scale values"] = plan.scales
+    found["rounded codes"] = {
+        w: hashlib.sha256(np.ascontiguousarray(c).tobytes()).hexdigest()
+        for w, c in plan.rounded.items()
+    }
+    return json.dumps(found, sort_keys=True, default=str)
+
+
 def flop_share(proto, feed: dict) -> float:
     """The share of Conv/ConvTranspose/Gemm/MatMul multiply-adds left in INT8 on ``feed``."""
     from fp16lens.export._int8_place import COMPUTE_OPS, int8_flop_share

@@ -811,19 +811,24 @@ def _corrected(
     on, off = np.ones(len(units)), np.zeros(len(units))
 
     skipped = {u.weight for u in unfitted(proto.graph, units, tensors)}
-
-    def fitted(part: list[Feed]) -> dict[str, np.ndarray]:
-        codes = _int8_round.fit(proto, units, part, dict(zip(tensors, scales)))
-        return {w: c for w, c in codes.items() if w not in skipped}
+    # the codes fitted on each half and on every batch, from one pass over the batches
+    fits = (
+        _int8_round.folds(proto, units, feeds, dict(zip(tensors, scales)))
+        if rounding
+        else ({}, {}, {})
+    )
+    first, second, whole = ({w: c for w, c in f.items() if w not in skipped} for f in fits)
 
     errors: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}  # per fold: before, after
     notes = []
     outputs: list[str] = []
-    for part, check in ((feeds[:half], feeds[half:]), (feeds[half:], feeds[:half])):
+    for part, check, codes in (
+        (feeds[:half], feeds[half:], first),
+        (feeds[half:], feeds[:half], second),
+    ):
         ref = switch.run(check, off, scales)
         outputs = [n for n, r in zip(switch.outputs, ref[0]) if np.asarray(r).dtype.kind == "f"]
         before = _output_errors(ref, switch.run(check, on, scales))
-        codes = fitted(part) if rounding else {}
         candidates: dict[str, tuple[dict, dict]] = {}
         if bias:
             candidates["bias correction"] = (
@@ -853,7 +858,7 @@ def _corrected(
     raised = {n: [_raises(b, a, outputs) for b, a in e] for n, e in errors.items()}
     gaining = [n for n, r in raised.items() if len(r) == 2 and all(x is None for x in r)]
     best = min(gaining, key=lambda n: sum(a.mean(axis=1).max() for _, a in errors[n]), default=None)
-    codes = fitted(feeds) if best in ("weight rounding", "both") else {}
+    codes = whole if best in ("weight rounding", "both") else {}
     corrections = (
         bias_corrections(proto, units, tensors, scales, feeds, codes)
         if best in ("bias correction", "both")

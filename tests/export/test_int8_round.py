@@ -86,6 +86,59 @@ def test_the_fit_holds_one_pass_of_moments_at_a_time(int8_prepared, monkeypatch)
     assert all(np.array_equal(split[w], whole[w]) for w in whole)
 
 
+def test_folds_fit_sampled_layers_as_the_three_fits_do(int8_prepared, monkeypatch):
+    """Trained MTCNN PNet with the patches kept per batch cut to 256, so that every layer's
+    are sampled, and the moments' budget cut to a pass per layer: ``folds`` gives the codes
+    of the three ``fit`` calls, each of which drew its samples in turn over its passes."""
+    from fp16lens.export import _int8_round
+    from fp16lens.export._int8_search import QMAX, collect
+
+    case, proto, units = int8_prepared("pnet", 8, 1)
+    hists, _ = collect(proto, units, case.cal)
+    scales = {t: hists[t].candidates()["max"] / QMAX for t in hists}
+    drawn = []
+    products = _int8_round._products
+
+    def counted(cols, scale, rng):
+        drawn.append(cols.shape[-1] > _int8_round.SAMPLES)
+        return products(cols, scale, rng)
+
+    monkeypatch.setattr(_int8_round, "SAMPLES", 256)
+    monkeypatch.setattr(_int8_round, "BUDGET", 1)
+    monkeypatch.setattr(_int8_round, "_products", counted)
+    feeds = list(case.cal)
+    folds = _int8_round.folds(proto, units, feeds, scales)
+    assert drawn and all(drawn)
+    calls = [_int8_round.fit(proto, units, f, scales) for f in (feeds[:4], feeds[4:], feeds)]
+    assert any(calls)
+    for got, want in zip(folds, calls):
+        assert sorted(got) == sorted(want)
+        assert all(np.array_equal(got[w], want[w]) for w in want)
+
+
+def test_folds_are_the_three_fits_the_search_made(int8_prepared):
+    """Trained MTCNN PNet on 8 calibration photos: ``folds`` (one pass over the batches)
+    gives the codes of ``fit`` on the first 4, on the last 4 and on all 8, each called on
+    its own, to the code; the three differ from each other."""
+    from fp16lens.export import _int8_round
+    from fp16lens.export._int8_search import QMAX, collect
+
+    case, proto, units = int8_prepared("pnet", 8, 1)
+    hists, _ = collect(proto, units, case.cal)
+    scales = {t: hists[t].candidates()["max"] / QMAX for t in hists}
+    feeds = list(case.cal)
+    folds = _int8_round.folds(proto, units, feeds, scales)
+    calls = [_int8_round.fit(proto, units, f, scales) for f in (feeds[:4], feeds[4:], feeds)]
+    for got, want in zip(folds, calls):
+        assert want and sorted(got) == sorted(want)
+        assert all(np.array_equal(got[w], want[w]) for w in want)
+    assert sorted(calls[0]) != sorted(calls[1]) or any(
+        not np.array_equal(calls[0][w], calls[1][w]) for w in calls[0]
+    )
+    with pytest.raises(ValueError, match="two calibration batches"):
+        _int8_round.folds(proto, units, feeds[:1], scales)
+
+
 def test_gptq_beats_nearest_on_correlated_inputs_and_keeps_exact_weights():
     """The algorithm on its own: rows whose inputs are correlated (a pixel's neighbours)
     get a smaller layer error ``|(W - Ŵ) x|`` on fresh inputs than nearest rounding; a
