@@ -17,7 +17,7 @@ import torch
 
 from fp16lens._core import FP16_MAX
 from fp16lens._core.algebra import rescale_exponent
-from fp16lens._core.sites import FindingKind, Mechanism
+from fp16lens._core.sites import INPUT_WORDS, FindingKind, Mechanism, finding_input
 from fp16lens.patch._apply import input_weights
 from fp16lens.patch._plan import Plan, Reparam, Unresolved
 
@@ -33,6 +33,7 @@ def fold_inputs(graph, report, plan: Plan, onnx: bool = False) -> None:
         ):
             continue
         k, index = rescale_exponent(f.peak), _index(f.site)
+        label = finding_input(f.detail, index)
         assert k is not None  # the peak is finite
         p = 2.0**k
         readers = [s for s in report.sites if not graph.producers[s] and s not in graph.frozen]
@@ -51,7 +52,7 @@ def fold_inputs(graph, report, plan: Plan, onnx: bool = False) -> None:
                     )
                 )
             plan.notes.append(
-                f"input {index} (values up to {f.peak:.3g}) must be divided by {p:g} (2^{k}) by the caller "
+                f"input {label} (values up to {f.peak:.3g}) must be divided by {p:g} (2^{k}) by the caller "
                 f"before the patched model runs: {', '.join(readers)} hold the factor "
                 f"(plan.scale_inputs(*inputs) does it)"
             )
@@ -60,7 +61,7 @@ def fold_inputs(graph, report, plan: Plan, onnx: bool = False) -> None:
                 Unresolved(
                     f.site,
                     (
-                        f"model input {index} holds values up to {f.peak:.3g}, beyond FP16; no fold: {why}; "
+                        f"{INPUT_WORDS}{label} holds values up to {f.peak:.3g}, beyond FP16; no fold: {why}; "
                         f"divide it by {p:g} (2^{k}) before the model and scale what reads it by hand"
                     ),
                 )

@@ -7,7 +7,7 @@ import math
 import torch
 
 from fp16lens._core.fingerprint import fingerprint
-from fp16lens._core.sites import FindingKind, Mechanism
+from fp16lens._core.sites import INPUT_WORDS, FindingKind, Mechanism, input_label
 from fp16lens._core.version import __version__
 from fp16lens._trace import model_class
 from fp16lens.report import Finding, Report, ReportMeta, SiteStats, Span
@@ -212,7 +212,7 @@ def build_report(
                 peak=inp.peak,
                 batch=inp.batch,
                 count=inp.nonfinite,
-                detail=f"model input {_named(k, inp.name)} holds {what} (batch {inp.batch}): a "
+                detail=f"{INPUT_WORDS}{input_label(k, inp.name)} holds {what} (batch {inp.batch}): a "
                 "problem of the data, not of the model; FP16 inputs cannot carry it",
             )
         )
@@ -228,10 +228,3 @@ def build_report(
         inputs=acc.input_specs,
     )
     return Report(sites=sites, spans=spans, findings=findings, edges=edges, meta=meta)
-
-
-def _named(index: int, name: str) -> str:
-    """``1``, or ``1 (scale)`` where the input has a name of its own (a keyword argument,
-    an ONNX graph input) beside its position; a positional argument's name is its own
-    position among the arguments, not a name."""
-    return f"{index} ({name})" if name and not name.isdigit() else str(index)

@@ -669,6 +669,40 @@ def test_an_input_beyond_fp16_is_named_as_why_the_proof_fails(tmp_path):
     assert f"input {name!r} holds values up to 2e+05, beyond FP16's largest value" in said
 
 
+class _Scaled(torch.nn.Module):
+    """A linear layer times a scale given by keyword: the scale is the input FP16 cannot
+    hold, and the model takes two float inputs, so patch cannot fold it."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 4)
+
+    def forward(self, x, scale):
+        return self.fc(x) * scale
+
+
+def test_an_input_beyond_fp16_given_by_keyword_is_named_by_it_in_the_plan():
+    """The plan names the input as the report does, by position and keyword (``model input
+    1 (scale)``), not by its position alone: in why the fold cannot take it (then kept in
+    FP32, a note) and in the proof's failure (FP16 cannot hold the input)."""
+    torch.manual_seed(0)
+    model = _Scaled().eval()
+    batch = {"x": torch.randn(2, 4), "scale": torch.full((2, 1), 1e5)}
+    assert not torch.isfinite(batch["scale"].half()).all()  # ground truth: FP16 cannot hold it
+    report = fp16lens.scan(model, [batch], progress=False)
+    (found,) = [f for f in report.findings if f.mechanism == "input"]
+    assert found.detail.startswith("model input 1 (scale) holds"), found.detail
+    with pytest.warns(PatchWarning):
+        patched = fp16lens.patch(model, report, batches=[batch])
+    plan = get_plan(patched)
+    (note,) = [n for n in plan.notes if n.startswith(f"{found.site}: kept FP32 (was: ")]
+    assert "(was: model input 1 (scale) holds values up to 1e+05, beyond FP16; no fold" in note
+    assert "takes 2 float inputs" in note
+    assert (
+        plan.unresolved[-1].cause == INPUT_CAUSE and "input 'scale'" in plan.unresolved[-1].reason
+    )
+
+
 def _cancelling_graph():
     """y = (x + 1000) - 1000, which FP16 keeps to steps of 0.5 (x in 0.1-1: precision, not
     range), beside z = (x * 1e5) * 1e-5, a span patch fixes."""
