@@ -1,12 +1,14 @@
-"""Peak memory of the INT8 weight-rounding fit (``export/_int8_round.fit``), side by side
-with what holding every layer's moments at once would take.
+"""Peak memory of the INT8 weight-rounding fit as the search runs it
+(``export/_int8_round.folds``), side by side with what holding every layer's moments at once
+would take.
 
     python scripts/mem_int8_round.py [--model craft] [--calibration 8]
 
 The fit sums, per conv/Gemm/MatMul, three float64 products of its input patches
-(``X Xᵀ``, ``X̂ Xᵀ``, ``X̂ X̂ᵀ``: K x K per group) on each half of the calibration batches.
-It makes them in passes of at most ``BUDGET`` bytes and solves each pass before the next
-(``moments`` is a generator). Prints, in one run: the bytes every layer's moments come to,
+(``X Xᵀ``, ``X̂ Xᵀ``, ``X̂ X̂ᵀ``: K x K per group) on each quarter of the calibration
+batches (``folds``: the codes of each half and of all, from one pass). It makes them in
+passes of at most ``BUDGET`` bytes and solves each pass before the next (``moments`` is a
+generator). Prints, in one run: the bytes every layer's moments come to,
 the pass budget, and the resident memory the fit added at its peak (sampled every 50 ms),
 with their ratio. Items: ``tests/int8_zoo.py``; ranges: each tensor's calibration max.
 """
@@ -48,7 +50,7 @@ def main(argv=None) -> int:
     inits = {i.name: tuple(i.dims) for i in proto.graph.initializer}
     nodes = {n.name: n for n in proto.graph.node}
     sizes = [
-        _int8_round.moment_bytes(u, inits[u.weight], nodes[u.node])
+        _int8_round.moment_bytes(u, inits[u.weight], nodes[u.node], 4)
         for u in _int8_round.fittable(proto, units, scales)
     ]
     every = sum(b for b in sizes if b is not None)
@@ -66,7 +68,7 @@ def main(argv=None) -> int:
     watcher = threading.Thread(target=sample, daemon=True)
     watcher.start()
     t0 = time.perf_counter()
-    codes = _int8_round.fit(proto, units, list(case.cal), scales)
+    codes = _int8_round.folds(proto, units, list(case.cal), scales)[-1]
     seconds = time.perf_counter() - t0
     done.set()
     watcher.join()

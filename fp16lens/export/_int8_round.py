@@ -117,8 +117,9 @@ def gptq(rows: np.ndarray, scale: np.ndarray, hessian: np.ndarray) -> np.ndarray
     h = h + damp[:, None, None] * eye
     u = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(h)), upper=True)
     # the column loop in NumPy on the rows transposed, a column a contiguous row (a small
-    # array's op costs a fifth of torch's; the same IEEE arithmetic), the block update by
-    # torch's matmul of the same operands as before: the same codes, 1.3x to 1.8x faster
+    # array's op costs less than torch's; the same IEEE arithmetic), the block update by
+    # torch's matmul of the same operands as before: the same codes as the loop in torch
+    # (scripts/bench_int8_round.py times the two)
     wt = np.ascontiguousarray(w.numpy().transpose(0, 2, 1))  # (groups, K, R)
     sn, un = s.numpy(), u.numpy()
     q = np.empty_like(wt)
@@ -342,6 +343,7 @@ def fit(proto, units: Sequence[Unit], feeds: list, scales: dict) -> dict[str, np
 
 
 def _fit(proto, units, feeds, scales, runs=None) -> dict[str, np.ndarray]:
+    """``fit``, over the passes ``runs`` where given (``moments``)."""
     codes = {}
     for fitted, weights, parts, groups in moments(proto, units, feeds, scales, runs=runs):
         for u in fitted:
@@ -361,16 +363,27 @@ def folds(
     into the quarter it lies in, and the codes fitted on a half (its two quarters summed)
     are the whole fit's check of that half. A layer whose patches ``fit`` samples (more
     than ``SAMPLES`` in a batch) is fitted as the three calls fit it, each drawing its
-    samples in turn over the passes a call makes, so that its codes are theirs too."""
+    samples in turn over the passes a call makes, so that its codes are theirs too; so is
+    a layer whose four quarters alone would pass ``BUDGET`` (easyocr CRAFT's 3x3 convs over
+    512 channels: 2 GB), so that the fit holds at most what ``fit`` holds."""
     tops = _halves(list(range(len(feeds))))
     if len(tops) < 2:
         raise ValueError("folds needs two calibration batches or more")
     trees = [_halves(t) for t in tops]
     split = [leaf for tree in trees for leaf in tree]
     out: list[dict[str, np.ndarray]] = [{}, {}, {}]
+    todo, shapes, nodes = _todo(proto, units, scales)
+    # a layer whose quarters alone pass the budget is fitted as the three calls fit it,
+    # two halves at a time: the fit holds no more than ``fit`` did
+    alone = {
+        u.node
+        for u in todo
+        if (moment_bytes(u, shapes[u.weight], nodes[u.node], len(split)) or 0) > BUDGET
+    }
+    runs = [[u for u in r if u.node not in alone] for r in _passes(todo, shapes, nodes, len(split))]
     sampled: set[str] = set()
     for fitted, weights, parts, groups in moments(
-        proto, units, feeds, scales, split, None, sampled
+        proto, units, feeds, scales, split, runs, sampled
     ):
         for u in fitted:
             layer = _Layer.of(u, weights[u.weight], groups[u.node], parts[u.node])
@@ -381,9 +394,9 @@ def folds(
                 if codes is not None:
                     out[k][u.weight] = layer.back(codes)
         del fitted, weights, parts, groups  # this pass's moments, before the next is made
-    if sampled:
-        todo, shapes, nodes = _todo(proto, units, scales)
-        runs = [[u for u in run if u.node in sampled] for run in _passes(todo, shapes, nodes, 2)]
+    if sampled or alone:
+        apart = sampled | alone
+        runs = [[u for u in run if u.node in apart] for run in _passes(todo, shapes, nodes, 2)]
         for k, part in enumerate((*tops, tops[0] + tops[1])):
             out[k].update(_fit(proto, units, [feeds[i] for i in part], scales, runs))
     return out[0], out[1], out[2]

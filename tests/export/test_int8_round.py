@@ -86,10 +86,12 @@ def test_the_fit_holds_one_pass_of_moments_at_a_time(int8_prepared, monkeypatch)
     assert all(np.array_equal(split[w], whole[w]) for w in whole)
 
 
-def test_folds_fit_sampled_layers_as_the_three_fits_do(int8_prepared, monkeypatch):
+@pytest.mark.parametrize("apart", ["sampled", "over the budget"])
+def test_folds_fit_layers_apart_as_the_three_fits_do(int8_prepared, monkeypatch, apart):
     """Trained MTCNN PNet with the patches kept per batch cut to 256, so that every layer's
-    are sampled, and the moments' budget cut to a pass per layer: ``folds`` gives the codes
-    of the three ``fit`` calls, each of which drew its samples in turn over its passes."""
+    are sampled, or with the moments' budget cut below any layer's four quarters: ``folds``
+    fits those layers apart and gives the codes of the three ``fit`` calls (each of which
+    drew its samples in turn over its passes)."""
     from fp16lens.export import _int8_round
     from fp16lens.export._int8_search import QMAX, collect
 
@@ -103,12 +105,11 @@ def test_folds_fit_sampled_layers_as_the_three_fits_do(int8_prepared, monkeypatc
         drawn.append(cols.shape[-1] > _int8_round.SAMPLES)
         return products(cols, scale, rng)
 
-    monkeypatch.setattr(_int8_round, "SAMPLES", 256)
-    monkeypatch.setattr(_int8_round, "BUDGET", 1)
+    monkeypatch.setattr(_int8_round, *(("SAMPLES", 256) if apart == "sampled" else ("BUDGET", 1)))
     monkeypatch.setattr(_int8_round, "_products", counted)
     feeds = list(case.cal)
     folds = _int8_round.folds(proto, units, feeds, scales)
-    assert drawn and all(drawn)
+    assert drawn and all(drawn) == (apart == "sampled") and any(drawn) == (apart == "sampled")
     calls = [_int8_round.fit(proto, units, f, scales) for f in (feeds[:4], feeds[4:], feeds)]
     assert any(calls)
     for got, want in zip(folds, calls):
