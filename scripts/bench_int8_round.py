@@ -25,7 +25,6 @@ turn from its own generator: ``folds`` fits those layers as the three calls do. 
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import sys
 import time
@@ -90,13 +89,13 @@ def before():
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", default="detector,classifier,recognizer,pnet")
-    parser.add_argument("--runs", type=int, default=1, help="timed runs of each (best kept)")
-    parser.add_argument("--search", action="store_true", help="time the whole search")
-    args = parser.parse_args(argv)
-
     import int8_zoo
+
+    got = int8_zoo.bench_args(argv, __doc__, "detector,classifier,recognizer,pnet", 1)
+    if got is None:
+        return 2
+    args, names = got
+
     import numpy as np
     import onnx
 
@@ -105,11 +104,6 @@ def main(argv=None) -> int:
     from fp16lens.export._int8_place import find_units, name_nodes
     from fp16lens.export._int8_search import QMAX, collect, searcher
 
-    names = args.models.split(",")
-    refused = int8_zoo.unknown_models(names)
-    if refused:
-        print(refused, file=sys.stderr)
-        return 2
     what, same_what = ("search", "plan") if args.search else ("fit", "codes")
     print(f"| model | {what}, before (s) | {what}, now (s) | before / now | the same {same_what} |")
     print("|---|---|---|---|---|")

@@ -22,7 +22,6 @@ that both make the same plan.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
@@ -57,13 +56,13 @@ def as_where(model):
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", default="detector,classifier,onet,pnet")
-    parser.add_argument("--runs", type=int, default=5, help="timed runs of each (best kept)")
-    parser.add_argument("--search", action="store_true", help="time the whole search")
-    args = parser.parse_args(argv)
-
     import int8_zoo
+
+    got = int8_zoo.bench_args(argv, __doc__, "detector,classifier,onet,pnet", 5)
+    if got is None:
+        return 2
+    args, names = got
+
     import numpy as np
     import onnx
 
@@ -71,11 +70,6 @@ def main(argv=None) -> int:
     from fp16lens.export._int8_place import find_units, name_nodes
     from fp16lens.export._int8_search import ON, SCALE, session, switch_graph
 
-    names = args.models.split(",")
-    refused = int8_zoo.unknown_models(names)
-    if refused:
-        print(refused, file=sys.stderr)
-        return 2
     if args.search:
         return _searches(names)
     print("| model | units | runs | Where (s) | If (s) | Where / If | the same to the bit |")

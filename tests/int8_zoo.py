@@ -1338,13 +1338,25 @@ def run_outputs(proto_or_path, feeds: list[dict]) -> list[list[np.ndarray]]:
     return [sess.run(names, f) for f in feeds]
 
 
-def unknown_models(names: list[str]) -> str | None:
-    """The one line a script prints (and exits 2 on) where ``names`` holds a model this
-    zoo does not have; None where it has them all."""
+def bench_args(argv, doc: str, models: str, runs: int):
+    """A side-by-side bench script's arguments (``--models``, ``--runs``, ``--search``) and
+    its model names; None, with one line on stderr, where a name is not a model here."""
+    import argparse
+    import sys
+
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--models", default=models)
+    parser.add_argument("--runs", type=int, default=runs, help="timed runs of each (best kept)")
+    parser.add_argument("--search", action="store_true", help="time the whole search")
+    args = parser.parse_args(argv)
+    names = args.models.split(",")
     unknown = [n for n in names if n not in MODELS]
-    if not unknown:
+    if unknown:
+        print(
+            f"unknown models {', '.join(unknown)}; choose from {', '.join(MODELS)}", file=sys.stderr
+        )
         return None
-    return f"unknown models {', '.join(unknown)}; choose from {', '.join(MODELS)}"
+    return args, names
 
 
 def plan_key(plan) -> str:

@@ -301,8 +301,9 @@ def moments(
     split = _halves(list(range(len(feeds)))) if split is None else split
     where = {n: (k, n == part[0]) for k, part in enumerate(split) for n in part}
     rng = np.random.default_rng(SEED)
-    every = _passes(todo, shapes, nodes, max(2, len(split)))  # a fit holds two halves
-    for batch in every if runs is None else runs:
+    if runs is None:
+        runs = _passes(todo, shapes, nodes, max(2, len(split)))  # a fit holds two halves
+    for batch in runs:
         if not batch:
             continue
         parts: dict[str, list[Any]] = {u.node: [None] * len(split) for u in batch}
@@ -333,17 +334,15 @@ def _solve(rows: np.ndarray, scale: np.ndarray, m: Moments) -> np.ndarray:
     return gptq(w + np.moveaxis(delta, -1, -2), scale, m.qq)
 
 
-def fit(proto, units: Sequence[Unit], feeds: list, scales: dict) -> dict[str, np.ndarray]:
+def fit(
+    proto, units: Sequence[Unit], feeds: list, scales: dict, runs: list[list[Unit]] | None = None
+) -> dict[str, np.ndarray]:
     """Per weight (read by one unit only) its fitted INT8 codes, for its layer's output on
     the inputs it reads over ``feeds`` quantized with ``scales`` (activation tensor ->
-    scale) against the FP32 output. A weight keeps its nearest rounding unless codes fitted
-    on each half of ``feeds`` cost its layer less than the nearest on the other half (a deep
-    layer of a small image sees few patches, and a fit to few overfits them)."""
-    return _fit(proto, units, feeds, scales)
-
-
-def _fit(proto, units, feeds, scales, runs=None) -> dict[str, np.ndarray]:
-    """``fit``, over the passes ``runs`` where given (``moments``)."""
+    scale) against the FP32 output, over the passes ``runs`` where given (``moments``). A
+    weight keeps its nearest rounding unless codes fitted on each half of ``feeds`` cost its
+    layer less than the nearest on the other half (a deep layer of a small image sees few
+    patches, and a fit to few overfits them)."""
     codes = {}
     for fitted, weights, parts, groups in moments(proto, units, feeds, scales, runs=runs):
         for u in fitted:
@@ -398,7 +397,7 @@ def folds(
         apart = sampled | alone
         runs = [[u for u in run if u.node in apart] for run in _passes(todo, shapes, nodes, 2)]
         for k, part in enumerate((*tops, tops[0] + tops[1])):
-            out[k].update(_fit(proto, units, [feeds[i] for i in part], scales, runs))
+            out[k].update(fit(proto, units, [feeds[i] for i in part], scales, runs))
     return out[0], out[1], out[2]
 
 
