@@ -7,10 +7,10 @@ torch model, so that none of them reaches into another.
   (``fp32_compute_ops``, ``compute_index``, ``FirstCall``), and where it cannot run
   (``HalfFails``);
 - the fx node running an op of a GraphModule's forward (``graph_forwards``, ``running_node``);
-- calling a model on one batch (``call_model``) and its float outputs (``float_outputs``).
+- calling a model on one batch (``call_model``, its arguments ``call_args``) and its float outputs (``float_outputs``).
 """
 
-from fp16lens._trace._call import call_model, float_outputs
+from fp16lens._trace._call import call_args, call_model, float_outputs
 from fp16lens._trace._fxnames import graph_forwards, model_class, running_node
 from fp16lens._trace._half import (
     HALF_FAILS,
@@ -36,7 +36,7 @@ from fp16lens._trace._tracker import Frame, ModuleTracker, pause_at_boundary
 
 __all__ = [
     "BOUNDARY_MODULES", "FACTORY", "HALF_FAILS", "MATMUL_LIKE", "MONOTONE", "NORM_OPS", "PASSTHROUGH",
-    "VALUE_PRESERVING", "FirstCall", "Frame", "HalfFails", "ModuleTracker", "call_model", "compute_index",
+    "VALUE_PRESERVING", "FirstCall", "Frame", "HalfFails", "ModuleTracker", "call_args", "call_model", "compute_index",
     "first_float", "float_outputs", "fp32_compute_ops", "graph_forwards", "is_builtin_leaf", "model_class",
     "op_name", "pause_at_boundary", "run_half_on_meta", "running_node",
 ]  # fmt: skip

@@ -8,13 +8,20 @@ import torch
 from torch.utils._pytree import tree_flatten
 
 
-def call_model(model, batch: Any):
-    """A batch is a tensor, a tuple/list of positional arguments, or a dict of keywords."""
+def call_args(batch: Any) -> tuple[tuple, dict]:
+    """(positional arguments, keywords) of a batch: a tensor, a tuple/list of positional
+    arguments, or a dict of keywords."""
     if isinstance(batch, dict):
-        return model(**batch)
+        return (), dict(batch)
     if isinstance(batch, (tuple, list)):
-        return model(*batch)
-    return model(batch)
+        return tuple(batch), {}
+    return (batch,), {}
+
+
+def call_model(model, batch: Any):
+    """``model`` on one batch (``call_args``)."""
+    args, kwargs = call_args(batch)
+    return model(*args, **kwargs)
 
 
 def float_outputs(out: Any) -> list[torch.Tensor]:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from fp16lens._core import Fp16LensError
 from fp16lens._core.paths import check_save_path
+from fp16lens._trace import call_args
 
 if TYPE_CHECKING:
     from torch import nn
@@ -54,9 +55,11 @@ def state_dict_note(islands: int, multiplies: int, eps: dict[str, float]) -> str
     )
 
 
-def save(model: nn.Module, example_inputs: tuple, path: str | Path) -> Path:
+def save(model: nn.Module, example_inputs, path: str | Path) -> Path:
     """Save a patched ``model`` so that its file keeps the fix: ``.pt2`` a torch.export
-    program (recommended), ``.pt``/``.pth`` TorchScript traced on ``example_inputs``. Its
+    program (recommended), ``.pt``/``.pth`` TorchScript traced on ``example_inputs`` (a
+    batch as every stage takes one: a tuple of positional arguments, a dict of keywords or
+    one tensor; ``_trace.call_args``). Its
     FP32 islands are stored so that a later ``.half()`` leaves them FP32, and the file names
     them (``ISLANDS_FILE``) for ``fp16lens export`` and ``verify``:
     ``torch.export.load(path).module().half()`` runs the fix with torch alone. Returns the
@@ -70,13 +73,16 @@ def save(model: nn.Module, example_inputs: tuple, path: str | Path) -> Path:
 
     model = model.eval()
     meta = {ISLANDS_FILE: islands_metadata(model)}
+    args, kwargs = call_args(example_inputs)
+    if kwargs and suffix != ".pt2":  # TorchScript traces positional arguments only
+        args, kwargs = _positional(model, kwargs, path), {}
     # FP32 islands in a form that a file keeps: they stay FP32 under a later .half()
     model = portable(model, "bits" if suffix == ".pt2" else "const")
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # torch's own deprecation notices
         if suffix == ".pt2":
             try:
-                program = torch.export.export(model, tuple(example_inputs))
+                program = torch.export.export(model, args, kwargs=kwargs)
             except Exception as exc:  # torch.export cannot capture every forward
                 said = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
                 raise Fp16LensError(
@@ -86,9 +92,34 @@ def save(model: nn.Module, example_inputs: tuple, path: str | Path) -> Path:
             _copy_before_layout_views(program)
             torch.export.save(program, str(path), extra_files=meta)
         else:
-            traced = torch.jit.trace(model, tuple(example_inputs), strict=False, check_trace=False)
+            traced = torch.jit.trace(model, args, strict=False, check_trace=False)
             traced.save(str(path), _extra_files=meta)
     return path
+
+
+def _positional(model: nn.Module, kwargs: dict, path: Path) -> tuple:
+    """Keyword inputs in the order of ``model.forward``'s parameters (a model kept FP32
+    whole is an island around it: its own forward's); a forward that takes them otherwise
+    (keyword-only, ``**kwargs``) is refused in one line."""
+    import inspect
+
+    from fp16lens.patch._island import Fp32Island
+
+    while isinstance(model, Fp32Island):
+        model = model.module
+    try:
+        bound = inspect.signature(model.forward).bind(**kwargs)
+    except TypeError as exc:
+        raise Fp16LensError(
+            f"cannot trace the patched model on keyword inputs ({exc}); save it as a "
+            f"torch.export program instead (-o {path.with_suffix('.pt2').name})"
+        ) from exc
+    if bound.kwargs:
+        raise Fp16LensError(
+            f"cannot trace the patched model on keyword-only inputs ({', '.join(bound.kwargs)}); "
+            f"save it as a torch.export program instead (-o {path.with_suffix('.pt2').name})"
+        )
+    return bound.args
 
 
 def _copy_before_layout_views(program) -> int:

@@ -3,6 +3,7 @@ terminal: an ONNX graph's inputs by name, a module's forward keywords."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import warnings
 
@@ -58,6 +59,46 @@ def test_a_modules_keywords_by_name(tmp_path, capsys):
     assert main(["scan", model, "--input", str(tmp_path / "bad.pt")]) == 2
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert "unexpected keyword argument 'scal'" in line, line
+
+
+@pytest.mark.parametrize("suffix", [".pt", ".pt2"])
+def test_a_model_patched_on_keyword_batches_is_saved_and_runs(tmp_path, capsys, suffix):
+    """patch on batches of forward keywords saves the patched model as TorchScript (the
+    keywords traced in the forward's order) and as a torch.export program: each file gives
+    the model's outputs. Before, ``.pt`` was a traceback and ``.pt2`` a refusal."""
+    (tmp_path / "scaled_model.py").write_text(SCALED, encoding="utf-8")
+    batch = {"scale": torch.full((2, 1), 3.0), "x": torch.randn(2, 4)}
+    torch.save([batch], tmp_path / "one.pt")
+    model = str(tmp_path / "scaled_model.py") + ":build"
+    report, out = str(tmp_path / "report.json"), str(tmp_path / f"patched{suffix}")
+    assert main(["scan", model, "--input", str(tmp_path / "one.pt"), "--save", report]) == 0
+    code = main(
+        ["patch", model, "--report", report, "--input", str(tmp_path / "one.pt"), "-o", out]
+    )
+    assert code == 0, capsys.readouterr().err
+    spec = importlib.util.spec_from_file_location("scaled_model", tmp_path / "scaled_model.py")
+    written = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(written)
+    want = written.build()(**batch)
+    if suffix == ".pt":
+        got = torch.jit.load(out)(batch["x"], batch["scale"])
+    else:
+        got = torch.export.load(out).module()(**batch)
+    assert torch.allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+def test_a_keyword_only_forward_is_refused_for_torchscript_in_one_line(tmp_path):
+    """TorchScript traces positional arguments: a forward whose input is keyword-only
+    cannot be saved so, and ``save`` says to save a torch.export program instead."""
+    from fp16lens._core import Fp16LensError
+    from fp16lens.patch import save
+
+    class KeywordOnly(torch.nn.Module):
+        def forward(self, *, x):
+            return x * 2
+
+    with pytest.raises(Fp16LensError, match=r"keyword-only inputs \(x\).*-o m\.pt2"):
+        save(KeywordOnly(), {"x": torch.ones(2)}, tmp_path / "m.pt")
 
 
 def test_personalized_dnsmos_from_a_terminal_with_clips_by_input_name(tmp_path, capsys):
