@@ -39,7 +39,7 @@ _FUSIBLE = frozenset(
 @dataclass(frozen=True)
 class Unit:
     """One node's INT8: ``acts`` are quantized per tensor, ``weight`` (an initializer) per
-    channel along ``axis``; ``flops`` its multiply-adds on the calibration shapes."""
+    channel along ``axis``; ``flops`` its multiply-adds over all the calibration batches."""
 
     node: str
     op: str

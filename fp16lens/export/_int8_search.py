@@ -35,7 +35,7 @@ import contextvars
 import math
 from collections.abc import Callable, Sequence
 from collections.abc import Set as AbstractSet
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
@@ -376,9 +376,12 @@ def _run_all(sess, feed: Feed, names: Sequence[str]) -> dict[str, np.ndarray]:
     return {n: got[n] if n in got else feed[n] for n in names if n in got or n in feed}
 
 
-def collect(proto, units: list[Unit], feeds: list[Feed]) -> tuple[dict[str, Histogram], dict]:
-    """Per activation tensor its histogram over ``feeds``, and the shapes of every tensor a
-    conv-like node reads or writes (for FLOPs)."""
+def collect(
+    proto, units: list[Unit], feeds: list[Feed]
+) -> tuple[dict[str, Histogram], list[dict[str, tuple[int, ...]]]]:
+    """Per activation tensor its histogram over ``feeds``, and per feed the shapes of every
+    tensor a conv-like node reads or writes (for FLOPs: batches of other sizes do other
+    work, and a layer after a global pool does the same on every size)."""
     acts = list(dict.fromkeys(t for u in units for t in u.acts))
     compute = [
         n for n in proto.graph.node if n.op_type in ("Conv", "ConvTranspose", "Gemm", "MatMul")
@@ -388,11 +391,10 @@ def collect(proto, units: list[Unit], feeds: list[Feed]) -> tuple[dict[str, Hist
     )
     sess = session(_exposed(proto, [*acts, *shaped]))
     hists = {t: Histogram() for t in acts}
-    shapes: dict[str, tuple[int, ...]] = {}
-    for i, feed in enumerate(feeds):
+    shapes: list[dict[str, tuple[int, ...]]] = []
+    for feed in feeds:
         values = _run_all(sess, feed, list(dict.fromkeys([*acts, *shaped])))
-        if i == 0:
-            shapes = {n: tuple(np.shape(v)) for n, v in values.items()}
+        shapes.append({n: tuple(np.shape(v)) for n, v in values.items()})
         for t in acts:
             hists[t].see_max(values[t])
     for feed in feeds:
@@ -1156,9 +1158,9 @@ def _calibrate(
     inits = {i.name: tuple(i.dims) for i in proto.graph.initializer}
     nodes = {n.name: n for n in proto.graph.node}
     units = [
-        Unit(u.node, u.op, u.acts, u.weight, u.axis, node_flops(nodes[u.node], shapes, inits))
-        if u.op != "Add"
-        else u
+        u
+        if u.op == "Add"
+        else replace(u, flops=sum(node_flops(nodes[u.node], s, inits) for s in shapes))
         for u in units
     ]
     tensors = list(hists)
