@@ -87,7 +87,7 @@ class VerifyOptions:
     metric averaged over batches. ``fusions``: torch-emulated keeps TensorRT-fused
     pre-activations unrounded. ``device``: where the torch backends run the candidate.
     ``about_mean``: hold each output's cosine about FP32's mean to the tolerance too (None:
-    the tolerance's, ``Tolerance.about_mean``).
+    the tolerance's, ``Tolerance.about_mean``; where both say, they must agree).
     """
 
     backend: str | None = None
@@ -118,3 +118,9 @@ class VerifyOptions:
             raise OptionError(f"fusions must be True or False, got {self.fusions!r}")
         if self.about_mean is not None and not isinstance(self.about_mean, bool):
             raise OptionError(f"about_mean must be True, False or None, got {self.about_mean!r}")
+        held = getattr(self.tolerance, "about_mean", None)
+        if self.about_mean is not None and held is not None and held != self.about_mean:
+            raise OptionError(
+                f"about_mean={self.about_mean} and the tolerance's about_mean={held} disagree: "
+                "set it in one place (Tolerance(about_mean=...) or verify's about_mean)"
+            )

@@ -175,3 +175,22 @@ def test_a_tolerance_given_keeps_the_backends_about_mean_unless_it_says():
     assert resolve_tolerance(Tolerance(about_mean=True), fp16).about_mean is True
     with pytest.raises(OptionError, match="about_mean"):
         Tolerance(about_mean="yes")
+
+
+def test_about_mean_said_twice_must_agree():
+    """``about_mean`` can be said by the tolerance and by verify's own argument; where both
+    say it and disagree, verify refuses in one line rather than let one silently win (the
+    argument did, before). Where they agree, or one is left None, it is taken."""
+    from fp16lens._core import OptionError
+    from fp16lens.verify import VerifyOptions
+
+    with pytest.raises(OptionError, match=r"about_mean=True and the tolerance's about_mean=False"):
+        VerifyOptions(tolerance=Tolerance(about_mean=False), about_mean=True)
+    model = torch.nn.Linear(4, 2)
+    inputs = torch.randn(3, 4)
+    with pytest.raises(OptionError, match="disagree: set it in one place"):
+        verify(model, model, inputs, tolerance=Tolerance(about_mean=True), about_mean=False)
+    both = verify(model, model, inputs, tolerance=Tolerance(about_mean=True), about_mean=True)
+    assert both.tolerance.about_mean is True
+    one = verify(model, model, inputs, tolerance=Tolerance(min_cosine=0.99), about_mean=True)
+    assert one.tolerance.about_mean is True and one.tolerance.min_cosine == 0.99
