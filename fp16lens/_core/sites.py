@@ -60,7 +60,7 @@ def site_module(site: str) -> str:
     return site.partition(":")[0]
 
 
-INPUT_WORDS = "model input "  # how an input finding's detail names its input
+INPUT_WORDS = "model input "  # how an input finding's detail and patch name its input
 
 
 def input_label(index: int, name: str = "") -> str:
@@ -68,14 +68,6 @@ def input_label(index: int, name: str = "") -> str:
     an ONNX graph input) beside its position; a positional argument's name is its own
     position among the arguments, not a name."""
     return f"{index} ({name})" if name and not name.isdigit() else str(index)
-
-
-def finding_input(detail: str, index: int) -> str:
-    """The ``input_label`` an input finding's ``detail`` names its input by (``model input
-    0 (scale) holds ...``), or ``index`` where the detail does not say (a report of
-    another version)."""
-    head, sep, _ = detail.partition(" holds ")
-    return head[len(INPUT_WORDS) :] if sep and head.startswith(INPUT_WORDS) else str(index)
 
 
 IF_BRANCHES = {True: "then", False: "else"}  # an ONNX If's branch by its condition

@@ -17,7 +17,7 @@ import torch
 
 from fp16lens._core import FP16_MAX
 from fp16lens._core.algebra import rescale_exponent
-from fp16lens._core.sites import INPUT_WORDS, FindingKind, Mechanism, finding_input
+from fp16lens._core.sites import INPUT_WORDS, FindingKind, Mechanism, input_label
 from fp16lens.patch._apply import input_weights
 from fp16lens.patch._plan import Plan, Reparam, Unresolved
 
@@ -33,7 +33,7 @@ def fold_inputs(graph, report, plan: Plan, onnx: bool = False) -> None:
         ):
             continue
         k, index = rescale_exponent(f.peak), _index(f.site)
-        label = finding_input(f.detail, index)
+        label = input_label(index, f.tensor)
         assert k is not None  # the peak is finite
         p = 2.0**k
         readers = [s for s in report.sites if not graph.producers[s] and s not in graph.frozen]

@@ -130,7 +130,7 @@ class Finding:
     detail: str
     kind: str = ""  # finer than the mechanism: a FindingKind
     batch: int = -1
-    tensor: str = ""  # for parameters/buffers: "running_var"; for internal: what overflows
+    tensor: str = ""  # parameters/buffers: "running_var"; internal: what overflows; input: its name
     count: int = 0
     fix: str = ""  # what fp16lens.patch does for it, in words, from its plan (``Report.advice``)
 

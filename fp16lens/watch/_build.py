@@ -212,6 +212,7 @@ def build_report(
                 peak=inp.peak,
                 batch=inp.batch,
                 count=inp.nonfinite,
+                tensor=inp.name,  # its keyword or graph input name, or its position
                 detail=f"{INPUT_WORDS}{input_label(k, inp.name)} holds {what} (batch {inp.batch}): a "
                 "problem of the data, not of the model; FP16 inputs cannot carry it",
             )

@@ -692,6 +692,10 @@ def test_an_input_beyond_fp16_given_by_keyword_is_named_by_it_in_the_plan():
     report = fp16lens.scan(model, [batch], progress=False)
     (found,) = [f for f in report.findings if f.mechanism == "input"]
     assert found.detail.startswith("model input 1 (scale) holds"), found.detail
+    assert found.tensor == "scale"  # the name is data: patch reads it, not the detail's words
+    report = type(report).from_dict(json.loads(report.to_json()))  # the file a user hands on
+    (back,) = [f for f in report.findings if f.mechanism == "input"]
+    back.detail = "reworded by another release"
     with pytest.warns(PatchWarning):
         patched = fp16lens.patch(model, report, batches=[batch])
     plan = get_plan(patched)
