@@ -47,6 +47,8 @@ tests=(
   tests/verify/test_verify_onnx_in.py
   tests/cli/test_cli_demo.py
   tests/cli/test_demo_model.py
+  # batch files: torch.load's weights-only unpickler (NumPy arrays allowed for one load)
+  tests/cli/test_cli_inputs.py
   # the INT8 weight grid, its Q/DQ and cache (numpy's rounding, integer casts): seconds
   tests/export/test_int8_exact.py
   tests/export/test_int8_grid.py

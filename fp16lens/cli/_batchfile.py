@@ -1,7 +1,8 @@
 """Batches from files: ``.pt``/``.pth`` (torch.load, weights only), ``.npz`` and ``.npy``
 (numpy).
 
-``.pt``: a tensor is one batch with one input; a tuple is one batch with several inputs;
+``.pt``: a tensor (or a NumPy array: any array in the file is taken as a tensor) is one
+batch with one input; a tuple is one batch with several inputs;
 a dict of tensors is one batch by input name (an ONNX graph's inputs, a module's forward
 keywords); a list is a list of batches (each a tensor, a tuple/list or a dict of tensors).
 ``.npz``: the arrays, in file order, are the model's positional inputs of one batch.
@@ -11,6 +12,8 @@ keywords); a list is a list of batches (each a tensor, a tuple/list or a dict of
 
 from __future__ import annotations
 
+import contextlib
+import re
 from pathlib import Path
 
 import torch
@@ -35,14 +38,54 @@ def load_batches(path: str | Path, batch_size: int | None = None) -> list[Batch]
 
 
 def _load_pt(path: Path):
+    """torch.load, weights only: tensors, and NumPy arrays (batches made with NumPy, as an
+    ONNX model's often are), whose few reconstruction globals are allowed for this load;
+    any other object is refused, never unpickled."""
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch.load raises many types for a bad or unsafe file
-        raise Fp16LensError(
-            f"cannot read input batches from {path} ({type(exc).__name__}: "
-            f"{str(exc).splitlines()[0] if str(exc) else ''}); save them with "
-            "torch.save(tensor | tuple | list_of_batches, path)"
-        ) from exc
+        error = exc
+    if "numpy" in str(error):
+        try:
+            with _numpy_allowed():
+                return torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as exc:
+            error = exc
+    raise Fp16LensError(
+        f"cannot read input batches from {path} ({type(error).__name__}: {_why(error)}); "
+        "save them with torch.save(tensor | tuple | dict | list_of_batches, path), of tensors "
+        "or NumPy arrays"
+    ) from error
+
+
+def _why(exc: Exception) -> str:
+    """The line of a torch.load error that names the cause (a weights-only load's refused
+    global), without the terminal's escape codes."""
+    lines = [re.sub(r"\x1b\[[0-9;]*m", "", line).strip() for line in str(exc).splitlines()]
+    lines = [line for line in lines if line]
+    for line in lines:
+        found = re.search(r"Unsupported global: GLOBAL (\S+)", line)
+        if found:
+            return f"it holds {found.group(1)}, which a weights-only load does not run"
+    return lines[0] if lines else ""
+
+
+@contextlib.contextmanager
+def _numpy_allowed():
+    """NumPy's array reconstruction allowed in a weights-only load, for this load only:
+    ``_reconstruct`` builds an ndarray (the only subtype allowed) of an allowed dtype."""
+    import numpy as np
+
+    core = getattr(np, "_core", None) or np.core
+    allowed = [core.multiarray._reconstruct, core.multiarray.scalar, np.ndarray, np.dtype]
+    allowed += [t for t in vars(np.dtypes).values() if isinstance(t, type)]
+    before = torch.serialization.get_safe_globals()
+    torch.serialization.add_safe_globals(allowed)
+    try:
+        yield
+    finally:
+        torch.serialization.clear_safe_globals()
+        torch.serialization.add_safe_globals(before)
 
 
 def _load_npz(path: Path) -> Batch:
@@ -57,7 +100,7 @@ def _load_npz(path: Path) -> Batch:
         ) from exc
     if not arrays:
         raise Fp16LensError(f"{path} holds no arrays; save inputs with numpy.savez(path, x=array)")
-    return tuple(torch.from_numpy(a) for a in arrays)
+    return tuple(_tensor(a) for a in arrays)
 
 
 def _load_npy(path: Path) -> Batch:
@@ -70,10 +113,30 @@ def _load_npy(path: Path) -> Batch:
         raise Fp16LensError(
             f"cannot read {path} as .npy ({why}); save an input with numpy.save(path, array)"
         ) from exc
-    return (torch.from_numpy(np.ascontiguousarray(array)),)
+    return (_tensor(array),)
+
+
+def _tensor(a):
+    """A NumPy array as a tensor of its shape (``np.ascontiguousarray`` would make a 0-d
+    array 1-d: a sample rate, a scale)."""
+    return torch.from_numpy(a if a.flags.c_contiguous else a.copy())
+
+
+def _tensors(obj):
+    """``obj`` with every NumPy array in it (nested in tuples, lists and dicts) a tensor."""
+    import numpy as np
+
+    if isinstance(obj, np.ndarray):
+        return _tensor(obj)
+    if isinstance(obj, (tuple, list)):
+        return type(obj)(_tensors(v) for v in obj)
+    if isinstance(obj, dict):
+        return {k: _tensors(v) for k, v in obj.items()}
+    return obj
 
 
 def _from_object(obj, path: Path) -> list:
+    obj = _tensors(obj)
     if torch.is_tensor(obj):
         return [(obj,)]
     if isinstance(obj, tuple) and obj and all(torch.is_tensor(t) for t in obj):

@@ -359,10 +359,7 @@ def quantize_int8(
             notes += _cache_leaves_out(plan, cache.name, plan.graph or proto)
         else:
             quantized = proto
-            notes.append(
-                "INT8: every Conv/ConvTranspose/Gemm/MatMul is in an FP32 island; "
-                "the graph is written without Q/DQ (export precision='fp16' instead)"
-            )
+            notes.append(_nothing_to_quantize(proto.graph, exclude))
     else:
         if target is not None:
             raise ExportError("target= needs calibrator='search' (the fallback search)")
@@ -539,3 +536,31 @@ def _original_name(tensor: str) -> str:
     """ONNX Runtime renames a quantized graph output ``y`` to ``y_QuantizeLinear_Input``."""
     suffix = "_QuantizeLinear_Input"
     return tensor[: -len(suffix)] if tensor.endswith(suffix) else tensor
+
+
+def _nothing_to_quantize(graph, exclude) -> str:
+    """Why a graph gets no Q/DQ: its conv-like nodes are all kept in FP32, or they lie
+    inside If/Loop/Scan bodies (Silero VAD's whole network is in the branches of its
+    sample-rate If), which the placement does not enter, or it has none."""
+    from fp16lens._core.onnx_types import subgraphs
+    from fp16lens.export._int8_place import COMPUTE_OPS
+
+    def inside(g) -> int:
+        return sum(
+            (n.op_type in COMPUTE_OPS) + sum(inside(b) for b in subgraphs(n)) for n in g.node
+        )
+
+    top = [n for n in graph.node if n.op_type in COMPUTE_OPS]
+    holders = [n for n in graph.node if any(inside(b) for b in subgraphs(n))]
+    tail = "the graph is written without Q/DQ (export precision='fp16' instead)"
+    if top:
+        return f"INT8: every Conv/ConvTranspose/Gemm/MatMul is in an FP32 island; {tail}"
+    if holders:
+        count = sum(inside(b) for n in holders for b in subgraphs(n))
+        names = ", ".join(f"{n.name or n.output[0]} ({n.op_type})" for n in holders[:3])
+        return (
+            f"INT8: the graph's {count} Conv/ConvTranspose/Gemm/MatMul nodes all lie inside "
+            f"control-flow bodies ({names}), which INT8 placement does not enter; {tail}, or "
+            "export a graph without the control flow (a fixed branch) for INT8"
+        )
+    return f"INT8: the graph has no Conv/ConvTranspose/Gemm/MatMul to quantize; {tail}"

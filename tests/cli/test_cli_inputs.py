@@ -83,6 +83,12 @@ def test_npz_arrays_are_the_positional_inputs(tmp_path):
     ((image, ids),) = load_batches(tmp_path / "x.npz")
     assert image.shape == (4, 3) and ids.tolist() == [0, 1, 2, 3]
     assert len(load_batches(tmp_path / "x.npz", batch_size=1)) == 4
+    # a 0-d array (a sample rate) stays 0-d, and a Fortran-ordered one keeps its values
+    np.savez(tmp_path / "y.npz", x=np.asfortranarray(np.arange(6.0).reshape(2, 3)), sr=np.array(8))
+    ((x, sr),) = load_batches(tmp_path / "y.npz")
+    assert sr.shape == () and sr.item() == 8 and x.tolist() == [[0, 1, 2], [3, 4, 5]]
+    np.save(tmp_path / "sr.npy", np.array(16000.0, np.float32))
+    assert load_batches(tmp_path / "sr.npy")[0][0].shape == ()
 
 
 def test_an_npy_array_is_one_batch_of_one_input(tmp_path, capsys):
@@ -119,3 +125,52 @@ def test_bad_batch_files_are_user_errors(tmp_path):
         load_batches(tmp_path / "dicts.pt")
     with pytest.raises(Fp16LensError, match="first \\(batch\\) axis"):
         split_batch((torch.ones(2, 1), torch.ones(3, 1)), 1)
+
+
+class _Stranger:  # a class a weights-only load must never construct
+    def __init__(self):
+        self.x = 1
+
+
+def test_a_pt_file_of_numpy_arrays_is_read_as_tensors(tmp_path, capsys):
+    """Batches made with NumPy (an ONNX model's usually are: Silero VAD's chunk, its state
+    and the sample rate as a 0-d int64 array) and saved with torch.save load as tensors of
+    the same values and dtypes, the weights-only load allowing NumPy's array reconstruction
+    for that load alone. Before, the file was refused with torch's first line, escape
+    codes and all. Any other object is still refused, never constructed, in one line that
+    names it."""
+    from fp16lens.cli import main
+
+    chunk = np.linspace(-1, 1, 512, dtype=np.float32)[None]
+    batches = [
+        {"input": chunk * k, "state": np.zeros((2, 1, 128), np.float32), "sr": np.array(16000)}
+        for k in (1, 2)
+    ]
+    torch.save(batches, tmp_path / "vad.pt")
+    before = torch.serialization.get_safe_globals()
+    got = load_batches(tmp_path / "vad.pt")
+    assert set(torch.serialization.get_safe_globals()) == set(before)  # for that load alone
+    assert [list(b) for b in got] == [["input", "state", "sr"]] * 2
+    assert got[1]["input"].dtype == torch.float32 and torch.equal(
+        got[1]["input"], torch.from_numpy(chunk * 2)
+    )
+    assert got[0]["sr"].dtype == torch.int64 and got[0]["sr"].shape == () and got[0]["sr"] == 16000
+    torch.save((np.ones((2, 3), np.float16), torch.ones(2)), tmp_path / "mixed.pt")
+    ((half, ones),) = load_batches(tmp_path / "mixed.pt")
+    assert half.dtype == torch.float16 and torch.equal(ones, torch.ones(2))
+    (tmp_path / "m.py").write_text(
+        "import torch\n\ndef build():\n    return torch.nn.Linear(3, 2)\n"
+    )
+    torch.save([np.ones((4, 3), np.float32)], tmp_path / "x.pt")
+    model = f"{tmp_path / 'm.py'}:build"
+    assert main(["scan", model, "--input", str(tmp_path / "x.pt"), "--no-progress"]) == 0
+    assert "FP16-safe" in capsys.readouterr().out
+    torch.save([_Stranger()], tmp_path / "object.pt")
+    with pytest.raises(Fp16LensError) as refused:
+        load_batches(tmp_path / "object.pt")
+    line = str(refused.value)
+    assert "\n" not in line and "\x1b" not in line, line
+    assert f"it holds {__name__}._Stranger, which a weights-only load does not run" in line
+    torch.save([np.array([_Stranger()], dtype=object)], tmp_path / "objects.pt")
+    with pytest.raises(Fp16LensError, match=r"cannot read input batches .* which a weights-only"):
+        load_batches(tmp_path / "objects.pt")

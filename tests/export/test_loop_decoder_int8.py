@@ -61,3 +61,42 @@ def test_a_loop_decoder_that_int8_stops_elsewhere_is_searched_and_fails_on_its_l
         assert f"reference {ref[1].shape}, candidate {out[1].shape}" in changes, changes
         assert any("length" in why for why in result.failures())
     assert np.isfinite(found.all_int8_error())
+
+
+def test_int8_of_a_graph_whose_network_lies_in_if_branches_says_so(tmp_path):
+    """Silero VAD's ``silero_vad.onnx`` (its wheel's file) holds its whole network in the
+    branches of its sample-rate If: INT8 placement does not enter control-flow bodies, so
+    the file is written without Q/DQ, and the export says why, naming the If and the
+    count of conv/matmul nodes inside it. Before, it said every conv was in an FP32 island,
+    which none was. The file written computes FP32's outputs (ONNX Runtime, no fp16lens)."""
+    import onnxruntime as ort
+
+    from fp16lens.export import export
+
+    try:
+        path = z.silero_onnx("silero_vad.onnx")
+    except z.Missing as exc:
+        pytest.skip(str(exc))
+    feeds = [z.vad_feed(False, k) for k in (3, 9)]
+    out = tmp_path / "vad_int8.onnx"
+    art = export(path, None, out, "int8", calibration=feeds)
+    (note,) = [w for w in art.warnings if w.startswith("INT8:")]
+    bodies = sum(
+        n.op_type in ("Conv", "ConvTranspose", "Gemm", "MatMul")
+        for node in onnx.load(path).graph.node
+        for a in node.attribute
+        for g in ([a.g] if a.type == a.GRAPH else a.graphs)
+        for n in g.node
+    )
+    assert bodies > 0, "the network's convs sit in the If's branches"
+    assert note.startswith(f"INT8: the graph's {bodies} Conv/ConvTranspose/Gemm/MatMul nodes ")
+    assert "inside control-flow bodies (If_0 (If)), which INT8 placement does not enter" in note
+    assert "FP32 island" not in note
+    written = onnx.load(out)
+    assert not any(n.op_type == "QuantizeLinear" for n in written.graph.node)
+    ref, got = (
+        ort.InferenceSession(str(p), providers=["CPUExecutionProvider"]) for p in (path, out)
+    )
+    for feed in feeds:
+        for a, b in zip(ref.run(None, feed), got.run(None, feed)):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
