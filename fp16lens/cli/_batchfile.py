@@ -73,12 +73,17 @@ def _why(exc: Exception) -> str:
 @contextlib.contextmanager
 def _numpy_allowed():
     """NumPy's array reconstruction allowed in a weights-only load, for this load only:
-    ``_reconstruct`` builds an ndarray (the only subtype allowed) of an allowed dtype."""
+    ``_reconstruct`` builds an ndarray (the only subtype allowed) of an allowed dtype, from
+    bytes that NumPy 1 pickles as ``_codecs.encode`` of a string (no code of the file's)."""
+    import _codecs
+
     import numpy as np
 
-    core = getattr(np, "_core", None) or np.core
-    allowed = [core.multiarray._reconstruct, core.multiarray.scalar, np.ndarray, np.dtype]
-    allowed += [t for t in vars(np.dtypes).values() if isinstance(t, type)]
+    # the functions an array and a NumPy scalar pickle by, wherever this NumPy keeps them
+    rebuild, scalar = np.zeros(1).__reduce__()[0], np.float32(0).__reduce__()[0]
+    allowed = [rebuild, scalar, np.ndarray, np.dtype, _codecs.encode]  # NumPy 1's array bytes
+    dtypes = getattr(np, "dtypes", None)  # NumPy 1.25 and later pickle a dtype by its class
+    allowed += [t for t in vars(dtypes).values() if isinstance(t, type)] if dtypes else []
     before = torch.serialization.get_safe_globals()
     torch.serialization.add_safe_globals(allowed)
     try:
