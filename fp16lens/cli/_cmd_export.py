@@ -144,6 +144,7 @@ def run(args: argparse.Namespace) -> int:
         if words == str(exc):
             raise
         raise Fp16LensError(words) from exc
+    _say_generated_calibration(args)
     return _print(artifact, args)
 
 
@@ -181,6 +182,23 @@ def _input_file(args: argparse.Namespace) -> bool:
     from fp16lens.cli._inputs import is_file_spec
 
     return bool(args.input) and len(args.input) == 1 and is_file_spec(args.input[0])
+
+
+def _say_generated_calibration(args: argparse.Namespace) -> None:
+    """A note on stderr where INT8 is calibrated on inputs generated from shapes: its
+    ranges fit random values, not the model's data, and its check passes on them too."""
+    if args.precision != "int8" or args.calibration or not args.input or _input_file(args):
+        return
+    import sys
+
+    within = f" in [{args.range})" if args.range else ""
+    print(
+        f"fp16lens: note: INT8 is calibrated on generated inputs ({' '.join(args.input)}: "
+        f"random values{within}, seed {args.seed}): its ranges fit those values, not "
+        "your data, and its check runs on them too; give real batches (--calibration "
+        "FILE, or an --input file)",
+        file=sys.stderr,
+    )
 
 
 def _say_fixed_batch(args: argparse.Namespace, batches) -> None:

@@ -262,3 +262,26 @@ def test_export_target_mistakes_are_one_line(capsys, tmp_path, extra, why):
     err = capsys.readouterr().err
     assert why in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
     assert not (tmp_path / "m.onnx").exists()
+
+
+def test_int8_calibrated_on_generated_inputs_says_so(capsys, tmp_path):
+    """INT8 calibrated on inputs made from a shape spec fits its ranges to random values,
+    and its own check runs on those too: the export says so on stderr, with the shapes and
+    the seed, and how to give real batches; with real batches (a --calibration or an
+    --input file) it says nothing of the kind, nor for an FP16 export."""
+    out = str(tmp_path / "m.onnx")
+    base = ["export", "models:clean", "-o", out, "--exporter", "torchscript"]
+    assert main([*base, "--precision", "int8", "--input", "1x3x16x16", "--seed", "3"]) == 0
+    err = capsys.readouterr().err
+    assert "note: INT8 is calibrated on generated inputs (1x3x16x16: random values, seed 3)" in err
+    assert "give real batches (--calibration FILE, or an --input file)" in err
+    torch.manual_seed(0)
+    torch.save([torch.rand(1, 3, 16, 16) for _ in range(2)], tmp_path / "cal.pt")
+    for real in (
+        ["--calibration", str(tmp_path / "cal.pt")],
+        ["--input", str(tmp_path / "cal.pt")],
+    ):
+        assert main([*base, "--precision", "int8", *real]) == 0
+        assert "generated inputs" not in capsys.readouterr().err
+    assert main([*base, "--input", "1x3x16x16"]) == 0
+    assert "generated inputs" not in capsys.readouterr().err
