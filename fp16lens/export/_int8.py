@@ -539,8 +539,8 @@ def _original_name(tensor: str) -> str:
 
 
 def _nothing_to_quantize(graph, exclude) -> str:
-    """Why a graph gets no Q/DQ: its conv-like nodes are all kept in FP32, or they lie
-    inside If/Loop/Scan bodies (Silero VAD's whole network is in the branches of its
+    """Why a graph gets no Q/DQ: its conv-like nodes are all kept in FP32 or none can be
+    placed (a constant first operand), or they lie inside If/Loop/Scan bodies (Silero VAD's whole network is in the branches of its
     sample-rate If), which the placement does not enter, or it has none."""
     from fp16lens._core.onnx_types import subgraphs
     from fp16lens.export._int8_place import COMPUTE_OPS
@@ -553,8 +553,14 @@ def _nothing_to_quantize(graph, exclude) -> str:
     top = [n for n in graph.node if n.op_type in COMPUTE_OPS]
     holders = [n for n in graph.node if any(inside(b) for b in subgraphs(n))]
     tail = "the graph is written without Q/DQ (export precision='fp16' instead)"
-    if top:
+    if top and all(n.name in exclude for n in top):
         return f"INT8: every Conv/ConvTranspose/Gemm/MatMul is in an FP32 island; {tail}"
+    if top:
+        left = ", ".join(n.name for n in top if n.name not in exclude)
+        return (
+            f"INT8: no Conv/ConvTranspose/Gemm/MatMul of the graph can be quantized ({left}: "
+            f"a constant first operand, MatMul(W, x), is not placed); {tail}"
+        )
     if holders:
         count = sum(inside(b) for n in holders for b in subgraphs(n))
         names = ", ".join(f"{n.name or n.output[0]} ({n.op_type})" for n in holders[:3])

