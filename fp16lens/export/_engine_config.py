@@ -38,8 +38,12 @@ def engine_config(
     calibration_cache: str | Path | None = None,
     has_qdq: bool = False,
     strongly_typed: bool | None = None,
+    fp16_rest: bool | None = None,
 ) -> EngineConfig:
-    """The build for ``precision`` ("fp32" | "fp16" | "int8") on TensorRT ``trt_version``."""
+    """The build for ``precision`` ("fp32" | "fp16" | "int8") on TensorRT ``trt_version``.
+    ``fp16_rest`` False (an INT8 file whose check with its float parts in FP16 failed at
+    export): a weakly typed INT8 build leaves FP16 off, so the float parts stay FP32 as
+    the file was checked."""
     if precision not in ("fp32", "fp16", "int8"):
         raise OptionError(f"precision must be one of fp32, fp16, int8; got {precision!r}")
     version = parse_version(trt_version)
@@ -56,10 +60,10 @@ def engine_config(
                 "written by export(..., precision='int8')"
             )
         return EngineConfig(strongly_typed=True)
-    return _weakly_typed(precision, tuple(fp32_nodes), calibration_cache, has_qdq)
+    return _weakly_typed(precision, tuple(fp32_nodes), calibration_cache, has_qdq, fp16_rest)
 
 
-def _weakly_typed(precision, fp32_nodes, cache, has_qdq) -> EngineConfig:
+def _weakly_typed(precision, fp32_nodes, cache, has_qdq, fp16_rest=None) -> EngineConfig:
     if precision == "int8" and not has_qdq and cache is None:
         raise ExportError(
             "INT8 from a graph without Q/DQ needs a calibration cache: pass "
@@ -68,7 +72,7 @@ def _weakly_typed(precision, fp32_nodes, cache, has_qdq) -> EngineConfig:
     reduced = precision in ("fp16", "int8")
     return EngineConfig(
         strongly_typed=False,
-        fp16=reduced,
+        fp16=reduced and not (precision == "int8" and fp16_rest is False),
         int8=precision == "int8",
         precision_constraints="obey" if fp32_nodes and reduced else None,
         fp32_layers=fp32_nodes if reduced else (),

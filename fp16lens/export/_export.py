@@ -4,6 +4,7 @@ FP16, or INT8 Q/DQ."""
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -190,8 +191,8 @@ def _checked_int8(reference, evaluation: Iterable | None, artifact: ExportArtifa
     if result is None:
         note = f"the INT8 file was not checked on {what} ({failed}); check it with fp16lens.verify"
         return replace(artifact, warnings=(*artifact.warnings, note))
-    if result.passed:
-        return replace(artifact, parity=result)
+    if result.passed:  # then also with its float parts in FP16, as some builds run them
+        return replace(_float_parts_in_fp16(reference, batches, what, artifact), parity=result)
     keep = keep_fp32(not isinstance(reference, torch.nn.Module))
     check = f"{what} (the Q/DQ graph computed as TensorRT runs it): {_why(result)}"
     target = (artifact.int8 or {}).get("target")
@@ -209,6 +210,52 @@ def _checked_int8(reference, evaluation: Iterable | None, artifact: ExportArtifa
             f"target=0.999)), or {keep}"
         )
     return replace(artifact, parity=result, warnings=(*artifact.warnings, note))
+
+
+def _float_parts_in_fp16(reference, batches: list, what: str, artifact: ExportArtifact):
+    """The INT8 file, which passed its check, checked again with every tensor a node
+    writes stored in FP16 (its initializers FP32): how a TensorRT build with FP16 beside
+    INT8 may compute the parts that are not INT8 (``build_engine`` before TensorRT 10.12, weakly typed). The file
+    records the verdict (``FP16_REST_KEY``), which ``build_engine`` follows: where it
+    fails, FP16 stays off. ``artifact.int8["float_parts_fp16"]`` holds it as data, and a
+    warning says where it fails."""
+    import tempfile
+
+    from fp16lens.export._onnx_meta import FP16_REST_KEY
+    from fp16lens.patch.onnx._fp16 import fp16_storage
+
+    onnx = import_optional("onnx", "onnx", "ONNX export")
+    written = onnx.load(str(artifact.path))
+    with tempfile.TemporaryDirectory() as tmp:
+        copy = Path(tmp) / artifact.path.name
+        onnx_large.save(onnx, fp16_storage(written, initializers=False)[0], copy)
+        result, failed = _run_check(reference, batches, replace(artifact, path=copy), "onnx-int8")
+    if result is None:
+        note = (
+            f"the INT8 file was not checked with its float parts in FP16 on {what} ({failed}); "
+            "build it strongly typed (TensorRT 10.12 or later), which computes them in FP32"
+        )
+        return replace(artifact, warnings=(*artifact.warnings, note))
+    verdict = "holds" if result.passed else "fails"
+    cosine = result.cosine if result.cosine is not None else float("nan")
+    entry = next((p for p in written.metadata_props if p.key == FP16_REST_KEY), None)
+    entry = entry or written.metadata_props.add()
+    entry.key, entry.value = FP16_REST_KEY, f"{verdict} {cosine:.6f}"
+    _save(written, artifact.path)
+    data = {
+        **(artifact.int8 or {}),
+        "float_parts_fp16": {"passed": result.passed, "cosine": result.cosine},
+    }
+    artifact = replace(artifact, int8=data)
+    if result.passed:
+        return artifact
+    note = (
+        f"with its float parts in FP16 (as a TensorRT build with FP16 beside INT8 may compute "
+        f"them: weakly typed, before 10.12) the INT8 file fails verify's check on {what}: "
+        f"{re.sub(r'__fp16lens_fp(16|32)_[0-9]+', '', _why(result))}; build_engine builds it with FP16 off (INT8 and FP32, as checked), "
+        "and TensorRT 10.12 or later builds it strongly typed, its float parts in FP32"
+    )
+    return replace(artifact, warnings=(*artifact.warnings, note))
 
 
 def _run_check(reference, batches: list, artifact: ExportArtifact, backend: str):

@@ -5,6 +5,8 @@ from __future__ import annotations
 from fp16lens.export._naming import MODULES_KEY
 
 ISLANDS_KEY = "fp16lens.fp32_modules"
+FP16_REST_KEY = "fp16lens.int8_float_parts_fp16"
+"""An INT8 file's check with its float parts in FP16: "holds 0.999123" or "fails 0.95"."""
 
 
 def fp32_modules_of(model) -> list[str]:
@@ -33,3 +35,11 @@ def fp32_nodes_of(model) -> list[str]:
 
 def has_qdq(model) -> bool:
     return any(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in model.graph.node)
+
+
+def fp16_rest_holds(model) -> bool | None:
+    """Whether export's check of ``model`` (an INT8 file) with its float parts in FP16
+    passed; None where the file does not say (not checked on evaluation batches)."""
+    meta = {p.key: p.value for p in model.metadata_props}
+    said = meta.get(FP16_REST_KEY, "").split(" ")[0]
+    return {"holds": True, "fails": False}.get(said)

@@ -8,7 +8,7 @@ from pathlib import Path
 from fp16lens._core import import_optional
 from fp16lens.export._calib_cache import retag_cache
 from fp16lens.export._engine_config import EngineConfig, engine_config, layers_to_pin
-from fp16lens.export._onnx_meta import fp32_nodes_of, has_qdq
+from fp16lens.export._onnx_meta import fp16_rest_holds, fp32_nodes_of, has_qdq
 
 _PURPOSE = "building a TensorRT engine"
 
@@ -27,7 +27,8 @@ def build_engine(
 
     Strongly typed on TensorRT >= 10.12 (the types come from the ONNX file); weakly typed
     before, with the FP32 islands recorded in the file (or ``fp32_nodes``) pinned to FP32
-    and ``calibration_cache`` for INT8 without Q/DQ.
+    and ``calibration_cache`` for INT8 without Q/DQ; an INT8 file whose check with its
+    float parts in FP16 failed at export is built with FP16 off (INT8 and FP32).
     """
     trt = import_optional("tensorrt", "trt", _PURPOSE)
     pg = import_optional("polygraphy.backend.trt", "trt", _PURPOSE)
@@ -35,7 +36,13 @@ def build_engine(
     model = onnx.load(str(onnx_path), load_external_data=False)
     nodes = fp32_nodes if fp32_nodes is not None else fp32_nodes_of(model)
     config = engine_config(
-        precision, trt.__version__, nodes, calibration_cache, has_qdq(model), strongly_typed
+        precision,
+        trt.__version__,
+        nodes,
+        calibration_cache,
+        has_qdq(model),
+        strongly_typed,
+        fp16_rest_holds(model),
     )
     kwargs = {"strongly_typed": True} if config.strongly_typed else {}
     builder, network, parser = pg.network_from_onnx_path(str(onnx_path), **kwargs)

@@ -13,7 +13,7 @@ from torch import nn
 
 from fp16lens._core import VerifyError, import_optional, onnx_large
 from fp16lens._core.feeds import feed_items
-from fp16lens._core.onnx_types import in_order, read_file
+from fp16lens._core.onnx_types import elem_types, in_order, read_file
 from fp16lens._core.sites import Backend
 from fp16lens.verify._align import first_departure
 from fp16lens.verify._onnx_graph import float_tensors, fp32_compute, producers, tensor_types
@@ -162,9 +162,11 @@ def expose_all(proto, tensors: list[str], dequantize_only: bool):
     if dequantize_only:
         _bypass_qdq(model.graph)
     present = {o.name for o in model.graph.output}
-    for name in tensors:
-        if name not in present:
-            model.graph.output.append(onnx.helper.make_tensor_value_info(name, 1, None))
+    missing = [name for name in tensors if name not in present]
+    # each as its own type: a graph with FP16 storage made real holds FP16 tensors
+    elem = elem_types(model, onnx) if missing else {}
+    for name in missing:
+        model.graph.output.append(onnx.helper.make_tensor_value_info(name, elem.get(name, 1), None))
     return model
 
 

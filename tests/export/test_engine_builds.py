@@ -45,6 +45,30 @@ def test_weakly_typed_int8_uses_the_cache_or_qdq():
         engine_config("int8", "10.3.0")
 
 
+def test_weakly_typed_int8_leaves_fp16_off_where_its_float_parts_fail_in_fp16():
+    """An INT8 file whose check with its float parts in FP16 failed at export (its
+    metadata says so) is built with FP16 off, INT8 and FP32 as it was checked; where it
+    held, or the file does not say, FP16 stays on beside INT8. Strongly typed builds take
+    the types from the file either way."""
+    from fp16lens.export._onnx_meta import FP16_REST_KEY, fp16_rest_holds
+
+    failed = engine_config("int8", "10.3.0", has_qdq=True, fp16_rest=False)
+    assert (failed.int8, failed.fp16) == (True, False)
+    for holds in (True, None):
+        assert engine_config("int8", "10.3.0", has_qdq=True, fp16_rest=holds).fp16
+    assert engine_config("fp16", "10.3.0", fp16_rest=False).fp16  # an FP16 build is FP16
+    typed = engine_config("int8", "10.12", has_qdq=True, fp16_rest=False)
+    assert typed == EngineConfig(strongly_typed=True)
+    onnx = pytest.importorskip("onnx")
+    model = onnx.ModelProto()
+    assert fp16_rest_holds(model) is None
+    entry = model.metadata_props.add()
+    entry.key, entry.value = FP16_REST_KEY, "fails 0.109981"
+    assert fp16_rest_holds(model) is False
+    entry.value = "holds 0.999990"
+    assert fp16_rest_holds(model) is True
+
+
 def test_tensorrt_11_has_no_weak_typing():
     with pytest.raises(ExportError, match="strongly typed"):
         engine_config("fp16", "11.0.0", strongly_typed=False)

@@ -155,3 +155,63 @@ def test_int8_of_a_graph_with_nothing_to_place_says_why(tmp_path, kind, fp32, sa
     (note,) = [w for w in art.warnings if w.startswith("INT8:")]
     assert said in note and "written without Q/DQ" in note, note
     assert not any(n.op_type == "QuantizeLinear" for n in onnx.load(tmp_path / "q.onnx").graph.node)
+
+
+def test_an_int8_file_is_checked_with_its_float_parts_in_fp16_too(tmp_path):
+    """An INT8 file that passes its check is checked again with its float parts stored in
+    FP16, as a TensorRT build with FP16 beside INT8 computes them. Silero VAD's 16 kHz
+    file (its STFT and encoder in the main graph) on raw int16 samples, calibrated on one
+    speaker's chunks and checked on another's: with two encoder convs kept out it passes
+    (the rest FP32), but in FP16 the STFT's power (32768² > 65504) overflows, as it does
+    in a real FP16 run without fp16lens. The file records the verdict, which build_engine
+    follows (FP16 off), and the export warns, naming the STFT. MTCNN PNet (facenet-pytorch's
+    weights, face crops) holds in FP16 too: no warning, FP16 stays on."""
+    import int8_zoo
+
+    from fp16lens.export import export
+    from fp16lens.export._engine_config import engine_config
+    from fp16lens.export._onnx_meta import fp16_rest_holds
+
+    def built_with_fp16(path) -> bool:
+        written = onnx.load(path)
+        holds = fp16_rest_holds(written)
+        return engine_config("int8", "10.3.0", has_qdq=True, fp16_rest=holds).fp16
+
+    try:
+        path = z.silero_onnx()
+    except z.Missing as exc:
+        pytest.skip(str(exc))
+
+    def chunks(wav: str, count: int) -> list[dict]:
+        x = z.speech(path=wav).numpy().ravel()  # raw int16 values
+        return [
+            {
+                "input": x[k * 512 : (k + 1) * 512][None].astype(np.float32),
+                "state": np.zeros((2, 1, 128), np.float32),
+                "sr": np.array(16000, np.int64),
+            }
+            for k in range(count)
+        ]
+
+    cal, held = chunks(z.SPEECH_WAV, 16), chunks(z.SPEECH2_WAV, 8)
+    # ground truth without fp16lens: the STFT's power of these samples is beyond FP16
+    assert max(float(np.abs(f["input"]).max()) for f in held) ** 2 > 65504
+    out = tmp_path / "vad_int8.onnx"
+    art = export(path, None, out, "int8", calibration=cal, evaluation=held, target=0.999)
+    assert art.parity is not None and art.parity.passed  # as written: the rest in FP32
+    assert art.int8["float_parts_fp16"]["passed"] is False
+    assert fp16_rest_holds(onnx.load(out)) is False and not built_with_fp16(out)
+    (note,) = [w for w in art.warnings if w.startswith("with its float parts in FP16")]
+    assert "fails verify's check on the evaluation batches" in note
+    assert "first at /model/stft/" in note and "__fp16lens" not in note, note
+    assert "build_engine builds it with FP16 off" in note
+    try:
+        case = int8_zoo.MODELS["pnet"](8, 8)
+    except z.Missing as exc:
+        pytest.skip(str(exc))
+    out = tmp_path / "pnet_int8.onnx"
+    art = export(case.path, None, out, "int8", calibration=case.cal, evaluation=case.eval)
+    assert art.parity.passed and art.int8["float_parts_fp16"]["passed"], art.int8
+    assert art.int8["float_parts_fp16"]["cosine"] > 0.99  # verify's INT8 bar
+    assert fp16_rest_holds(onnx.load(out)) is True and built_with_fp16(out)
+    assert not [w for w in art.warnings if "float parts in FP16" in w]

@@ -24,9 +24,12 @@ from fp16lens.patch.onnx._graph import onnx_module, read
 _FLOAT, _HALF = 1, 10
 
 
-def fp16_storage(proto):
+def fp16_storage(proto, initializers: bool = True):
     """A copy of ``proto`` with FP16 storage emulated (see the module docstring), and the
-    rounded tensor of each node in node order: (site, tensor)."""
+    rounded tensor of each node in node order: (site, tensor). ``initializers`` False
+    leaves the initializers and constants in FP32, each tensor a node writes rounded: an
+    INT8 file's float parts as a TensorRT build with FP16 beside INT8 computes them (its
+    ONNX parser folds a BatchNormalization into one FP32 scale and shift first)."""
     from fp16lens.patch.onnx._patch import fp32_nodes
 
     onnx = onnx_module()
@@ -38,6 +41,8 @@ def fp16_storage(proto):
             fp32_readers.setdefault(t, []).append((node.name or node.output[0]) in keep)
 
     def stored(init):
+        if not initializers:
+            return None
         if init.data_type != _FLOAT or all(fp32_readers.get(init.name, [False])):
             return None
         with np.errstate(over="ignore"):
@@ -55,7 +60,11 @@ def fp16_storage(proto):
             readers.setdefault(t, []).append(node)
     for k, node in enumerate(list(g.node)):
         nodes.append(node)
-        if node.op_type == "Constant" and not all(fp32_readers.get(node.output[0], [False])):
+        if (
+            initializers
+            and node.op_type == "Constant"
+            and not all(fp32_readers.get(node.output[0], [False]))
+        ):
             for a in node.attribute:  # a float constant is stored in FP16 too
                 if a.name == "value" and a.t.data_type == _FLOAT:
                     with np.errstate(over="ignore"):
