@@ -216,3 +216,28 @@ def test_an_int8_file_is_checked_with_its_float_parts_in_fp16_too(tmp_path):
     assert art.int8["float_parts_fp16"]["cosine"] > 0.99  # verify's INT8 bar
     assert fp16_rest_holds(onnx.load(out)) is True and built_with_fp16(out)
     assert not [w for w in art.warnings if "float parts in FP16" in w]
+
+
+def test_an_fp16_rest_check_that_cannot_run_is_said_not_raised(tmp_path, monkeypatch):
+    """Where the FP16 copy of the INT8 file cannot be made (a graph shape inference does
+    not read), the export still writes and returns the checked file, says the FP16 check
+    did not run, and records no verdict: build_engine keeps its default."""
+    import fp16lens.patch.onnx._fp16 as fp16
+    from fp16lens.export import export
+    from fp16lens.export._onnx_meta import fp16_rest_holds
+
+    def refuse(*_args, **_kwargs):
+        raise RuntimeError("shape inference refused this graph")
+
+    monkeypatch.setattr(fp16, "fp16_storage", refuse)
+    path = tmp_path / "small.onnx"
+    onnx.save(_small_graph("placed"), path)
+    rng = np.random.default_rng(0)
+    feeds = [{"x": rng.normal(size=(1, 4)).astype(np.float32)} for _ in range(4)]
+    art = export(str(path), None, tmp_path / "q.onnx", "int8", calibration=feeds, evaluation=feeds)
+    assert art.parity is not None and art.parity.passed
+    (note,) = [w for w in art.warnings if "float parts in FP16" in w]
+    assert "was not checked with its float parts in FP16" in note
+    assert "RuntimeError: shape inference refused this graph" in note
+    assert fp16_rest_holds(onnx.load(tmp_path / "q.onnx")) is None
+    assert "float_parts_fp16" not in (art.int8 or {})
