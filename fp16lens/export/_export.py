@@ -215,10 +215,11 @@ def _checked_int8(reference, evaluation: Iterable | None, artifact: ExportArtifa
 def _float_parts_in_fp16(reference, batches: list, what: str, artifact: ExportArtifact):
     """The INT8 file, which passed its check, checked again with every tensor a node
     writes stored in FP16 (its initializers FP32): how a TensorRT build with FP16 beside
-    INT8 may compute the parts that are not INT8 (``build_engine`` before TensorRT 10.12, weakly typed). The file
-    records the verdict (``FP16_REST_KEY``), which ``build_engine`` follows: where it
-    fails, FP16 stays off. ``artifact.int8["float_parts_fp16"]`` holds it as data, and a
-    warning says where it fails."""
+    INT8 may compute the parts that are not INT8 (``build_engine`` before TensorRT 10.12,
+    weakly typed). The file records the verdict (``FP16_REST_KEY``), which
+    ``build_engine`` follows: where it fails, FP16 stays off.
+    ``artifact.int8["float_parts_fp16"]`` holds it as data, and a warning says where it
+    fails."""
     import tempfile
 
     from fp16lens.export._onnx_meta import FP16_REST_KEY
@@ -255,11 +256,12 @@ def _float_parts_in_fp16(reference, batches: list, what: str, artifact: ExportAr
     artifact = replace(artifact, int8=data)
     if result.passed:
         return artifact
+    why = re.sub(r"__fp16lens_fp(16|32)_[0-9]+", "", _why(result))  # the node's own name
     note = (
         f"with its float parts in FP16 (as a TensorRT build with FP16 beside INT8 may compute "
         f"them: weakly typed, before 10.12) the INT8 file fails verify's check on {what}: "
-        f"{re.sub(r'__fp16lens_fp(16|32)_[0-9]+', '', _why(result))}; build_engine builds it with FP16 off (INT8 and FP32, as checked), "
-        "and TensorRT 10.12 or later builds it strongly typed, its float parts in FP32"
+        f"{why}; build_engine builds it with FP16 off (INT8 and FP32, as checked), and "
+        "TensorRT 10.12 or later builds it strongly typed, its float parts in FP32"
     )
     return replace(artifact, warnings=(*artifact.warnings, note))
 
