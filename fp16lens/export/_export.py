@@ -245,9 +245,7 @@ def _float_parts_in_fp16(reference, batches: list, what: str, artifact: ExportAr
         return replace(artifact, warnings=(*artifact.warnings, note))
     verdict = "holds" if result.passed else "fails"
     cosine = result.cosine if result.cosine is not None else float("nan")
-    entry = next((p for p in written.metadata_props if p.key == FP16_REST_KEY), None)
-    entry = entry or written.metadata_props.add()
-    entry.key, entry.value = FP16_REST_KEY, f"{verdict} {cosine:.6f}"
+    _set_meta(written, {FP16_REST_KEY: f"{verdict} {cosine:.6f}"})
     _save(written, artifact.path)
     data = {
         **(artifact.int8 or {}),
@@ -554,13 +552,18 @@ def _finish(proto, meta: dict[str, str], source=None) -> None:
     proto.ir_version = max(
         10, onnx.helper.find_min_ir_version_for(list(proto.opset_import), ignore_unknown=True)
     )
+    _set_meta(proto, meta)
+    check_graph(onnx, proto, source)
+
+
+def _set_meta(proto, meta: dict[str, str]) -> None:
+    """Each ``key: value`` of ``meta`` in ``proto``'s metadata, replacing one there."""
     for key, value in meta.items():
         entry = (
             next((p for p in proto.metadata_props if p.key == key), None)
             or proto.metadata_props.add()
         )
         entry.key, entry.value = key, value
-    check_graph(onnx, proto, source)
 
 
 def _save(proto, path: Path) -> None:
