@@ -1406,6 +1406,21 @@ def vad_feed(raw: bool, chunk: int) -> dict[str, np.ndarray]:
     }
 
 
+def vad_chunks(wav: str, count: int) -> list[dict[str, np.ndarray]]:
+    """The first ``count`` 512-sample chunks of a recording (``SPEECH_WAV``, ``SPEECH2_WAV``)
+    as raw int16 values, each with a zero state at 16 kHz: Silero VAD's inputs as a user
+    who forgot to scale them feeds them."""
+    x = speech(path=wav).numpy().ravel()
+    return [
+        {
+            "input": x[k * 512 : (k + 1) * 512][None].astype(np.float32),
+            "state": np.zeros((2, 1, 128), np.float32),
+            "sr": np.array(16000, np.int64),
+        }
+        for k in range(count)
+    ]
+
+
 # ---- basic-pitch (Spotify's note transcription, ONNX): log(x² + 1e-10) front end -----
 
 BASIC_PITCH_IN = "serving_default_input_2:0"

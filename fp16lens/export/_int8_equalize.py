@@ -226,16 +226,18 @@ def scales_for(pair: Pair, x_range: np.ndarray, w_range: np.ndarray) -> np.ndarr
     return s
 
 
-def apply(proto, pair: Pair, s: np.ndarray):
+def apply(proto, pair: Pair, s: np.ndarray, rank: int = 4):
     """Divide the pair's input channels by ``s`` in place (new constants, never a shared
-    one changed): the producer's constants by ``s``, the reader's weight by ``1 / s``."""
+    one changed): the producer's constants by ``s``, the reader's weight by ``1 / s``.
+    ``rank``: the rank of the pair's tensor (a channel-first constant broadcasts over the
+    axes after the channel: (c, 1) for a Conv1d's, (c, 1, 1) for a Conv2d's)."""
     from onnx import numpy_helper
 
     g = proto.graph
     consts = _consts(g)
     nodes = {n.name: n for n in g.node}
     c = len(s)
-    shape = (c,) if pair.axis == -1 else (c, 1, 1)
+    shape = (c,) if pair.axis == -1 else (c, *(1,) * (rank - 2))
     for name in pair.consts:
         value = consts[name].astype(np.float32)
         if nodes[pair.producer].op_type == "BatchNormalization":
@@ -285,13 +287,15 @@ EXACT = 1e-5  # relative to the outputs' norm: FP32 rounding of the rescaled con
 def proven(proto, moved, found: list, feeds: list) -> tuple[Any, list, float]:
     """(``moved``, ``found``, change) where the rewrite ``moved`` of ``proto`` changes its
     FP32 outputs on the first feed by at most ``EXACT`` of their norm; else (``proto``, [],
-    change): nothing moves."""
+    change): nothing moves, as where ``moved`` does not run."""
     from fp16lens.export._int8_search import session
 
     outs = [o.name for o in proto.graph.output]
-    change = relative_error(
-        [session(proto).run(outs, feeds[0])], [session(moved).run(outs, feeds[0])]
-    )
+    want = [session(proto).run(outs, feeds[0])]
+    try:
+        change = relative_error(want, [session(moved).run(outs, feeds[0])])
+    except Exception:  # a rewrite ONNX Runtime refuses to run is no rewrite: nothing moves
+        return proto, [], float("inf")
     return (proto, [], change) if change > EXACT else (moved, found, change)
 
 
@@ -317,7 +321,8 @@ def equalize(
     moved.CopyFrom(proto)
     for p in pairs:
         ranges = channel_ranges([v[p.tensor] for v in values], p.axis)
-        apply(moved, p, scales_for(p, ranges, weight_ranges(p, consts)))
+        rank = values[0][p.tensor].ndim
+        apply(moved, p, scales_for(p, ranges, weight_ranges(p, consts)), rank)
     return proven(proto, moved, pairs, feeds)
 
 

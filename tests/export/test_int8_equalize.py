@@ -249,3 +249,41 @@ def test_a_pre_norm_encoder_layer_moves_both_norms(tmp_path):
     assert [op for op, _ in pairs] == ["LayerNormalization"] * 2, pairs
     assert change < 2e-6
     assert errors[1] < errors[0] / 4, errors
+
+
+def test_equalization_of_a_conv1d_pair_broadcasts_over_its_one_spatial_axis(tmp_path):
+    """Silero VAD (the wheel's 16 kHz file) patched for raw int16 samples: the STFT's
+    magnitude leaves its FP32 island through a Mul by 2^-6 into the first encoder Conv1d,
+    a pair whose scale moves into that Mul's constant. Its tensor is (N, C, T): the moved
+    constant is (C, 1), not a Conv2d's (C, 1, 1), which broadcast the batch axis to C and
+    broke the LSTM behind it. Exact in FP32 on another speaker's chunks (ONNX Runtime on
+    the patched file as written)."""
+    import zoo_real as z
+
+    import fp16lens
+    from fp16lens.export import _int8_equalize as eq
+    from fp16lens.export._int8 import prepared
+    from fp16lens.export._int8_place import find_units, name_nodes
+
+    try:
+        path = z.silero_onnx()
+    except z.Missing as exc:
+        pytest.skip(str(exc))
+
+    cal, held = z.vad_chunks(z.SPEECH_WAV, 16), z.vad_chunks(z.SPEECH2_WAV, 8)
+    report = fp16lens.scan(path, cal, progress=False)
+    fp16lens.patch(path, report, batches=cal, out=tmp_path / "patched.onnx")
+    proto = prepared(onnx.load(tmp_path / "patched.onnx"))
+    name_nodes(proto.graph)
+    moved, pairs, change = eq.equalize(proto, find_units(proto.graph, set()), cal)
+    into_mul = [p for p in pairs if moved_op(moved, p) == "Mul"]
+    assert into_mul and moved is not proto, pairs
+    shapes = {
+        tuple(i.dims)
+        for i in moved.graph.initializer
+        if i.name.endswith(f"__eq_{into_mul[0].reader}")
+    }
+    assert shapes and all(len(s) == 2 and s[1] == 1 for s in shapes), shapes
+    ref = int8_zoo.run_outputs(proto, held)
+    got = int8_zoo.run_outputs(moved, held)
+    assert eq.relative_error(ref, got) < 2e-6 and change < 2e-6

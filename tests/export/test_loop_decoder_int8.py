@@ -182,18 +182,7 @@ def test_an_int8_file_is_checked_with_its_float_parts_in_fp16_too(tmp_path):
     except z.Missing as exc:
         pytest.skip(str(exc))
 
-    def chunks(wav: str, count: int) -> list[dict]:
-        x = z.speech(path=wav).numpy().ravel()  # raw int16 values
-        return [
-            {
-                "input": x[k * 512 : (k + 1) * 512][None].astype(np.float32),
-                "state": np.zeros((2, 1, 128), np.float32),
-                "sr": np.array(16000, np.int64),
-            }
-            for k in range(count)
-        ]
-
-    cal, held = chunks(z.SPEECH_WAV, 16), chunks(z.SPEECH2_WAV, 8)
+    cal, held = z.vad_chunks(z.SPEECH_WAV, 16), z.vad_chunks(z.SPEECH2_WAV, 8)
     # ground truth without fp16lens: the STFT's power of these samples is beyond FP16
     assert max(float(np.abs(f["input"]).max()) for f in held) ** 2 > 65504
     out = tmp_path / "vad_int8.onnx"

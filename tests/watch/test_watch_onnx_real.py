@@ -293,3 +293,36 @@ def test_silero_vad_onnx_on_raw_int16_scan_patch_export_verify(vad, tmp_path):
     art = fp16lens.export(str(tmp_path / "patched.onnx"), None, tmp_path / "fixed16.onnx")
     result = fp16lens.verify(vad, art.path, feeds)
     assert result and result.outputs["output"].max_abs < 0.01  # the speech probability
+
+
+def test_silero_vad_onnx_span_into_its_decoder_if_is_rescaled_and_proven(vad, tmp_path):
+    """Raw int16 samples of the whole sentence: the encoder's span runs on into the
+    decoder's If (its LSTM reads the encoder's output from the outer scope). patch rescales
+    the STFT and encoder by powers of two, keeps both Ifs FP32 and multiplies back the
+    scaled tensor their branches read (the first If hands the second its output through a
+    Mul of its own); exact in FP32, and proven in real FP16 on another speaker's chunks,
+    where real FP16 storage of the original (no fp16lens) hears nothing."""
+    cal = zoo_real.vad_chunks(zoo_real.SPEECH_WAV, 16)
+    held = zoo_real.vad_chunks(zoo_real.SPEECH2_WAV, 8)
+    report = fp16lens.scan(vad, cal, progress=False)
+    assert any(s.end and "/model/decoder/If" in s.end for s in report.spans), report.spans
+    fp16lens.patch(vad, report, batches=cal, out=tmp_path / "patched.onnx")
+    import onnxruntime as ort
+
+    from fp16lens.patch.onnx._patch import fp32_nodes
+
+    want = [ort.InferenceSession(vad).run(None, f) for f in held]
+    got = [ort.InferenceSession(str(tmp_path / "patched.onnx")).run(None, f) for f in held]
+    for w, g in zip(want, got):  # exact: powers of two
+        for a, b in zip(w, g):
+            assert np.abs(a - b).max() <= 1e-5 * max(np.abs(a).max(), 1e-30)
+    islands = fp32_nodes(onnx.load(tmp_path / "patched.onnx"))
+    assert {"/model/decoder/If", "/model/decoder/If_1"} <= set(islands)
+    encoder = [n.name for n in onnx.load(vad).graph.node if n.name.startswith("/model/encoder/")]
+    assert encoder and not set(encoder) & set(islands)  # rescaled, not kept FP32
+    # ground truth: real FP16 storage of the original holds inf from its STFT on
+    for f in held:
+        assert _vad_truth(vad, f)[1].startswith("/model/stft/")
+    art = fp16lens.export(str(tmp_path / "patched.onnx"), None, tmp_path / "fixed16.onnx")
+    result = fp16lens.verify(vad, art.path, held)
+    assert result and result.outputs["output"].max_abs < 0.01, result

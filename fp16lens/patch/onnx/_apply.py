@@ -201,6 +201,10 @@ def _unscale_branch_reads(ed: Editor, units: dict[str, Unit], island, node, regi
     sites = [s for r in regions if island.module in r.exits for s in r.sites]
     members = [x for s in sites for x in (units[s].members if s in units else (s,))]
     scaled = {t for x in members for t in ed.m.nodes[x].output}
+    # an island before this one hands its output on through a Mul of its own (out_scale):
+    # the branches read that Mul's output, the name the tensor had
+    handed = {mul.input[0]: mul.output[0] for _, mul in ed.added if mul.op_type == "Mul"}
+    scaled |= {handed[t] for t in scaled if t in handed}
     muls = {t: ed.multiply(t, island.in_scale, node) for t in sorted(reads & scaled)}
     for g in subgraphs(node):
         rename_reads(g, {t: mul.output[0] for t, mul in muls.items()})

@@ -11,7 +11,7 @@ import dataclasses
 
 from fp16lens._core import PatchError
 from fp16lens._core.sites import Mechanism, branch_owner
-from fp16lens.patch._norm_modules import merge_sites
+from fp16lens.patch._norm_modules import merge_sites, rename_span
 from fp16lens.patch.onnx._graph import OnnxModel
 from fp16lens.report import Report
 
@@ -23,7 +23,7 @@ def fold_branches(m: OnnxModel, report: Report) -> Report:
     }
     if not owner:
         return report
-    inside = [sp.start for sp in report.spans if any(s in owner for s in sp.sites)]
+    inside = [sp.start for sp in report.spans if sp.start in owner]
     inside += [f.site for f in report.findings if f.mechanism != Mechanism.NOTE and f.site in owner]
     if inside:
         names = ", ".join(dict.fromkeys(inside[:3])) + (" and more" if len(set(inside)) > 3 else "")
@@ -41,4 +41,5 @@ def fold_branches(m: OnnxModel, report: Report) -> Report:
         return dataclasses.replace(top, name=unit, op="If", module=unit)
 
     sites, edges = merge_sites(report, owner, unit_site)
-    return dataclasses.replace(report, sites=sites, edges=edges)
+    spans = [rename_span(sp, owner) for sp in report.spans]  # a span into an If ends in it
+    return dataclasses.replace(report, sites=sites, edges=edges, spans=spans)

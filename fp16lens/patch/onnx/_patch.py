@@ -142,7 +142,7 @@ def _attempt(original, report: Report, options: PatchOptions, drop: tuple[int | 
     rescaled: their nodes are FP32 nodes instead. Returns the patched model, plan, binding."""
     onnx = onnx_module()
     m = read(load(original))
-    planned, fp32_sites = _without(report, drop)
+    planned, fp32_sites = _without(fold_branches(m, report), drop)  # a branch's sites: its If
     the_plan, binding = _plan(m, planned, options)
     have = {i.module for i in the_plan.islands}
     for site, why in fp32_sites.items():
