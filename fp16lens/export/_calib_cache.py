@@ -78,6 +78,7 @@ def write_calibration_cache(
     """Write ``scales`` as a TensorRT cache for ``trt_version`` (default: installed, else 10.0)."""
     version = trt_version or installed_trt_version() or DEFAULT_TRT_VERSION
     path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)  # the ONNX file beside it makes it too
     path.write_text(format_calibration_cache(scales, version), encoding="utf-8")
     return path
 

@@ -308,8 +308,11 @@ def _as_declared(evaluation: Iterable, graph) -> tuple[list, str]:
     return batches, f"the evaluation batches ({split})" if split else "the evaluation batches"
 
 
-def _export_onnx(model, path, opts: ExportOptions, calibration, evaluation) -> ExportArtifact:
-    """An FP32 ONNX graph re-typed (see ``_onnx_in``)."""
+def _export_onnx(
+    model, path, opts: ExportOptions, calibration, evaluation, check: bool = True
+) -> ExportArtifact:
+    """An FP32 ONNX graph re-typed (see ``_onnx_in``); ``check`` False: an INT8 file is
+    not checked on ``evaluation`` (its target may read them)."""
     from fp16lens.export._onnx_in import prepare
 
     if opts.dynamic:
@@ -323,14 +326,30 @@ def _export_onnx(model, path, opts: ExportOptions, calibration, evaluation) -> E
         )
     path = _check_writable(Path(path))
     _check_calibration(opts, calibration)
+    given = opts
+    if opts.precision == "int8" and not isinstance(calibration, (list, tuple)):
+        calibration = list(calibration)  # read again where the source is patched first
     proto, origins, islands = prepare(model, opts.fp32_nodes, opts.fp32_modules or None)
     recorded = sorted({origins[n].module for n in islands})  # a node is its own module
     opts = replace(opts, fp32_modules=tuple(recorded))
     job = _Job(opts, ONNX_EXPORTER, [], calibration, (), evaluation, source=model)
     artifact = _typed(proto, path, job, islands)
     del proto, job  # written: the check reads the file, and a large graph's weights go first
+    if opts.precision == "int8" and not check:
+        return artifact
     if opts.precision == "int8":
-        return _checked_int8(model, evaluation, artifact)
+        from fp16lens.export._int8_fp16_fix import patched_first
+
+        def again(src: str, dst: Path) -> ExportArtifact:
+            cache = given.calibration_cache
+            moved = replace(given, calibration_cache=dst.with_suffix(".cache") if cache else None)
+            return _export_onnx(src, dst, moved, calibration, evaluation, check=False)
+
+        def checked(art: ExportArtifact) -> ExportArtifact:
+            return _checked_int8(model, evaluation, art)
+
+        first = _checked_int8(model, evaluation, artifact)
+        return patched_first(model, path, list(calibration), evaluation, first, again, checked)
     if opts.precision != "fp16":
         return artifact
     if not evaluation:
