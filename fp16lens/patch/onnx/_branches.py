@@ -1,7 +1,8 @@
 """Sites the scan inlined from If branches (``_core.sites.branch_site``). patch rewrites the
-main graph's nodes and initializers only: a problem inside a branch is refused, naming it;
-otherwise each If's inlined sites fold back into the If node, one blocking site, as the
-graph holds it. An If that reads a scaled tensor from its branches (outer scope, not a node
+main graph's nodes and initializers only: a problem that starts inside a branch is
+refused, naming it; otherwise each If's inlined sites fold back into the If node, one
+blocking site, as the graph holds it, and a span from the main graph that runs on into a
+branch ends at its If (Silero VAD's encoder into its decoder's LSTM). An If that reads a scaled tensor from its branches (outer scope, not a node
 input) becomes an FP32 island whose branches read the tensor unscaled (``_apply.py``, with
 ``_core.onnx_types.outer_names`` and ``rename_reads``)."""
 
