@@ -79,17 +79,14 @@ def _first(exc: Exception) -> str:
 def _patched(source, calibration: list, out: Path):
     """``source`` scanned and patched on the calibration batches, written to ``out``; the
     plan (its PatchWarnings held back: the export says what matters)."""
-    from fp16lens.patch._options import PatchOptions
-    from fp16lens.patch._patch import as_batches
+    from fp16lens.patch import PatchOptions
     from fp16lens.patch.onnx import patch_onnx
     from fp16lens.watch import scan
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         report = scan(source, calibration, progress=False)
-        _, plan = patch_onnx(
-            source, report, PatchOptions(), out=out, batches=as_batches(calibration)
-        )
+        _, plan = patch_onnx(source, report, PatchOptions(), out=out, batches=list(calibration))
     return out, plan
 
 
