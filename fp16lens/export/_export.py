@@ -79,7 +79,9 @@ def export(
     ONNX source came without batches to check it on. An INT8 file given ``evaluation``
     (batches held out from the calibration ones) is checked on them as TensorRT computes
     its Q/DQ graph (``artifact.parity``, verify's ``onnx-int8``), and a warning says where
-    it fails. One batch of N items for a graph whose first axis is fixed below N is fed
+    it fails; one that passes is checked again with its float parts in FP16, and where
+    that fails it is made again from its FP32 graph patched for FP16 (kept only where it
+    passes both ways: ``_int8_fp16_fix``). One batch of N items for a graph whose first axis is fixed below N is fed
     in parts of that size.
 
     ``model`` may also be an FP32 ONNX file (a path or an ``onnx.ModelProto``; pass
@@ -121,6 +123,8 @@ def export(
     opts = replace(opts, fp32_modules=islands)
     args = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
     _check_calibration(opts, calibration)
+    if calibration is not None and not isinstance(calibration, (list, tuple)):
+        calibration = list(calibration)  # read again where the graph is patched first
     proto, used, notes = _export_fp32(model, args, opts)
     from fp16lens.export._norms import decomposed_norm_warnings  # imports onnx
 
@@ -133,7 +137,9 @@ def export(
     job = _Job(opts, used, notes, calibration, fp32_outputs(model), evaluation)
     artifact = _typed(proto, path, job)
     if opts.precision == "int8":
-        return _checked_int8(model, evaluation, artifact)
+        first = _checked_int8(model, evaluation, artifact)
+        # the islands' modules are stamped on the graph's nodes: the ONNX export reads them
+        return _patched_int8(proto, model, path, opts, calibration, evaluation, first)
     if opts.precision != "fp16":
         return artifact
     return _checked_in_fp16(model, [args], artifact, "the example inputs")
@@ -327,7 +333,7 @@ def _export_onnx(
     path = _check_writable(Path(path))
     _check_calibration(opts, calibration)
     given = opts
-    if opts.precision == "int8" and not isinstance(calibration, (list, tuple)):
+    if calibration is not None and not isinstance(calibration, (list, tuple)):
         calibration = list(calibration)  # read again where the source is patched first
     proto, origins, islands = prepare(model, opts.fp32_nodes, opts.fp32_modules or None)
     recorded = sorted({origins[n].module for n in islands})  # a node is its own module
@@ -338,24 +344,32 @@ def _export_onnx(
     if opts.precision == "int8" and not check:
         return artifact
     if opts.precision == "int8":
-        from fp16lens.export._int8_fp16_fix import patched_first
-
-        def again(src: str, dst: Path) -> ExportArtifact:
-            cache = given.calibration_cache
-            moved = replace(given, calibration_cache=dst.with_suffix(".cache") if cache else None)
-            return _export_onnx(src, dst, moved, calibration, evaluation, check=False)
-
-        def checked(art: ExportArtifact) -> ExportArtifact:
-            return _checked_int8(model, evaluation, art)
-
         first = _checked_int8(model, evaluation, artifact)
-        return patched_first(model, path, list(calibration), evaluation, first, again, checked)
+        return _patched_int8(model, model, path, given, calibration, evaluation, first)
     if opts.precision != "fp16":
         return artifact
     if not evaluation:
         return _checked_in_fp16(model, None, artifact)
     batches, what = _as_declared(evaluation, model)
     return _checked_in_fp16(model, batches, artifact, what)
+
+
+def _patched_int8(source, reference, path: Path, opts, calibration, evaluation, first):
+    """``first`` (the checked INT8 file of the FP32 ONNX graph ``source``), or where it
+    fails with its float parts in FP16, the INT8 file of ``source`` patched for FP16
+    (``_int8_fp16_fix``) where that one holds against ``reference`` (the user's ONNX
+    source or PyTorch model) both ways. ``opts``: the export's options as given."""
+    from fp16lens.export._int8_fp16_fix import patched_first
+
+    def again(src: str, dst: Path) -> ExportArtifact:
+        cache = dst.with_suffix(".cache") if opts.calibration_cache else None
+        moved = replace(opts, calibration_cache=cache, opset=None, exporter="auto", dynamic=())
+        return _export_onnx(src, dst, moved, calibration, evaluation, check=False)
+
+    def checked(art: ExportArtifact) -> ExportArtifact:
+        return _checked_int8(reference, evaluation, art)
+
+    return patched_first(source, path, list(calibration), evaluation, first, again, checked)
 
 
 def _stored_islands_as_fp32(model: torch.nn.Module) -> torch.nn.Module:

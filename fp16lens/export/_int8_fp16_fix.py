@@ -1,21 +1,22 @@
-"""An INT8 file whose float parts fail in FP16, made again from its FP32 source patched
+"""An INT8 file whose float parts fail in FP16, made again from its FP32 graph patched
 for FP16 first.
 
 ``_export._float_parts_in_fp16`` checks the INT8 file with every tensor a node writes
 stored in FP16, as a weakly typed TensorRT build with FP16 beside INT8 may compute what is
-not INT8. Where that fails on an ONNX source, the tensors beyond FP16 are the FP32 graph's
-own (Silero VAD fed raw int16 samples: its STFT's power, 32768² > 65504, and an encoder
-whose values reach 1e8). They are what ``fp16lens.patch`` fixes: its power-of-two
-rescaling is exact in FP32 and INT8 is equivariant to it (a scale of 2^k moves every
-quantization step by 2^k), so the patched source quantizes as well as the original, with
-FP32 islands only where no rescaling applies (and those stay out of INT8 and are pinned
-FP32 in a weakly typed build, as every FP16 island is).
+not INT8. Where that fails, the tensors beyond FP16 are the FP32 graph's own (Silero VAD
+fed raw int16 samples: its STFT's power, 32768² > 65504, and an encoder whose values
+reach 1e8). They are what ``fp16lens.patch`` fixes: its power-of-two rescaling is exact
+in FP32 and INT8 is equivariant to it (a scale of 2^k moves every quantization step by
+2^k), so the patched graph quantizes as the original does, with FP32 islands only where
+no rescaling applies (those stay out of INT8 and are pinned FP32 in a weakly typed
+build, as every FP16 island is).
 
-So the source is scanned and patched on the calibration batches (proven there in real
-FP16), quantized again with the same options, and the new file is checked against the
-user's own source on the evaluation batches, in both ways. It replaces the first file only
-where both checks pass; otherwise the first file stays, and its warning says what
-patching gave.
+So the FP32 graph (an ONNX source, or the graph exported from a PyTorch model) is
+scanned and patched on the calibration batches (proven there in real FP16), quantized
+again with the same options, and the new file is checked against the user's model (the
+ONNX source, or the PyTorch model) on the evaluation batches, both ways. It replaces the
+first file only where both checks pass; otherwise the first file stays, and its warning
+says what patching gave.
 """
 
 from __future__ import annotations
@@ -38,10 +39,11 @@ def failed_in_fp16(artifact: ExportArtifact) -> bool:
 
 
 def patched_first(source, path: Path, calibration: list, evaluation, artifact, again, check):
-    """The INT8 file of ``source`` patched for FP16 first, where ``artifact`` (its INT8
-    file at ``path``) failed with its float parts in FP16; else ``artifact``. ``again(src,
-    dst)`` exports ``src`` to ``dst`` with the caller's options (no check on the evaluation
-    batches); ``check(artifact)`` checks an INT8 artifact against ``source`` on them."""
+    """The INT8 file of ``source`` (an FP32 ONNX graph) patched for FP16 first, where
+    ``artifact`` (its INT8 file at ``path``) failed with its float parts in FP16; else
+    ``artifact``. ``again(src, dst)`` exports ``src`` to ``dst`` with the caller's options
+    (no check on the evaluation batches); ``check(artifact)`` checks an INT8 artifact
+    against the user's model on them."""
     if not failed_in_fp16(artifact) or not calibration:
         return artifact
     before = float((artifact.int8 or {})["float_parts_fp16"]["cosine"])
@@ -49,15 +51,16 @@ def patched_first(source, path: Path, calibration: list, evaluation, artifact, a
         try:
             patched, plan = _patched(source, calibration, Path(tmp) / "patched.onnx")
         except Exception as exc:  # patch refused: said, not raised
-            return _said(artifact, f"patching the source for FP16 first failed ({_first(exc)})")
+            return _said(artifact, f"patching the FP32 graph for FP16 first failed ({_first(exc)})")
         if not plan.changes:
-            return _said(artifact, "patch finds nothing to change in the FP32 source")
+            return _said(artifact, "patch finds nothing to change in the FP32 graph")
         made = Path(tmp) / "int8"
         try:
             second = again(str(patched), made / path.name)
         except Exception as exc:  # the second export refused (a target missed): said
             return _said(
-                artifact, f"the INT8 export of the source patched for FP16 fails ({_first(exc)})"
+                artifact,
+                f"the INT8 export of the FP32 graph patched for FP16 fails ({_first(exc)})",
             )
         checked = check(replace(second, path=made / path.name, parity=None))
         if not failed_in_fp16(checked) and checked.parity is not None and checked.parity.passed:
@@ -68,7 +71,7 @@ def patched_first(source, path: Path, calibration: list, evaluation, artifact, a
         cos = rest.get("cosine")
         got = f" (worst output cosine {cos:.6f})" if cos is not None and checked.parity else ""
         return _said(
-            artifact, f"the INT8 file of the source patched for FP16 fails too: {how}{got}"
+            artifact, f"the INT8 file of the FP32 graph patched for FP16 fails too: {how}{got}"
         )
 
 
@@ -111,12 +114,12 @@ def _note(plan, before: float, checked: ExportArtifact) -> str:
     names = ", ".join(kept[:4]) + (f" and {len(kept) - 4} more" if len(kept) > 4 else "")
     return (
         f"with its float parts in FP16 the INT8 file failed (worst output cosine {before:.6f}: "
-        "values beyond FP16 in the FP32 graph itself), so the source was patched for FP16 "
+        "values beyond FP16 in the FP32 graph itself), so that graph was patched for FP16 "
         f"first ({len(plan.regions)} region(s) rescaled by powers of two, exact in FP32"
         + (f"; {len(kept)} node(s) kept FP32: {names}" if kept else "")
         + f") and quantized again: it passes as written (worst output cosine "
         f"{checked.parity.cosine:.6f}) and with its float parts in FP16 ({rest['cosine']:.6f}), "
-        "checked against the source on the evaluation batches"
+        "checked against the model on the evaluation batches"
     )
 
 

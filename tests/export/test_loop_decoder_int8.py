@@ -197,7 +197,9 @@ def test_an_int8_file_is_checked_with_its_float_parts_in_fp16_too(tmp_path):
     assert "fails verify's check on the evaluation batches" in note
     assert "first at /model/stft/" in note and "__fp16lens" not in note, note
     assert "build_engine builds it with FP16 off" in note
-    assert "the INT8 export of the source patched for FP16 fails (INT8 misses its target" in note
+    assert (
+        "the INT8 export of the FP32 graph patched for FP16 fails (INT8 misses its target" in note
+    )
     try:
         case = int8_zoo.MODELS["pnet"](8, 8)
     except z.Missing as exc:
@@ -233,7 +235,7 @@ def test_an_int8_file_failing_in_fp16_is_made_again_from_its_source_patched(tmp_
     out = tmp_path / "vad_int8.onnx"
     art = export(path, None, out, "int8", calibration=cal, evaluation=held, target=0.99)
     (note,) = [w for w in art.warnings if w.startswith("with its float parts in FP16")]
-    assert "the source was patched for FP16 first" in note and "quantized again" in note, note
+    assert "that graph was patched for FP16 first" in note and "quantized again" in note, note
     assert art.path == out and art.int8["float_parts_fp16"]["passed"], art.int8
     written = onnx.load(out)
     assert fp16_rest_holds(written) is True
