@@ -81,8 +81,8 @@ def export(
     its Q/DQ graph (``artifact.parity``, verify's ``onnx-int8``), and a warning says where
     it fails; one that passes is checked again with its float parts in FP16, and where
     that fails it is made again from its FP32 graph patched for FP16 (kept only where it
-    passes both ways: ``_int8_fp16_fix``). One batch of N items for a graph whose first axis is fixed below N is fed
-    in parts of that size.
+    passes both ways: ``_int8_fp16_fix``). One batch of N items for a graph whose first
+    axis is fixed below N is fed in parts of that size.
 
     ``model`` may also be an FP32 ONNX file (a path or an ``onnx.ModelProto``; pass
     ``example_inputs=None``): its graph is re-typed, the FP32 islands being the nodes
