@@ -448,10 +448,13 @@ def retype(
         )
     _check_islands_present(proto.graph, opts.fp32_modules, src)
     _check_calibration(opts, calibration)
+    if calibration is not None and not isinstance(calibration, (list, tuple)):
+        calibration = list(calibration)  # read again where the graph is patched first
     job = _Job(opts, meta.get(EXPORTER_KEY, "unknown"), [], calibration, (), evaluation)
     artifact = _typed(proto, Path(dst), job)
     if opts.precision == "int8":
-        return _checked_int8(str(src), evaluation, artifact)
+        first = _checked_int8(str(src), evaluation, artifact)
+        return _patched_int8(str(src), str(src), Path(dst), opts, calibration, evaluation, first)
     if opts.precision != "fp16":
         return artifact
     return _checked_in_fp16(str(src), list(evaluation) if evaluation else None, artifact)

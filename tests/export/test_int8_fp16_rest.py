@@ -1,6 +1,7 @@
-"""A PyTorch model's INT8 file whose float parts fail in FP16 is made again from its
-exported FP32 graph patched for FP16 first (``fp16lens/export/_int8_fp16_fix.py``; the
-ONNX source's case, Silero VAD, is in ``test_loop_decoder_int8.py``).
+"""An INT8 file whose float parts fail in FP16 is made again from its FP32 graph patched
+for FP16 first (``fp16lens/export/_int8_fp16_fix.py``): a PyTorch model's exported graph,
+an FP32 file ``retype`` reads, and an ONNX source (Silero VAD on raw int16 samples; its
+first file's failure is in ``test_loop_decoder_int8.py``).
 
 The model is fp16lens's built-in demo text detector (its batch norms grown until FP16
 overflows inside the backbone) on its rendered document pages: calibrated on four,
@@ -19,6 +20,8 @@ import torch
 
 pytest.importorskip("onnxruntime")
 onnx = pytest.importorskip("onnx")
+
+import zoo_real as z  # noqa: E402
 
 
 def _session(graph):
@@ -65,3 +68,75 @@ def test_a_pytorch_models_int8_file_failing_in_fp16_is_made_again_patched(tmp_pa
         for p, w in zip(held, want):
             (got,) = sess.run(None, {sess.get_inputs()[0].name: p.numpy()})
             assert np.isfinite(got).all() and _cosine(w, got) >= 0.99
+
+
+def test_retype_to_int8_makes_a_failing_file_again_from_the_fp32_file_patched(tmp_path):
+    """``retype`` of the demo's FP32 file to INT8 takes the same way: the FP32 file patched
+    for FP16, quantized again, checked against the FP32 file both ways."""
+    from fp16lens.demo._build import build_demo_model, document_pages
+    from fp16lens.export import export, retype
+    from fp16lens.export._onnx_meta import fp16_rest_holds
+
+    model, (x,) = build_demo_model()
+    pages = document_pages(6)
+    fp32 = export(model, (x,), tmp_path / "demo.onnx", "fp32").path
+    out = tmp_path / "demo_int8.onnx"
+    art = retype(
+        fp32,
+        out,
+        "int8",
+        calibration=(pages[i : i + 1] for i in range(4)),  # a generator: read twice
+        evaluation=[pages[i : i + 1] for i in range(4, 6)],
+        target=0.997,
+        max_fallback=0.6,
+    )
+    (note,) = [w for w in art.warnings if w.startswith("with its float parts in FP16")]
+    assert "that graph was patched for FP16 first" in note, note
+    assert art.parity.passed and fp16_rest_holds(onnx.load(out)) is True
+
+
+def test_an_int8_file_failing_in_fp16_is_made_again_from_its_source_patched(tmp_path):
+    """Silero VAD on raw int16 samples, target 0.99: the INT8 file passes as written and
+    fails with its float parts in FP16 (the STFT's power overflows), so export patches
+    the FP32 source for FP16 (power-of-two rescaling of the STFT and encoder, exact in
+    FP32; the STFT's power, its magnitude and the decoder's Ifs kept FP32) and quantizes it
+    again. The file the user takes home, read back and run without fp16lens's checks:
+    ONNX Runtime on the Q/DQ graph as written, and with every tensor a node writes stored
+    in FP16 but those the file names FP32, against the original FP32 file on another
+    speaker's chunks. It says it holds, build_engine keeps FP16 on and pins those nodes
+    FP32, and the cache beside it is the new file's."""
+    from fp16lens.export import export
+    from fp16lens.export._engine_config import engine_config
+    from fp16lens.export._onnx_meta import fp16_rest_holds, fp32_nodes_of
+    from fp16lens.patch.onnx._fp16 import fp16_storage
+
+    try:
+        path = z.silero_onnx()
+    except z.Missing as exc:
+        pytest.skip(str(exc))
+    cal, held = z.vad_chunks(z.SPEECH_WAV, 16), z.vad_chunks(z.SPEECH2_WAV, 8)
+    out = tmp_path / "vad_int8.onnx"
+    art = export(path, None, out, "int8", calibration=cal, evaluation=held, target=0.99)
+    (note,) = [w for w in art.warnings if w.startswith("with its float parts in FP16")]
+    assert "that graph was patched for FP16 first" in note and "quantized again" in note, note
+    assert art.path == out and art.int8["float_parts_fp16"]["passed"], art.int8
+    written = onnx.load(out)
+    assert fp16_rest_holds(written) is True
+    pinned = fp32_nodes_of(written)
+    assert {"/model/stft/Pow", "/model/decoder/If_1"} <= set(pinned), pinned
+    config = engine_config("int8", "10.3.0", pinned, has_qdq=True, fp16_rest=True)
+    assert config.fp16 and config.precision_constraints == "obey"
+    assert art.calibration_cache == out.with_suffix(".cache") and art.calibration_cache.is_file()
+    assert sum(n.op_type == "QuantizeLinear" for n in written.graph.node) >= 4
+
+    def worst(graph) -> float:
+        sess = [_session(g) for g in (onnx.load(path), graph)]
+        cos = 1.0
+        for feed in held:
+            for a, b in zip(*(s.run(None, feed) for s in sess)):
+                assert np.isfinite(b).all()
+                cos = min(cos, _cosine(a, b))
+        return cos
+
+    assert worst(written) >= 0.99  # as written (a strongly typed build)
+    assert worst(fp16_storage(written, initializers=False)[0]) >= 0.99  # the rest in FP16
