@@ -122,9 +122,7 @@ def export(
     model = _stored_islands_as_fp32(model)
     opts = replace(opts, fp32_modules=islands)
     args = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
-    _check_calibration(opts, calibration)
-    if calibration is not None and not isinstance(calibration, (list, tuple)):
-        calibration = list(calibration)  # read again where the graph is patched first
+    calibration = _check_calibration(opts, calibration)
     proto, used, notes = _export_fp32(model, args, opts)
     from fp16lens.export._norms import decomposed_norm_warnings  # imports onnx
 
@@ -331,10 +329,8 @@ def _export_onnx(
             "(re-export the PyTorch model to change it)"
         )
     path = _check_writable(Path(path))
-    _check_calibration(opts, calibration)
+    calibration = _check_calibration(opts, calibration)
     given = opts
-    if calibration is not None and not isinstance(calibration, (list, tuple)):
-        calibration = list(calibration)  # read again where the source is patched first
     proto, origins, islands = prepare(model, opts.fp32_nodes, opts.fp32_modules or None)
     recorded = sorted({origins[n].module for n in islands})  # a node is its own module
     opts = replace(opts, fp32_modules=tuple(recorded))
@@ -447,9 +443,7 @@ def retype(
             f"{meta.get(PRECISION_KEY)!r}); export the model with precision='fp32' first"
         )
     _check_islands_present(proto.graph, opts.fp32_modules, src)
-    _check_calibration(opts, calibration)
-    if calibration is not None and not isinstance(calibration, (list, tuple)):
-        calibration = list(calibration)  # read again where the graph is patched first
+    calibration = _check_calibration(opts, calibration)
     job = _Job(opts, meta.get(EXPORTER_KEY, "unknown"), [], calibration, (), evaluation)
     artifact = _typed(proto, Path(dst), job)
     if opts.precision == "int8":
@@ -471,7 +465,9 @@ class _Job:
     source: Any = None  # the ONNX graph exported from (a path or ModelProto); None: PyTorch
 
 
-def _check_calibration(opts: ExportOptions, calibration) -> None:
+def _check_calibration(opts: ExportOptions, calibration) -> list | tuple | None:
+    """``calibration`` as a list (an INT8 file may be made twice from it: ``_int8_fp16_fix``),
+    where the options take it."""
     if opts.precision == "int8" and calibration is None:
         raise ExportError("precision='int8' needs calibration=<iterable of input batches>")
     if opts.target is not None and opts.precision != "int8":
@@ -483,6 +479,9 @@ def _check_calibration(opts: ExportOptions, calibration) -> None:
             "max_fallback= is the share of the FLOPs an INT8 target's fallback may keep out "
             "of INT8; give target= too (e.g. target=0.999)"
         )
+    if calibration is None or isinstance(calibration, (list, tuple)):
+        return calibration
+    return list(calibration)
 
 
 def _check_islands_present(graph, islands: tuple[str, ...], src) -> None:

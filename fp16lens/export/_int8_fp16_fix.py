@@ -63,10 +63,10 @@ def patched_first(source, path: Path, calibration: list, evaluation, artifact, a
                 f"the INT8 export of the FP32 graph patched for FP16 fails ({_first(exc)})",
             )
         checked = check(replace(second, path=made / path.name, parity=None))
-        if not failed_in_fp16(checked) and checked.parity is not None and checked.parity.passed:
+        rest = (checked.int8 or {}).get("float_parts_fp16") or {}
+        if checked.parity is not None and checked.parity.passed and rest.get("passed") is True:
             moved = _moved(made, path, checked, artifact.calibration_cache)
             return replace(moved, warnings=(*moved.warnings, _note(plan, before, checked)))
-        rest = (checked.int8 or {}).get("float_parts_fp16") or {}
         how = "its check as written fails" if not checked.parity else "with its float parts in FP16"
         cos = rest.get("cosine")
         got = f" (worst output cosine {cos:.6f})" if cos is not None and checked.parity else ""
