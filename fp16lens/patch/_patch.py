@@ -43,7 +43,9 @@ from fp16lens.patch._prove import (
     shape_jitter,
     shape_reason,
     spans_for_sites,
+    standing,
     statistics_problems,
+    worst_first,
 )
 from fp16lens.patch._save import state_dict_note
 from fp16lens.patch._warn import PatchWarning
@@ -170,7 +172,7 @@ def _build(model: nn.Module, report: Report, opts: PatchOptions) -> Plan:
 def _proven(model: nn.Module, report: Report, opts: PatchOptions, batches: list | None):
     """The plan applied to a copy and checked: in FP32 against the original, and with
     ``batches`` in real FP16, widened until it passes or nothing is left to widen."""
-    stats_round, unwidened, first = False, None, None
+    stats_round, unwidened, first, best, worse = False, None, None, None, ""
     for _ in range(max(1, opts.max_rounds) + 1):
         the_plan, patched, report = _apply_checked(model, report, opts, batches)
         if batches is None and unwidened is not None and _half_breaks(patched, report):
@@ -192,11 +194,14 @@ def _proven(model: nn.Module, report: Report, opts: PatchOptions, batches: list 
             return patched, the_plan
         proof = prove_batches(model, patched, batches, opts, the_plan.input_scales)
         the_plan.proof, the_plan.fp16_checked = proof, True
-        failed = [b for b in proof if not passes(b, opts)]
+        failed = [b for b in proof if not passes(b, opts)]  # batch order: what widens next
         first = failed if first is None else first
         if not failed:
             _precision_note(the_plan, first, opts)
             return patched, the_plan
+        if best is None or standing(proof) <= best[0]:  # ties: the wider, as before
+            best = (standing(proof), patched, the_plan, opts, failed)
+        worst = min(failed, key=worst_first)
         nxt = None
         if all(b.finite for b in failed):  # off, not broken: what FP16 flushes, kept FP32
             nxt = flush_widening(
@@ -206,7 +211,14 @@ def _proven(model: nn.Module, report: Report, opts: PatchOptions, batches: list 
         if nxt is None or _ == opts.max_rounds:
             break
         opts = nxt
-    worst = failed[0]
+    if best is not None and best[1] is not patched:  # wider read worse: the better kept
+        _, patched, kept, opts, failed = best
+        worse = (
+            f"keeping more in FP32 ({_widened(the_plan)}) reads worse in real FP16 "
+            f"({worst.failure()} on batch {worst.batch})"
+        )
+        kept.notes.append(f"{worse}: the narrower patch is returned")
+        the_plan, worst = kept, min(failed, key=worst_first)
     _precision_note(the_plan, first, opts)
     assert batches is not None  # the proof ran on them (without, the loop returned)
     # finite, short of the tolerance: is it the input's own rounding?
@@ -226,14 +238,20 @@ def _proven(model: nn.Module, report: Report, opts: PatchOptions, batches: list 
             PROOF_SITE,
             (
                 f"real FP16 still fails on batch {worst.batch} after keeping "
-                f"{', '.join(dict.fromkeys(m or 'the model' for w in the_plan.widened for m in w.modules)) or 'nothing'} in FP32 "
-                f"({worst.failure()}): "
+                f"{_widened(the_plan)} in FP32 "
+                f"({worst.failure()}{'; ' + worse if worse else ''}): "
                 f"{why}"
             ),
             INPUT_CAUSE if beyond else "",
         )
     )
     return patched, the_plan
+
+
+def _widened(the_plan: Plan) -> str:
+    """The modules the proof's widening kept FP32, in words ("nothing" when none)."""
+    kept = dict.fromkeys(m or "the model" for w in the_plan.widened for m in w.modules)
+    return ", ".join(kept) or "nothing"
 
 
 def _precision_note(the_plan: Plan, first: list[BatchProof] | None, opts: PatchOptions) -> None:

@@ -335,6 +335,23 @@ def passes(proof: BatchProof, opts: PatchOptions) -> bool:
     return opts.max_rel is None or proof.max_rel <= opts.max_rel
 
 
+def worst_first(proof: BatchProof) -> tuple:
+    """A sort key, worst batch first: an output whose shape FP16 changes, then non-finite
+    outputs, then the lowest cosine."""
+    return (not proof.shape, proof.finite, proof.cosine)
+
+
+def standing(proof: list[BatchProof]) -> tuple:
+    """How one round's FP16 proof reads, lower is better: batches whose output shape FP16
+    changes, then non-finite batches, then the worst cosine of the others (negated: a
+    cosine over a non-finite output's finite values says nothing)."""
+    return (
+        sum(bool(b.shape) for b in proof),
+        sum(not b.finite for b in proof),
+        -min((b.cosine for b in proof if b.finite and not b.shape), default=1.0),
+    )
+
+
 def _report_name(patched: nn.Module, site: str) -> str:
     """A site of the patched model as the report names it: the ``module`` child of an
     island is not part of the original model's names."""

@@ -247,6 +247,41 @@ def test_batches_widen_an_island_that_stops_too_early_until_real_fp16_is_finite(
     assert "spans kept FP32 end to end" in _rendered(plan)
 
 
+def test_a_widening_that_reads_worse_in_fp16_is_not_returned(monkeypatch):
+    """The selection between rounds, on proofs made to order: the first round reads
+    cosine 0.995 and the widened one 0.99 (both short of 0.999). patch returns the first
+    round's model, and the warning says what the wider one read. (Real cases: Silero VAD's
+    ONNX graph on raw int16 chunks with their context, tests/watch/test_watch_onnx_real.py.)"""
+    import dataclasses
+
+    from fp16lens.patch import _patch
+
+    model, x = _hardswish()
+    report = fp16lens.scan(model, [x], progress=False)
+    _island_stops_at_the_mul(monkeypatch)
+    real, rounds = _patch.prove_batches, []
+
+    def made_to_order(*args, **kwargs):
+        proof = real(*args, **kwargs)
+        rounds.append(proof)
+        cosine = 0.995 if len(rounds) == 1 else 0.99
+        return [dataclasses.replace(b, finite=True, cosine=cosine) for b in proof]
+
+    monkeypatch.setattr(_patch, "prove_batches", made_to_order)
+    with pytest.warns(PatchWarning) as caught:
+        patched = fp16lens.patch(model, report, batches=[x])
+    said = " ".join(str(w.message) for w in caught)
+    plan = get_plan(patched)
+    assert len(rounds) >= 2 and not plan.widened, said  # the wider rounds ran, not returned
+    assert [i.module for i in plan.islands] == ["mul"]
+    assert plan.proof[0].cosine == 0.995
+    assert (
+        "real FP16 still fails on batch 0 after keeping nothing in FP32 (cosine 0.995000; "
+        "keeping more in FP32 (mul, div, the model) reads worse in real FP16 (cosine 0.990000 on "
+        "batch 0))"
+    ) in said, said
+
+
 def test_without_batches_the_statistics_widen_the_island_and_a_warning_says_fp16_did_not_run(
     monkeypatch,
 ):

@@ -295,6 +295,57 @@ def test_silero_vad_onnx_on_raw_int16_scan_patch_export_verify(vad, tmp_path):
     assert result and result.outputs["output"].max_abs < 0.01  # the speech probability
 
 
+def test_silero_vad_onnx_with_context_gets_the_patch_that_reads_best_in_fp16(vad, tmp_path):
+    """Raw int16 chunks with the 64 samples before each (as silero-vad's own wrapper feeds
+    them): the rescaled graph misses min_cosine 0.999 on two chunks (the LSTM state
+    saturates and flips), and keeping every span FP32 reads worse in real FP16 (three
+    chunks, one of them read at about 1.0 by the rescaled graph). patch returns the
+    rescaled graph and says what the wider one read; the exported FP16 file reads as the
+    proof said on both chunks, and the tolerance patch names is then proven.
+    Ground truth: rounding the inputs to FP16 alone flips the state in FP32."""
+    import re
+    import warnings
+
+    import onnxruntime as ort
+
+    from fp16lens.patch.onnx._patch import fp32_nodes
+
+    cal = [zoo_real.vad_feed(raw=True, chunk=k) for k in range(1, 17)]
+    report = fp16lens.scan(vad, cal, progress=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fp16lens.patch(vad, report, batches=cal, out=tmp_path / "patched.onnx")
+    said = " ".join(str(w.message) for w in caught if w.category is fp16lens.PatchWarning)
+    encoder = [n.name for n in onnx.load(vad).graph.node if n.name.startswith("/model/encoder/")]
+    assert encoder and not set(encoder) & set(fp32_nodes(onnx.load(tmp_path / "patched.onnx")))
+    kept = re.search(
+        r"on batch (\d+) \(cosine ([0-9.]+)\) with every span rescaled; keeping more of the "
+        r"graph FP32 reads worse in FP16 \(cosine ([0-9.]+) on batch (\d+)\)",
+        said,
+    )
+    assert kept and float(kept[3]) < float(kept[2]), said
+    wider = float(kept[3]), int(kept[4])
+    art = fp16lens.export(str(tmp_path / "patched.onnx"), None, tmp_path / "fixed16.onnx")
+    for batch, want in ((int(kept[1]), float(kept[2])), (wider[1], None)):
+        result = fp16lens.verify(vad, art.path, [cal[batch]])
+        if want is not None:  # the proof's cosine, in the file the user takes home
+            assert result.cosine == pytest.approx(want, abs=1e-4), result
+        else:  # where keeping every span FP32 missed, the rescaled file holds
+            assert result.cosine > wider[0] + 0.005, result
+    ref = ort.InferenceSession(vad)
+    batch = int(kept[1])
+    rounded = {**cal[batch], "input": cal[batch]["input"].astype(np.float16).astype(np.float32)}
+    state = ref.run(None, cal[batch])[1].ravel(), ref.run(None, rounded)[1].ravel()
+    flip = float(state[0] @ state[1] / np.linalg.norm(state[0]) / np.linalg.norm(state[1]))
+    assert flip < 0.999  # ground truth: the input's rounding alone flips the state in FP32
+    tolerance = float(re.search(r"min_cosine=([0-9.]+)\) accepts", said)[1])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        warnings.simplefilter("error", fp16lens.PatchWarning)  # proven at that tolerance
+        again = fp16lens.patch(vad, report, batches=cal, min_cosine=tolerance)
+    assert fp32_nodes(again) == fp32_nodes(onnx.load(tmp_path / "patched.onnx"))
+
+
 def test_silero_vad_onnx_span_into_its_decoder_if_is_rescaled_and_proven(vad, tmp_path):
     """Raw int16 samples of the whole sentence: the encoder's span runs on into the
     decoder's If (its LSTM reads the encoder's output from the outer scope). patch rescales

@@ -316,19 +316,25 @@ def _what(report: Report, key) -> str:
 def _proven(original, report, options, feeds, m, the_plan, drop):
     """The patched graph in FP16 (storage of every float tensor rounded) on the batches;
     failing spans become FP32 nodes (one more per round, then all) until it passes."""
-    from fp16lens.patch._prove import passes
+    from fp16lens.patch._prove import passes, standing, worst_first
     from fp16lens.patch.onnx._fp16 import prove_graph
 
     tried = set()
-    for _ in range(max(1, options.max_rounds) + 1):
+    best = None  # the round that read best so far: (standing, m, plan, drop, failed)
+    rounds = max(1, options.max_rounds)
+    for k in range(rounds + 1):
         proof = prove_graph(original, m.proto, feeds)
         the_plan.proof, the_plan.fp16_checked = proof, True
-        failed = [b for b in proof if not passes(b, options)]
+        failed = sorted((b for b in proof if not passes(b, options)), key=worst_first)
         if not failed:
             return m, the_plan
+        if best is None or standing(proof) <= best[0]:  # ties: the wider, as before
+            best = (standing(proof), m, the_plan, drop, failed)
         bad = [b.first_nonfinite for b in failed if b.first_nonfinite]
         spans = [i for i, s in enumerate(report.spans) if any(x in s.sites for x in bad)]
         new = [i for i in spans if i not in drop]
+        if k == rounds:
+            break
         if new:
             nxt = tuple(dict.fromkeys([*[d for d in drop if d != -1], new[0]]))
         elif -1 not in drop:
@@ -350,6 +356,16 @@ def _proven(original, report, options, feeds, m, the_plan, drop):
             f"{'every span' if nxt == (-1,) else 'spans ' + ', '.join(map(str, nxt))} as FP32 nodes",
         ]
         m, the_plan, drop = m2, plan2, nxt
+    wider = ""
+    if best is not None and best[1] is not m:
+        # a wider round read worse than an earlier one: that one is returned
+        _, m, kept, drop, first = best
+        wider = (
+            f"keeping more of the graph FP32 reads worse in FP16 ({failed[0].failure()} on "
+            f"batch {failed[0].batch})"
+        )
+        kept.notes = [*kept.notes, f"{wider}: the patch with {_kept(drop)} is returned"]
+        the_plan, failed = kept, first
     worst = failed[0]
     if worst.finite:  # finite and short: do FP16's flushes reach the outputs?
         flushed = _flush_islands(original, report, options, feeds, m, the_plan, drop, worst)
@@ -405,12 +421,19 @@ def _proven(original, report, options, feeds, m, the_plan, drop):
             (
                 f"the patched graph in FP16 still fails on batch {worst.batch} "
                 f"({worst.failure()}) "
-                f"with every span kept FP32: {why}"
+                f"{'with every span kept FP32' if drop == (-1,) else 'with ' + _kept(drop)}"
+                f"{'; ' + wider if wider else ''}: {why}"
             ),
             INPUT_CAUSE if beyond else "",
         )
     )
     return m, the_plan
+
+
+def _kept(drop: tuple) -> str:
+    if not drop:
+        return "every span rescaled"
+    return "spans " + ", ".join(map(str, drop)) + " kept as FP32 nodes"
 
 
 def _plan(m: OnnxModel, report: Report, options: PatchOptions):
