@@ -93,6 +93,14 @@ def add_parser(sub) -> None:
         "(default 0.1; 0.25 or 25%%)",
     )
     p.add_argument(
+        "--float-parts",
+        choices=("fp32", "fp16"),
+        default="fp32",
+        help="with --precision int8: the type of every tensor that is not INT8 in the file "
+        "(fp16: typed FP16, opset 19, for FP16 beside INT8 in a strongly typed TensorRT "
+        "build; checked like the file)",
+    )
+    p.add_argument(
         "--fp32-modules",
         default=None,
         metavar="A,B",
@@ -129,6 +137,11 @@ def run(args: argparse.Namespace) -> int:
         )
     if args.target is not None and args.precision != "int8":
         raise Fp16LensError("--target is the INT8 parity target; give --precision int8 with it")
+    if args.float_parts != "fp32" and args.precision != "int8":
+        raise Fp16LensError(
+            "--float-parts types the float parts of an INT8 file; give --precision int8 with "
+            "it (--precision fp16 types the whole graph FP16)"
+        )
     if args.max_fallback is not None and args.target is None:
         raise Fp16LensError(
             "--max-fallback is the share of the FLOPs that --target's fallback may keep out of "
@@ -170,6 +183,7 @@ def _export_torch(export, args: argparse.Namespace):
             evaluation=evaluation,
             target=args.target,
             max_fallback=args.max_fallback,
+            float_parts=args.float_parts,
             fp32_modules=islands or None,
             io_dtype=args.io_dtype,
             exporter=args.exporter,
@@ -247,6 +261,7 @@ def _export_onnx(export, args: argparse.Namespace):
             calibration=calibration,
             target=args.target,
             max_fallback=args.max_fallback,
+            float_parts=args.float_parts,
             fp32_modules=_names(args.fp32_modules) or None,
             fp32_nodes=_names(args.fp32_nodes) or None,
             io_dtype=args.io_dtype,
@@ -289,9 +304,10 @@ def _print(artifact, args: argparse.Namespace) -> int:
         emit_json(summary)
         return 1 if failed else 0
     con = console()
+    typed = int8 and (summary.get("int8_plan") or {}).get("float_parts") == "fp16"
     con.print(
-        f"{args.precision.upper()} ONNX written to {escape(str(artifact.path))} "
-        f"({summary['nodes']} nodes)"
+        f"{args.precision.upper()} ONNX{' (float parts typed FP16, opset ' + str(artifact.opset) + ')' if typed else ''} "
+        f"written to {escape(str(artifact.path))} ({summary['nodes']} nodes)"
     )
     if parity is not None and parity.passed:
         how = "as TensorRT computes its Q/DQ graph" if int8 else "in real FP16"
@@ -328,6 +344,8 @@ _TERMINAL = (  # the library's words -> what a terminal user types
     ("export(..., fp32_nodes=[...])", "--fp32-nodes NAME,..."),
     ("export precision='fp16'", "--precision fp16"),
     ("export(..., target=0.999)", "--target 0.999"),
+    ("float_parts='fp32'", "--float-parts fp32"),
+    ("float_parts='fp16'", "--float-parts fp16"),
     ("dynamic=('batch', 'sequence')", "--dynamic batch,sequence"),
     ("dynamic='batch'", "--dynamic batch"),
     ("dynamic='sequence'", "--dynamic sequence"),

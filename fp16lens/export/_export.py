@@ -57,6 +57,7 @@ def export(
     dynamic: Iterable[str] | str | None = None,
     target: float | Int8Target | None = None,
     max_fallback: float | None = None,
+    float_parts: str | None = None,
 ) -> ExportArtifact:
     """Export ``model(*example_inputs)`` to ``path``.
 
@@ -81,7 +82,10 @@ def export(
     its Q/DQ graph (``artifact.parity``, verify's ``onnx-int8``), and a warning says where
     it fails; one that passes is checked again with its float parts in FP16, and where
     that fails it is made again from its FP32 graph patched for FP16 (kept only where it
-    passes both ways: ``_int8_fp16_fix``). One batch of N items for a graph whose first
+    passes both ways: ``_int8_fp16_fix``). ``float_parts="fp16"`` then types those parts
+    FP16 in the file (opset 19 or later, as ModelOpt's default writes them; for a strongly
+    typed TensorRT build), checked the same way with their FP16 storage made real, and
+    ExportError says so where that fails. One batch of N items for a graph whose first
     axis is fixed below N is fed in parts of that size.
 
     ``model`` may also be an FP32 ONNX file (a path or an ``onnx.ModelProto``; pass
@@ -107,6 +111,7 @@ def export(
             dynamic=dynamic,
             target=target,
             max_fallback=max_fallback,
+            float_parts=float_parts,
         ),
     )
     if is_onnx(model):
@@ -365,7 +370,56 @@ def _patched_int8(source, reference, path: Path, opts, calibration, evaluation, 
     def checked(art: ExportArtifact) -> ExportArtifact:
         return _checked_int8(reference, evaluation, art)
 
-    return patched_first(source, path, list(calibration), evaluation, first, again, checked)
+    art = patched_first(source, path, list(calibration), evaluation, first, again, checked)
+    if opts.float_parts != "fp16":
+        return art
+    return _typed_float_parts(reference, evaluation or calibration, art, opts)
+
+
+def _typed_float_parts(reference, batches, art: ExportArtifact, opts) -> ExportArtifact:
+    """The INT8 file ``art`` with its float parts typed FP16 (``_int8_typed``), written over
+    it where verify's ``onnx-int8`` check (its FP16 storage made real) passes on
+    ``batches`` (the evaluation batches, else the calibration batches) against
+    ``reference``; else an ExportError, the FP32 float parts left in place."""
+    import os
+
+    from fp16lens.export._int8_typed import typed_fp16
+
+    onnx = import_optional("onnx", "onnx", "ONNX export")
+    typed, notes = typed_fp16(onnx.load(str(art.path)), opts.io_dtype)
+    _finish(typed, {}, None)
+    trial = art.path.with_name(art.path.stem + ".fp16-parts" + art.path.suffix)
+    _save(typed, trial)
+    del typed
+    at = replace(art, path=trial)
+    graph = art.path if isinstance(reference, torch.nn.Module) else reference
+    checked, what = _as_declared(batches, graph)
+    result, failed = _run_check(reference, checked, at, "onnx-int8")
+    if result is None or not result.passed:
+        trial.unlink(missing_ok=True)
+        for extra in trial.parent.glob(trial.name + ".data"):
+            extra.unlink()
+        why = failed if result is None else _why(result)
+        raise ExportError(
+            f"float_parts='fp16': the INT8 file with its float parts typed FP16 fails its "
+            f"check on {what} (the Q/DQ graph computed as TensorRT runs it, FP16 storage "
+            f"made real): {why}; {art.path} keeps them in FP32 (float_parts='fp32', which a "
+            "strongly typed TensorRT build computes in FP32)"
+        )
+    os.replace(trial, art.path)
+    data = art.path.parent / (trial.name + ".data")
+    if data.exists():  # a large graph's weights beside it
+        os.replace(data, art.path.parent / (art.path.name + ".data"))
+    written = onnx.load(str(art.path), load_external_data=False)
+    data_ = {**(art.int8 or {}), "float_parts": "fp16"}
+    return replace(
+        art,
+        opset=default_opset(written),
+        nodes=records(written.graph),
+        warnings=(*art.warnings, *notes),
+        parity=result,
+        int8=data_,
+    )
 
 
 def _stored_islands_as_fp32(model: torch.nn.Module) -> torch.nn.Module:
@@ -415,6 +469,7 @@ def retype(
     calibration_cache: str | Path | None = None,
     target: float | Int8Target | None = None,
     max_fallback: float | None = None,
+    float_parts: str | None = None,
 ) -> ExportArtifact:
     """Make an FP32 file written by ``export`` FP16 or INT8 without exporting again
     (the node <-> module map is stored in the file). Options as for ``export``."""
@@ -428,6 +483,7 @@ def retype(
             calibration_cache=calibration_cache,
             target=target,
             max_fallback=max_fallback,
+            float_parts=float_parts,
         ),
     )
     if opts.fp32_nodes is not None or opts.opset is not None or opts.dynamic:

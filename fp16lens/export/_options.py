@@ -9,6 +9,7 @@ from fp16lens._core import OptionError
 
 PRECISIONS = ("fp32", "fp16", "int8")
 IO_DTYPES = ("fp32", "fp16")
+FLOAT_PARTS = ("fp32", "fp16")
 EXPORTERS = ("auto", "dynamo", "torchscript")
 MIN_OPSET = 17
 """LayerNormalization is one node from opset 17 on (GroupNormalization from 18/21)."""
@@ -30,7 +31,9 @@ class ExportOptions:
     ``target``: the INT8 parity target, a worst output cosine such as 0.999 or
     ``Int8Target(threshold, metric)``. ``max_fallback``: with a target, the share of the
     conv/gemm/matmul FLOPs the fallback may keep out of INT8 (default 0.1) before the
-    export fails.
+    export fails. ``float_parts``: in an INT8 file, the type of every tensor that is not
+    INT8: "fp32" (a strongly typed TensorRT build computes them in FP32) or "fp16" (typed
+    FP16 as ModelOpt's default writes them, opset 19 or later; checked like the file).
     """
 
     precision: str = "fp16"
@@ -43,6 +46,7 @@ class ExportOptions:
     calibration_cache: str | Path | None = None
     target: object = None
     max_fallback: float | None = None
+    float_parts: str = "fp32"
 
     def __post_init__(self):
         from fp16lens.export._io import check_dynamic
@@ -51,6 +55,12 @@ class ExportOptions:
         _one_of("precision", self.precision, PRECISIONS)
         _one_of("io_dtype", self.io_dtype, IO_DTYPES)
         _one_of("exporter", self.exporter, EXPORTERS)
+        _one_of("float_parts", self.float_parts, FLOAT_PARTS)
+        if self.float_parts != "fp32" and self.precision != "int8":
+            raise OptionError(
+                "float_parts= types the float parts of an INT8 file; give precision='int8' "
+                "(precision='fp16' types the whole graph FP16)"
+            )
         if self.opset is not None and (not isinstance(self.opset, int) or self.opset < MIN_OPSET):
             raise OptionError(
                 f"opset must be an int >= {MIN_OPSET} (LayerNorm stays one node), got {self.opset!r}"

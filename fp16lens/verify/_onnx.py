@@ -1,6 +1,7 @@
 """The ONNX backends in ONNX Runtime (CPU provider): ``onnx-fp16`` runs the strongly typed
 FP16 artifact with FP16 storage made real (see ``_onnx_graph``); ``onnx-int8`` runs the
-Q/DQ graph as it is (ONNX Runtime executes QuantizeLinear/DequantizeLinear exactly)."""
+Q/DQ graph as it is (ONNX Runtime executes QuantizeLinear/DequantizeLinear exactly), its
+float parts, where the file types them FP16, with their FP16 storage made real too."""
 
 from __future__ import annotations
 
@@ -148,9 +149,12 @@ class OnnxInt8(OnnxRunner):
         return (f"{self.path.name} holds no QuantizeLinear node; export it with precision='int8'",)
 
     def build(self, round_storage: bool, expose: list[str] | None):
+        proto = self.proto
+        if _F16 in self.types.values():  # float parts typed FP16: their storage made real
+            proto = fp32_compute(proto, round_storage)
         if expose is None:
-            return session(self.proto, optimize=False)
-        return session(expose_all(self.proto, expose, dequantize_only=not round_storage))
+            return session(proto, optimize=False)
+        return session(expose_all(proto, expose, dequantize_only=not round_storage))
 
 
 def expose_all(proto, tensors: list[str], dequantize_only: bool):

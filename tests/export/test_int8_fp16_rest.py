@@ -22,19 +22,7 @@ pytest.importorskip("onnxruntime")
 onnx = pytest.importorskip("onnx")
 
 import zoo_real as z  # noqa: E402
-
-
-def _session(graph):
-    import onnxruntime as ort
-
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    return ort.InferenceSession(graph.SerializeToString(), so, providers=["CPUExecutionProvider"])
-
-
-def _cosine(a: np.ndarray, b: np.ndarray) -> float:
-    a, b = a.ravel().astype(np.float64), b.ravel().astype(np.float64)
-    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b) or 1.0))
+from onnx_runs import cosine, session, worst_cosine  # noqa: E402
 
 
 def test_a_pytorch_models_int8_file_failing_in_fp16_is_made_again_patched(tmp_path):
@@ -51,7 +39,7 @@ def test_a_pytorch_models_int8_file_failing_in_fp16_is_made_again_patched(tmp_pa
     with torch.no_grad():
         want = [model(p).numpy() for p in held]
         half = [copy.deepcopy(model).half()(p.half()).float().numpy() for p in held]
-    assert not all(np.isfinite(h).all() and _cosine(w, h) > 0.99 for w, h in zip(want, half))
+    assert not all(np.isfinite(h).all() and cosine(w, h) > 0.99 for w, h in zip(want, half))
     out = tmp_path / "demo_int8.onnx"
     art = export(
         model, (x,), out, "int8", calibration=cal, evaluation=held, target=0.997, max_fallback=0.6
@@ -64,10 +52,10 @@ def test_a_pytorch_models_int8_file_failing_in_fp16_is_made_again_patched(tmp_pa
     assert engine_config("int8", "10.3.0", has_qdq=True, fp16_rest=True).fp16
     assert sum(n.op_type == "QuantizeLinear" for n in written.graph.node) >= 10
     for graph in (written, fp16_storage(written, initializers=False)[0]):
-        sess = _session(graph)
+        sess = session(graph)
         for p, w in zip(held, want):
             (got,) = sess.run(None, {sess.get_inputs()[0].name: p.numpy()})
-            assert np.isfinite(got).all() and _cosine(w, got) >= 0.99
+            assert np.isfinite(got).all() and cosine(w, got) >= 0.99
 
 
 def test_retype_to_int8_makes_a_failing_file_again_from_the_fp32_file_patched(tmp_path):
@@ -129,14 +117,7 @@ def test_an_int8_file_failing_in_fp16_is_made_again_from_its_source_patched(tmp_
     assert art.calibration_cache == out.with_suffix(".cache") and art.calibration_cache.is_file()
     assert sum(n.op_type == "QuantizeLinear" for n in written.graph.node) >= 4
 
-    def worst(graph) -> float:
-        sess = [_session(g) for g in (onnx.load(path), graph)]
-        cos = 1.0
-        for feed in held:
-            for a, b in zip(*(s.run(None, feed) for s in sess)):
-                assert np.isfinite(b).all()
-                cos = min(cos, _cosine(a, b))
-        return cos
-
-    assert worst(written) >= 0.99  # as written (a strongly typed build)
-    assert worst(fp16_storage(written, initializers=False)[0]) >= 0.99  # the rest in FP16
+    assert worst_cosine(path, written, held) >= 0.99  # as written (a strongly typed build)
+    assert (
+        worst_cosine(path, fp16_storage(written, initializers=False)[0], held) >= 0.99
+    )  # the rest in FP16

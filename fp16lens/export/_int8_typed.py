@@ -1,0 +1,65 @@
+"""An INT8 file with its float parts typed FP16 (``export(..., float_parts="fp16")``).
+
+The Q/DQ file export writes keeps every tensor that is not INT8 in FP32; a strongly typed
+TensorRT build (10.12 and later, and TensorRT 11, which has no FP16 flag) computes those
+parts in FP32 as the file types them. For FP16 beside INT8 on such a build the file itself
+must type them FP16, as ModelOpt's default output does: opset 19 or later (the first where
+QuantizeLinear reads and DequantizeLinear writes FP16 through an FP16 scale), every float
+tensor FP16 but the FP32 nodes (``fp16lens.fp32_nodes``: the islands patch made), Casts
+where the two meet. The conversion is the FP16 export's own (``_fp16.convert_fp16``: each
+node typed from its schema, initializers range-checked), so the Q/DQ scales, biases and the
+float ops between the INT8 layers become FP16; the INT8 weights stay INT8.
+
+Such a file is checked like every file export writes: by verify's ``onnx-int8`` backend,
+which computes it with its FP16 storage made real (``verify/_onnx.py``), against the FP32
+reference; where that check fails, export fails and the FP32 float parts stay.
+"""
+
+from __future__ import annotations
+
+from fp16lens._core import ExportError, import_optional
+from fp16lens.export._artifact import default_opset
+
+QDQ_FP16_OPSET = 19
+"""The first opset where QuantizeLinear/DequantizeLinear take an FP16 scale."""
+
+
+def typed_fp16(proto, io_dtype: str) -> tuple[object, list[str]]:
+    """``proto`` (an INT8 Q/DQ file, FP32 float parts) with its float parts FP16: a new
+    ModelProto and the conversion's notes. An opset below 19 is raised to 19 first; where
+    ONNX's version converter cannot, one line says so."""
+    from fp16lens.export._fp16 import convert_fp16
+    from fp16lens.export._naming import map_nodes
+    from fp16lens.patch.onnx import fp32_nodes
+
+    onnx = import_optional("onnx", "onnx", "ONNX export")
+    opset = default_opset(proto)
+    notes = []
+    islands = set(fp32_nodes(proto))  # read first: the version converter drops metadata
+    meta = [(p.key, p.value) for p in proto.metadata_props]
+    stamps = {n.name: [(p.key, p.value) for p in n.metadata_props] for n in proto.graph.node}
+    if opset < QDQ_FP16_OPSET:
+        try:
+            proto = onnx.version_converter.convert_version(proto, QDQ_FP16_OPSET)
+        except Exception as exc:
+            said = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
+            raise ExportError(
+                f"float_parts='fp16' needs opset {QDQ_FP16_OPSET} (FP16 Q/DQ scales); ONNX's "
+                f"version converter cannot raise this graph's opset {opset} ({said}): keep "
+                "float_parts='fp32' (TensorRT 10.12 and later compute them in FP32)"
+            ) from exc
+        notes.append(f"opset {opset} raised to {QDQ_FP16_OPSET} for the FP16 Q/DQ scales")
+    else:
+        copy = onnx.ModelProto()
+        copy.CopyFrom(proto)
+        proto = copy
+    del proto.metadata_props[:]
+    for key, value in meta:
+        proto.metadata_props.add(key=key, value=value)
+    for node in proto.graph.node:  # each node's modules, as export stamped them
+        if not node.metadata_props:
+            for key, value in stamps.get(node.name, ()):
+                node.metadata_props.add(key=key, value=value)
+    origins = {n.name: o for n, o in zip(proto.graph.node, map_nodes(proto.graph, set(), []))}
+    result = convert_fp16(proto, islands, origins, io_dtype)
+    return result.model, notes + result.warnings

@@ -1,0 +1,222 @@
+"""An INT8 file with its float parts typed FP16 (``export(..., float_parts="fp16")``,
+``fp16lens/export/_int8_typed.py``): what a strongly typed TensorRT build (TensorRT 11 has
+no FP16 flag) needs for FP16 beside INT8, written as ModelOpt's default writes it (opset
+19, FP16 Q/DQ scales), checked by verify's ``onnx-int8`` with its FP16 storage made real.
+
+Ground truth without fp16lens: the file read back, its FP16 tensors computed in FP32 and
+rounded to FP16 after every node (built here: ONNX Runtime's CPU provider drops the Casts
+between ops it runs in FP32, so the file run as it is would hide FP16's rounding), against
+the FP32 source on held-out items. TensorRT itself cannot run here (no GPU): no engine is
+built.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("onnxruntime")
+onnx = pytest.importorskip("onnx")
+
+import int8_zoo  # noqa: E402
+import zoo_real as z  # noqa: E402
+from onnx_runs import pooled_cosine, worst_cosine  # noqa: E402
+
+import fp16lens  # noqa: E402
+from fp16lens._core import ExportError, OptionError  # noqa: E402
+
+_F32, _F16 = onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16
+
+
+def _rounded_twin(path):
+    """The typed file computing in FP32, each tensor it types FP16 rounded to FP16 after
+    the node that writes it (an explicit Cast pair, kept with optimizations off)."""
+    from onnx import helper, numpy_helper
+
+    m = onnx.load(path)
+    inferred = onnx.shape_inference.infer_shapes(m)
+    types = {
+        v.name: v.type.tensor_type.elem_type
+        for v in (*inferred.graph.value_info, *inferred.graph.output, *inferred.graph.input)
+    }
+    g = m.graph
+    for init in g.initializer:
+        if init.data_type == _F16:
+            init.CopyFrom(
+                numpy_helper.from_array(numpy_helper.to_array(init).astype(np.float32), init.name)
+            )
+    nodes = []
+    for node in g.node:
+        for a in node.attribute:
+            if node.op_type == "Cast" and a.name == "to" and a.i == _F16:
+                a.i = _F32
+            if a.name == "value" and a.t.data_type == _F16:
+                a.t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(a.t).astype(np.float32)))
+        nodes.append(node)
+        for k, out in enumerate(node.output):
+            if types.get(out) == _F16:
+                raw = f"{out}__raw"
+                node.output[k] = raw
+                nodes.append(helper.make_node("Cast", [raw], [f"{out}__h"], to=_F16))
+                nodes.append(helper.make_node("Cast", [f"{out}__h"], [out], to=_F32))
+    del g.node[:]
+    g.node.extend(nodes)
+    del g.value_info[:]
+    for v in (*g.input, *g.output):
+        if v.type.tensor_type.elem_type == _F16:
+            v.type.tensor_type.elem_type = _F32
+    return m
+
+
+def _typed(path) -> dict[str, int]:
+    inferred = onnx.shape_inference.infer_shapes(onnx.load(path))
+    return {
+        v.name: v.type.tensor_type.elem_type
+        for v in (*inferred.graph.value_info, *inferred.graph.output)
+    }
+
+
+def test_silero_int8_file_patched_for_fp16_is_typed_fp16_around_its_fp32_islands(tmp_path):
+    """Silero VAD on raw int16 samples, target 0.99: the INT8 file's float parts fail in
+    FP16 (the STFT's power), so export quantizes the graph patched for FP16 and then types
+    its float parts FP16 (opset 15 raised to 19): the encoder's convs read FP16 through
+    FP16 scales, the islands patch made (the STFT's power and magnitude, the decoder's Ifs)
+    stay FP32, each node still names its module, and on another speaker's chunks the
+    rounded twin reads the FP32 source at cosine >= 0.99, as the export's check said."""
+    from fp16lens.export._onnx_meta import fp32_nodes_of
+
+    try:
+        path = z.silero_onnx()
+    except z.Missing as exc:
+        pytest.skip(str(exc))
+    cal, held = z.vad_chunks(z.SPEECH_WAV, 16), z.vad_chunks(z.SPEECH2_WAV, 8)
+    out = tmp_path / "vad_int8.onnx"
+    art = fp16lens.export(
+        path, None, out, "int8", calibration=cal, evaluation=held, target=0.99, float_parts="fp16"
+    )
+    assert art.path == out and art.int8["float_parts"] == "fp16" and art.parity.passed
+    assert not list(tmp_path.glob("*.fp16-parts*"))  # the trial file is gone
+    written = onnx.load(out)
+    assert art.opset == 19 and {o.version for o in written.opset_import if not o.domain} == {19}
+    inits = {i.name: i.data_type for i in written.graph.initializer}
+    dq = [n for n in written.graph.node if n.op_type == "DequantizeLinear"]
+    assert dq and all(inits.get(n.input[1]) == _F16 for n in dq)  # FP16 scales
+    types = _typed(out)
+    nodes = {n.name: n for n in written.graph.node}
+    assert types[nodes["/model/encoder/0/reparam_conv/Conv"].output[0]] == _F16
+    for island in ("/model/stft/Pow", "/model/stft/Sqrt", "/model/decoder/If_1"):
+        assert types[nodes[island].output[0]] == _F32, island
+    assert {"/model/stft/Pow", "/model/decoder/If_1"} <= set(fp32_nodes_of(written))
+    twin = _rounded_twin(str(out))
+    assert worst_cosine(path, twin, held) >= 0.99  # every chunk, every output
+    assert pooled_cosine(path, twin, held) == pytest.approx(art.parity.cosine, abs=1e-5)
+
+
+def test_pnet_typed_file_reads_face_cells_as_its_fp32_parts_twin(tmp_path):
+    """MTCNN PNet (opset 20, its input encoded on the INT8 grid): typed FP16, the face
+    cells and box offsets on 24 held-out crops are those of the FP32-parts file within
+    FP16's rounding, and the rounded twin's worst cosine is the export's."""
+    case = int8_zoo.MODELS["pnet"](8, 24)
+    kw = dict(calibration=list(case.cal), evaluation=list(case.eval))
+    plain = fp16lens.export(case.path, None, tmp_path / "p32.onnx", "int8", **kw)
+    typed = fp16lens.export(
+        case.path, None, tmp_path / "p16.onnx", "int8", float_parts="fp16", **kw
+    )
+    assert typed.int8["float_parts"] == "fp16" and "float_parts" not in plain.int8
+    refs = int8_zoo.run_outputs(case.path, case.eval)
+    got32 = case.metric(refs, int8_zoo.run_outputs(str(plain.path), case.eval))
+    got16 = case.metric(refs, int8_zoo.run_outputs(_rounded_twin(str(typed.path)), case.eval))
+    assert got16["face cell IoU"] == pytest.approx(got32["face cell IoU"], abs=0.02)
+    assert got16["box px"] == pytest.approx(got32["box px"], abs=0.01)
+    pooled = pooled_cosine(case.path, _rounded_twin(str(typed.path)), case.eval)
+    assert pooled == pytest.approx(typed.parity.cosine, abs=1e-5)
+
+
+def _cancelling_graph(path, shift: float = 1000.0):
+    """Two convs with ``+ 1000 - 1000`` between them: exact in FP32, while FP16 keeps the
+    sum to 0.5 (its step at 1000), so the second conv reads the first's output to within
+    0.25, about a quarter of its values' size; no rescaling changes FP16's 11 bits."""
+    from onnx import helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    inits = [
+        numpy_helper.from_array(rng.normal(0, 0.2, (4, 3, 3, 3)).astype(np.float32), "w1"),
+        numpy_helper.from_array(rng.normal(0, 0.2, (4, 4, 3, 3)).astype(np.float32), "w2"),
+        numpy_helper.from_array(np.array(shift, np.float32), "k"),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["x", "w1"], ["a"], name="conv1", pads=[1, 1, 1, 1]),
+        helper.make_node("Add", ["a", "k"], ["b"], name="shift"),
+        helper.make_node("Sub", ["b", "k"], ["c"], name="back"),
+        helper.make_node("Conv", ["c", "w2"], ["y"], name="conv2", pads=[1, 1, 1, 1]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "cancel",
+        [helper.make_tensor_value_info("x", _F32, [1, 3, 8, 8])],
+        [helper.make_tensor_value_info("y", _F32, [1, 4, 8, 8])],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    onnx.save(model, path)
+    return [{"x": rng.uniform(-1, 1, (1, 3, 8, 8)).astype(np.float32)} for _ in range(6)]
+
+
+def test_float_parts_that_fail_in_fp16_fail_the_export_and_leave_the_fp32_parts(tmp_path):
+    """Where the float parts in FP16 cannot hold (a cancellation FP16 rounds), export
+    fails in one message naming the check and why, and the file keeps its FP32 float
+    parts (as checked, the INT8 file as written passes)."""
+    src = str(tmp_path / "cancel.onnx")
+    feeds = _cancelling_graph(src)
+    out = tmp_path / "cancel_int8.onnx"
+    with pytest.raises(ExportError, match="float_parts='fp16': the INT8 file") as caught:
+        fp16lens.export(
+            src,
+            None,
+            out,
+            "int8",
+            calibration=feeds[:2],
+            evaluation=feeds[2:],
+            float_parts="fp16",
+        )
+    said = str(caught.value)
+    assert "worst output cosine" in said and "keeps them in FP32" in said, said
+    left = onnx.load(out)
+    assert _F16 not in {i.data_type for i in left.graph.initializer}
+    assert not list(tmp_path.glob("*.fp16-parts*"))
+
+
+def test_float_parts_is_checked_as_an_option(tmp_path):
+    with pytest.raises(OptionError, match="float_parts must be one of fp32, fp16"):
+        fp16lens.export.ExportOptions(precision="int8", float_parts="bf16")
+    with pytest.raises(OptionError, match="give precision='int8'"):
+        fp16lens.export.ExportOptions(precision="fp16", float_parts="fp16")
+
+
+def test_cli_float_parts_without_int8_is_one_line_exit_2(tmp_path, capsys):
+    from fp16lens.cli import main
+
+    src = str(tmp_path / "cancel.onnx")
+    _cancelling_graph(src)
+    rc = main(["export", src, "-o", str(tmp_path / "o.onnx"), "--float-parts", "fp16"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "--precision int8" in err[0], err
+
+
+def test_cli_float_parts_fp16_says_so_and_a_failing_one_is_one_line_exit_2(tmp_path, capsys):
+    from fp16lens.cli import main
+
+    clean, cancel = str(tmp_path / "clean.onnx"), str(tmp_path / "cancel.onnx")
+    _cancelling_graph(clean, shift=0.0)
+    _cancelling_graph(cancel)
+    out = tmp_path / "clean_int8.onnx"
+    args = ["--precision", "int8", "--float-parts", "fp16", "--input", "1x3x8x8"]
+    assert main(["export", clean, "-o", str(out), *args]) == 0
+    said = capsys.readouterr().out
+    assert f"INT8 ONNX (float parts typed FP16, opset 19) written to {out}" in " ".join(
+        said.split()
+    ), said
+    assert _F16 in {i.data_type for i in onnx.load(out).graph.initializer}
+    rc = main(["export", cancel, "-o", str(tmp_path / "c8.onnx"), *args])
+    err = [line for line in capsys.readouterr().err.strip().splitlines() if "error" in line]
+    assert rc == 2 and len(err) == 1 and "--float-parts fp32" in err[0], err
