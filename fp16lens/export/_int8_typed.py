@@ -17,6 +17,8 @@ reference; where that check fails, export fails and the FP32 float parts stay.
 
 from __future__ import annotations
 
+import numpy as np
+
 from fp16lens._core import ExportError, import_optional
 from fp16lens.export._artifact import default_opset
 
@@ -29,6 +31,7 @@ def typed_fp16(proto, io_dtype: str) -> tuple[object, list[str]]:
     ModelProto and the conversion's notes. An opset below 19 is raised to 19 first; where
     ONNX's version converter cannot, one line says so."""
     from fp16lens.export._fp16 import convert_fp16
+    from fp16lens.export._int8_place import name_nodes
     from fp16lens.export._naming import map_nodes
     from fp16lens.patch.onnx import fp32_nodes
 
@@ -49,10 +52,18 @@ def typed_fp16(proto, io_dtype: str) -> tuple[object, list[str]]:
                 "float_parts='fp32' (TensorRT 10.12 and later compute them in FP32)"
             ) from exc
         notes.append(f"opset {opset} raised to {QDQ_FP16_OPSET} for the FP16 Q/DQ scales")
+        name_nodes(proto.graph)  # the converter's own nodes come unnamed
     else:
         copy = onnx.ModelProto()
         copy.CopyFrom(proto)
         proto = copy
+    wide = _beyond_fp16(proto)
+    if wide:  # as TensorRT's parser folds a batch norm: its parameters stay FP32
+        islands |= set(wide)
+        notes.append(
+            f"{len(wide)} node(s) read an initializer beyond FP16 and stay FP32 in the typed "
+            f"file: {', '.join(wide[:4])}{' ...' if len(wide) > 4 else ''}"
+        )
     del proto.metadata_props[:]
     for key, value in meta:
         proto.metadata_props.add(key=key, value=value)
@@ -63,3 +74,19 @@ def typed_fp16(proto, io_dtype: str) -> tuple[object, list[str]]:
     origins = {n.name: o for n, o in zip(proto.graph.node, map_nodes(proto.graph, set(), []))}
     result = convert_fp16(proto, islands, origins, io_dtype)
     return result.model, notes + result.warnings
+
+
+def _beyond_fp16(proto) -> list[str]:
+    """The nodes reading a float initializer with a value beyond FP16's largest (65504):
+    a batch norm's variance, as PP-OCRv4's detector head holds up to 9.8e7."""
+    from onnx import numpy_helper
+
+    from fp16lens._core import FP16_MAX
+
+    wide = set()
+    for init in proto.graph.initializer:
+        if init.data_type == 1:
+            values = numpy_helper.to_array(init)
+            if values.size and float(np.abs(values).max()) > FP16_MAX:
+                wide.add(init.name)
+    return [n.name for n in proto.graph.node if wide & set(n.input)]

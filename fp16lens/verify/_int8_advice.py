@@ -45,6 +45,7 @@ class Cost:
         return f"{self.producer or 'the input'} -> {', '.join(self.readers)} ({self.cosine:.4f})"
 
 
+_F16 = 10  # onnx.TensorProto.FLOAT16
 Items = list  # of (batch, the FP32 model's named outputs on it)
 
 
@@ -133,7 +134,15 @@ def _cosine(runner, proto, items: Items, about_mean: bool = True) -> float | Non
     """Worst output cosine to FP32 of ``proto`` run as written (no fusions)."""
     from fp16lens.verify._onnx import session
 
-    return _cosine_of(runner, session(proto, optimize=False), items, about_mean)
+    return _cosine_of(runner, session(_stored(proto), optimize=False), items, about_mean)
+
+
+def _stored(proto):
+    """``proto`` as it runs: where it types float parts FP16, computed in FP32 with each
+    FP16 tensor rounded to FP16 after the node that writes it (``fp32_compute``)."""
+    from fp16lens.verify._onnx_graph import fp32_compute, tensor_types
+
+    return fp32_compute(proto, True) if _F16 in tensor_types(proto).values() else proto
 
 
 def _cosine_of(
@@ -196,6 +205,7 @@ def _switched_session(proto, dequantized: list[str]):
     g.input.append(
         helper.make_tensor_value_info(SWITCH, onnx.TensorProto.FLOAT, [len(dequantized)])
     )
+    scales = {i.name: i.data_type for i in g.initializer}
     nodes = []
     for node in g.node:
         nodes.append(node)
@@ -205,12 +215,16 @@ def _switched_session(proto, dequantized: list[str]):
         x, y = made[node.input[0]].input[0], node.output[0]
         node.output[0] = f"{y}__dq"
         g.initializer.append(numpy_helper.from_array(np.array(k, np.int64), f"{y}__k"))
+        on = [helper.make_node("Gather", [SWITCH, f"{y}__k"], [f"{y}__on"])]
+        if scales.get(node.input[1]) == _F16:  # a DequantizeLinear writing FP16
+            on[0].output[0] = f"{y}__on32"
+            on.append(helper.make_node("Cast", [f"{y}__on32"], [f"{y}__on"], to=_F16))
         nodes += [
-            helper.make_node("Gather", [SWITCH, f"{y}__k"], [f"{y}__on"]),
+            *on,
             helper.make_node("Sub", [f"{y}__dq", x], [f"{y}__d"]),
             helper.make_node("Mul", [f"{y}__d", f"{y}__on"], [f"{y}__m"]),
             helper.make_node("Add", [x, f"{y}__m"], [y]),
         ]
     del g.node[:]
     g.node.extend(nodes)
-    return session(model, optimize=False)
+    return session(_stored(model), optimize=False)
