@@ -31,6 +31,7 @@ def typed_fp16(proto, io_dtype: str) -> tuple[object, list[str]]:
     ModelProto and the conversion's notes. An opset below 19 is raised to 19 first; where
     ONNX's version converter cannot, one line says so."""
     from fp16lens.export._fp16 import convert_fp16
+    from fp16lens.export._int8_equalize import centring_adds
     from fp16lens.export._int8_place import name_nodes
     from fp16lens.export._naming import map_nodes
     from fp16lens.patch.onnx import fp32_nodes
@@ -64,7 +65,7 @@ def typed_fp16(proto, io_dtype: str) -> tuple[object, list[str]]:
             f"{len(wide)} node(s) read an initializer beyond FP16 and stay FP32 in the typed "
             f"file: {', '.join(wide[:4])}{' ...' if len(wide) > 4 else ''}"
         )
-    shifts = _centring_adds(proto, islands)
+    shifts = [n for n in centring_adds(proto.graph) if n not in islands]
     if shifts:  # FP16 would move each channel's values on the INT8 grid by one offset
         islands |= set(shifts)
         notes.append(
@@ -97,28 +98,3 @@ def _beyond_fp16(proto) -> list[str]:
             if values.size and float(np.abs(values).max()) > FP16_MAX:
                 wide.add(init.name)
     return [n.name for n in proto.graph.node if wide & set(n.input)]
-
-
-def _centring_adds(proto, islands: set) -> list[str]:
-    """The Adds of the centring INT8 export makes (``_int8_equalize.centre``: ``x - c``
-    before a conv's quantizer, ``c`` named ``<constant>__ctr_<conv>``) where only
-    QuantizeLinear reads their output. FP16 rounds ``c`` once for every value of its
-    channel: a systematic offset on the INT8 grid (up to 3.6 steps on PP-OCRv4's
-    recognizer) that the bias correction, measured with ``c`` in FP32, does not undo; its
-    typed file read at cosine 0.9717 with them FP16 and 0.9789 with only these constants
-    FP32. Other Adds of a constant stay FP16: on PP-OCRv5's recognizer (no centring) its
-    29 such Adds kept FP32 read 0.8551 against 0.8635 typed FP16."""
-    consts = {i.name for i in proto.graph.initializer if i.data_type == 1}
-    readers: dict[str, list] = {}
-    for node in proto.graph.node:
-        for name in node.input:
-            readers.setdefault(name, []).append(node.op_type)
-    found = []
-    for node in proto.graph.node:
-        if node.op_type != "Add" or node.name in islands:
-            continue
-        ops = readers.get(node.output[0], [])
-        centring = [x for x in node.input if x in consts and "__ctr_" in x]
-        if len(centring) == 1 and ops and set(ops) == {"QuantizeLinear"}:
-            found.append(node.name)
-    return found
