@@ -336,6 +336,9 @@ def test_sigint_during_a_scan_saves_a_partial_report(tmp_path):
         env={**os.environ, "MARK": str(mark)},
         stderr=subprocess.PIPE,
         text=True,
+        # Ctrl-C as a terminal delivers it: a shell that starts this suite in the background
+        # without job control hands SIGINT down ignored, and Python then keeps ignoring it
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     deadline = time.monotonic() + 120
     while not mark.exists() and proc.poll() is None and time.monotonic() < deadline:
