@@ -140,7 +140,8 @@ def export(
     job = _Job(opts, used, notes, calibration, fp32_outputs(model), evaluation)
     artifact = _typed(proto, path, job)
     if opts.precision == "int8":
-        first = _checked_int8(model, evaluation, artifact)
+        goal = _goal(opts, proto, evaluation, calibration)
+        first = _checked_int8(model, evaluation, artifact, goal)
         # the islands' modules are stamped on the graph's nodes: the ONNX export reads them
         return _patched_int8(proto, model, path, opts, calibration, evaluation, first)
     if opts.precision != "fp16":
@@ -186,12 +187,15 @@ def _checked_in_fp16(
     return replace(artifact, parity=result, warnings=(*artifact.warnings, note))
 
 
-def _checked_int8(reference, evaluation: Iterable | None, artifact: ExportArtifact):
+def _checked_int8(
+    reference, evaluation: Iterable | None, artifact: ExportArtifact, goal: _Goal | None = None
+):
     """The written INT8 file computed as TensorRT runs its Q/DQ graph (verify's
     ``onnx-int8``) on the held-out ``evaluation`` batches against the FP32 ``reference``
     (the PyTorch model, or the FP32 ONNX source): ``artifact.parity``, and a warning where
     it fails verify's INT8 tolerance. Without evaluation batches, as written (a target
-    was checked on the calibration batches)."""
+    was checked on the calibration batches). ``goal``: the target given, which the check
+    with the float parts in FP16 scores too."""
     if not evaluation:
         return artifact
     graph = artifact.path if isinstance(reference, torch.nn.Module) else reference
@@ -201,7 +205,8 @@ def _checked_int8(reference, evaluation: Iterable | None, artifact: ExportArtifa
         note = f"the INT8 file was not checked on {what} ({failed}); check it with fp16lens.verify"
         return replace(artifact, warnings=(*artifact.warnings, note))
     if result.passed:  # then also with its float parts in FP16, as some builds run them
-        return replace(_float_parts_in_fp16(reference, batches, what, artifact), parity=result)
+        checked = _float_parts_in_fp16(reference, batches, what, artifact, goal)
+        return replace(checked, parity=result)
     keep = keep_fp32(not isinstance(reference, torch.nn.Module))
     check = f"{what} (the Q/DQ graph computed as TensorRT runs it): {_why(result)}"
     target = (artifact.int8 or {}).get("target")
@@ -221,14 +226,16 @@ def _checked_int8(reference, evaluation: Iterable | None, artifact: ExportArtifa
     return replace(artifact, parity=result, warnings=(*artifact.warnings, note))
 
 
-def _float_parts_in_fp16(reference, batches: list, what: str, artifact: ExportArtifact):
+def _float_parts_in_fp16(
+    reference, batches: list, what: str, artifact: ExportArtifact, goal: _Goal | None = None
+):
     """The INT8 file, which passed its check, checked again with every tensor a node
     writes stored in FP16 (its initializers FP32): how a TensorRT build with FP16 beside
     INT8 may compute the parts that are not INT8 (``build_engine`` before TensorRT 10.12,
-    weakly typed). The file records the verdict (``FP16_REST_KEY``), which
-    ``build_engine`` follows: where it fails, FP16 stays off.
-    ``artifact.int8["float_parts_fp16"]`` holds it as data, and a warning says where it
-    fails."""
+    weakly typed). With a ``goal`` (the target given) it holds only where that target
+    holds too. The file records the verdict (``FP16_REST_KEY``), which ``build_engine``
+    follows: where it fails, FP16 stays off. ``artifact.int8["float_parts_fp16"]`` holds
+    it as data, and a warning says where it fails."""
     import tempfile
 
     from fp16lens.export._onnx_meta import FP16_REST_KEY
@@ -246,28 +253,34 @@ def _float_parts_in_fp16(reference, batches: list, what: str, artifact: ExportAr
         else:
             at = replace(artifact, path=copy)
             result, failed = _run_check(reference, batches, at, "onnx-int8")
+            score = goal.score(copy) if goal is not None and result is not None else None
     if result is None:
         note = (
             f"the INT8 file was not checked with its float parts in FP16 on {what} ({failed}); "
             "build it strongly typed (TensorRT 10.12 or later), which computes them in FP32"
         )
         return replace(artifact, warnings=(*artifact.warnings, note))
-    verdict = "holds" if result.passed else "fails"
+    missed = goal is not None and score is not None and score < goal.target.threshold
+    passed = result.passed and not missed
+    verdict = "holds" if passed else "fails"
     cosine = result.cosine if result.cosine is not None else float("nan")
     _set_meta(written, {FP16_REST_KEY: f"{verdict} {cosine:.6f}"})
     _save(written, artifact.path)
-    data = {
-        **(artifact.int8 or {}),
-        "float_parts_fp16": {"passed": result.passed, "cosine": result.cosine},
-    }
-    artifact = replace(artifact, int8=data)
-    if result.passed:
+    rest: dict[str, Any] = {"passed": passed, "cosine": result.cosine}
+    if goal is not None:
+        rest["target_score"] = score
+    artifact = replace(artifact, int8={**(artifact.int8 or {}), "float_parts_fp16": rest})
+    if passed:
         return artifact
-    why = re.sub(r"__fp16lens_fp(16|32)_[0-9]+", "", _why(result))  # the node's own name
+    if result.passed:  # verify's check holds, the target given does not
+        assert goal is not None and score is not None
+        why = f"misses its target on {what}: {goal.scored(score, artifact)}"
+    else:
+        named = re.sub(r"__fp16lens_fp(16|32)_[0-9]+", "", _why(result))  # the node's own name
+        why = f"fails verify's check on {what}: {named}"
     note = (
         f"with its float parts in FP16 (as a TensorRT build with FP16 beside INT8 may compute "
-        f"them: weakly typed, before 10.12) the INT8 file fails verify's check on {what}: "
-        f"{why}; build_engine builds it with FP16 off (INT8 and FP32, as checked), and "
+        f"them: weakly typed, before 10.12) the INT8 file {why}; build_engine builds it with FP16 off (INT8 and FP32, as checked), and "
         "TensorRT 10.12 or later builds it strongly typed, its float parts in FP32"
     )
     return replace(artifact, warnings=(*artifact.warnings, note))
@@ -310,6 +323,42 @@ def _why(result) -> str:
     )
 
 
+@dataclass(frozen=True)
+class _Goal:
+    """The INT8 target given to export, with what it was scored against as written: the
+    FP32 graph ``source`` (a ModelProto or path) and ``batches`` (the evaluation batches,
+    else the calibration batches). A file with its float parts in FP16 claims the target
+    only where it scores so itself."""
+
+    source: Any
+    target: Int8Target
+    batches: list
+
+    def score(self, path: Path) -> float:
+        from fp16lens.export._int8 import target_on_file
+
+        return target_on_file(self.source, path, self.batches, self.target)
+
+    def scored(self, score: float, artifact: ExportArtifact) -> str:
+        """``score`` against the target, beside the first file's (FP32 float parts)."""
+        from fp16lens.export._int8_search import shown
+
+        t = self.target
+        first = ((artifact.int8 or {}).get("target") or {}).get("score")
+        beside = f" ({shown(first, t.threshold)} with them FP32)" if first is not None else ""
+        side = "<" if score < t.threshold else ">="
+        return f"{t.name} {shown(score, t.threshold)} {side} {t.threshold:.12g}{beside}"
+
+
+def _goal(opts: ExportOptions, source, evaluation, calibration) -> _Goal | None:
+    """The target of an INT8 export (None without one) and what it is scored on."""
+    from fp16lens.export._int8_search import as_target
+
+    target = as_target(opts.target) if opts.precision == "int8" else None
+    batches = list(evaluation) if evaluation else list(calibration or [])
+    return None if target is None or not batches else _Goal(source, target, batches)
+
+
 def _as_declared(evaluation: Iterable, graph) -> tuple[list, str]:
     """The evaluation batches as the ONNX ``graph`` takes them (one batch of N items split
     where its first axis is fixed below N), and the words naming them."""
@@ -345,7 +394,9 @@ def _export_onnx(
     if opts.precision == "int8" and not check:
         return artifact
     if opts.precision == "int8":
-        first = _checked_int8(model, evaluation, artifact)
+        first = _checked_int8(
+            model, evaluation, artifact, _goal(opts, model, evaluation, calibration)
+        )
         return _patched_int8(model, model, path, given, calibration, evaluation, first)
     if opts.precision != "fp16":
         return artifact
@@ -367,13 +418,15 @@ def _patched_int8(source, reference, path: Path, opts, calibration, evaluation, 
         moved = replace(opts, calibration_cache=cache, opset=None, exporter="auto", dynamic=())
         return _export_onnx(src, dst, moved, calibration, evaluation, check=False)
 
+    goal = _goal(opts, source, evaluation, calibration)
+
     def checked(art: ExportArtifact) -> ExportArtifact:
-        return _checked_int8(reference, evaluation, art)
+        return _checked_int8(reference, evaluation, art, goal)
 
     art = patched_first(source, path, list(calibration), evaluation, first, again, checked)
     if opts.float_parts != "fp16":
         return art
-    return _typed_float_parts(reference, evaluation or calibration, art, opts)
+    return _typed_float_parts(reference, evaluation or calibration, art, opts, goal)
 
 
 def _as_good(typed, first) -> bool:
@@ -388,12 +441,15 @@ def _as_good(typed, first) -> bool:
     return first.cosine is not None and 1 - typed.cosine <= 1.1 * (1 - first.cosine)
 
 
-def _typed_float_parts(reference, batches, art: ExportArtifact, opts) -> ExportArtifact:
+def _typed_float_parts(
+    reference, batches, art: ExportArtifact, opts, goal: _Goal | None = None
+) -> ExportArtifact:
     """The INT8 file ``art`` with its float parts typed FP16 (``_int8_typed``), written over
     it where verify's ``onnx-int8`` check (its FP16 storage made real) passes on
     ``batches`` (the evaluation batches, else the calibration batches) against
-    ``reference`` (or fails no worse than the first file did: ``_as_good``); else an
-    ExportError, the FP32 float parts left in place."""
+    ``reference`` (or fails no worse than the first file did: ``_as_good``), and the
+    ``goal`` (the target given) holds on it too; else an ExportError, the FP32 float parts
+    left in place."""
     import os
 
     from fp16lens.export._int8_typed import typed_fp16
@@ -408,12 +464,22 @@ def _typed_float_parts(reference, batches, art: ExportArtifact, opts) -> ExportA
     graph = art.path if isinstance(reference, torch.nn.Module) else reference
     checked, what = _as_declared(batches, graph)
     result, failed = _run_check(reference, checked, at, "onnx-int8")
-    if result is None or not _as_good(result, art.parity):
+    good = result is not None and _as_good(result, art.parity)
+    score = goal.score(trial) if good and goal is not None else None
+    if not good or (score is not None and goal is not None and score < goal.target.threshold):
         trial.unlink(missing_ok=True)
         for extra in trial.parent.glob(trial.name + ".data"):
             extra.unlink()
-        why = failed if result is None else _why(result)
-        if result is not None and art.parity is not None and art.parity.cosine is not None:
+        if score is not None and goal is not None:
+            why = f"it misses its target: {goal.scored(score, art)}"
+        else:
+            why = failed if result is None else _why(result)
+        if (
+            not good
+            and result is not None
+            and art.parity is not None
+            and art.parity.cosine is not None
+        ):
             why += f" (with its float parts FP32: cosine {art.parity.cosine:.6f})"
         raise ExportError(
             f"float_parts='fp16': the INT8 file with its float parts typed FP16 fails its "
@@ -427,6 +493,13 @@ def _typed_float_parts(reference, batches, art: ExportArtifact, opts) -> ExportA
         os.replace(data, art.path.parent / (art.path.name + ".data"))
     written = onnx.load(str(art.path), load_external_data=False)
     data_ = {**(art.int8 or {}), "float_parts": "fp16"}
+    if score is not None and goal is not None:  # what the file taken home scores
+        notes.append(
+            f"with its float parts typed FP16 the file meets its target too: {goal.scored(score, art)}"
+        )
+        if data_.get("target"):
+            first = data_["target"]["score"]
+            data_["target"] = {**data_["target"], "score": score, "score_fp32_parts": first}
     return replace(
         art,
         opset=default_opset(written),
@@ -518,7 +591,9 @@ def retype(
     job = _Job(opts, meta.get(EXPORTER_KEY, "unknown"), [], calibration, (), evaluation)
     artifact = _typed(proto, Path(dst), job)
     if opts.precision == "int8":
-        first = _checked_int8(str(src), evaluation, artifact)
+        first = _checked_int8(
+            str(src), evaluation, artifact, _goal(opts, str(src), evaluation, calibration)
+        )
         return _patched_int8(str(src), str(src), Path(dst), opts, calibration, evaluation, first)
     if opts.precision != "fp16":
         return artifact

@@ -136,10 +136,7 @@ def quantize_fp16lens(
     feeds, split = _split(
         proto, _declared(proto, _feeds(calibration, names, "calibration"), "calibration", exported)
     )
-    checks = None
-    if evaluation is not None:
-        given = _declared(proto, _feeds(evaluation, names, "evaluation"), "evaluation", exported)
-        checks, _ = _split(proto, given, free=False)
+    checks = None if evaluation is None else evaluation_feeds(proto, evaluation, exported)
     with _progress() as progress:  # the search's loops, on stderr in a terminal
         token = PROGRESS.set(progress)
         try:
@@ -160,6 +157,46 @@ def quantize_fp16lens(
     if plan.target is not None:
         _check_as_written(proto, quantized, plan, checks or feeds)
     return quantized, plan
+
+
+def evaluation_feeds(proto, batches: Iterable, exported: bool = False) -> list[dict]:
+    """The evaluation (or check) batches as ONNX Runtime feeds of the FP32 graph ``proto``,
+    checked against its declared shapes (one batch of N items split where it takes one)."""
+    initializers = {i.name for i in proto.graph.initializer}
+    names = [v.name for v in proto.graph.input if v.name not in initializers]
+    given = _declared(proto, _feeds(batches, names, "evaluation"), "evaluation", exported)
+    return _split(proto, given, free=False)[0]
+
+
+def target_on_file(source, path, batches: Iterable, target) -> float:
+    """``target`` (an ``Int8Target``) scored on the INT8 file at ``path`` computed as
+    TensorRT runs it (verify's ``onnx-int8``: each Q/DQ on its own, and where the file
+    types tensors FP16, their FP16 storage made real) against the FP32 graph ``source``
+    (a ModelProto or a path) on ``batches``, as ``_check_as_written`` scores it."""
+    from fp16lens.export._int8_search import session
+    from fp16lens.verify._onnx import OnnxInt8
+
+    onnx = import_optional("onnx", "onnx", _PURPOSE)
+    proto = source if isinstance(source, onnx.ModelProto) else onnx.load(str(source))
+    feeds = evaluation_feeds(proto, batches)
+    fp32 = session(proto)
+    names = [o.name for o in fp32.get_outputs()]
+    refs = [fp32.run(names, f) for f in feeds]
+    runner = OnnxInt8(path)
+    sess = runner.build(round_storage=True, expose=None)
+    inputs, written = [i.name for i in sess.get_inputs()], [o.name for o in sess.get_outputs()]
+    outs = []
+    order = names if set(names) <= set(written) else written  # else by position
+    for feed in feeds:
+        got = dict(zip(written, sess.run(None, runner.feed((feed,), inputs))))
+        outs.append([_as_fp32(got[n]) for n in order])
+    del proto
+    return float(target.score(refs, outs))
+
+
+def _as_fp32(a) -> np.ndarray:
+    a = np.asarray(a)
+    return a.astype(np.float32) if a.dtype == np.float16 else a
 
 
 SPLIT = 8  # batches one calibration batch is split into, at most

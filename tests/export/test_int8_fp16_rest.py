@@ -13,6 +13,7 @@ run in plain ONNX Runtime, as written and with every tensor a node writes stored
 from __future__ import annotations
 
 import copy
+import re
 
 import numpy as np
 import pytest
@@ -24,8 +25,19 @@ onnx = pytest.importorskip("onnx")
 import zoo_real as z  # noqa: E402
 from onnx_runs import cosine, session, worst_cosine  # noqa: E402
 
+PATCHED_MISSES = re.compile(
+    r"the INT8 file of the FP32 graph patched for FP16 fails too: with its float parts in "
+    r"FP16 \(worst output cosine 0\.99\d+ < 0\.997, its target; 0\.99[7-9]\d+ as written\)"
+)
 
-def test_a_pytorch_models_int8_file_failing_in_fp16_is_made_again_patched(tmp_path):
+
+def test_a_pytorch_models_int8_file_failing_in_fp16_is_tried_again_patched(tmp_path):
+    """The demo's INT8 file (target 0.997, the worst output cosine of a batch) passes as
+    written and overflows with its float parts stored in FP16, so the exported graph is
+    patched for FP16 and quantized again. That file passes verify's bar with its float
+    parts in FP16 (0.9973 over both pages together) but misses the target there (one page
+    at 0.9958: the fallback meets 0.997 by a hair as written, and FP16 rounding takes
+    more), so it does not claim the target for FP16: the first file stays, FP16 off."""
     from fp16lens.demo._build import build_demo_model, document_pages
     from fp16lens.export import export
     from fp16lens.export._engine_config import engine_config
@@ -45,22 +57,23 @@ def test_a_pytorch_models_int8_file_failing_in_fp16_is_made_again_patched(tmp_pa
         model, (x,), out, "int8", calibration=cal, evaluation=held, target=0.997, max_fallback=0.6
     )
     (note,) = [w for w in art.warnings if w.startswith("with its float parts in FP16")]
-    assert "that graph was patched for FP16 first" in note and "quantized again" in note, note
-    assert art.path == out and art.parity.passed and art.int8["float_parts_fp16"]["passed"]
+    assert PATCHED_MISSES.search(note), note
+    assert art.path == out and art.parity.passed and not art.int8["float_parts_fp16"]["passed"]
     written = onnx.load(out)
-    assert fp16_rest_holds(written) is True
-    assert engine_config("int8", "10.3.0", has_qdq=True, fp16_rest=True).fp16
-    assert sum(n.op_type == "QuantizeLinear" for n in written.graph.node) >= 10
-    for graph in (written, fp16_storage(written, initializers=False)[0]):
-        sess = session(graph)
-        for p, w in zip(held, want):
-            (got,) = sess.run(None, {sess.get_inputs()[0].name: p.numpy()})
-            assert np.isfinite(got).all() and cosine(w, got) >= 0.99
+    assert fp16_rest_holds(written) is False
+    assert not engine_config("int8", "10.3.0", has_qdq=True, fp16_rest=False).fp16
+    as_written, stored = (session(g) for g in (written, fp16_storage(written, False)[0]))
+    for p, w in zip(held, want):
+        feed = {as_written.get_inputs()[0].name: p.numpy()}
+        assert cosine(w, as_written.run(None, feed)[0]) >= 0.997  # the target, as written
+    assert min(cosine(w, stored.run(None, {stored.get_inputs()[0].name: p.numpy()})[0])
+               for p, w in zip(held, want)) < 0.99  # fmt: skip
 
 
-def test_retype_to_int8_makes_a_failing_file_again_from_the_fp32_file_patched(tmp_path):
+def test_retype_to_int8_tries_a_failing_file_again_from_the_fp32_file_patched(tmp_path):
     """``retype`` of the demo's FP32 file to INT8 takes the same way: the FP32 file patched
-    for FP16, quantized again, checked against the FP32 file both ways."""
+    for FP16, quantized again, checked against the FP32 file both ways, and kept out
+    where the target misses with its float parts in FP16."""
     from fp16lens.demo._build import build_demo_model, document_pages
     from fp16lens.export import export, retype
     from fp16lens.export._onnx_meta import fp16_rest_holds
@@ -79,8 +92,8 @@ def test_retype_to_int8_makes_a_failing_file_again_from_the_fp32_file_patched(tm
         max_fallback=0.6,
     )
     (note,) = [w for w in art.warnings if w.startswith("with its float parts in FP16")]
-    assert "that graph was patched for FP16 first" in note, note
-    assert art.parity.passed and fp16_rest_holds(onnx.load(out)) is True
+    assert PATCHED_MISSES.search(note), note
+    assert art.parity.passed and fp16_rest_holds(onnx.load(out)) is False
 
 
 def test_an_int8_file_failing_in_fp16_is_made_again_from_its_source_patched(tmp_path):

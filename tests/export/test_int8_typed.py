@@ -132,6 +132,84 @@ def test_pnet_typed_file_reads_face_cells_as_its_fp32_parts_twin(tmp_path):
     assert pooled == pytest.approx(typed.parity.cosine, abs=1e-5)
 
 
+def _stored_twin(path):
+    """The FP32-parts INT8 file with every float tensor a node writes rounded to FP16 after
+    that node, its initializers FP32: a weakly typed build with FP16 beside INT8."""
+    from onnx import helper
+
+    m = onnx.load(path)
+    inferred = onnx.shape_inference.infer_shapes(m)
+    types = {v.name: v.type.tensor_type.elem_type for v in (*inferred.graph.value_info,)}
+    types.update({v.name: v.type.tensor_type.elem_type for v in m.graph.output})
+    nodes = []
+    for node in m.graph.node:
+        nodes.append(node)
+        for k, out in enumerate(node.output):
+            if types.get(out) == _F32:
+                node.output[k] = f"{out}__raw"
+                nodes.append(helper.make_node("Cast", [f"{out}__raw"], [f"{out}__h"], to=_F16))
+                nodes.append(helper.make_node("Cast", [f"{out}__h"], [out], to=_F32))
+    del m.graph.node[:]
+    m.graph.node.extend(nodes)
+    return m
+
+
+def test_a_target_is_scored_on_the_file_with_its_float_parts_in_fp16(tmp_path):
+    """MTCNN PNet with a target on its face cells (24 held-out crops): all in INT8 the
+    FP32-parts file scores 0.9326, and with its float parts in FP16 one item loses its
+    face cells (its output cosine stays 0.9997, above verify's bar). At target 0.93 the
+    typed file is refused in one line naming both scores and the FP32-parts file stays;
+    that file records FP16 off, since with its float parts stored FP16 it misses the
+    target too. At 0.90 the typed file is written and claims what it scores itself. Each
+    score is read from a twin built here without fp16lens."""
+    from fp16lens.export._onnx_meta import FP16_REST_KEY
+
+    case = int8_zoo.MODELS["pnet"](8, 24)
+    refs = int8_zoo.run_outputs(case.path, case.eval)
+
+    def face_iou(r, o) -> float:
+        return case.metric(r, o)["face cell IoU"]
+
+    def export(threshold: float, float_parts: str, name: str):
+        return fp16lens.export(
+            case.path, None, tmp_path / name, "int8", calibration=list(case.cal),
+            evaluation=list(case.eval), float_parts=float_parts,
+            target=fp16lens.export.Int8Target(threshold, face_iou, name="face cell IoU"),
+        )  # fmt: skip
+
+    plain = export(0.93, "fp32", "p32.onnx")
+    first = plain.int8["target"]["score"]
+    assert first >= 0.93 and first == face_iou(
+        refs, int8_zoo.run_outputs(str(plain.path), case.eval)
+    )
+    stored = face_iou(refs, int8_zoo.run_outputs(_stored_twin(str(plain.path)), case.eval))
+    rest = plain.int8["float_parts_fp16"]
+    assert stored < 0.93 and rest["target_score"] == pytest.approx(stored, abs=1e-9)
+    assert not rest["passed"] and rest["cosine"] >= 0.99  # the cosine alone would pass it
+    meta = {p.key: p.value for p in onnx.load(plain.path).metadata_props}
+    assert meta[FP16_REST_KEY].startswith("fails")  # build_engine keeps FP16 off
+    assert any(
+        "misses its target on the evaluation batches: face cell IoU" in w for w in plain.warnings
+    )
+
+    with pytest.raises(ExportError, match=r"misses its target: face cell IoU 0\.9[0-2]\d+ < 0\.93 "
+                       r"\(0\.93\d+ with them FP32\)") as refused:  # fmt: skip
+        export(0.93, "fp16", "p16.onnx")
+    assert len(str(refused.value).splitlines()) == 1
+    kept = tmp_path / "p16.onnx"  # the FP32-parts file, as the refusal says
+    assert kept.exists() and not list(tmp_path.glob("*.fp16-parts*"))
+    assert face_iou(refs, int8_zoo.run_outputs(str(kept), case.eval)) == first
+
+    typed = export(0.90, "fp16", "t16.onnx")
+    own = face_iou(refs, int8_zoo.run_outputs(_rounded_twin(str(typed.path)), case.eval))
+    assert 0.90 <= own < first and typed.int8["float_parts"] == "fp16"
+    assert typed.int8["target"]["score"] == pytest.approx(own, abs=1e-9)
+    assert typed.int8["target"]["score_fp32_parts"] == first
+    assert any(
+        w.startswith("with its float parts typed FP16 the file meets") for w in typed.warnings
+    )
+
+
 def test_onet_typed_file_is_kept_where_int8_itself_misses_the_check(tmp_path):
     """MTCNN ONet all in INT8 on 24 held-out faces misses verify's cosine 0.99 with its
     float parts FP32 already (the first file's warning says so): typed FP16 it reads no
