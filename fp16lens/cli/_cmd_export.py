@@ -98,7 +98,7 @@ def add_parser(sub) -> None:
         default="fp32",
         help="with --precision int8: the type of every tensor that is not INT8 in the file "
         "(fp16: typed FP16, opset 19, for FP16 beside INT8 in a strongly typed TensorRT "
-        "build; checked like the file)",
+        "build; checked like the file, and --target's fallback holds it there too)",
     )
     p.add_argument(
         "--fp32-modules",

@@ -85,7 +85,9 @@ def export(
     passes both ways: ``_int8_fp16_fix``). ``float_parts="fp16"`` then types those parts
     FP16 in the file (opset 19 or later, as ModelOpt's default writes them; for a strongly
     typed TensorRT build), checked the same way with their FP16 storage made real, and
-    ExportError says so where that fails. One batch of N items for a graph whose first
+    ExportError says so where that fails; with a ``target`` the fallback aims at that
+    file (each set scored with those parts in FP32 and in FP16), and the file must meet
+    the target itself. One batch of N items for a graph whose first
     axis is fixed below N is fed in parts of that size.
 
     ``model`` may also be an FP32 ONNX file (a path or an ``onnx.ModelProto``; pass
@@ -140,7 +142,7 @@ def export(
     job = _Job(opts, used, notes, calibration, fp32_outputs(model), evaluation)
     artifact = _typed(proto, path, job)
     if opts.precision == "int8":
-        goal = _goal(opts, proto, evaluation, calibration)
+        goal = _goal(opts, proto, evaluation, calibration, stored=True)
         first = _checked_int8(model, evaluation, artifact, goal)
         # the islands' modules are stamped on the graph's nodes: the ONNX export reads them
         return _patched_int8(proto, model, path, opts, calibration, evaluation, first)
@@ -274,7 +276,8 @@ def _float_parts_in_fp16(
         return artifact
     if result.passed:  # verify's check holds, the target given does not
         assert goal is not None and score is not None
-        why = f"misses its target on {what}: {goal.scored(score, artifact)}"
+        first = ((artifact.int8 or {}).get("target") or {}).get("score")
+        why = f"misses its target on {what}: {goal.scored(score, first)}"
     else:
         named = re.sub(r"__fp16lens_fp(16|32)_[0-9]+", "", _why(result))  # the node's own name
         why = f"fails verify's check on {what}: {named}"
@@ -339,21 +342,26 @@ class _Goal:
 
         return target_on_file(self.source, path, self.batches, self.target)
 
-    def scored(self, score: float, artifact: ExportArtifact) -> str:
-        """``score`` against the target, beside the first file's (FP32 float parts)."""
+    def scored(self, score: float, first: float | None) -> str:
+        """``score`` against the target, beside ``first``: the FP32-parts file's."""
         from fp16lens.export._int8_search import shown
 
         t = self.target
-        first = ((artifact.int8 or {}).get("target") or {}).get("score")
         beside = f" ({shown(first, t.threshold)} with them FP32)" if first is not None else ""
         side = "<" if score < t.threshold else ">="
         return f"{t.name} {shown(score, t.threshold)} {side} {t.threshold:.12g}{beside}"
 
 
-def _goal(opts: ExportOptions, source, evaluation, calibration) -> _Goal | None:
-    """The target of an INT8 export (None without one) and what it is scored on."""
+def _goal(opts: ExportOptions, source, evaluation, calibration, stored=False) -> _Goal | None:
+    """The target of an INT8 export (None without one) and what it is scored on.
+    ``stored``: for the check with the float parts stored FP16 (a weakly typed build),
+    which with ``float_parts="fp16"`` keeps verify's bar alone: those parts are typed
+    FP16 in the file, whose own check scores the target (``_typed_float_parts``), and the
+    fallback aimed at that form, not this one."""
     from fp16lens.export._int8_search import as_target
 
+    if stored and opts.float_parts == "fp16":
+        return None
     target = as_target(opts.target) if opts.precision == "int8" else None
     batches = list(evaluation) if evaluation else list(calibration or [])
     return None if target is None or not batches else _Goal(source, target, batches)
@@ -395,7 +403,7 @@ def _export_onnx(
         return artifact
     if opts.precision == "int8":
         first = _checked_int8(
-            model, evaluation, artifact, _goal(opts, model, evaluation, calibration)
+            model, evaluation, artifact, _goal(opts, model, evaluation, calibration, stored=True)
         )
         return _patched_int8(model, model, path, given, calibration, evaluation, first)
     if opts.precision != "fp16":
@@ -418,10 +426,10 @@ def _patched_int8(source, reference, path: Path, opts, calibration, evaluation, 
         moved = replace(opts, calibration_cache=cache, opset=None, exporter="auto", dynamic=())
         return _export_onnx(src, dst, moved, calibration, evaluation, check=False)
 
-    goal = _goal(opts, source, evaluation, calibration)
+    goal, stored = (_goal(opts, source, evaluation, calibration, k) for k in (False, True))
 
     def checked(art: ExportArtifact) -> ExportArtifact:
-        return _checked_int8(reference, evaluation, art, goal)
+        return _checked_int8(reference, evaluation, art, stored)
 
     art = patched_first(source, path, list(calibration), evaluation, first, again, checked)
     if opts.float_parts != "fp16":
@@ -466,12 +474,13 @@ def _typed_float_parts(
     result, failed = _run_check(reference, checked, at, "onnx-int8")
     good = result is not None and _as_good(result, art.parity)
     score = goal.score(trial) if good and goal is not None else None
+    first = goal.score(art.path) if score is not None and goal is not None else None
     if not good or (score is not None and goal is not None and score < goal.target.threshold):
         trial.unlink(missing_ok=True)
         for extra in trial.parent.glob(trial.name + ".data"):
             extra.unlink()
         if score is not None and goal is not None:
-            why = f"it misses its target: {goal.scored(score, art)}"
+            why = f"it misses its target: {goal.scored(score, first)}"
         else:
             why = failed if result is None else _why(result)
         if (
@@ -494,11 +503,9 @@ def _typed_float_parts(
     written = onnx.load(str(art.path), load_external_data=False)
     data_ = {**(art.int8 or {}), "float_parts": "fp16"}
     if score is not None and goal is not None:  # what the file taken home scores
-        notes.append(
-            f"with its float parts typed FP16 the file meets its target too: {goal.scored(score, art)}"
-        )
+        said = goal.scored(score, first)
+        notes.append(f"with its float parts typed FP16 the file meets its target too: {said}")
         if data_.get("target"):
-            first = data_["target"]["score"]
             data_["target"] = {**data_["target"], "score": score, "score_fp32_parts": first}
     return replace(
         art,
@@ -592,7 +599,7 @@ def retype(
     artifact = _typed(proto, Path(dst), job)
     if opts.precision == "int8":
         first = _checked_int8(
-            str(src), evaluation, artifact, _goal(opts, str(src), evaluation, calibration)
+            str(src), evaluation, artifact, _goal(opts, str(src), evaluation, calibration, True)
         )
         return _patched_int8(str(src), str(src), Path(dst), opts, calibration, evaluation, first)
     if opts.precision != "fp16":
@@ -673,6 +680,7 @@ def _typed(proto, path: Path, job: _Job, island_nodes: set[str] | None = None) -
             evaluation=job.evaluation,
             max_fallback=options.max_fallback,
             exported=job.source is None,
+            fp16_parts=options.float_parts == "fp16",
         )
         warnings += int8_notes
     for node, origin in zip(proto.graph.node, map_nodes(proto.graph, set(), [])):

@@ -124,10 +124,12 @@ def quantize_fp16lens(
     max_fallback: float = MAX_FALLBACK,
     search_batches: int = 2,
     exported: bool = False,
+    fp16_parts: bool = False,
 ):
     """Quantize the prepared FP32 ``proto`` (``prepared``): (Q/DQ ModelProto, Int8Plan).
     ``exported``: ``proto`` is fp16lens's export of a PyTorch model (a batch that does not
-    fit its fixed axes is told how ``dynamic=`` frees them)."""
+    fit its fixed axes is told how ``dynamic=`` frees them). ``fp16_parts``: the file's
+    float parts will be typed FP16, and a target's fallback scores them so too."""
     import_optional("onnxruntime", "onnx", _PURPOSE)
     from fp16lens.export._int8_search import PROGRESS, search, write_qdq
 
@@ -148,6 +150,7 @@ def quantize_fp16lens(
                 evaluation=checks,
                 max_fallback=max_fallback,
                 search_batches=search_batches,
+                fp16_parts=fp16_parts,
             )
         finally:
             PROGRESS.reset(token)
@@ -362,6 +365,7 @@ def quantize_int8(
     calibrator: str = "search",
     max_fallback: float | None = None,
     exported: bool = False,
+    fp16_parts: bool = False,
 ):
     """Quantize the FP32 ``proto``; returns (Q/DQ ModelProto, path of the TensorRT cache,
     notes, the search's plan as plain data or None). ``target``: see
@@ -389,6 +393,7 @@ def quantize_int8(
                 evaluation,
                 MAX_FALLBACK if max_fallback is None else max_fallback,
                 exported=exported,
+                fp16_parts=fp16_parts,
             )
             notes.append(plan.summary())
             plan_data = plan.to_dict()

@@ -535,7 +535,8 @@ def switch_graph(
 
 
 class Switch:
-    """The switch graph in one session, run on a fixed list of batches."""
+    """The switch graph in one session, run on a fixed list of batches. ``fp16_parts``:
+    computed as the file typed with its float parts FP16 computes it (``_fp16_parts``)."""
 
     def __init__(
         self,
@@ -544,16 +545,47 @@ class Switch:
         tensors: list[str],
         corrections: dict | None = None,
         rounded: dict | None = None,
+        fp16_parts: bool = False,
     ):
-        self.units, self.tensors = units, tensors
-        self.sess = session(switch_graph(proto, units, tensors, corrections, rounded=rounded))
+        self.units, self.tensors, self.fp16_parts = units, tensors, fp16_parts
+        graph = switch_graph(proto, units, tensors, corrections, rounded=rounded)
+        self.sess = session(_fp16_parts(graph) if fp16_parts else graph)
         self.outputs = [o.name for o in proto.graph.output]
         self.runs = 0
 
     def run(self, feeds: list[Feed], on: np.ndarray, scales: np.ndarray) -> list[Outputs]:
         extra = {ON: on.astype(np.float32), SCALE: scales.astype(np.float32)}
+        if self.fp16_parts:  # the file's FP16 scales and inputs
+            extra[SCALE] = extra[SCALE].astype(np.float16).astype(np.float32)
+            feeds = [{k: _half(a) for k, a in f.items()} for f in feeds]
         self.runs += len(feeds)
         return [self.sess.run(self.outputs, {**f, **extra}) for f in feeds]
+
+
+def _half(a: np.ndarray) -> np.ndarray:
+    return a.astype(np.float16).astype(np.float32) if a.dtype == np.float32 else a
+
+
+def _fp16_parts(graph):
+    """The switch graph with what the typed file (``float_parts="fp16"``,
+    ``_int8_typed.typed_fp16``) stores in FP16 rounded so: every float tensor a node writes
+    (a unit's dequantized input and weight among them) and every float initializer, but
+    the FP32 nodes the file names and the nodes reading an initializer beyond FP16, which
+    the typed file keeps FP32 (``patch/onnx/_fp16.fp16_storage``). Its inputs and scales
+    are rounded as they are fed (``Switch.run``)."""
+    import json
+
+    from fp16lens._core.onnx_types import FP32_NODES_KEY
+    from fp16lens.export._int8_typed import beyond_fp16
+    from fp16lens.patch.onnx import fp32_nodes
+    from fp16lens.patch.onnx._fp16 import fp16_storage
+
+    keep = sorted(set(fp32_nodes(graph)) | set(beyond_fp16(graph)))
+    for p in list(graph.metadata_props):
+        if p.key == FP32_NODES_KEY:
+            graph.metadata_props.remove(p)
+    graph.metadata_props.add(key=FP32_NODES_KEY, value=json.dumps(keep))
+    return fp16_storage(graph, initializers=True)[0]
 
 
 def _channel_means(values: list[np.ndarray], axis: int) -> np.ndarray:
@@ -937,6 +969,7 @@ class Searcher:
         # what ``fallback`` needs to build the max-ranges twin
         self._source = (proto, feeds, exclude, options)
         self._twin: Searcher | None = None
+        self._half: Switch | None = None  # ``half_switch``, made where a fallback needs it
         self._memo: dict = {}  # a task metric's per-unit losses, kept across targets
         self.found = units  # the units as found, before equalization and FLOPs
         search_batches, choose = options["search_batches"], options["choose"]
@@ -995,6 +1028,7 @@ class Searcher:
         notes += more
         if rounded or corrections:
             self.switch = Switch(proto, units, tensors, corrections, rounded)
+        self._switched = (proto, units, tensors, corrections, rounded)
         costs = []
         with _step("measuring each layer alone", len(units)) as tick:
             for i in range(len(units)):  # every unit, alone
@@ -1019,6 +1053,12 @@ class Searcher:
             rounded=rounded,
         )
 
+    def half_switch(self) -> Switch:
+        """This search's switch graph with its float parts in FP16 (made once)."""
+        if self._half is None:
+            self._half = Switch(*self._switched, fp16_parts=True)
+        return self._half
+
     def all_int8_error(self) -> float:
         """The output error (normalized MSE) with every unit in INT8, over every
         calibration batch."""
@@ -1033,6 +1073,7 @@ class Searcher:
         max_fallback: float = MAX_FALLBACK,
         *,
         max_ranges: bool = True,
+        fp16_parts: bool = False,
     ) -> Int8Plan:
         """A copy of the plan with the fewest units out of INT8 that meet ``target`` on
         ``evaluation`` (default: the calibration batches); ExportError when that needs more
@@ -1047,14 +1088,21 @@ class Searcher:
         FLOPs out, a fit to those images (0.955 on the held-out ones, against 0.973 with
         the chosen ranges and 10% out; docs/int8.md). Where the chosen ranges meet the
         target with units out, the max ranges are scored with exactly those units out and
-        kept where they score higher (the same placement, no set fitted anew)."""
+        kept where they score higher (the same placement, no set fitted anew).
+
+        ``fp16_parts``: the file's float parts will be typed FP16 (``float_parts="fp16"``),
+        so the target must hold both as written and with them in FP16 (``half_switch``):
+        each set is scored by the lesser of the two, and what stays out of INT8 is
+        measured in FP16, as the typed file computes it."""
         goal = as_target(target)
         assert goal is not None
         tried = [self]
+        self._fp16_parts = fp16_parts
         result = self._fallback(goal, evaluation, max_fallback)
         chosen = self._source[3]["choose"]
         if max_ranges and chosen and not self.plan.centred and (result.share < 1 or not result.met):
             tried.append(self._max_twin())
+            tried[1]._fp16_parts = fp16_parts
             if result.met:
                 result = self._max_at_placement(result, goal, evaluation)
             else:
@@ -1078,7 +1126,13 @@ class Searcher:
         plan = copy.copy(self.plan)
         plan.notes, plan.target = list(plan.notes), goal
         feeds = evaluation or self.feeds
-        _fallback(plan, self.switch, feeds, self.scales, max_fallback, self._memo)
+        half = self.half_switch() if getattr(self, "_fp16_parts", False) else None
+        both = _fallback(plan, self.switch, feeds, self.scales, max_fallback, self._memo, half)
+        if both:
+            plan.notes.append(
+                f"the fallback scored {goal.name} with the float parts in FP32 and in FP16 "
+                "(float_parts='fp16'), the lesser of the two"
+            )
         score = float(plan.score)  # type: ignore[arg-type]
         met = score >= goal.threshold and 1.0 - plan.int8_flop_share <= max_fallback
         return _Result(met, plan.int8_flop_share, plan)
@@ -1098,6 +1152,9 @@ class Searcher:
         on = np.array(result.plan.on, np.float64)
         refs = twin.switch.run(feeds, np.zeros(n), twin.scales)
         at = float(goal.score(refs, twin.switch.run(feeds, on, twin.scales)))
+        if getattr(self, "_fp16_parts", False):  # in FP16 too, as the fallback scored it
+            half = twin.half_switch().run(feeds, on, twin.scales)
+            at = lesser(at, float(goal.score(refs, half)))
         chosen = float(result.plan.score)  # type: ignore[arg-type]
         if at <= chosen:
             return result
@@ -1230,6 +1287,7 @@ def search(
     correct_bias: bool = True,
     equalize: bool = True,
     centre: bool | None = None,
+    fp16_parts: bool = False,
 ) -> Int8Plan:
     """Calibrate on ``feeds``, choose each tensor's range by its cost at the output, rank
     every unit, and keep the fewest out of INT8 until ``target`` holds on ``evaluation``
@@ -1253,7 +1311,7 @@ def search(
     )
     if target is None:
         return found.plan
-    return found.fallback(target, evaluation, max_fallback)
+    return found.fallback(target, evaluation, max_fallback, fp16_parts=fp16_parts)
 
 
 def _fallback(
@@ -1263,10 +1321,24 @@ def _fallback(
     scales,
     max_fallback: float,
     memo: dict | None = None,
-):
+    half: Switch | None = None,
+) -> bool:
+    """Keep the fewest units of ``plan`` out of INT8 that meet its target (``on``, ``kept``,
+    ``score``); with ``half`` (``Searcher.half_switch``) each set scored in FP16 too, the
+    lesser of the two, unless FP16 misses the target with every unit out. Whether it was
+    scored both ways."""
     units, target = plan.units, plan.target
     assert target is not None  # Searcher.fallback sets it
     refs = switch.run(evaluation, np.zeros(len(units)), scales)
+    if half is not None:
+        all_out = float(target.score(refs, half.run(evaluation, np.zeros(len(units)), scales)))
+        if not all_out >= target.threshold:  # FP16 itself misses it (NaN too): no set helps
+            plan.notes.append(
+                f"with every layer out of INT8 the float parts in FP16 miss the target "
+                f"({target.name} {all_out:.4f}), so the fallback scored them in FP32: FP16 "
+                "itself needs fixing there (the export patches the graph for FP16 first)"
+            )
+            half = None
     seen: dict[frozenset, float] = {}  # the growths try some sets again: run each once
 
     def score(out: set[int]) -> float:
@@ -1274,6 +1346,8 @@ def _fallback(
         if key not in seen:
             on = np.array([0.0 if i in out else 1.0 for i in range(len(units))])
             seen[key] = target.score(refs, switch.run(evaluation, on, scales))
+            if half is not None:  # and as the typed file computes it: the lesser
+                seen[key] = lesser(seen[key], target.score(refs, half.run(evaluation, on, scales)))
         return seen[key]
 
     s = score(set())
@@ -1285,7 +1359,7 @@ def _fallback(
     alone: list[float] = []
     if s < target.threshold and target.metric is not None:
         # the same metric on the same batches (a ladder of thresholds): measured once
-        key = (target.metric, target.name, id(evaluation))
+        key = (target.metric, target.name, id(evaluation), half is not None)
         memo = {} if memo is None else memo
         if key not in memo:
             every = set(range(len(units)))
@@ -1372,6 +1446,12 @@ def _fallback(
         for i in sorted(out, key=rank)
     ]
     plan.score = s
+    return half is not None
+
+
+def lesser(a: float, b: float) -> float:
+    """The lower of two scores, NaN the lowest (``min`` keeps whichever comes first)."""
+    return -math.inf if math.isnan(a) or math.isnan(b) else min(a, b)
 
 
 def shown(score: float, threshold: float) -> str:

@@ -58,7 +58,7 @@ def typed_fp16(proto, io_dtype: str) -> tuple[object, list[str]]:
         copy.CopyFrom(proto)
         proto = copy
     name_nodes(proto.graph)  # the converter's own nodes come unnamed; islands go by name
-    wide = _beyond_fp16(proto)
+    wide = beyond_fp16(proto)
     if wide:  # as TensorRT's parser folds a batch norm: its parameters stay FP32
         islands |= set(wide)
         notes.append(
@@ -84,7 +84,7 @@ def typed_fp16(proto, io_dtype: str) -> tuple[object, list[str]]:
     return result.model, notes + result.warnings
 
 
-def _beyond_fp16(proto) -> list[str]:
+def beyond_fp16(proto) -> list[str]:
     """The nodes reading a float initializer with a value beyond FP16's largest (65504):
     a batch norm's variance, as PP-OCRv4's detector head holds up to 9.8e7."""
     from onnx import numpy_helper

@@ -23,7 +23,21 @@ pytest.importorskip("onnxruntime")
 onnx = pytest.importorskip("onnx")
 
 import zoo_real as z  # noqa: E402
-from onnx_runs import cosine, session, worst_cosine  # noqa: E402
+from onnx_runs import cosine, rounded_twin, session, worst_cosine  # noqa: E402
+
+
+def _demo():
+    """The demo text detector, its example input, four calibration pages, two held-out
+    pages and the model's own FP32 outputs on them."""
+    from fp16lens.demo._build import build_demo_model, document_pages
+
+    model, (x,) = build_demo_model()
+    pages = document_pages(6)
+    held = [pages[i : i + 1] for i in range(4, 6)]
+    with torch.no_grad():
+        want = [model(p).numpy() for p in held]
+    return model, x, [pages[i : i + 1] for i in range(4)], held, want
+
 
 PATCHED_MISSES = re.compile(
     r"the INT8 file of the FP32 graph patched for FP16 fails too: with its float parts in "
@@ -38,18 +52,13 @@ def test_a_pytorch_models_int8_file_failing_in_fp16_is_tried_again_patched(tmp_p
     parts in FP16 (0.9973 over both pages together) but misses the target there (one page
     at 0.9958: the fallback meets 0.997 by a hair as written, and FP16 rounding takes
     more), so it does not claim the target for FP16: the first file stays, FP16 off."""
-    from fp16lens.demo._build import build_demo_model, document_pages
     from fp16lens.export import export
     from fp16lens.export._engine_config import engine_config
     from fp16lens.export._onnx_meta import fp16_rest_holds
     from fp16lens.patch.onnx._fp16 import fp16_storage
 
-    model, (x,) = build_demo_model()
-    pages = document_pages(6)
-    cal = [pages[i : i + 1] for i in range(4)]
-    held = [pages[i : i + 1] for i in range(4, 6)]
+    model, x, cal, held, want = _demo()
     with torch.no_grad():
-        want = [model(p).numpy() for p in held]
         half = [copy.deepcopy(model).half()(p.half()).float().numpy() for p in held]
     assert not all(np.isfinite(h).all() and cosine(w, h) > 0.99 for w, h in zip(want, half))
     out = tmp_path / "demo_int8.onnx"
@@ -68,6 +77,35 @@ def test_a_pytorch_models_int8_file_failing_in_fp16_is_tried_again_patched(tmp_p
         assert cosine(w, as_written.run(None, feed)[0]) >= 0.997  # the target, as written
     assert min(cosine(w, stored.run(None, {stored.get_inputs()[0].name: p.numpy()})[0])
                for p, w in zip(held, want)) < 0.99  # fmt: skip
+
+
+def test_a_pytorch_models_int8_file_typed_fp16_holds_its_target_after_patching(tmp_path):
+    """With ``float_parts="fp16"`` the same export (target 0.997) keeps FP16: the first
+    file overflows in FP16, so its fallback scores the float parts in FP32 only; the graph
+    patched for FP16 is quantized again with a fallback that scores every set both ways
+    (more layers out of INT8), and the file typed FP16, read back and computed with each
+    FP16 tensor rounded after the node that writes it (built here without fp16lens), holds
+    0.997 on both held-out pages against the model itself, as its own score says."""
+    from fp16lens.export import export
+    from fp16lens.export._int8_search import worst_cosine as worst_output_cosine
+
+    model, x, cal, held, want = _demo()
+    out = tmp_path / "demo_int8.onnx"
+    art = export(
+        model, (x,), out, "int8", calibration=cal, evaluation=held, target=0.997,
+        max_fallback=0.6, float_parts="fp16",
+    )  # fmt: skip
+    (note,) = [w for w in art.warnings if w.startswith("with its float parts in FP16")]
+    assert "that graph was patched for FP16 first" in note, note
+    assert art.int8["float_parts"] == "fp16" and art.int8["int8_flop_share"] >= 0.4
+    assert any("scored worst output cosine with the float parts in FP32 and in FP16" in w
+               for w in art.warnings)  # fmt: skip
+    twin = session(rounded_twin(str(out)))
+    got = [twin.run(None, {twin.get_inputs()[0].name: p.numpy()}) for p in held]
+    assert min(cosine(w, g[0]) for w, g in zip(want, got)) >= 0.997
+    # the target's own measure (each page, and each output about FP32's mean over both)
+    score = worst_output_cosine([[w] for w in want], got)
+    assert score >= 0.997 and art.int8["target"]["score"] == pytest.approx(score, abs=1e-5)
 
 
 def test_retype_to_int8_tries_a_failing_file_again_from_the_fp32_file_patched(tmp_path):
