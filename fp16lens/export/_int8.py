@@ -177,7 +177,7 @@ def target_on_file(source, path, batches: Iterable, target) -> float:
     types tensors FP16, their FP16 storage made real) against the FP32 graph ``source``
     (a ModelProto or a path) on ``batches``, as ``_check_as_written`` scores it."""
     from fp16lens.export._int8_search import session
-    from fp16lens.verify._onnx import OnnxInt8
+    from fp16lens.verify import backend_spec
 
     onnx = import_optional("onnx", "onnx", _PURPOSE)
     proto = source if isinstance(source, onnx.ModelProto) else onnx.load(str(source))
@@ -185,14 +185,8 @@ def target_on_file(source, path, batches: Iterable, target) -> float:
     fp32 = session(proto)
     names = [o.name for o in fp32.get_outputs()]
     refs = [fp32.run(names, f) for f in feeds]
-    runner = OnnxInt8(path)
-    sess = runner.build(round_storage=True, expose=None)
-    inputs, written = [i.name for i in sess.get_inputs()], [o.name for o in sess.get_outputs()]
-    outs = []
-    order = names if set(names) <= set(written) else written  # else by position
-    for feed in feeds:
-        got = dict(zip(written, sess.run(None, runner.feed((feed,), inputs))))
-        outs.append([_as_fp32(got[n]) for n in order])
+    runner = backend_spec("onnx-int8").runner(str(path), None)  # graph outputs in order
+    outs = [[_as_fp32(t.numpy()) for t in runner.run((feed,))] for feed in feeds]
     del proto
     return float(target.score(refs, outs))
 
