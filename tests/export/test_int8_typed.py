@@ -92,6 +92,38 @@ def test_pnet_typed_file_reads_face_cells_as_its_fp32_parts_twin(tmp_path):
     assert pooled == pytest.approx(typed.parity.cosine, abs=1e-5)
 
 
+def test_the_fallbacks_fp16_scoring_computes_the_typed_file_to_the_bit(tmp_path):
+    """With ``float_parts="fp16"`` the fallback scores each set on its switch graph with
+    the float parts in FP16 (``Searcher.half_switch``): that must be what the typed file
+    computes, bit for bit, or a set it finds can miss the target in the file (PP-OCRv6's
+    tiny detector: IoU 0.9818 in the search, 0.9790 in the file, where one FP16 rounding
+    that differs flips INT8 codes downstream). MTCNN PNet's search keeps bias corrections
+    (one sum stored, not rounded twice), fitted weight codes and its input on the INT8
+    grid, with FP16 weight scales in the file: all in INT8 and with its first unit out, the
+    rounded twin of the typed file (built here without fp16lens) reads every held-out
+    crop's outputs exactly as the search's FP16 did."""
+    from fp16lens.export._int8 import evaluation_feeds, prepared
+    from fp16lens.export._int8_search import searcher, write_qdq
+    from fp16lens.export._int8_typed import typed_fp16
+
+    case = int8_zoo.MODELS["pnet"](8, 8)
+    proto = prepared(onnx.load(case.path))
+    found = searcher(proto, evaluation_feeds(proto, list(case.cal)))
+    plan = found.plan
+    assert plan.corrections and plan.rounded and plan.encoded  # what the sum and scales meet
+    feeds = evaluation_feeds(proto, list(case.eval))
+    for first_out in (False, True):
+        plan.on = [not (first_out and i == 0) for i in range(len(plan.units))]
+        on = np.array(plan.on, np.float64)
+        searched = found.half_switch().run(feeds, on, found.scales)
+        typed, _ = typed_fp16(write_qdq(proto, plan), "fp32")
+        onnx.save(typed, tmp_path / "typed.onnx")
+        twin = int8_zoo.run_outputs(rounded_twin(str(tmp_path / "typed.onnx")), feeds)
+        for got, want in zip(searched, twin):
+            for a, b in zip(got, want):
+                np.testing.assert_array_equal(np.asarray(a, np.float32), b)
+
+
 def test_a_target_holds_on_the_file_with_its_float_parts_in_fp16(tmp_path, monkeypatch):
     """MTCNN PNet with a target on its face cells (24 held-out crops). All in INT8 the
     FP32-parts file scores 0.9326; with its float parts stored FP16 one item loses its
