@@ -530,13 +530,9 @@ def switch_graph(
                     off, summed = bias, numpy_helper.to_array(inits[bias]).astype(np.float32) + corr
                 else:
                     off, summed = const(f"{u.node}__nobias", np.zeros_like(corr)), corr
-                read = f"{u.node}__bias"
-                on_branch = [
-                    helper.make_node(
-                        "Identity", [const(f"{u.node}__corrected", summed)], [f"{read}__c"]
-                    )
-                ]
-                nodes.append(switched(f"{on}_b", read, on_branch, off))
+                read = f"{u.node}__bias"  # a Where: one bias vector, not a whole weight
+                corrected = const(f"{u.node}__corrected", summed)
+                nodes.append(helper.make_node("Where", [f"{on}_b", corrected, off], [read]))
                 if bias:
                     node.input[2] = read
                 else:
