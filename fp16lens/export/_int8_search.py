@@ -560,15 +560,21 @@ class Switch:
         graph = switch_graph(
             proto, units, tensors, corrections, rounded=rounded, fp16_scales=fp16_parts
         )
-        self.sess = session(_fp16_parts(graph) if fp16_parts else graph)
+        self.raw: dict[str, str] = {}  # input -> the name its FP32 readers read it by
+        if fp16_parts:
+            graph, self.raw = _fp16_parts(graph)
+        self.sess = session(graph)
         self.outputs = [o.name for o in proto.graph.output]
         self.runs = 0
 
     def run(self, feeds: list[Feed], on: np.ndarray, scales: np.ndarray) -> list[Outputs]:
         extra = {ON: on.astype(np.float32), SCALE: scales.astype(np.float32)}
-        if self.fp16_parts:  # the file's FP16 scales and inputs
+        if self.fp16_parts:  # the file's FP16 scales and inputs (as given to FP32 nodes)
             extra[SCALE] = extra[SCALE].astype(np.float16).astype(np.float32)
-            feeds = [{k: _half(a) for k, a in f.items()} for f in feeds]
+            feeds = [
+                {**{k: _half(a) for k, a in f.items()}, **{r: f[k] for k, r in self.raw.items()}}
+                for f in feeds
+            ]
         self.runs += len(feeds)
         return [self.sess.run(self.outputs, {**f, **extra}) for f in feeds]
 
@@ -577,7 +583,7 @@ def _half(a: np.ndarray) -> np.ndarray:
     return a.astype(np.float16).astype(np.float32) if a.dtype == np.float32 else a
 
 
-def _fp16_parts(graph):
+def _fp16_parts(graph) -> tuple[Any, dict[str, str]]:
     """The switch graph with what the typed file (``float_parts="fp16"``,
     ``_int8_typed.typed_fp16``) stores in FP16 rounded so: every float tensor a node writes
     (a unit's dequantized input and weight among them) and every float initializer, but
@@ -586,20 +592,82 @@ def _fp16_parts(graph):
     are rounded as they are fed (``Switch.run``), its weights dequantized through FP16
     scales (``switch_graph(fp16_scales=True)``): the typed file's outputs to the bit. One
     rounding apart flips INT8 codes downstream, and PP-OCRv6's tiny detector read IoU 0.9818
-    here where its typed file read 0.9790."""
+    here where its typed file read 0.9790. A kept node reading a graph input reads it as
+    given, as in the typed file (its inputs stay FP32, ``io_dtype="fp32"``): through a
+    second input, fed unrounded (the map returned: input -> that name)."""
     import json
 
     from fp16lens._core.onnx_types import FP32_NODES_KEY
-    from fp16lens.export._int8_typed import beyond_fp16
+    from fp16lens.export._int8_typed import wide_initializers
     from fp16lens.patch.onnx import fp32_nodes
     from fp16lens.patch.onnx._fp16 import fp16_storage
 
-    keep = sorted(set(fp32_nodes(graph)) | set(beyond_fp16(graph)))
+    g = graph.graph
+    wide = wide_initializers(graph)
+    kept = set(fp32_nodes(graph))
+    for node in g.node:
+        if not wide & set(node.input):
+            continue
+        if node.name:
+            kept.add(node.name)
+        else:  # a switch node (a corrected bias's Where): fp16_storage knows it by its
+            # output, and its readers stay FP32, as the file's conv reading that bias does
+            # (with the unit on; off, the file's bias may be an FP16 value)
+            kept.add(node.output[0])
+            kept |= {r.name for r in g.node if node.output[0] in r.input and r.name}
+    keep = sorted(kept)
+    floats = {  # the graph's own float inputs (the switch's ON and SCALE are not fed so)
+        v.name: v
+        for v in g.input
+        if v.type.tensor_type.elem_type == 1 and v.name not in (ON, SCALE)
+    }
+    raw: dict[str, str] = {}
+    for node in g.node:
+        if (node.name or node.output[0]) in keep:  # as fp16_storage names a node
+            for k, name in enumerate(node.input):
+                if name in floats:
+                    raw[name] = node.input[k] = f"{name}__fp32"
+    for name, alias in raw.items():
+        given = g.input.add()
+        given.CopyFrom(floats[name])
+        given.name = alias
+    _rounded_for_fp16_readers(graph, set(keep))
     for p in list(graph.metadata_props):
         if p.key == FP32_NODES_KEY:
             graph.metadata_props.remove(p)
     graph.metadata_props.add(key=FP32_NODES_KEY, value=json.dumps(keep))
-    return fp16_storage(graph, initializers=True)[0]
+    return fp16_storage(graph, initializers=True)[0], raw
+
+
+def _rounded_for_fp16_readers(graph, keep: set[str]) -> None:
+    """Each float tensor a ``keep`` node writes rounded to FP16 for every other reader (a
+    unit's Q inside its If among them), as the typed file's Cast before them rounds it; the
+    ``keep`` nodes and the graph's outputs read it as written."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from fp16lens._core.onnx_types import elem_types
+
+    g = graph.graph
+    types = elem_types(graph, onnx)
+    outputs = {o.name for o in g.output}
+    written: dict[str, str] = {}  # tensor -> the name its keep node now writes it by
+    nodes = []
+    for node in g.node:
+        nodes.append(node)
+        if not node.name or node.name not in keep:  # (fp16_storage knows an unnamed node
+            continue  # by its output, which stays)
+        node.input[:] = [written.get(t, t) for t in node.input]
+        for k, out in enumerate(node.output):
+            if not out or out in outputs or types.get(out) != TensorProto.FLOAT:
+                continue
+            written[out] = node.output[k] = f"{out}__fp32"
+            nodes += [
+                helper.make_node("Cast", [written[out]], [f"{out}__h"], to=TensorProto.FLOAT16),
+                helper.make_node("Cast", [f"{out}__h"], [out], to=TensorProto.FLOAT),
+            ]
+    del g.node[:]
+    g.node.extend(nodes)
 
 
 def _channel_means(values: list[np.ndarray], axis: int) -> np.ndarray:

@@ -87,6 +87,12 @@ def typed_fp16(proto, io_dtype: str) -> tuple[object, list[str]]:
 def beyond_fp16(proto) -> list[str]:
     """The nodes reading a float initializer with a value beyond FP16's largest (65504):
     a batch norm's variance, as PP-OCRv4's detector head holds up to 9.8e7."""
+    wide = wide_initializers(proto)
+    return [n.name for n in proto.graph.node if wide & set(n.input)]
+
+
+def wide_initializers(proto) -> set[str]:
+    """The float initializers holding a value beyond FP16's largest (65504)."""
     from onnx import numpy_helper
 
     from fp16lens._core import FP16_MAX
@@ -97,4 +103,4 @@ def beyond_fp16(proto) -> list[str]:
             values = numpy_helper.to_array(init)
             if values.size and float(np.abs(values).max()) > FP16_MAX:
                 wide.add(init.name)
-    return [n.name for n in proto.graph.node if wide & set(n.input)]
+    return wide

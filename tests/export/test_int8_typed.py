@@ -124,6 +124,53 @@ def test_the_fallbacks_fp16_scoring_computes_the_typed_file_to_the_bit(tmp_path)
                 np.testing.assert_array_equal(np.asarray(a, np.float32), b)
 
 
+def test_the_fallbacks_fp16_reads_a_graph_input_raw_in_an_fp32_island(tmp_path):
+    """A node kept FP32 (an island patch made) that reads a graph input reads it as given
+    in the typed file (FP32 in, ``io_dtype="fp32"``), where every FP16 reader reads it
+    rounded: the search's FP16 does the same, to the bit. Inputs up to 3000 (raw samples)
+    are not FP16 values, and the island's Mul ahead of a quantized conv then moves its
+    INT8 codes when fed rounded."""
+    import json
+
+    from onnx import TensorProto, helper, numpy_helper
+
+    from fp16lens._core.onnx_types import FP32_NODES_KEY
+    from fp16lens.export._int8_search import searcher, write_qdq
+    from fp16lens.export._int8_typed import typed_fp16
+
+    rng = np.random.default_rng(0)
+
+    def init(name, *shape):
+        return numpy_helper.from_array(rng.normal(0, 0.3, shape).astype(np.float32), name)
+
+    nodes = [
+        helper.make_node("Mul", ["x", "k"], ["scaled"], name="island"),
+        helper.make_node("Conv", ["scaled", "w1", "b1"], ["c1"], name="conv1", pads=[1] * 4),
+        helper.make_node("Conv", ["x", "w2", "b2"], ["c2"], name="conv2", pads=[1] * 4),
+        helper.make_node("Add", ["c1", "c2"], ["y"], name="add"),
+    ]
+    k = numpy_helper.from_array(np.array(1e-3, np.float32), "k")
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])],
+        [k, init("w1", 4, 3, 3, 3), init("b1", 4), init("w2", 4, 3, 3, 3), init("b2", 4)],
+    )
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    proto.metadata_props.add(key=FP32_NODES_KEY, value=json.dumps(["island"]))
+    feeds = [{"x": rng.uniform(-3000, 3000, (1, 3, 8, 8)).astype(np.float32)} for _ in range(6)]
+    found = searcher(proto, feeds[:4], centre=False)
+    plan = found.plan
+    on = np.ones(len(plan.units))
+    searched = found.half_switch().run(feeds[4:], on, found.scales)
+    typed, _ = typed_fp16(write_qdq(proto, plan), "fp32")
+    onnx.save(typed, tmp_path / "typed.onnx")
+    twin = int8_zoo.run_outputs(rounded_twin(str(tmp_path / "typed.onnx")), feeds[4:])
+    for got, want in zip(searched, twin):
+        np.testing.assert_array_equal(np.asarray(got[0], np.float32), want[0])
+
+
 def test_a_target_holds_on_the_file_with_its_float_parts_in_fp16(tmp_path, monkeypatch):
     """MTCNN PNet with a target on its face cells (24 held-out crops). All in INT8 the
     FP32-parts file scores 0.9326; with its float parts stored FP16 one item loses its
