@@ -646,7 +646,7 @@ def _rounded_for_fp16_readers(graph, keep: set[str]) -> None:
     import onnx
     from onnx import TensorProto, helper
 
-    from fp16lens._core.onnx_types import elem_types
+    from fp16lens._core.onnx_types import elem_types, rename_reads, subgraphs
 
     g = graph.graph
     types = elem_types(graph, onnx)
@@ -658,6 +658,8 @@ def _rounded_for_fp16_readers(graph, keep: set[str]) -> None:
         if not node.name or node.name not in keep:  # (fp16_storage knows an unnamed node
             continue  # by its output, which stays)
         node.input[:] = [written.get(t, t) for t in node.input]
+        for body in subgraphs(node):  # a kept If's branches read it as written too
+            rename_reads(body, written)
         for k, out in enumerate(node.output):
             if not out or out in outputs or types.get(out) != TensorProto.FLOAT:
                 continue
