@@ -92,6 +92,23 @@ def test_pnet_typed_file_reads_face_cells_as_its_fp32_parts_twin(tmp_path):
     assert pooled == pytest.approx(typed.parity.cosine, abs=1e-5)
 
 
+def _assert_search_reads_as_typed(found, proto, feeds, tmp_path) -> None:
+    """The search's FP16 outputs (``Searcher.half_switch``) at its plan's units on equal
+    those of the typed file it writes, read back and rounded after every node by the twin
+    built here without fp16lens, to the bit on every batch and output."""
+    from fp16lens.export._int8_search import write_qdq
+    from fp16lens.export._int8_typed import typed_fp16
+
+    on = np.array(found.plan.on, np.float64)
+    searched = found.half_switch().run(feeds, on, found.scales)
+    typed, _ = typed_fp16(write_qdq(proto, found.plan), "fp32")
+    onnx.save(typed, tmp_path / "typed.onnx")
+    twin = int8_zoo.run_outputs(rounded_twin(str(tmp_path / "typed.onnx")), feeds)
+    for got, want in zip(searched, twin):
+        for a, b in zip(got, want):
+            np.testing.assert_array_equal(np.asarray(a, np.float32), b)
+
+
 def test_the_fallbacks_fp16_scoring_computes_the_typed_file_to_the_bit(tmp_path):
     """With ``float_parts="fp16"`` the fallback scores each set on its switch graph with
     the float parts in FP16 (``Searcher.half_switch``): that must be what the typed file
@@ -103,8 +120,7 @@ def test_the_fallbacks_fp16_scoring_computes_the_typed_file_to_the_bit(tmp_path)
     rounded twin of the typed file (built here without fp16lens) reads every held-out
     crop's outputs exactly as the search's FP16 did."""
     from fp16lens.export._int8 import evaluation_feeds, prepared
-    from fp16lens.export._int8_search import searcher, write_qdq
-    from fp16lens.export._int8_typed import typed_fp16
+    from fp16lens.export._int8_search import searcher
 
     case = int8_zoo.MODELS["pnet"](8, 8)
     proto = prepared(onnx.load(case.path))
@@ -114,14 +130,7 @@ def test_the_fallbacks_fp16_scoring_computes_the_typed_file_to_the_bit(tmp_path)
     feeds = evaluation_feeds(proto, list(case.eval))
     for first_out in (False, True):
         plan.on = [not (first_out and i == 0) for i in range(len(plan.units))]
-        on = np.array(plan.on, np.float64)
-        searched = found.half_switch().run(feeds, on, found.scales)
-        typed, _ = typed_fp16(write_qdq(proto, plan), "fp32")
-        onnx.save(typed, tmp_path / "typed.onnx")
-        twin = int8_zoo.run_outputs(rounded_twin(str(tmp_path / "typed.onnx")), feeds)
-        for got, want in zip(searched, twin):
-            for a, b in zip(got, want):
-                np.testing.assert_array_equal(np.asarray(a, np.float32), b)
+        _assert_search_reads_as_typed(found, proto, feeds, tmp_path)
 
 
 def test_the_fallbacks_fp16_reads_a_graph_input_raw_in_an_fp32_island(tmp_path):
@@ -135,8 +144,7 @@ def test_the_fallbacks_fp16_reads_a_graph_input_raw_in_an_fp32_island(tmp_path):
     from onnx import TensorProto, helper, numpy_helper
 
     from fp16lens._core.onnx_types import FP32_NODES_KEY
-    from fp16lens.export._int8_search import searcher, write_qdq
-    from fp16lens.export._int8_typed import typed_fp16
+    from fp16lens.export._int8_search import searcher
 
     rng = np.random.default_rng(0)
 
@@ -161,14 +169,8 @@ def test_the_fallbacks_fp16_reads_a_graph_input_raw_in_an_fp32_island(tmp_path):
     proto.metadata_props.add(key=FP32_NODES_KEY, value=json.dumps(["island"]))
     feeds = [{"x": rng.uniform(-3000, 3000, (1, 3, 8, 8)).astype(np.float32)} for _ in range(6)]
     found = searcher(proto, feeds[:4], centre=False)
-    plan = found.plan
-    on = np.ones(len(plan.units))
-    searched = found.half_switch().run(feeds[4:], on, found.scales)
-    typed, _ = typed_fp16(write_qdq(proto, plan), "fp32")
-    onnx.save(typed, tmp_path / "typed.onnx")
-    twin = int8_zoo.run_outputs(rounded_twin(str(tmp_path / "typed.onnx")), feeds[4:])
-    for got, want in zip(searched, twin):
-        np.testing.assert_array_equal(np.asarray(got[0], np.float32), want[0])
+    assert all(found.plan.on)  # every unit in INT8: the island's Mul feeds a quantizer
+    _assert_search_reads_as_typed(found, proto, feeds[4:], tmp_path)
 
 
 def test_a_target_holds_on_the_file_with_its_float_parts_in_fp16(tmp_path, monkeypatch):
