@@ -1,6 +1,7 @@
 """INT8 side by side on the real-weights zoo, in one run and one harness.
 
-    python scripts/bench_int8.py [--quick] [--models detector,recognizer,classifier] [--json OUT]
+    python scripts/bench_int8.py [--quick] [--models detector,recognizer,classifier]
+        [--float-parts fp32|fp16] [--json OUT]
 
 ``--models`` (comma-separated): detector, recognizer, classifier (the default), onet,
 rnet, pnet, craft, english_g2, crepe, yolo, orientation, ddddocr, dnsmos, v5-detector,
@@ -42,6 +43,15 @@ Methods, each given the same calibration feeds:
 - ModelOpt ``modelopt.onnx.quantization.quantize`` int8 with entropy and max (the rest of
   the graph kept FP32: its FP16 default clamps the detector's batch-norm variances), when
   nvidia-modelopt imports here; otherwise the output says why not.
+
+``--float-parts fp16``: the rows of a deployment with FP16 beside INT8 (TensorRT's FP16 and
+INT8 flags, or a strongly typed build of a file that types them): fp16lens's all-INT8 row
+as above, then each fp16lens row with its file's float parts typed FP16 (``export(...,
+float_parts="fp16")``'s step, the fallback scoring each set in FP16), and ModelOpt's
+entropy and max in its default (``high_precision_dtype`` FP16). Those files are computed
+with their FP16 storage made real (verify's ``onnx-int8`` backend: every tensor the file
+types FP16 rounded to FP16 after the node that writes it); ONNX Runtime's own quantize_static
+writes no FP16 float parts, so it has no rows there.
 
 Every Q/DQ graph is computed as written (ONNX Runtime, graph optimizations off: each
 QuantizeLinear/DequantizeLinear on its own, the arithmetic TensorRT runs; the onnx-int8
@@ -150,10 +160,13 @@ def _fp16lens(
     centre=None,
     rounding=None,
     evaluation=None,
+    fp16_parts=False,
 ):
     """fp16lens's INT8 of ``case``; the search is made once per case and choice, and the
     fallback for ``target`` runs on it. ``centre`` defaults as ``search`` does: tried only
-    without a target."""
+    without a target. ``fp16_parts``: the file ``export(..., float_parts="fp16")`` writes,
+    its float parts typed FP16 (``typed_fp16``, export's own step), the fallback scoring
+    each set in FP16 as that file computes it."""
     import onnx
 
     from fp16lens.export._int8 import _quantize_ort, prepared
@@ -170,7 +183,7 @@ def _fp16lens(
     plan = (
         searcher.plan
         if target is None
-        else searcher.fallback(target, evaluation, max_fallback=max_fallback)
+        else searcher.fallback(target, evaluation, max_fallback=max_fallback, fp16_parts=fp16_parts)
     )
     if not bias:  # the corrections were measured on the rounded weights where both are kept
         plan = dataclasses.replace(plan, corrections={})
@@ -181,6 +194,11 @@ def _fp16lens(
     if plan.kept:
         note += "; kept out of INT8: " + ", ".join(k.node for k in plan.kept)
     quantized = write_qdq(proto, plan)
+    if fp16_parts:
+        from fp16lens.export._int8_typed import typed_fp16
+
+        quantized, notes = typed_fp16(quantized, "fp32")
+        note += "".join(f"; {n}" for n in notes)
     elapsed = time.perf_counter() - start  # a reused search counts as if made here
     return quantized, note, elapsed if first else seconds + elapsed
 
@@ -323,7 +341,7 @@ def _ladder_target(name: str):
     return targets[1] if name == "onet" else targets[0]  # ONet: box and landmarks, in px
 
 
-def _strictest(case, name: str):
+def _strictest(case, name: str, fp16_parts=False):
     """fp16lens + the strictest target of the model's ladder whose fallback keeps at most
     10% of the FLOPs out of INT8 on the calibration items."""
     from fp16lens.export import ExportError
@@ -333,7 +351,9 @@ def _strictest(case, name: str):
     for threshold in LADDERS[name]:
         target = dataclasses.replace(base, threshold=threshold)
         try:
-            quantized, note, seconds = _fp16lens(case, target=target, max_fallback=0.1)
+            quantized, note, seconds = _fp16lens(
+                case, target=target, max_fallback=0.1, fp16_parts=fp16_parts
+            )
         except ExportError:
             continue
         spent = seconds + time.perf_counter() - start
@@ -341,7 +361,9 @@ def _strictest(case, name: str):
     raise ExportError(f"no threshold of {LADDERS[name]} fits 10% of the FLOPs")
 
 
-def _modelopt(case, method: str):
+def _modelopt(case, method: str, high_precision: str = "fp32"):
+    """ModelOpt's INT8 of ``case``: the rest of the graph FP32, or in ``"fp16"`` (its
+    default, what a user who does not set ``high_precision_dtype`` deploys)."""
     import onnx
     from modelopt.onnx.quantization import quantize
 
@@ -365,7 +387,7 @@ def _modelopt(case, method: str):
                 calibration_data=data,
                 calibration_eps=["cpu"],
                 output_path=dst,
-                high_precision_dtype="fp32",
+                high_precision_dtype=high_precision,
                 log_level="ERROR",
             )
         return onnx.load(dst), ""
@@ -413,7 +435,13 @@ def modelopt_status() -> str | None:
     return None
 
 
-def methods(name: str, with_modelopt: bool, only_modelopt: bool = False):
+FP16 = ", float parts FP16"  # the label of a row whose file types its float parts FP16
+
+
+def methods(name: str, with_modelopt: bool, only_modelopt: bool = False, float_parts="fp32"):
+    if float_parts == "fp16":
+        yield from _fp16_methods(name, only_modelopt)
+        return
     if only_modelopt:
         for m in ("entropy", "max"):
             yield f"ModelOpt {m}", lambda c, m=m: _modelopt(c, m)
@@ -446,8 +474,47 @@ def methods(name: str, with_modelopt: bool, only_modelopt: bool = False):
         yield f"ORT {m}", lambda c, m=m: _ort_static(c, m)
 
 
+def _fp16_methods(name: str, only_modelopt: bool):
+    """The rows of ``--float-parts fp16``: each file with the float parts (everything not
+    INT8) typed FP16, as TensorRT computes them with FP16 beside INT8 (a strongly typed
+    build reads the types from the file); ModelOpt's FP16 is its default. fp16lens's
+    all-FP32-parts row stands first, for the change FP16 makes."""
+    if only_modelopt:
+        for m in ("entropy", "max"):
+            yield f"ModelOpt {m}{FP16} (its default)", lambda c, m=m: _modelopt(c, m, "fp16")
+        return
+    yield "fp16lens", lambda c: _fp16lens(c)
+    yield f"fp16lens{FP16}", lambda c: _fp16lens(c, fp16_parts=True)
+    for label, target in _task_targets(name).items():
+        yield label + FP16, lambda c, t=target: _fp16lens(c, target=t, fp16_parts=True)
+    yield (
+        f"fp16lens + the strictest target within 10%{FP16}",
+        lambda c: _strictest(c, name, fp16_parts=True),
+    )
+
+
+def as_typed(proto, feeds: list[dict]) -> list[list[np.ndarray]]:
+    """``proto`` computed as TensorRT computes it, its FP16 tensors stored in FP16 (verify's
+    ``onnx-int8`` backend, which export's own check of a typed file runs): ONNX Runtime's
+    CPU provider alone computes FP16 nodes in FP32 and leaves that rounding out."""
+    import onnx
+
+    from fp16lens.verify import backend_spec
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "typed.onnx")
+        onnx.save(proto, path)
+        runner = backend_spec("onnx-int8").runner(path, None)  # the graph's outputs, in order
+        return [[np.asarray(t.numpy(), np.float32) for t in runner.run((f,))] for f in feeds]
+
+
 def bench(
-    name: str, n_cal: int, n_eval: int, with_modelopt: bool, only_modelopt: bool = False
+    name: str,
+    n_cal: int,
+    n_eval: int,
+    with_modelopt: bool,
+    only_modelopt: bool = False,
+    float_parts: str = "fp32",
 ) -> list[dict]:
 
     try:
@@ -457,7 +524,8 @@ def bench(
         sys.exit(2)
     refs = int8_zoo.run_outputs(case.path, case.eval)
     rows = []
-    for label, make in methods(name, with_modelopt, only_modelopt):
+    run = as_typed if float_parts == "fp16" else int8_zoo.run_outputs
+    for label, make in methods(name, with_modelopt, only_modelopt, float_parts):
         t0 = time.perf_counter()
         try:
             proto, note, *spent = make(case)
@@ -468,7 +536,7 @@ def bench(
             print(f"  {label}: failed: {rows[-1]['error']}", flush=True)
             continue
         seconds = spent[0] if spent else time.perf_counter() - t0
-        outs = int8_zoo.run_outputs(proto, case.eval)
+        outs = run(proto, case.eval)
         row = {
             "model": case.name,
             "method": label,
@@ -558,6 +626,13 @@ def main(argv=None) -> int:
     )
     p.add_argument("--models", default="detector,recognizer,classifier")
     p.add_argument("--no-modelopt", action="store_true")
+    p.add_argument(
+        "--float-parts",
+        choices=("fp32", "fp16"),
+        default="fp32",
+        help="fp16: the rows whose files type the float parts FP16 (fp16lens's "
+        "float_parts='fp16', ModelOpt's default), computed with FP16 storage made real",
+    )
     p.add_argument("--json", help="write the rows here")
     p.add_argument(
         "--search-batches",
@@ -582,11 +657,11 @@ def main(argv=None) -> int:
     names = args.models.split(",")
     for name in names:
         print(f"{name}: {n_cal} calibration items, {n_eval} evaluation items", flush=True)
-        rows += bench(name, n_cal, n_eval, why is None)
+        rows += bench(name, n_cal, n_eval, why is None, float_parts=args.float_parts)
     # ModelOpt patches ONNX Runtime's calibrators when it runs: it goes last
     for name in names if why is None else ():
         print(f"{name}: ModelOpt", flush=True)
-        rows += bench(name, n_cal, n_eval, True, only_modelopt=True)
+        rows += bench(name, n_cal, n_eval, True, only_modelopt=True, float_parts=args.float_parts)
     order = {n: i for i, n in enumerate(dict.fromkeys(r["model"] for r in rows))}
     rows.sort(key=lambda r: order[r["model"]])
     print()

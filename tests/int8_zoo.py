@@ -1376,15 +1376,17 @@ def plan_key(plan) -> str:
 
 
 def flop_share(proto, feed: dict) -> float:
-    """The share of Conv/ConvTranspose/Gemm/MatMul multiply-adds left in INT8 on ``feed``."""
+    """The share of Conv/ConvTranspose/Gemm/MatMul multiply-adds left in INT8 on ``feed``
+    (each tensor exposed as its own type: a file may type its float parts FP16)."""
     from fp16lens.export._int8_place import COMPUTE_OPS, int8_flop_share
-    from fp16lens.export._int8_search import _exposed, _run_all, session
+    from fp16lens.export._int8_search import _run_all, session
+    from fp16lens.verify._onnx import expose_all
 
     compute = [n for n in proto.graph.node if n.op_type in COMPUTE_OPS]
     names = list(
         dict.fromkeys([*(t for n in compute for t in n.input[:2]), *(n.output[0] for n in compute)])
     )
-    values = _run_all(session(_exposed(proto, names)), feed, names)
+    values = _run_all(session(expose_all(proto, names, False)), feed, names)
     return int8_flop_share(proto, {n: tuple(np.shape(v)) for n, v in values.items()})[0]
 
 
