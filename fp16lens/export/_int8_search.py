@@ -429,6 +429,8 @@ def switch_graph(
     import onnx
     from onnx import helper, numpy_helper
 
+    from fp16lens.export._int8_typed import fp16_weight_codes
+
     model = onnx.ModelProto()
     model.CopyFrom(proto)
     g = model.graph
@@ -507,6 +509,8 @@ def switch_graph(
             if u.weight is not None:
                 wt = numpy_helper.to_array(inits[u.weight]).astype(np.float32)
                 wq, scale = quantize_weight(wt, u.axis, (rounded or {}).get(u.weight))
+                if fp16_scales:  # the typed file's codes and scale (``fit_weight_scales``)
+                    wq, scale = fp16_weight_codes(wq, scale, u.axis)
                 shaped = (
                     scale
                     if u.axis is None
@@ -598,11 +602,12 @@ def _fp16_parts(graph) -> tuple[Any, dict[str, str]]:
     import json
 
     from fp16lens._core.onnx_types import FP32_NODES_KEY
-    from fp16lens.export._int8_typed import wide_initializers
+    from fp16lens.export._int8_typed import fit_weight_scales, wide_initializers
     from fp16lens.patch.onnx import fp32_nodes
     from fp16lens.patch.onnx._fp16 import fp16_storage
 
     g = graph.graph
+    fit_weight_scales(graph)  # a weight the graph dequantizes (a grid-encoded input's conv)
     wide = wide_initializers(graph)
     kept = set(fp32_nodes(graph))
     for node in g.node:

@@ -79,6 +79,13 @@ def typed_fp16(proto, io_dtype: str) -> tuple[object, list[str]]:
         if not node.metadata_props:
             for key, value in stamps.get(node.name, ()):
                 node.metadata_props.add(key=key, value=value)
+    refit = fit_weight_scales(proto)
+    if refit:
+        notes.append(
+            f"{len(refit)} weight(s) with a scale below FP16's normal range keep their "
+            f"channels' codes fitted to an FP16 scale: {', '.join(refit[:4])}"
+            + (" ..." if len(refit) > 4 else "")
+        )
     origins = {n.name: o for n, o in zip(proto.graph.node, map_nodes(proto.graph, set(), []))}
     result = convert_fp16(proto, islands, origins, io_dtype)
     return result.model, notes + result.warnings
@@ -104,3 +111,70 @@ def wide_initializers(proto) -> set[str]:
             if values.size and float(np.abs(values).max()) > FP16_MAX:
                 wide.add(init.name)
     return wide
+
+
+def fp16_weight_codes(
+    codes: np.ndarray, scale: np.ndarray, axis: int | None
+) -> tuple[np.ndarray, np.ndarray]:
+    """A weight's INT8 ``codes`` and FP32 ``scale`` (per channel along ``axis``, or one) as
+    the typed file stores them, its scale FP16. A scale FP16 holds to its own rounding
+    (2^-11 of it) is kept, codes and all. Below FP16's normal range (2^-14) a scale loses
+    more, up to all of it below 2^-25, where it is 0 and its channel's weights with it
+    (EfficientNet-Lite0's and PP-OCRv4's dead channels, weights near 1e-6). There the
+    scale may go up to the next FP16 value (at least 2^-24) with the codes fitted to it
+    (``rint(codes * s / s')``: at most half a code step moved, INT8's own rounding): per
+    channel, whichever of the two moves the dequantized weight least from ``codes * s``.
+    Returns (codes, scale), the scale FP32, on FP16's grid where it moved."""
+    s = np.asarray(scale, np.float32)
+    s16 = s.astype(np.float16).astype(np.float32)
+    off = np.abs(s16 - s) > s * np.float32(2.0**-11)
+    if not off.any():
+        return codes, scale
+    up = np.where(
+        s16 < s, np.nextafter(s16.astype(np.float16), np.float16(np.inf)).astype(np.float32), s16
+    )
+    moved = np.maximum(up, np.float32(2.0**-24))
+
+    channel = None if axis is None or not np.ndim(s) else axis % codes.ndim
+
+    def along(v):
+        if channel is None:
+            return v
+        return v.reshape([-1 if a == channel else 1 for a in range(codes.ndim)])
+
+    q = codes.astype(np.float32)
+    fitted = np.clip(np.rint(q * along(s / moved)), -127, 127)
+    want = q * along(s)
+    axes = None if channel is None else tuple(a for a in range(codes.ndim) if a != channel)
+    err_kept = np.abs(q * along(s16) - want).max(axis=axes, initial=0.0)
+    err_fitted = np.abs(fitted * along(moved) - want).max(axis=axes, initial=0.0)
+    refit = off & (err_fitted < err_kept)
+    if not refit.any():
+        return codes, scale
+    codes = np.where(along(refit), fitted, q).astype(codes.dtype)
+    return codes, np.where(refit, moved, s).astype(np.float32).reshape(np.shape(scale))
+
+
+def fit_weight_scales(proto) -> list[str]:
+    """Each weight's DequantizeLinear in ``proto`` (INT8 codes and an FP32 scale, both
+    initializers) with its codes and scale as ``fp16_weight_codes`` stores them for an FP16
+    scale, in place; the weights whose codes moved."""
+    from onnx import numpy_helper
+
+    inits = {i.name: i for i in proto.graph.initializer}
+    moved = []
+    for node in proto.graph.node:
+        if node.op_type != "DequantizeLinear" or len(node.input) < 2:
+            continue
+        q, s = (inits.get(t) for t in node.input[:2])
+        if q is None or s is None or q.data_type != 3 or s.data_type != 1:  # INT8, FLOAT
+            continue
+        codes, scale = numpy_helper.to_array(q), numpy_helper.to_array(s)
+        axis = next((a.i for a in node.attribute if a.name == "axis"), 1)
+        fitted, fp16_scale = fp16_weight_codes(codes, scale, axis if scale.ndim else None)
+        if fitted is codes:
+            continue
+        q.CopyFrom(numpy_helper.from_array(fitted, q.name))
+        s.CopyFrom(numpy_helper.from_array(fp16_scale, s.name))
+        moved.append(q.name)
+    return moved

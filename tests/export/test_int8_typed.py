@@ -173,6 +173,78 @@ def test_the_fallbacks_fp16_reads_a_graph_input_raw_in_an_fp32_island(tmp_path):
     _assert_search_reads_as_typed(found, proto, feeds[4:], tmp_path)
 
 
+def test_a_weight_scale_below_fp16s_normal_range_keeps_its_channel_in_the_typed_file(
+    tmp_path,
+):
+    """A conv whose output channels hold weights up to 2.5e-6 and 6e-5 (a trained model's
+    dead or near-dead channels, EfficientNet-Lite0's and PP-OCRv4's) has per-channel
+    scales below 2^-25 and near 2^-21: FP16 makes the first 0 (the channel's weights with
+    it) and the second 6% off. The typed file fits those channels' codes to an FP16 scale:
+    read back without fp16lens (codes times the FP16 scale), every channel's weights are
+    the FP32 file's within half a code step, and the export says nothing may change. The
+    search's FP16 reads the typed file to the bit."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from fp16lens.export._int8_search import searcher
+    from fp16lens.export._ranges import MAY_CHANGE
+
+    rng = np.random.default_rng(1)
+    w1 = rng.normal(0, 0.3, (4, 3, 3, 3)).astype(np.float32)
+    w1[1] *= 4e-6  # scale 2.0e-8, 0 in FP16
+    w1[2] *= 1.3e-4  # scale 5.1e-7, subnormal: 4.8e-7 in FP16
+    nodes = [  # the conv's channels are the output: what the weights lose reaches it
+        helper.make_node("Conv", ["x", "w1", "b1"], ["y"], name="conv1", pads=[1] * 4),
+    ]
+    inits = [
+        numpy_helper.from_array(w1, "w1"),
+        numpy_helper.from_array(np.zeros(4, np.float32), "b1"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])],
+        inits,
+    )
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    src = tmp_path / "src.onnx"
+    onnx.save(proto, src)
+    feeds = [{"x": rng.uniform(0, 3000, (1, 3, 8, 8)).astype(np.float32)} for _ in range(6)]
+    kw = dict(calibration=feeds[:4], evaluation=feeds[4:])
+    fp16lens.export(src, None, tmp_path / "p32.onnx", "int8", **kw)
+    typed = fp16lens.export(src, None, tmp_path / "p16.onnx", "int8", float_parts="fp16", **kw)
+    assert not any(MAY_CHANGE in w for w in typed.warnings), typed.warnings
+
+    def weights(path):
+        m = onnx.load(path)
+        arrays = {i.name: numpy_helper.to_array(i) for i in m.graph.initializer}
+        dq = next(
+            n
+            for n in m.graph.node
+            if n.op_type == "DequantizeLinear"
+            and n.input[0] in arrays
+            and arrays[n.input[0]].dtype == np.int8
+            and arrays[n.input[0]].ndim == 4
+            and arrays[n.input[0]].shape[0] == 4
+        )
+        codes, scale = arrays[dq.input[0]], arrays[dq.input[1]]
+        return codes.astype(np.float32) * scale.astype(np.float32).reshape(-1, 1, 1, 1), scale
+
+    want, _ = weights(tmp_path / "p32.onnx")
+    got, scale = weights(tmp_path / "p16.onnx")
+    assert scale.dtype == np.float16
+    for c in range(4):
+        step = float(np.abs(want[c]).max()) / 127
+        assert np.abs(got[c] - want[c]).max() <= step / 2 + 2.0**-25, c
+    assert np.abs(got[1]).max() > 0  # the channel FP16's rounding of its scale would lose
+
+    from fp16lens.export._int8 import prepared
+
+    source = prepared(onnx.load(src))
+    found = searcher(source, feeds[:4], centre=False)
+    _assert_search_reads_as_typed(found, source, feeds[4:], tmp_path)
+
+
 def test_a_target_holds_on_the_file_with_its_float_parts_in_fp16(tmp_path, monkeypatch):
     """MTCNN PNet with a target on its face cells (24 held-out crops). All in INT8 the
     FP32-parts file scores 0.9326; with its float parts stored FP16 one item loses its
