@@ -82,8 +82,10 @@ def typed_fp16(proto, io_dtype: str) -> tuple[object, list[str]]:
     refit = fit_weight_scales(proto)
     if refit:
         notes.append(
-            f"{len(refit)} weight(s) with a scale below FP16's normal range keep their "
-            f"channels' codes fitted to an FP16 scale: {', '.join(refit[:4])}"
+            f"{len(refit)} weight(s) hold scales below FP16's normal range (2^-14), each "
+            "stored as an FP16 value, the codes fitted to it where that moves the weights "
+            "less: every channel within half a code step (and 2^-25) of its FP32 weights, "
+            f"INT8's own rounding, and no scale 0: {', '.join(refit[:4])}"
             + (" ..." if len(refit) > 4 else "")
         )
     origins = {n.name: o for n, o in zip(proto.graph.node, map_nodes(proto.graph, set(), []))}
@@ -120,10 +122,13 @@ def fp16_weight_codes(
     the typed file stores them, its scale FP16. A scale FP16 holds to its own rounding
     (2^-11 of it) is kept, codes and all. Below FP16's normal range (2^-14) a scale loses
     more, up to all of it below 2^-25, where it is 0 and its channel's weights with it
-    (EfficientNet-Lite0's and PP-OCRv4's dead channels, weights near 1e-6). There the
-    scale may go up to the next FP16 value (at least 2^-24) with the codes fitted to it
-    (``rint(codes * s / s')``: at most half a code step moved, INT8's own rounding): per
-    channel, whichever of the two moves the dequantized weight least from ``codes * s``.
+    (EfficientNet-Lite0's and PP-OCRv4's dead channels, weights near 1e-6), and TensorRT
+    takes only positive scales. There, per channel, the scale is the FP16 value nearest
+    it, or the next FP16 value up (at least 2^-24) with the codes fitted to it (``rint(codes
+    * s / s')``), whichever moves the dequantized weight less from ``codes * s`` (the
+    second where the first is 0): either way by at most half its code step (``s / 2``,
+    INT8's own rounding) and 2^-25 (half FP16's finest step), where the nearest FP16 scale
+    alone moves a channel by up to all of its weights (docs/int8.md measures the zoo's).
     Returns (codes, scale), the scale FP32, on FP16's grid where it moved."""
     s = np.asarray(scale, np.float32)
     s16 = s.astype(np.float16).astype(np.float32)
@@ -148,17 +153,18 @@ def fp16_weight_codes(
     axes = None if channel is None else tuple(a for a in range(codes.ndim) if a != channel)
     err_kept = np.abs(q * along(s16) - want).max(axis=axes, initial=0.0)
     err_fitted = np.abs(fitted * along(moved) - want).max(axis=axes, initial=0.0)
-    refit = off & (err_fitted < err_kept)
-    if not refit.any():
-        return codes, scale
-    codes = np.where(along(refit), fitted, q).astype(codes.dtype)
-    return codes, np.where(refit, moved, s).astype(np.float32).reshape(np.shape(scale))
+    refit = off & ((err_fitted < err_kept) | (s16 == 0))
+    if refit.any():
+        codes = np.where(along(refit), fitted, q).astype(codes.dtype)
+    stored = np.where(refit, moved, np.where(off, s16, s)).astype(np.float32)
+    return codes, stored.reshape(np.shape(scale))
 
 
 def fit_weight_scales(proto) -> list[str]:
     """Each weight's DequantizeLinear in ``proto`` (INT8 codes and an FP32 scale, both
     initializers) with its codes and scale as ``fp16_weight_codes`` stores them for an FP16
-    scale, in place; the weights whose codes moved."""
+    scale, in place; the weights whose scale moved (on FP16's grid now, so the conversion
+    to FP16 that follows loses nothing more of it)."""
     from onnx import numpy_helper
 
     inits = {i.name: i for i in proto.graph.initializer}
@@ -172,7 +178,7 @@ def fit_weight_scales(proto) -> list[str]:
         codes, scale = numpy_helper.to_array(q), numpy_helper.to_array(s)
         axis = next((a.i for a in node.attribute if a.name == "axis"), 1)
         fitted, fp16_scale = fp16_weight_codes(codes, scale, axis if scale.ndim else None)
-        if fitted is codes:
+        if fp16_scale is scale:
             continue
         q.CopyFrom(numpy_helper.from_array(fitted, q.name))
         s.CopyFrom(numpy_helper.from_array(fp16_scale, s.name))
