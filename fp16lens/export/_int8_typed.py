@@ -168,10 +168,16 @@ def fit_weight_scales(proto) -> list[str]:
     from onnx import numpy_helper
 
     inits = {i.name: i for i in proto.graph.initializer}
+    reads: dict[str, int] = {}
+    for node in proto.graph.node:
+        for name in node.input:
+            reads[name] = reads.get(name, 0) + 1
     moved = []
     for node in proto.graph.node:
         if node.op_type != "DequantizeLinear" or len(node.input) < 2:
             continue
+        if any(reads.get(t, 0) > 1 for t in node.input[:2]):  # a scale another DQ reads
+            continue  # would move that one's weights: FP16's rounding of it, as it was
         q, s = (inits.get(t) for t in node.input[:2])
         if q is None or s is None or q.data_type != 3 or s.data_type != 1:  # INT8, FLOAT
             continue
