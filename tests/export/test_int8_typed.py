@@ -271,6 +271,34 @@ def test_fp16_weight_codes_keep_every_channel_within_half_a_code_step():
     assert worst <= 1.0 and worst_nearest > 80
 
 
+def test_fit_weight_scales_leaves_a_scale_two_dequantizers_read():
+    """Refitting one DequantizeLinear's codes to a moved scale would move the weights of
+    another that reads the same scale: such a scale is left to FP16's rounding, and a
+    weight's own is fitted."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from fp16lens.export._int8_typed import fit_weight_scales
+
+    shared = np.array([[100, -50], [127, 3]], np.int8)
+    codes = numpy_helper.from_array(shared, "q")
+    other = numpy_helper.from_array(np.array([[90, 7], [-127, 30]], np.int8), "q2")
+    own = numpy_helper.from_array(np.array([[20, -127], [64, 1]], np.int8), "q3")
+    tiny = np.array([2e-8, 5.1e-7], np.float32)  # 0 and 6% off in FP16
+    inits = [codes, other, own, numpy_helper.from_array(tiny, "s")]
+    inits.append(numpy_helper.from_array(tiny.copy(), "s3"))
+    nodes = [
+        helper.make_node("DequantizeLinear", ["q", "s"], ["a"], axis=0),
+        helper.make_node("DequantizeLinear", ["q2", "s"], ["b"], axis=0),
+        helper.make_node("DequantizeLinear", ["q3", "s3"], ["c"], axis=0),
+    ]
+    outs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 2]) for n in "abc"]
+    proto = helper.make_model(helper.make_graph(nodes, "g", [], outs, inits))
+    assert fit_weight_scales(proto) == ["q3"]
+    arrays = {i.name: numpy_helper.to_array(i) for i in proto.graph.initializer}
+    assert np.array_equal(arrays["s"], tiny) and np.array_equal(arrays["q"], shared)
+    assert (arrays["s3"].astype(np.float16) > 0).all()
+
+
 def test_a_target_holds_on_the_file_with_its_float_parts_in_fp16(tmp_path, monkeypatch):
     """MTCNN PNet with a target on its face cells (24 held-out crops). All in INT8 the
     FP32-parts file scores 0.9326; with its float parts stored FP16 one item loses its
