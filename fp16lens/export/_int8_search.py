@@ -574,13 +574,22 @@ class Switch:
     def run(self, feeds: list[Feed], on: np.ndarray, scales: np.ndarray) -> list[Outputs]:
         extra = {ON: on.astype(np.float32), SCALE: scales.astype(np.float32)}
         if self.fp16_parts:  # the file's FP16 scales and inputs (as given to FP32 nodes)
-            extra[SCALE] = extra[SCALE].astype(np.float16).astype(np.float32)
+            extra[SCALE] = fp16_activation_scales(extra[SCALE])
             feeds = [
                 {**{k: _half(a) for k, a in f.items()}, **{r: f[k] for k, r in self.raw.items()}}
                 for f in feeds
             ]
         self.runs += len(feeds)
         return [self.sess.run(self.outputs, {**f, **extra}) for f in feeds]
+
+
+def fp16_activation_scales(scales: np.ndarray) -> np.ndarray:
+    """Activation scales as the typed file stores them (``_int8_typed.floor_act_scales``):
+    rounded to FP16, and none 0 (at least 2^-24), in FP32."""
+    from fp16lens.export._int8_typed import FP16_TINIEST
+
+    s16 = np.asarray(scales, np.float32).astype(np.float16).astype(np.float32)
+    return np.where(np.asarray(scales) > 0, np.maximum(s16, FP16_TINIEST), s16)
 
 
 def _half(a: np.ndarray) -> np.ndarray:

@@ -25,6 +25,9 @@ from fp16lens.export._artifact import default_opset
 QDQ_FP16_OPSET = 19
 """The first opset where QuantizeLinear/DequantizeLinear take an FP16 scale."""
 
+FP16_TINIEST = np.float32(2.0**-24)
+"""FP16's smallest positive value: no scale the typed file stores is below it."""
+
 
 def typed_fp16(proto, io_dtype: str) -> tuple[object, list[str]]:
     """``proto`` (an INT8 Q/DQ file, FP32 float parts) with its float parts FP16: a new
@@ -79,6 +82,14 @@ def typed_fp16(proto, io_dtype: str) -> tuple[object, list[str]]:
         if not node.metadata_props:
             for key, value in stamps.get(node.name, ()):
                 node.metadata_props.add(key=key, value=value)
+    floored = floor_act_scales(proto)
+    if floored:
+        notes.append(
+            f"{len(floored)} activation scale(s) below 2^-25, 0 in FP16 (a tensor whose "
+            "values stay below 3.8e-6), are stored as 2^-24, FP16's smallest step, which "
+            f"that tensor's FP16 values are on anyway: {', '.join(floored[:4])}"
+            + (" ..." if len(floored) > 4 else "")
+        )
     refit = fit_weight_scales(proto)
     if refit:
         notes.append(
@@ -138,7 +149,7 @@ def fp16_weight_codes(
     up = np.where(
         s16 < s, np.nextafter(s16.astype(np.float16), np.float16(np.inf)).astype(np.float32), s16
     )
-    moved = np.maximum(up, np.float32(2.0**-24))
+    moved = np.maximum(up, FP16_TINIEST)
 
     channel = None if axis is None or not np.ndim(s) else axis % codes.ndim
 
@@ -190,3 +201,26 @@ def fit_weight_scales(proto) -> list[str]:
         s.CopyFrom(numpy_helper.from_array(fp16_scale, s.name))
         moved.append(q.name)
     return moved
+
+
+def floor_act_scales(proto) -> list[str]:
+    """Each scale a QuantizeLinear of ``proto`` reads (an activation's, FP32 initializer)
+    that FP16 makes 0 set to 2^-24, in place: QuantizeLinear would divide by 0, and
+    TensorRT takes only positive scales. Nothing is lost that FP16 keeps: the tensor's
+    values are below 127 * 2^-25, where FP16 holds them on steps of 2^-24 too. The scales
+    set."""
+    from onnx import numpy_helper
+
+    inits = {i.name: i for i in proto.graph.initializer}
+    read = {n.input[1] for n in proto.graph.node if n.op_type == "QuantizeLinear"}
+    floored = []
+    for name in sorted(read & set(inits)):
+        init = inits[name]
+        if init.data_type != 1:  # FLOAT
+            continue
+        s = numpy_helper.to_array(init)
+        zero = (s > 0) & (s.astype(np.float16) == 0)
+        if zero.any():
+            init.CopyFrom(numpy_helper.from_array(np.where(zero, FP16_TINIEST, s), name))
+            floored.append(name)
+    return floored

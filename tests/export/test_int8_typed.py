@@ -299,6 +299,60 @@ def test_fit_weight_scales_leaves_a_scale_two_dequantizers_read():
     assert (arrays["s3"].astype(np.float16) > 0).all()
 
 
+def test_an_activation_scale_fp16_makes_0_is_stored_as_fp16s_smallest_step(tmp_path):
+    """A conv reading a tensor whose values stay below 3.8e-6 (a branch scaled by 1e-6,
+    amplified again after the conv) has an activation scale below 2^-25: in FP16 it is 0,
+    QuantizeLinear divides by it, and the conv reads nothing (TensorRT takes no scale 0).
+    The typed file stores it as 2^-24, the step FP16 holds those values on: computed
+    without fp16lens (the file's rounded twin) its output is FP32's within FP16's own
+    rounding, and the search's FP16 reads it to the bit."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from fp16lens.export._int8 import prepared
+    from fp16lens.export._int8_search import searcher
+
+    rng = np.random.default_rng(2)
+    nodes = [
+        helper.make_node("Mul", ["x", "k"], ["t"], name="down"),
+        helper.make_node("Conv", ["t", "w", "b"], ["c"], name="conv", pads=[1] * 4),
+        helper.make_node("Mul", ["c", "g"], ["y"], name="up"),
+    ]
+    inits = [
+        numpy_helper.from_array(np.array(1e-6, np.float32), "k"),
+        numpy_helper.from_array(rng.normal(0, 0.3, (4, 3, 3, 3)).astype(np.float32), "w"),
+        numpy_helper.from_array(np.zeros(4, np.float32), "b"),
+        numpy_helper.from_array(np.array(3e4, np.float32), "g"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])],
+        inits,
+    )
+    src = tmp_path / "src.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), src)
+    feeds = [{"x": rng.uniform(-1, 1, (1, 3, 8, 8)).astype(np.float32)} for _ in range(6)]
+    kw = dict(calibration=feeds[:4], evaluation=feeds[4:])
+    typed = fp16lens.export(src, None, tmp_path / "t.onnx", "int8", float_parts="fp16", **kw)
+    m = onnx.load(typed.path)
+    arrays = {i.name: numpy_helper.to_array(i) for i in m.graph.initializer}
+    for n in m.graph.node:
+        if n.op_type == "QuantizeLinear":
+            assert arrays[n.input[1]].dtype == np.float16 and (arrays[n.input[1]] > 0).all()
+    assert any("2^-24" in w for w in typed.warnings)
+    want = int8_zoo.run_outputs(str(src), feeds[4:])
+    got = int8_zoo.run_outputs(rounded_twin(str(typed.path)), feeds[4:])
+    for a, b in zip(want, got):
+        cos = float(np.dot(a[0].ravel(), b[0].ravel()))
+        cos /= float(np.linalg.norm(a[0]) * np.linalg.norm(b[0]) + 1e-30)
+        assert cos > 0.999, cos
+
+    source = prepared(onnx.load(src))
+    found = searcher(source, feeds[:4])
+    _assert_search_reads_as_typed(found, source, feeds[4:], tmp_path)
+
+
 def test_a_target_holds_on_the_file_with_its_float_parts_in_fp16(tmp_path, monkeypatch):
     """MTCNN PNet with a target on its face cells (24 held-out crops). All in INT8 the
     FP32-parts file scores 0.9326; with its float parts stored FP16 one item loses its
