@@ -133,6 +133,20 @@ def test_the_fallbacks_fp16_scoring_computes_the_typed_file_to_the_bit(tmp_path)
         _assert_search_reads_as_typed(found, proto, feeds, tmp_path)
 
 
+def _image_graph(nodes, inits):
+    """A constructed opset-17 model from ``x`` (1x3x8x8) to ``y`` (1x4x8x8)."""
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])],
+        inits,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
 def test_the_fallbacks_fp16_reads_a_graph_input_raw_in_an_fp32_island(tmp_path):
     """A node kept FP32 (an island patch made) that reads a graph input reads it as given
     in the typed file (FP32 in, ``io_dtype="fp32"``), where every FP16 reader reads it
@@ -141,7 +155,7 @@ def test_the_fallbacks_fp16_reads_a_graph_input_raw_in_an_fp32_island(tmp_path):
     INT8 codes when fed rounded."""
     import json
 
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import helper, numpy_helper
 
     from fp16lens._core.onnx_types import FP32_NODES_KEY
     from fp16lens.export._int8_search import searcher
@@ -158,14 +172,9 @@ def test_the_fallbacks_fp16_reads_a_graph_input_raw_in_an_fp32_island(tmp_path):
         helper.make_node("Add", ["c1", "c2"], ["y"], name="add"),
     ]
     k = numpy_helper.from_array(np.array(1e-3, np.float32), "k")
-    graph = helper.make_graph(
-        nodes,
-        "g",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])],
-        [k, init("w1", 4, 3, 3, 3), init("b1", 4), init("w2", 4, 3, 3, 3), init("b2", 4)],
+    proto = _image_graph(
+        nodes, [k, init("w1", 4, 3, 3, 3), init("b1", 4), init("w2", 4, 3, 3, 3), init("b2", 4)]
     )
-    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     proto.metadata_props.add(key=FP32_NODES_KEY, value=json.dumps(["island"]))
     feeds = [{"x": rng.uniform(-3000, 3000, (1, 3, 8, 8)).astype(np.float32)} for _ in range(6)]
     found = searcher(proto, feeds[:4], centre=False)
@@ -183,7 +192,7 @@ def test_a_weight_scale_below_fp16s_normal_range_keeps_its_channel_in_the_typed_
     read back without fp16lens (codes times the FP16 scale), every channel's weights are
     the FP32 file's within half a code step, and the export says nothing may change. The
     search's FP16 reads the typed file to the bit."""
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import helper, numpy_helper
 
     from fp16lens.export._int8_search import searcher
     from fp16lens.export._ranges import MAY_CHANGE
@@ -199,16 +208,8 @@ def test_a_weight_scale_below_fp16s_normal_range_keeps_its_channel_in_the_typed_
         numpy_helper.from_array(w1, "w1"),
         numpy_helper.from_array(np.zeros(4, np.float32), "b1"),
     ]
-    graph = helper.make_graph(
-        nodes,
-        "g",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])],
-        inits,
-    )
-    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     src = tmp_path / "src.onnx"
-    onnx.save(proto, src)
+    onnx.save(_image_graph(nodes, inits), src)
     feeds = [{"x": rng.uniform(0, 3000, (1, 3, 8, 8)).astype(np.float32)} for _ in range(6)]
     kw = dict(calibration=feeds[:4], evaluation=feeds[4:])
     fp16lens.export(src, None, tmp_path / "p32.onnx", "int8", **kw)
@@ -306,7 +307,7 @@ def test_an_activation_scale_fp16_makes_0_is_stored_as_fp16s_smallest_step(tmp_p
     The typed file stores it as 2^-24, the step FP16 holds those values on: computed
     without fp16lens (the file's rounded twin) its output is FP32's within FP16's own
     rounding, and the search's FP16 reads it to the bit."""
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import helper, numpy_helper
 
     from fp16lens.export._int8 import prepared
     from fp16lens.export._int8_search import searcher
@@ -323,15 +324,8 @@ def test_an_activation_scale_fp16_makes_0_is_stored_as_fp16s_smallest_step(tmp_p
         numpy_helper.from_array(np.zeros(4, np.float32), "b"),
         numpy_helper.from_array(np.array(3e4, np.float32), "g"),
     ]
-    graph = helper.make_graph(
-        nodes,
-        "g",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])],
-        inits,
-    )
     src = tmp_path / "src.onnx"
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), src)
+    onnx.save(_image_graph(nodes, inits), src)
     feeds = [{"x": rng.uniform(-1, 1, (1, 3, 8, 8)).astype(np.float32)} for _ in range(6)]
     kw = dict(calibration=feeds[:4], evaluation=feeds[4:])
     typed = fp16lens.export(src, None, tmp_path / "t.onnx", "int8", float_parts="fp16", **kw)
