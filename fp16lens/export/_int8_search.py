@@ -584,12 +584,11 @@ class Switch:
 
 
 def fp16_activation_scales(scales: np.ndarray) -> np.ndarray:
-    """Activation scales as the typed file stores them (``_int8_typed.floor_act_scales``):
-    rounded to FP16, and none 0 (at least 2^-24), in FP32."""
-    from fp16lens.export._int8_typed import FP16_TINIEST
+    """Activation scales as the typed file stores them (``_int8_typed.act_scale_floored``,
+    then FP16), in FP32."""
+    from fp16lens.export._int8_typed import act_scale_floored
 
-    s16 = np.asarray(scales, np.float32).astype(np.float16).astype(np.float32)
-    return np.where(np.asarray(scales) > 0, np.maximum(s16, FP16_TINIEST), s16)
+    return act_scale_floored(scales).astype(np.float16).astype(np.float32)
 
 
 def _half(a: np.ndarray) -> np.ndarray:

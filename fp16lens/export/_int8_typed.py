@@ -219,8 +219,16 @@ def floor_act_scales(proto) -> list[str]:
         if init.data_type != 1:  # FLOAT
             continue
         s = numpy_helper.to_array(init)
-        zero = (s > 0) & (s.astype(np.float16) == 0)
-        if zero.any():
-            init.CopyFrom(numpy_helper.from_array(np.where(zero, FP16_TINIEST, s), name))
+        stored = act_scale_floored(s)
+        if not np.array_equal(stored, s):
+            init.CopyFrom(numpy_helper.from_array(stored, name))
             floored.append(name)
     return floored
+
+
+def act_scale_floored(scales: np.ndarray) -> np.ndarray:
+    """Activation ``scales`` (FP32) with each that FP16 makes 0 set to 2^-24, the rest as
+    given: what the typed file stores (``floor_act_scales``) and the search's FP16 twin is
+    fed, rounded (``_int8_search.Switch.run``)."""
+    s = np.asarray(scales, np.float32)
+    return np.where((s > 0) & (s.astype(np.float16) == 0), FP16_TINIEST, s).astype(np.float32)
